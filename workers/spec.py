@@ -1,0 +1,295 @@
+"""The job spec: one pydantic tree that is both the REST body and the worker config.
+
+The service validates a submitted spec with :class:`JobSpec`; the job driver on
+the Ray cluster re-validates the same JSON. Every cross-field check raises a
+``ValueError`` that names the fields and says what would be accepted, so the
+API can answer 422 with a field path and a hint.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MODEL_PRESETS = ("gpt-tiny", "gpt-small", "llama-1b", "llama-7b", "llama-70b")
+STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
+
+
+class _Spec(BaseModel):
+    """Base for every spec section: unknown fields are an error, not a silent no-op."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ModelSpec(_Spec):
+    """Which model to train."""
+
+    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+        "gpt-tiny",
+        description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
+        "gpt-small, llama-1b, llama-7b, llama-70b.",
+    )
+
+
+class DataSpec(_Spec):
+    """Where training samples come from."""
+
+    source: Literal["synthetic", "text", "jsonl"] = Field(
+        "synthetic",
+        description="synthetic (seeded random tokens), text (a UTF-8 file, byte-level "
+        "tokens) or jsonl (one JSON object per line with a 'text' field).",
+    )
+    path: str | None = Field(
+        None, description="File to read for source text or jsonl; must exist on every worker."
+    )
+    seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
+    num_samples: int = Field(
+        4096, ge=1, description="Samples per epoch for source synthetic (ignored otherwise)."
+    )
+
+    @model_validator(mode="after")
+    def _path_matches_source(self) -> "DataSpec":
+        if self.source in ("text", "jsonl") and not self.path:
+            raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        if self.source == "synthetic" and self.path:
+            raise ValueError("data.path is only used with data.source 'text' or 'jsonl'; remove it")
+        return self
+
+
+class FsdpSpec(_Spec):
+    """FSDP (ZeRO-style) sharding options."""
+
+    zero_stage: Literal[1, 2, 3] = Field(3, description="ZeRO stage: 1, 2 or 3.")
+    cpu_offload: bool = Field(False, description="Offload sharded parameters to host memory.")
+
+
+class PipelineSpec(_Spec):
+    """Pipeline-parallel options."""
+
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b", description="Pipeline schedule."
+    )
+    microbatches: int = Field(4, ge=1, description="Microbatches per pipeline step.")
+
+
+class ParallelismSpec(_Spec):
+    """How the model is split across workers."""
+
+    strategy: Literal[STRATEGIES] = Field(  # type: ignore[valid-type]
+        "ddp", description="ddp | fsdp | tp | pp | hybrid."
+    )
+    dp: int | None = Field(
+        None, ge=1, description="Data-parallel degree; default: workers / (tp x pp)."
+    )
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options.")
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipeline options.")
+
+    @model_validator(mode="after")
+    def _degrees_match_strategy(self) -> "ParallelismSpec":
+        allowed = {"ddp": (False, False), "fsdp": (False, False), "tp": (True, False),
+                   "pp": (False, True), "hybrid": (True, True)}[self.strategy]
+        if not allowed[0] and self.tp != 1:
+            raise ValueError(
+                f"parallelism.tp must be 1 for strategy {self.strategy!r}; "
+                "use strategy 'tp' or 'hybrid' for tensor parallelism"
+            )
+        if not allowed[1] and self.pp != 1:
+            raise ValueError(
+                f"parallelism.pp must be 1 for strategy {self.strategy!r}; "
+                "use strategy 'pp' or 'hybrid' for pipeline parallelism"
+            )
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Workers that hold one full model replica between them (tp x pp)."""
+        return self.tp * self.pp
+
+
+class WorkerRange(_Spec):
+    """An elastic worker range: the job uses what the cluster offers between min and max."""
+
+    min: int = Field(ge=1, description="Fewest workers the job runs with.")
+    max: int = Field(ge=1, description="Most workers the job uses.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "WorkerRange":
+        if self.min > self.max:
+            raise ValueError(
+                f"resources.workers.min ({self.min}) must be <= resources.workers.max ({self.max})"
+            )
+        return self
+
+
+class ResourcesSpec(_Spec):
+    """What each worker asks of the cluster."""
+
+    workers: Union[int, WorkerRange] = Field(
+        2, description="Fixed worker count, or {min, max} for an elastic job."
+    )
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per worker; may be fractional.")
+
+    @field_validator("workers")
+    @classmethod
+    def _positive(cls, v: Union[int, WorkerRange]) -> Union[int, WorkerRange]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("resources.workers must be >= 1, or {min, max} with min >= 1")
+        return v
+
+    @property
+    def min_workers(self) -> int:
+        """Fewest workers the job may run with."""
+        return self.workers if isinstance(self.workers, int) else self.workers.min
+
+    @property
+    def max_workers(self) -> int:
+        """Most workers the job may use."""
+        return self.workers if isinstance(self.workers, int) else self.workers.max
+
+
+class TrainSpec(_Spec):
+    """The optimisation itself."""
+
+    steps: int = Field(50, ge=1, description="Optimizer steps to run.")
+    global_batch_size: int = Field(
+        16, ge=1, description="Samples per optimizer step; invariant under elastic resizes."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward on a worker.")
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr."
+    )
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw | sgd.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (SGD) decay.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+    grad_clip: float = Field(0.0, ge=0, description="Clip the global grad norm; 0 = off.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 autocast.")
+    seed: int = Field(0, ge=0, description="Seed for init, data order and dropout.")
+
+    @model_validator(mode="after")
+    def _batch_and_warmup(self) -> "TrainSpec":
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"train.warmup_steps ({self.warmup_steps}) must be < train.steps ({self.steps})"
+            )
+        return self
+
+
+class CheckpointSpec(_Spec):
+    """When and where checkpoints are written."""
+
+    storage: str | None = Field(
+        None,
+        description="file:///path (default: the service's data dir), later s3://bucket/prefix.",
+    )
+    every_steps: int | None = Field(10, ge=1, description="Save every N optimizer steps.")
+    every_seconds: float | None = Field(
+        None, gt=0, description="Save when this many seconds passed since the last save."
+    )
+    async_: bool = Field(
+        False, alias="async", description="Write shards in the background (DCP async_save)."
+    )
+    keep_last: int = Field(3, ge=1, description="Committed checkpoints to keep.")
+
+    @field_validator("storage")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("file://"):
+            raise ValueError(
+                "checkpoint.storage must be a file:// URI in this release "
+                "(s3:// and gs:// come with object-storage support)"
+            )
+        if v is not None and not v.startswith("file:///"):
+            raise ValueError("checkpoint.storage must be an absolute path: file:///abs/path")
+        return v
+
+
+class FailureSpec(_Spec):
+    """How failures are retried."""
+
+    max_failures: int = Field(
+        3, ge=-1, description="Worker-group restarts inside one Ray job; -1 = unlimited."
+    )
+
+
+class JobSpec(_Spec):
+    """A training job: model, data, layout, resources, optimisation, checkpoints, failures."""
+
+    name: str = Field(description="DNS-label-like job name, <= 47 characters.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallel layout."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Resources.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpoint policy."
+    )
+    failure: FailureSpec = Field(default_factory=FailureSpec, description="Failure handling.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > 47 or not NAME_RE.match(v):
+            raise ValueError(
+                "name must be 1-47 lowercase letters, digits or '-', starting and ending "
+                f"with a letter or digit (got {v!r})"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _layout_fits_workers(self) -> "JobSpec":
+        par, res = self.parallelism, self.resources
+        mp = par.model_parallel_size
+        for n in sorted({res.min_workers, res.max_workers}):
+            if n % mp:
+                raise ValueError(
+                    f"resources.workers ({n}) must be a multiple of parallelism.tp x "
+                    f"parallelism.pp ({mp})"
+                )
+        if par.dp is not None and (not isinstance(res.workers, int) or par.dp * mp != res.workers):
+            raise ValueError(
+                f"parallelism.dp ({par.dp}) x tp ({par.tp}) x pp ({par.pp}) must equal "
+                f"resources.workers ({res.workers}); omit parallelism.dp to derive it"
+            )
+        for n in range(res.min_workers, res.max_workers + 1):
+            if n % mp == 0:
+                self._check_batch_for(dp=n // mp)
+        return self
+
+    def _check_batch_for(self, *, dp: int) -> None:
+        t = self.train
+        if t.global_batch_size % (t.micro_batch_size * dp):
+            raise ValueError(
+                f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp}); "
+                f"use a global_batch_size that is a multiple of {t.micro_batch_size * dp}"
+            )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel degree at a given world size."""
+        return world_size // self.parallelism.model_parallel_size
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        dp = self.data_parallel_size(world_size)
+        return self.train.global_batch_size // (self.train.micro_batch_size * dp)
+
+
+def parse_spec(data: dict) -> JobSpec:
+    """Validate a plain mapping (from JSON or YAML) into a :class:`JobSpec`."""
+    return JobSpec.model_validate(data)
+
