@@ -1,0 +1,53 @@
+"""Parallel strategies: small model-agnostic modules, one ``apply_<name>`` each.
+
+A strategy takes a plain model and a device mesh and returns the module the
+train loop steps. The registry maps ``parallelism.strategy`` names to them; the
+service asks :func:`available_strategies` so a spec naming a strategy that this
+build does not have is refused at submit, not on the cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from workers.spec import ParallelismSpec
+
+
+class ApplyStrategy(Protocol):
+    """Signature every strategy implements."""
+
+    def __call__(self, model: nn.Module, *, mesh: DeviceMesh, cfg: ParallelismSpec) -> nn.Module:
+        """Return the model prepared for this strategy on ``mesh``."""
+
+
+_REGISTRY: dict[str, ApplyStrategy] = {}
+
+
+def register_strategy(name: str) -> Callable[[ApplyStrategy], ApplyStrategy]:
+    """Decorator: make ``fn`` the implementation of strategy ``name``."""
+
+    def wrap(fn: ApplyStrategy) -> ApplyStrategy:
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_strategy(name: str) -> ApplyStrategy:
+    """Return the apply function for ``name`` or raise ValueError listing what exists."""
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"parallelism.strategy {name!r} is not available; use one of "
+            f"{sorted(_REGISTRY)}"
+        ) from None
+
+
+def _load_builtin() -> None:
+    # Imported lazily so that registering does not depend on import order.
+    from workers.strategies import ddp  # noqa: F401

@@ -1,0 +1,93 @@
+"""Bearer API tokens: generated once, stored only as SHA-256 hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.errors import Forbidden, Unauthorized
+from service.store import JobStore
+
+ADMIN_TENANT = "admin"
+TOKEN_FILE = "admin_token"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a tenant, with a role and (for reporters) the one job it may touch."""
+
+    tenant_id: str
+    role: str  # admin | user | reporter
+    job_id: str | None = None
+
+
+def new_token() -> str:
+    """A fresh random API token (shown once, never stored in plain text)."""
+    return "et_" + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def authenticate(store: JobStore, authorization: str | None) -> Principal:
+    """Resolve an ``Authorization: Bearer ...`` header to a principal, or raise 401."""
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    record = store.find_token(hash_token(authorization[7:].strip()))
+    if record is None:
+        raise Unauthorized("unknown or revoked API token")
+    return Principal(tenant_id=record.tenant_id, role=record.role, job_id=record.job_id)
+
+
+def require_user(principal: Principal) -> Principal:
+    """Reject job-scoped reporter tokens on user routes."""
+    if principal.role == "reporter":
+        raise Forbidden("a job telemetry token cannot call this route")
+    return principal
+
+
+def ensure_admin_token(store: JobStore, *, configured: str | None, data_dir: Path) -> Path | None:
+    """Make sure an admin token exists; return the file it was written to, if any.
+
+    ``ETRAIN_ADMIN_TOKEN`` wins. Otherwise a token is generated once, written
+    to ``<data_dir>/admin_token`` (mode 0600) and reused on later starts.
+    """
+    tenant = store.get_tenant_by_name(ADMIN_TENANT) or store.create_tenant(ADMIN_TENANT)
+    path = None
+    if configured:
+        token = configured
+    else:
+        path = data_dir / TOKEN_FILE
+        if path.is_file():
+            token = path.read_text().strip()
+        else:
+            token = new_token()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+    if store.find_token(hash_token(token)) is None:
+        store.add_token(tenant_id=tenant.id, token_hash=hash_token(token),
+                        name="admin", role="admin")
+    return path
+
+
+def create_user_token(store: JobStore, *, tenant: str, name: str) -> str:
+    """Create (if needed) ``tenant`` and a user token for it; return the token once."""
+    record = store.get_tenant_by_name(tenant) or store.create_tenant(tenant)
+    token = new_token()
+    store.add_token(tenant_id=record.id, token_hash=hash_token(token), name=name, role="user")
+    return token
+
+
+def create_reporter_token(store: JobStore, *, tenant_id: str, job_id: str) -> str:
+    """A token that may only post telemetry for one job (handed to its Ray job)."""
+    token = new_token()
+    store.add_token(tenant_id=tenant_id, token_hash=hash_token(token),
+                    name=f"reporter:{job_id}", role="reporter", job_id=job_id)
+    return token

@@ -1,0 +1,79 @@
+"""The backend interface: how the control plane runs a job on a cluster."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+
+class RunState(str, enum.Enum):
+    """A backend job's state, normalised across backends."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    MISSING = "MISSING"  # the backend has no record of it (e.g. the Ray head was replaced)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What the backend says about one submission."""
+
+    state: RunState
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a backend needs to start the job driver."""
+
+    job_id: str
+    submission_id: str
+    spec_json: str
+    env: dict[str, str] = field(default_factory=dict)  # may hold secrets: never log it
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """Cluster size as the scheduler sees it."""
+
+    nodes: list[dict]
+    total: dict[str, float]
+    available: dict[str, float]
+    dashboard_url: str | None
+
+
+class Backend(ABC):
+    """Submit, follow, stop and read logs of job drivers on a cluster."""
+
+    @abstractmethod
+    def submit(self, req: LaunchRequest) -> str:
+        """Start the driver; return its dashboard URL. Idempotent per submission id."""
+
+    @abstractmethod
+    def status(self, submission_id: str) -> RunStatus:
+        """Current state of a submission."""
+
+    @abstractmethod
+    def stop(self, submission_id: str) -> None:
+        """Ask the cluster to stop a submission; a finished one is left alone."""
+
+    @abstractmethod
+    def logs(self, submission_id: str) -> str:
+        """Driver (and forwarded worker) logs so far."""
+
+    @abstractmethod
+    def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
+        """Stream logs until the submission ends."""
+
+    @abstractmethod
+    def cluster(self) -> ClusterInfo:
+        """Nodes and resources."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise BackendUnavailable when the cluster cannot be reached."""

@@ -1,0 +1,125 @@
+"""Backend on the Ray Job Submission API (embedded local head or an existing cluster)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import AsyncIterator
+
+from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.errors import BackendError, BackendUnavailable
+
+_STATES = {"PENDING": RunState.PENDING, "RUNNING": RunState.RUNNING,
+           "SUCCEEDED": RunState.SUCCEEDED, "FAILED": RunState.FAILED,
+           "STOPPED": RunState.STOPPED}
+
+
+class RayJobBackend(Backend):
+    """Runs ``python -m workers.launch`` as a Ray job through the dashboard's job API.
+
+    Token auth is taken from ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN(_PATH)`` in
+    this process's environment, as Ray's own clients do.
+    """
+
+    def __init__(self, address: str, *, python: str = "python"):
+        self.address = address.rstrip("/")
+        self.python = python
+        self._client = None
+
+    def _jobs(self):
+        from ray.job_submission import JobSubmissionClient
+
+        if self._client is None:
+            try:
+                self._client = JobSubmissionClient(self.address)
+            except Exception as e:  # noqa: BLE001 - translate every vendor error
+                raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
+        return self._client
+
+    def dashboard_job_url(self, submission_id: str) -> str:
+        """Link to the job's page in the Ray dashboard."""
+        return f"{self.address}/#/jobs/{submission_id}"
+
+    def submit(self, req: LaunchRequest) -> str:
+        """Submit the driver with the job's environment; a repeated id is not an error."""
+        entrypoint = f"{shlex.quote(self.python)} -m workers.launch"
+        env = {"ETRAIN_JOB_ID": req.job_id, "ETRAIN_JOB_SPEC": req.spec_json, **req.env}
+        try:
+            self._jobs().submit_job(entrypoint=entrypoint, submission_id=req.submission_id,
+                                    runtime_env={"env_vars": env},
+                                    metadata={"etrain_job_id": req.job_id})
+        except RuntimeError as e:
+            if "already exists" not in str(e):
+                raise BackendError(f"Ray refused job {req.job_id}: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot submit to Ray at {self.address}: {e}") from e
+        return self.dashboard_job_url(req.submission_id)
+
+    def status(self, submission_id: str) -> RunStatus:
+        """Map Ray's job status; MISSING when Ray does not know the id."""
+        try:
+            info = self._jobs().get_job_info(submission_id)
+        except RuntimeError as e:
+            if "does not exist" in str(e) or "404" in str(e):
+                return RunStatus(RunState.MISSING, str(e))
+            raise BackendUnavailable(f"Ray job status failed: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
+        return RunStatus(_STATES[str(info.status.value)], info.message or "")
+
+    def stop(self, submission_id: str) -> None:
+        """Stop the Ray job (its workers go with the driver)."""
+        try:
+            self._jobs().stop_job(submission_id)
+        except RuntimeError as e:
+            if "does not exist" not in str(e):
+                raise BackendError(f"Ray could not stop {submission_id}: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
+
+    def logs(self, submission_id: str) -> str:
+        """The driver log, which carries the workers' output (log_to_driver)."""
+        try:
+            return self._jobs().get_job_logs(submission_id)
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot read logs of {submission_id}: {e}") from e
+
+    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
+        """Stream the driver log until the job ends."""
+        async for chunk in self._jobs().tail_job_logs(submission_id):
+            yield chunk
+
+    def cluster(self) -> ClusterInfo:
+        """Alive nodes and their total and available resources, from the dashboard."""
+        import httpx
+        from ray._private.authentication.http_token_authentication import (
+            get_auth_headers_if_auth_enabled,
+        )
+
+        headers = get_auth_headers_if_auth_enabled({})
+        try:
+            r = httpx.get(f"{self.address}/nodes?view=summary", headers=headers, timeout=10)
+            r.raise_for_status()
+            summary = r.json()["data"]["summary"]
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot read cluster state from {self.address}: {e}") from e
+        return _cluster_from_summary(summary, self.address)
+
+    def ping(self) -> None:
+        """Raise BackendUnavailable unless the job API answers."""
+        self.cluster()
+
+
+def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:
+    nodes, total, available = [], {}, {}
+    for node in summary:
+        raylet = node.get("raylet", {})
+        if raylet.get("state") != "ALIVE":
+            continue
+        res_total = raylet.get("resourcesTotal", {})
+        res_avail = raylet.get("resourcesAvailable", res_total)
+        nodes.append({"node_id": raylet.get("nodeId"), "ip": node.get("ip"),
+                      "is_head": raylet.get("isHeadNode", False), "resources": res_total})
+        for key in ("CPU", "GPU", "memory"):
+            total[key] = total.get(key, 0.0) + float(res_total.get(key, 0.0))
+            available[key] = available.get(key, 0.0) + float(res_avail.get(key, 0.0))
+    return ClusterInfo(nodes=nodes, total=total, available=available, dashboard_url=address)

@@ -1,0 +1,69 @@
+"""Service settings from ``ETRAIN_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Control-plane settings. Job specs are separate (``workers.spec``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ETRAIN_", extra="ignore")
+
+    env: Literal["development", "production"] = Field(
+        "development", description="production refuses unsafe defaults.")
+    data_dir: Path = Field(Path("~/.etrain"), description="SQLite file, checkpoints, tokens.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite under data_dir.")
+    ray_address: str | None = Field(
+        None, description="Ray job API (dashboard) URL, e.g. http://head:8265; "
+        "unset = start an embedded local Ray head.")
+    admin_token: SecretStr | None = Field(
+        None, description="First admin API token; generated under data_dir when unset.")
+    host: str = Field("127.0.0.1", description="Bind address of the API.")
+    port: int = Field(8000, description="Port of the API.")
+    public_url: str | None = Field(
+        None, description="URL at which Ray workers reach this API (telemetry); "
+        "default http://127.0.0.1:<port>.")
+    worker_python: str | None = Field(
+        None, description="Python on the cluster for the job driver; default: this "
+        "interpreter for the embedded Ray, 'python' for an external cluster.")
+    ray_num_cpus: int | None = Field(None, description="CPUs of the embedded Ray head.")
+    ray_dashboard_port: int = Field(8265, description="Embedded Ray dashboard port.")
+    ray_gcs_port: int = Field(6379, description="Embedded Ray GCS port.")
+    reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
+
+    @model_validator(mode="after")
+    def _safe_outside_development(self) -> "Settings":
+        if self.env == "production" and self.admin_token is None:
+            raise ValueError("ETRAIN_ADMIN_TOKEN must be set when ETRAIN_ENV=production")
+        if self.env == "production" and (self.database_url or "").startswith("sqlite"):
+            raise ValueError("ETRAIN_DATABASE_URL must point at PostgreSQL in production")
+        return self
+
+    @property
+    def data_path(self) -> Path:
+        """``data_dir`` with ``~`` expanded."""
+        return self.data_dir.expanduser()
+
+    @property
+    def db_url(self) -> str:
+        """The database URL in force."""
+        return self.database_url or f"sqlite:///{self.data_path / 'etrain.db'}"
+
+    @property
+    def report_url(self) -> str:
+        """Where workers send telemetry."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def default_checkpoint_storage(self) -> str:
+        """Checkpoint storage for specs that name none."""
+        return f"file://{self.data_path / 'checkpoints'}"

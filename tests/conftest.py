@@ -1,0 +1,52 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+
+def _on_ci() -> bool:
+    """True when the environment says this is a CI run (CI=true, CI=1, ...)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _postgres_url() -> str:
+    """Return ETRAIN_TEST_POSTGRES_URL; fail on CI and skip elsewhere when it is unset."""
+    url = os.environ.get("ETRAIN_TEST_POSTGRES_URL")
+    if url:
+        return url
+    message = (
+        "ETRAIN_TEST_POSTGRES_URL is not set; run `eval \"$(.ci/postgres.sh | tail -n 1)\"` "
+        "to start a local PostgreSQL and set it"
+    )
+    if _on_ci():
+        pytest.fail(message + " (CI must not skip the PostgreSQL tests)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request, tmp_path):
+    """A SQLAlchemy URL for an empty database: a SQLite file, or a fresh PostgreSQL schema.
+
+    Each PostgreSQL test gets its own schema (made the connection's search_path
+    through the URL) and the schema is dropped afterwards, so tests never share rows.
+    """
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'etrain.db'}"
+        return
+    base = sa.make_url(_postgres_url())
+    schema = f"etrain_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        url = base.update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    finally:
+        admin.dispose()

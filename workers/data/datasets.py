@@ -1,0 +1,148 @@
+"""Map-style token datasets: each item is a ``LongTensor`` of ``seq_len + 1`` tokens.
+
+The training loop uses ``x = s[:-1]`` and ``y = s[1:]``. Every item depends only
+on the dataset arguments and its index, never on the order of access or the
+world size, so an elastic resize or a resume reads exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+
+SOURCES = ("synthetic", "text", "jsonl")
+
+# Synthetic Markov chain: each token has this many likely successors, picked with
+# these weights; with probability _NOISE the next token is uniform instead. Peaked
+# enough that a tiny model's loss visibly falls within a demo.
+_SUCCESSORS = 4
+_SUCCESSOR_WEIGHTS = np.array([0.5, 0.25, 0.15, 0.10])
+_NOISE = 0.1
+
+
+class SyntheticDataset:
+    """Order-1 Markov chain over ``vocab_size`` tokens with a seeded, peaked transition table."""
+
+    def __init__(self, *, seq_len: int, num_samples: int, vocab_size: int, seed: int) -> None:
+        self.seq_len = seq_len
+        self.num_samples = num_samples
+        self.vocab_size = vocab_size
+        self.seed = seed
+        table_rng = np.random.default_rng([seed, vocab_size])
+        self._successors = table_rng.integers(0, vocab_size, size=(vocab_size, _SUCCESSORS)).tolist()
+
+    def __len__(self) -> int:
+        """Number of samples."""
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        """Sample ``index``: ``seq_len + 1`` tokens drawn from a generator seeded by (seed, index)."""
+        index = _check_index(index, self.num_samples)
+        n = self.seq_len + 1
+        rng = np.random.default_rng([self.seed, index, 1])
+        # Draw every random choice up front so the walk below is plain indexing.
+        slots = rng.choice(_SUCCESSORS, size=n, p=_SUCCESSOR_WEIGHTS).tolist()
+        noisy = (rng.random(n) < _NOISE).tolist()
+        uniform = rng.integers(0, self.vocab_size, size=n).tolist()
+        tokens = [uniform[0]]
+        for t in range(1, n):
+            prev = tokens[-1]
+            tokens.append(uniform[t] if noisy[t] else self._successors[prev][slots[t]])
+        return torch.tensor(tokens, dtype=torch.long)
+
+
+class ByteWindowDataset:
+    """Non-overlapping windows of ``seq_len + 1`` bytes over a byte buffer (the tail is dropped)."""
+
+    def __init__(self, data: np.ndarray, *, seq_len: int, path: str) -> None:
+        window = seq_len + 1
+        if len(data) < window:
+            raise ValueError(
+                f"data.path {path!r} holds {len(data)} bytes, fewer than one sample needs "
+                f"(seq_len + 1 = {window}); use a larger file or reduce seq_len"
+            )
+        self.data = data
+        self.seq_len = seq_len
+        self.path = path
+        self.num_samples = len(data) // window
+
+    def __len__(self) -> int:
+        """Number of whole windows."""
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        """Window ``index`` as byte tokens 0..255."""
+        index = _check_index(index, self.num_samples)
+        window = self.seq_len + 1
+        chunk = np.asarray(self.data[index * window : (index + 1) * window], dtype=np.int64)
+        return torch.from_numpy(chunk)
+
+
+def _check_index(index: int, length: int) -> int:
+    index = int(index)
+    if not 0 <= index < length:
+        raise IndexError(f"sample index {index} out of range for a dataset of {length} samples")
+    return index
+
+
+def _require_file(path: str | None, source: str) -> str:
+    if not path:
+        raise ValueError(f"data.path is required when data.source is {source!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"data.path {path!r} does not exist or is not a file; set data.path to a readable file")
+    return path
+
+
+def _read_text(path: str) -> np.ndarray:
+    if os.path.getsize(path) == 0:
+        # np.memmap refuses empty files; an empty array gives the "too short" error instead.
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def _read_jsonl(path: str) -> np.ndarray:
+    texts: list[bytes] = []
+    # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"data.path {path!r} line {lineno}: expected an object with a string 'text' field")
+            texts.append(record["text"].encode("utf-8"))
+    return np.frombuffer(b"\n".join(texts), dtype=np.uint8)
+
+
+def build_dataset(
+    *, source: str, path: str | None, seq_len: int, num_samples: int, vocab_size: int, seed: int
+) -> SyntheticDataset | ByteWindowDataset:
+    """Build the dataset for ``source`` ("synthetic", "text" or "jsonl").
+
+    ``num_samples`` is used by "synthetic" only; file sources yield as many
+    windows as the file holds. File sources are byte-level and need
+    ``vocab_size >= 256``.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    if source == "synthetic":
+        if num_samples < 1:
+            raise ValueError(f"data.num_samples must be >= 1, got {num_samples}")
+        if vocab_size < 2:
+            raise ValueError(f"model vocab_size must be >= 2 for synthetic data, got {vocab_size}")
+        return SyntheticDataset(seq_len=seq_len, num_samples=num_samples, vocab_size=vocab_size, seed=seed)
+    if source not in SOURCES:
+        raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(SOURCES)}")
+    if vocab_size < 256:
+        raise ValueError(
+            f"data.source {source!r} is byte-level and needs a model vocab_size >= 256, got {vocab_size}"
+        )
+    path = _require_file(path, source)
+    data = _read_text(path) if source == "text" else _read_jsonl(path)
+    return ByteWindowDataset(data, seq_len=seq_len, path=path)

@@ -1,0 +1,102 @@
+"""The job driver: ``python -m workers.launch`` runs as a Ray job and drives a TorchTrainer.
+
+The service passes the job through the environment of the Ray job:
+``ETRAIN_JOB_ID``, ``ETRAIN_JOB_SPEC`` (the validated spec as JSON, with the
+checkpoint storage filled in), and ``ETRAIN_REPORT_URL`` / ``ETRAIN_REPORT_TOKEN``
+for telemetry. The driver exits 0 when training finished and non-zero
+otherwise, which is what the Ray job status and the reconciler go by.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from urllib.parse import urlparse
+
+from workers.spec import JobSpec
+
+
+def storage_path(spec: JobSpec) -> str:
+    """The local path behind the spec's ``file://`` checkpoint storage."""
+    if not spec.checkpoint.storage:
+        raise ValueError("checkpoint.storage must be set before launch (the service fills it in)")
+    return urlparse(spec.checkpoint.storage).path
+
+
+def train_fn(config: dict) -> None:
+    """Ray Train worker entry point: re-validate the spec and run the loop."""
+    import ray.train
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.v2.api.report_config import CheckpointUploadMode
+
+    from workers.telemetry import TelemetryReporter
+    from workers.train_loop import RunEnv, run
+
+    spec = JobSpec.model_validate(config["spec"])
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    if spec.resources.gpus_per_worker > 0:
+        import ray.train.torch as rtt
+        device = rtt.get_device()
+    else:
+        device = torch.device("cpu")
+
+    def register(info, metrics: dict) -> None:
+        # Registration only (no upload): the files are already in the run directory.
+        ckpt = Checkpoint(info.path) if info is not None else None
+        ray.train.report(metrics, checkpoint=ckpt,
+                         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+                         checkpoint_dir_name=f"step_{metrics['step']:08d}")
+
+    reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
+    env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
+                 checkpoint_root=os.path.join(storage_path(spec), config["job_id"], "checkpoints"),
+                 reporter=reporter, on_checkpoint=register)
+    try:
+        run(spec, env)
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
+def build_trainer(spec: JobSpec, *, job_id: str):
+    """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from workers.events import EventCallback
+
+    res = spec.resources
+    per_worker = {"CPU": res.cpus_per_worker}
+    if res.gpus_per_worker:
+        per_worker["GPU"] = res.gpus_per_worker
+    scaling = ScalingConfig(num_workers=res.min_workers, use_gpu=res.gpus_per_worker > 0,
+                            resources_per_worker=per_worker)
+    run_config = RunConfig(
+        name=job_id, storage_path=storage_path(spec),
+        failure_config=FailureConfig(max_failures=spec.failure.max_failures),
+        callbacks=[EventCallback(job_id)],
+    )
+    config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
+    return TorchTrainer(train_fn, train_loop_config=config, scaling_config=scaling,
+                        run_config=run_config)
+
+
+def main() -> int:
+    """Run the job described by the environment; return the process exit code."""
+    job_id = os.environ["ETRAIN_JOB_ID"]
+    spec = JobSpec.model_validate(json.loads(os.environ["ETRAIN_JOB_SPEC"]))
+    trainer = build_trainer(spec, job_id=job_id)
+    try:
+        trainer.fit()
+    except Exception as e:  # noqa: BLE001 - the driver's exit code is the report
+        print(f"etrain: training failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    print("etrain: training finished", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
