@@ -138,6 +138,13 @@ class JobStore:
             row = conn.execute(query).first()
         return None if row is None else TokenRecord(**row._mapping)
 
+    def revoke_job_tokens(self, job_id: str) -> int:
+        """Revoke the reporter tokens scoped to ``job_id``; return how many."""
+        stmt = (update(TOKENS).where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
+                .values(revoked_at=utcnow()))
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
     # -- jobs -------------------------------------------------------------
 
     def create_job(

@@ -1,0 +1,181 @@
+"""Job lifecycle operations the API calls: submit, read, cancel, telemetry, logs."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator
+
+import yaml
+from pydantic import ValidationError
+
+from service.auth import Principal
+from service.backends.base import Backend
+from service.domain.planning import plan_job
+from service.domain.states import JobStatus
+from service.errors import Forbidden, InvalidSpec
+from service.settings import Settings
+from service.store import JobRecord, JobStore
+from workers.spec import JobSpec
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def parse_body(raw: bytes, content_type: str | None) -> Any:
+    """Decode a JSON or YAML request body, or raise InvalidSpec saying where it broke."""
+    ct = (content_type or "application/json").split(";")[0].strip().lower()
+    try:
+        if ct in ("application/yaml", "application/x-yaml", "text/yaml"):
+            return yaml.safe_load(raw.decode("utf-8"))
+        import json
+        return json.loads(raw)
+    except (ValueError, yaml.YAMLError) as e:
+        raise InvalidSpec(f"request body is not valid {ct}: {e}",
+                          [{"loc": ["body"], "msg": f"malformed {ct}: {e}",
+                            "type": "parse_error"}]) from e
+
+
+def validate_spec(data: Any) -> JobSpec:
+    """Validate a spec mapping; InvalidSpec carries pydantic's field errors."""
+    if not isinstance(data, dict):
+        raise InvalidSpec("the job spec must be a mapping",
+                          [{"loc": ["body"], "msg": "expected a JSON/YAML object", "type": "type"}])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        errors = [{"loc": ["body", *e_["loc"]], "msg": e_["msg"], "type": e_["type"]}
+                  for e_ in e.errors(include_url=False, include_input=False)]
+        raise InvalidSpec("invalid job spec", errors) from e
+
+
+def job_view(job: JobRecord) -> dict:
+    """The public shape of a job (never includes tokens)."""
+    d = dataclasses.asdict(job)
+    d["status"] = job.status.value
+    d["metrics"] = d.pop("latest_metrics")
+    d.pop("tenant_id", None)
+    return d
+
+
+class JobService:
+    """Domain operations on jobs, authorised per tenant."""
+
+    def __init__(self, store: JobStore, backend: Backend, settings: Settings):
+        self.store, self.backend, self.settings = store, backend, settings
+
+    def _scope(self, principal: Principal) -> str | None:
+        # Admins operate the service and see every tenant's jobs.
+        return None if principal.role == "admin" else principal.tenant_id
+
+    def get(self, principal: Principal, job_id: str) -> JobRecord:
+        """A job visible to ``principal`` (404 for other tenants' jobs)."""
+        return self.store.get_job(job_id, tenant_id=self._scope(principal))
+
+    def submit(self, principal: Principal, data: Any) -> JobRecord:
+        """Validate, plan and store a job as QUEUED; the scheduler takes it from there."""
+        spec = validate_spec(data)
+        if spec.checkpoint.storage is None:
+            spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
+                update={"storage": self.settings.default_checkpoint_storage})})
+        plan = plan_job(spec)
+        if plan["errors"] or not plan["fits"]:
+            raise InvalidSpec("the plan for this job has errors",
+                              [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan["errors"]])
+        return self.store.create_job(
+            tenant_id=principal.tenant_id, name=spec.name,
+            spec=spec.model_dump(mode="json", by_alias=True),
+            min_workers=spec.resources.min_workers, warnings=plan["warnings"])
+
+    def list(self, principal: Principal, *, status: JobStatus | None, limit: int,
+             offset: int) -> tuple[list[JobRecord], int]:
+        """A page of the caller's jobs, newest first, and the total count."""
+        scope, statuses = self._scope(principal), ({status} if status else None)
+        return (self.store.list_jobs(tenant_id=scope, statuses=statuses, limit=limit,
+                                     offset=offset),
+                self.store.count_jobs(tenant_id=scope, statuses=statuses))
+
+    def cancel(self, principal: Principal, job_id: str) -> JobRecord:
+        """Cancel a job; cancelling a finished or cancelled job returns it unchanged."""
+        for _ in range(5):
+            job = self.get(principal, job_id)
+            if job.status.terminal:
+                return job
+            if job.submission_id:
+                self.backend.stop(job.submission_id)
+            updated = self.store.update_job(
+                job_id, expect_status=job.status, status=JobStatus.CANCELLED,
+                finished_at=_now(), event=("cancelled", "cancelled by user", None))
+            if updated is not None:
+                self.store.revoke_job_tokens(job_id)
+                return updated
+        return self.get(principal, job_id)
+
+    def events(self, principal: Principal, job_id: str, *, after_id: int) -> list:
+        """Lifecycle events after ``after_id``."""
+        self.get(principal, job_id)
+        return self.store.list_events(job_id, after_id=after_id)
+
+    def metrics(self, principal: Principal, job_id: str, *, after_step: int) -> list[dict]:
+        """Per-step metrics after ``after_step``."""
+        self.get(principal, job_id)
+        return self.store.list_metrics(job_id, after_step=after_step)
+
+    def checkpoints(self, principal: Principal, job_id: str) -> list[dict]:
+        """Committed checkpoints."""
+        self.get(principal, job_id)
+        return self.store.list_checkpoints(job_id)
+
+    def logs(self, principal: Principal, job_id: str) -> str:
+        """Logs so far (empty before the job reaches the cluster)."""
+        job = self.get(principal, job_id)
+        return self.backend.logs(job.submission_id) if job.submission_id else ""
+
+    async def follow_logs(self, principal: Principal, job_id: str) -> AsyncIterator[str]:
+        """Stream logs until the job's Ray submission ends."""
+        job = self.get(principal, job_id)
+        if job.submission_id:
+            async for chunk in self.backend.tail_logs(job.submission_id):
+                yield chunk
+
+    def ingest_telemetry(self, principal: Principal, job_id: str, batch: dict) -> dict:
+        """Store metrics, events and checkpoints posted by a job's workers."""
+        if principal.role != "reporter" or principal.job_id != job_id:
+            raise Forbidden("telemetry needs the job's own reporter token")
+        job = self.store.get_job(job_id)
+        if job.status.terminal:
+            return {"accepted": 0}
+        metrics = batch.get("metrics") or []
+        for ev in batch.get("events") or []:
+            self._ingest_event(job, ev)
+        for ck in batch.get("checkpoints") or []:
+            self.store.upsert_checkpoint(job_id, **ck)
+        if metrics:
+            self.store.upsert_metrics(job_id, metrics)
+            fields = {"world_size": int(metrics[-1]["world_size"])}
+            if job.status == JobStatus.PENDING:
+                fields.update(status=JobStatus.RUNNING, started_at=job.started_at or _now())
+            self.store.update_job(job_id, expect_status=job.status, **fields)
+        return {"accepted": len(metrics)}
+
+    def _ingest_event(self, job: JobRecord, ev: dict) -> None:
+        new = self.store.add_event(job.id, kind=ev["kind"], message=ev["message"],
+                                   data=ev.get("data"), dedup_key=ev.get("dedup_key"))
+        if new and ev["kind"] == "worker_failed":
+            current = self.store.get_job(job.id)
+            self.store.update_job(job.id, restarts=current.restarts + 1)
+
+    def plan(self, data: Any) -> dict:
+        """Dry run: validate a spec and return its plan."""
+        if not isinstance(data, dict) or "spec" not in data:
+            raise InvalidSpec("body must be {\"spec\": JobSpec, \"cluster\": {...}}",
+                              [{"loc": ["body", "spec"], "msg": "field required",
+                                "type": "missing"}])
+        spec = validate_spec(data["spec"])
+        return plan_job(spec, cluster=data.get("cluster"))
+
+    def cluster(self) -> dict:
+        """Nodes and resources of the connected cluster."""
+        return dataclasses.asdict(self.backend.cluster())
+

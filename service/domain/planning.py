@@ -1,0 +1,70 @@
+"""A first planner: parameter, gradient, optimizer and activation memory per rank.
+
+This is the simple estimate the foundation needs to refuse what cannot run
+(strategies this build lacks, a model that cannot fit the stated GPU); the full
+layout planner replaces it. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from workers.models import count_params, get_model_config
+from workers.spec import JobSpec
+
+GIB = 1024**3
+# Strategies whose worker code this build ships (the registry in
+# workers.strategies holds the same names; a unit test keeps them equal).
+AVAILABLE_STRATEGIES = ("ddp",)
+
+
+def _activation_bytes(spec: JobSpec) -> int:
+    """Activations of one micro-batch kept for backward (Korthikanti et al., no recompute).
+
+    Per layer about s*b*h*(34 + 5*a*s/h) bytes in 16-bit; doubled for fp32.
+    """
+    cfg = get_model_config(spec.model.preset)
+    s, b, h, a = spec.data.seq_len, spec.train.micro_batch_size, cfg.dim, cfg.n_heads
+    per_layer = s * b * h * (34 + 5 * a * s / h)
+    scale = 1.0 if spec.train.precision == "bf16" else 2.0
+    logits = s * b * cfg.vocab_size * 4 * 2  # fp32 logits and their gradient
+    return int(per_layer * cfg.n_layers * scale + logits)
+
+
+def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
+    """Memory per rank and a verdict for ``spec`` on ``cluster`` (optional)."""
+    n = count_params(get_model_config(spec.model.preset))
+    errors: list[str] = []
+    warnings: list[str] = []
+    if spec.parallelism.strategy not in AVAILABLE_STRATEGIES:
+        errors.append(
+            f"parallelism.strategy {spec.parallelism.strategy!r} is not available in this "
+            f"release; use one of {list(AVAILABLE_STRATEGIES)}")
+    if spec.checkpoint.async_:
+        errors.append("checkpoint.async is not available in this release; set it to false")
+    opt_per_param = 8 if spec.train.optimizer == "adamw" else (4 if spec.train.momentum else 0)
+    per_rank = {
+        "params_bytes": 4 * n,  # fp32 master weights (bf16 is autocast, not stored)
+        "grads_bytes": 4 * n,
+        "optimizer_bytes": opt_per_param * n,
+        "activations_bytes": _activation_bytes(spec),
+        "buffers_bytes": min(4 * n, 2 * 25 * 1024**2),  # DDP gradient buckets
+    }
+    per_rank["total_bytes"] = sum(per_rank.values())
+    fits = True
+    gpu_gb = (cluster or {}).get("gpu_memory_gb")
+    if gpu_gb and spec.resources.gpus_per_worker > 0:
+        fits = per_rank["total_bytes"] <= gpu_gb * GIB
+        if not fits:
+            errors.append(
+                f"needs {per_rank['total_bytes'] / GIB:.1f} GiB per rank but the GPU has "
+                f"{gpu_gb} GiB; use a smaller model.preset or train.micro_batch_size")
+    return {
+        "fits": fits and not errors, "num_params": n, "per_rank": per_rank,
+        "layout": {"strategy": spec.parallelism.strategy,
+                   "workers": spec.resources.model_dump()["workers"],
+                   "dp": spec.data_parallel_size(spec.resources.min_workers),
+                   "tp": spec.parallelism.tp, "pp": spec.parallelism.pp,
+                   "grad_accum_steps": spec.grad_accum_steps(spec.resources.min_workers)},
+        "warnings": warnings, "errors": errors,
+        "recommendation": "ddp" if not errors else None,
+        "method": "simple estimate (parameters, gradients, optimizer, activations)",
+    }

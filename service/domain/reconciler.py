@@ -1,0 +1,143 @@
+"""The reconciler: admits queued jobs and follows submitted ones until they end."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timezone
+
+from service.auth import create_reporter_token
+from service.backends.base import Backend, LaunchRequest, RunState
+from service.domain.scheduler import Demand, decide_admissions
+from service.domain.states import JobStatus
+from service.errors import BackendError, BackendUnavailable
+from service.settings import Settings
+from service.store import JobRecord, JobStore
+
+log = logging.getLogger(__name__)
+ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def demand_of(job: JobRecord) -> Demand:
+    """Resources a job holds (or needs) at its minimum worker count."""
+    res = job.spec["resources"]
+    return Demand.for_spec(job.id, min_workers=job.min_workers,
+                           cpus_per_worker=float(res["cpus_per_worker"]),
+                           gpus_per_worker=int(res["gpus_per_worker"]))
+
+
+class Reconciler:
+    """One ``tick`` moves every job one step closer to what the cluster says."""
+
+    def __init__(self, store: JobStore, backend: Backend, settings: Settings):
+        self.store, self.backend, self.settings = store, backend, settings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        """Follow active jobs, then admit queued ones into the room that is left."""
+        for job in self.store.list_jobs_fifo(ACTIVE):
+            try:
+                self._follow(job)
+            except BackendUnavailable as e:
+                log.warning("reconciler: backend unavailable while following %s: %s", job.id, e)
+                return
+        self._admit()
+
+    def _admit(self) -> None:
+        queued = self.store.list_jobs_fifo({JobStatus.QUEUED})
+        if not queued:
+            return
+        info = self.backend.cluster()
+        held = [demand_of(j) for j in self.store.list_jobs_fifo(ACTIVE)]
+        decision = decide_admissions(
+            [demand_of(j) for j in queued],
+            free_cpus=info.total.get("CPU", 0.0) - sum(d.cpus for d in held),
+            free_gpus=info.total.get("GPU", 0.0) - sum(d.gpus for d in held))
+        for job_id in decision.admit:
+            job = self.store.update_job(job_id, expect_status=JobStatus.QUEUED,
+                                        status=JobStatus.PENDING,
+                                        event=("admitted", "admitted by the scheduler", None))
+            if job is not None:
+                self._submit(job)
+        waiting = [j for j in queued if j.id not in decision.admit]
+        if waiting and decision.waiting_reason:
+            self.store.add_event(waiting[0].id, kind="waiting", message=decision.waiting_reason,
+                                 dedup_key="waiting")
+
+    def _submit(self, job: JobRecord) -> None:
+        """Hand a PENDING job to the backend (idempotent per submission id)."""
+        submission_id = f"etrain-{job.id}-{job.resubmits}"
+        token = create_reporter_token(self.store, tenant_id=job.tenant_id, job_id=job.id)
+        req = LaunchRequest(job_id=job.id, submission_id=submission_id,
+                            spec_json=_dumps(job.spec),
+                            env={"ETRAIN_REPORT_URL": self.settings.report_url,
+                                 "ETRAIN_REPORT_TOKEN": token})
+        try:
+            url = self.backend.submit(req)
+        except BackendUnavailable as e:
+            self.store.update_job(job.id, expect_status=JobStatus.PENDING,
+                                  status=JobStatus.QUEUED,
+                                  event=("requeued", f"backend unavailable: {e}", None))
+            return
+        except BackendError as e:
+            self._finish(job, JobStatus.FAILED, f"submission refused: {e}")
+            return
+        updated = self.store.update_job(
+            job.id, expect_status=JobStatus.PENDING, submission_id=submission_id,
+            dashboard_url=url,
+            event=("submitted", f"submitted to Ray as {submission_id}", {"dashboard_url": url}))
+        if updated is None:  # cancelled while we were submitting: do not leave it running
+            self.backend.stop(submission_id)
+
+    def _follow(self, job: JobRecord) -> None:
+        if not job.submission_id:
+            self._submit(job)  # admitted, then the service stopped before submitting
+            return
+        status = self.backend.status(job.submission_id)
+        if status.state == RunState.RUNNING and job.status == JobStatus.PENDING:
+            self.store.update_job(job.id, expect_status=JobStatus.PENDING,
+                                  status=JobStatus.RUNNING, started_at=job.started_at or _now(),
+                                  event=("started", "job driver running on Ray", None))
+        elif status.state == RunState.SUCCEEDED:
+            self._finish(job, JobStatus.SUCCEEDED, None)
+        elif status.state in (RunState.FAILED, RunState.STOPPED, RunState.MISSING):
+            self._finish(job, JobStatus.FAILED, _tail(status.message) or status.state.value)
+
+    def _finish(self, job: JobRecord, status: JobStatus, error: str | None) -> None:
+        kind = "succeeded" if status == JobStatus.SUCCEEDED else "failed"
+        message = "training finished" if error is None else error
+        self.store.update_job(job.id, expect_status=job.status, status=status,
+                              finished_at=_now(), error=error, event=(kind, message, None))
+        self.store.revoke_job_tokens(job.id)
+
+    def start(self) -> None:
+        """Run ``tick`` every ``reconcile_interval_s`` in a daemon thread."""
+        self._thread = threading.Thread(target=self._loop, name="etrain-reconciler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.reconcile_interval_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad tick must not stop reconciling
+                log.exception("reconciler tick failed; retrying next interval")
+
+    def stop(self) -> None:
+        """Stop the loop and wait for the current tick."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+def _dumps(spec: dict) -> str:
+    import json
+    return json.dumps(spec, separators=(",", ":"))
+
+
+def _tail(message: str, limit: int = 2000) -> str:
+    return message[-limit:] if message else ""

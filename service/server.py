@@ -1,0 +1,30 @@
+"""``etrain serve``: run the API with uvicorn (and an embedded Ray unless told otherwise)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+
+def run_server(*, host: str | None = None, port: int | None = None,
+               ray_address: str | None = None, data_dir: str | None = None) -> None:
+    """Start the control plane in the foreground until interrupted."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port, "ray_address": ray_address,
+                                   "data_dir": Path(data_dir) if data_dir else None}.items()
+                 if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    where = settings.ray_address or "an embedded local Ray head (starting)"
+    print(f"etrain: data dir {settings.data_path}; Ray: {where}", flush=True)
+    if settings.admin_token is None:
+        print(f"etrain: admin token in {settings.data_path / 'admin_token'} "
+              "(export ETRAIN_TOKEN=$(cat that file))", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level="info", timeout_graceful_shutdown=10)
