@@ -26,7 +26,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 
 from service.client import DEFAULT_URL, ClientError, EtrainClient
 
@@ -192,8 +192,12 @@ def _follow(client: EtrainClient, job: dict[str, Any]) -> int:
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (ETRAIN_HOST, default 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to bind (ETRAIN_PORT, default 8000).")
+    ] = None,
     ray_address: Annotated[
         str | None, typer.Option(help="Existing Ray cluster (default: start a local one).")
     ] = None,
@@ -246,7 +250,9 @@ def jobs(
     """List jobs as a table (filter by --status, cap with --limit)."""
     with _api_errors():
         page = _client(ctx).list_jobs(status=status.upper() if status else None, limit=limit)
-    table = Table("id", "name", "status", "step", "loss", "world", "created")
+    table = Table("name", "status", "step", "loss", "world", "created")
+    # Ids must stay copyable whole, so they get a column rich may not fold or cut.
+    table.columns.insert(0, Column("id", no_wrap=True, min_width=14))
     for job in page.get("items", []):
         total = _total_steps(job)
         table.add_row(

@@ -325,12 +325,12 @@ def test_serve_wires_run_server_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "service.server", fake)
     assert CliRunner().invoke(cli.app, ["serve"]).exit_code == 0
     result = CliRunner().invoke(
-        cli.app, ["serve", "--host", "0.0.0.0", "--port", "9000", "--ray-address", "ray://h:10001", "--data-dir", "/d"]
+        cli.app, ["serve", "--host", "0.0.0.0", "--port", "9000", "--ray-address", "http://h:8265", "--data-dir", "/d"]
     )
     assert result.exit_code == 0, result.output
     assert calls == [
-        {"host": "127.0.0.1", "port": 8000, "ray_address": None, "data_dir": None},
-        {"host": "0.0.0.0", "port": 9000, "ray_address": "ray://h:10001", "data_dir": "/d"},
+        {"host": None, "port": None, "ray_address": None, "data_dir": None},
+        {"host": "0.0.0.0", "port": 9000, "ray_address": "http://h:8265", "data_dir": "/d"},
     ]
 
 
