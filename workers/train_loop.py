@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from workers.checkpoint import CheckpointInfo, CheckpointManager, ModelAndOptimizer
+from workers.faults import maybe_kill_worker
 from workers.data import GlobalBatchSampler, build_dataset, collate, shard_global_batch
 from workers.models import build_model, get_model_config
 from workers.spec import JobSpec, TrainSpec
@@ -125,6 +126,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         batch = sampler.next_global_batch(spec.train.global_batch_size)
         due_by_time = _due_by_time(spec, last_save)
         loss, save_now = stepper.step(batch, flag=due_by_time)
+        maybe_kill_worker(step=step, rank=env.rank)
         scheduler.step()
         dt = time.perf_counter() - t0
         result.losses[step] = loss

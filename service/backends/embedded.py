@@ -95,7 +95,7 @@ class EmbeddedRay:
         self.stop()
         raise BackendUnavailable(f"embedded Ray head not ready after {timeout:.0f}s; see {log_path}")
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 15.0) -> None:
         """Stop the head and everything it started."""
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -1,0 +1,410 @@
+"""Per-step and start-up overhead of etrain's Ray Train path against plain torchrun.
+
+One run of this script trains the same job (gpt-tiny, synthetic data, DDP over
+2 gloo workers, AdamW, no checkpoints) through ``workers.train_loop.run`` in
+several ways and prints one table:
+
+* ``torchrun``: ``torchrun --nproc-per-node 2`` running this file with
+  ``--worker`` (``init_process_group("gloo")`` then ``run``). The baseline.
+* ``etrain (Ray)``: a Ray Train ``TorchTrainer`` built like
+  ``workers.launch.build_trainer`` (failure config, ``EventCallback``) whose
+  train function builds ``RunEnv`` as ``workers.launch.train_fn`` does, with the
+  rank-0 ``TelemetryReporter`` posting per-step metrics to a local HTTP sink
+  (the stand-in for the control plane) and ``checkpoint_root=None``.
+* ``bare Ray Train``: the same ``TorchTrainer`` and ``run`` without anything
+  etrain adds (no reporter, no callback, default run config).
+* ``etrain + fix``: the etrain path with the candidate fix
+  ``FIX_WORKER_RUNTIME_ENV`` (train workers at nice 0; see ``bench/README.md``).
+
+Ray runs on a private local head (``ray start --head --block`` with token auth,
+GCS 6420, dashboard 8290) that this script starts and stops. The paths are
+interleaved and repeated (``--repeats``); the table shows the median over
+repeats of each repeat's per-step median and mean (first ``--warmup`` steps
+excluded), and start-up: wall time from launch (``Popen`` of torchrun, or
+``trainer.fit()`` on a connected driver) to the end of the first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PATHS = ("torchrun", "etrain", "bare", "etrain-fix")
+LABELS = {"torchrun": "torchrun", "etrain": "etrain (Ray)", "bare": "bare Ray Train",
+          "etrain-fix": "etrain + fix"}
+GCS_PORT, DASHBOARD_PORT = 6420, 8290
+
+
+# ---------------------------------------------------------------- worker side
+
+def build_spec_dict(*, steps: int, seq_len: int, global_batch: int, micro: int) -> dict:
+    """The benchmark job as spec JSON: gpt-tiny, synthetic, DDP on 2 CPU workers."""
+    return {
+        "name": "bench-step-overhead", "model": {"preset": "gpt-tiny"},
+        "data": {"source": "synthetic", "seq_len": seq_len},
+        "parallelism": {"strategy": "ddp"},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+        "train": {"steps": steps, "global_batch_size": global_batch,
+                  "micro_batch_size": micro, "optimizer": "adamw"},
+        "checkpoint": {"every_steps": None},
+    }
+
+
+# The candidate fix (see bench/README.md): Ray starts every worker process at
+# nice 15 (RAY_worker_niceness) while its own daemons, and torchrun's ranks, run
+# at nice 0. Asking for nice 0 for the train workers only, through
+# RunConfig(worker_runtime_env=...), is what workers/launch.py would add.
+FIX_WORKER_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+
+
+def _busy_jiffies() -> int:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+
+
+def _probe(torch) -> dict:
+    return {"torch_threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "omp_env": os.environ.get("OMP_NUM_THREADS"),
+            "main_thread": threading.current_thread() is threading.main_thread(),
+            "py_threads": threading.active_count(),
+            "os_threads": len(os.listdir("/proc/self/task")),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+def timed_run(spec_dict: dict, env, out_dir: str) -> None:
+    """Run the loop under ``env`` and write this rank's timings to ``out_dir``."""
+    import torch
+
+    from workers import train_loop
+    from workers.spec import JobSpec
+
+    spec = JobSpec.model_validate(spec_dict)
+    reduce_s: list[float] = []
+    original = train_loop._Stepper._reduce
+
+    def timed_reduce(self, local, flag):  # the per-step loss all_reduce
+        t = time.perf_counter()
+        out = original(self, local, flag)
+        reduce_s.append(time.perf_counter() - t)
+        return out
+
+    train_loop._Stepper._reduce = timed_reduce
+    before = _probe(torch)
+    t_cpu, t_thread, j0, w0 = os.times(), time.thread_time(), _busy_jiffies(), time.time()
+    result = train_loop.run(spec, env)
+    t_end, j1, t_cpu1 = time.time(), _busy_jiffies(), os.times()
+    rec = {"rank": env.rank, "step_times": result.step_times, "reduce_s": reduce_s,
+           # the end of step 1, from the end of the run minus the later steps
+           "first_step_end": t_end - sum(result.step_times[1:]),
+           "wall_s": t_end - w0, "before": before, "during": _probe(torch),
+           "proc_cpu_s": (t_cpu1.user + t_cpu1.system) - (t_cpu.user + t_cpu.system),
+           "thread_cpu_s": time.thread_time() - t_thread,
+           "machine_busy_s": (j1 - j0) / os.sysconf("SC_CLK_TCK")}
+    Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(rec))
+
+
+def torchrun_worker(args: argparse.Namespace) -> None:
+    """``--worker``: one torchrun rank (gloo), the same loop, timings to a file."""
+    import torch
+    import torch.distributed as dist
+
+    from workers.train_loop import RunEnv
+
+    dist.init_process_group("gloo")
+    try:
+        env = RunEnv(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                     device=torch.device("cpu"), checkpoint_root=None)
+        timed_run(json.loads(args.spec), env, args.out)
+    finally:
+        dist.destroy_process_group()
+
+
+def ray_train_fn(config: dict) -> None:
+    """Ray Train worker: ``RunEnv`` as ``workers.launch.train_fn`` builds it, minus checkpoints."""
+    import ray.train
+    import torch
+
+    from workers.telemetry import TelemetryReporter
+    from workers.train_loop import RunEnv
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    reporter = None
+    if config["report_url"] and rank == 0:  # etrain: rank 0 reports per-step metrics
+        reporter = TelemetryReporter(url=config["report_url"], token=None,
+                                     job_id=config["job_id"])
+    env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=torch.device("cpu"),
+                 checkpoint_root=None, reporter=reporter)
+    try:
+        timed_run(config["spec"], env, config["out"])
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
+# ---------------------------------------------------------------- driver side
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    """Accepts telemetry POSTs like the control plane would, and counts the points."""
+
+    points = 0
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Sink.points += len(body.get("metrics", []))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a):
+        pass
+
+
+class LocalRay:
+    """A private ``ray start --head --block`` child with token auth; stop() takes it all down."""
+
+    def __init__(self, work: Path):
+        self.work, self.proc = work, None
+        self.temp_dir = f"/tmp/etrain-bench-ray-{GCS_PORT}"
+
+    def start(self) -> str:
+        token = self.work / "ray_auth_token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        # Ports away from the defaults so a concurrent `etrain serve` head is not disturbed.
+        cmd = [ray_bin, "start", "--head", "--block", f"--port={GCS_PORT}",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+               f"--dashboard-port={DASHBOARD_PORT}", f"--temp-dir={self.temp_dir}",
+               "--ray-client-server-port=10421", "--dashboard-agent-listen-port=52421",
+               "--min-worker-port=21000", "--max-worker-port=21999", "--disable-usage-stats"]
+        log = open(self.work / "ray-head.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        import ray
+
+        from ray._private.services import get_node_ip_address
+        address = f"{get_node_ip_address()}:{GCS_PORT}"
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray head exited; see {self.work / 'ray-head.log'}")
+            try:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                return address
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def stop(self) -> None:
+        import ray
+
+        ray.shutdown()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops its children
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_ranks(out: Path) -> list[dict]:
+    return [json.loads(out.joinpath(f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def launch_torchrun(spec: dict, out: Path) -> tuple[float, list[dict]]:
+    """Run torchrun; return the launch wall time and both ranks' records."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           os.path.abspath(__file__), "--worker", "--out", str(out), "--spec", json.dumps(spec)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"torchrun failed:\n{proc.stderr[-3000:]}")
+    return t0, _read_ranks(out)
+
+
+def launch_ray(path: str, spec: dict, out: Path, *, report_url: str) -> tuple[float, list[dict]]:
+    """Run one TorchTrainer.fit() on the connected cluster; same return as launch_torchrun."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from workers.events import EventCallback
+
+    etrain = path != "bare"
+    job_id = f"bench-{path}-{out.name}"
+    config = {"spec": spec, "out": str(out), "job_id": job_id,
+              "report_url": report_url if etrain else None}
+    scaling = ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1})
+    run_kw = {"name": job_id, "storage_path": str(out.parent / "ray-storage")}
+    if etrain:  # what workers.launch.build_trainer adds
+        run_kw.update(failure_config=FailureConfig(max_failures=3),
+                      callbacks=[EventCallback(job_id)])
+    if path == "etrain-fix":
+        run_kw["worker_runtime_env"] = FIX_WORKER_RUNTIME_ENV
+    trainer = TorchTrainer(ray_train_fn, train_loop_config=config, scaling_config=scaling,
+                           run_config=RunConfig(**run_kw))
+    t0 = time.time()
+    trainer.fit()
+    return t0, _read_ranks(out)
+
+
+def summarize(t0: float, ranks: list[dict], warmup: int) -> dict:
+    """One run's numbers: per-step median/mean (slowest rank decides), start-up, CPU use."""
+    steps = [max(a, b) for a, b in zip(ranks[0]["step_times"], ranks[1]["step_times"])]
+    kept = steps[warmup:]
+    r0 = ranks[0]
+    others = r0["machine_busy_s"] - sum(r["proc_cpu_s"] for r in ranks)
+    return {"median_ms": 1e3 * statistics.median(kept), "mean_ms": 1e3 * statistics.mean(kept),
+            "startup_s": max(r["first_step_end"] for r in ranks) - t0,
+            "reduce_median_ms": 1e3 * statistics.median(r0["reduce_s"][warmup:]),
+            "thread_cpu_per_step_ms": 1e3 * r0["thread_cpu_s"] / len(steps),
+            "proc_cpu_per_step_ms": 1e3 * r0["proc_cpu_s"] / len(steps),
+            "other_cores_busy": others / r0["wall_s"],
+            "threads": {f"rank{r['rank']}": {"before": r["before"], "during": r["during"]}
+                        for r in ranks}}
+
+
+def _median_of(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def print_table(results: dict[str, list[dict]]) -> None:
+    """The comparison table: medians over repeats, ratios against torchrun."""
+    base = results.get("torchrun")
+    head = (f"{'path':<16}{'start-up s':>11}{'step median ms':>16}{'step mean ms':>14}"
+            f"{'ratio vs torchrun (median)':>28}{'ratio (mean)':>14}")
+    print(head)
+    print("-" * len(head))
+    for path, runs in results.items():
+        med, mean = _median_of(runs, "median_ms"), _median_of(runs, "mean_ms")
+        ratio = f"{med / _median_of(base, 'median_ms'):.3f}" if base else "-"
+        ratio_mean = f"{mean / _median_of(base, 'mean_ms'):.3f}" if base else "-"
+        print(f"{LABELS[path]:<16}{_median_of(runs, 'startup_s'):>11.2f}{med:>16.2f}"
+              f"{mean:>14.2f}{ratio:>28}{ratio_mean:>14}")
+    print()
+    print(f"{'path':<16}{'per-repeat step medians ms':>30}{'loss all_reduce ms':>20}"
+          f"{'train-thread CPU ms/step':>26}{'other cores busy':>18}")
+    for path, runs in results.items():
+        meds = " ".join(f"{r['median_ms']:.1f}" for r in runs)
+        print(f"{LABELS[path]:<16}{meds:>30}{_median_of(runs, 'reduce_median_ms'):>20.2f}"
+              f"{_median_of(runs, 'thread_cpu_per_step_ms'):>26.2f}"
+              f"{_median_of(runs, 'other_cores_busy'):>18.2f}")
+    print()
+    for path, runs in results.items():
+        t = runs[-1]["threads"]["rank0"]
+        print(f"{LABELS[path]:<16} rank0 before run(): torch threads "
+              f"{t['before']['torch_threads']}, interop {t['before']['interop_threads']}, "
+              f"OMP_NUM_THREADS={t['before']['omp_env']}, main thread {t['before']['main_thread']}"
+              f"; during: torch threads {t['during']['torch_threads']}, "
+              f"OS threads {t['during']['os_threads']}, nice {t['during']['nice']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    p.add_argument("--warmup", type=int, default=5, help="leading steps left out of the stats")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the paths")
+    p.add_argument("--paths", default=",".join(PATHS),
+                   help=f"comma-separated subset of {','.join(PATHS)}")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--json", metavar="OUT", help="also write every run's numbers here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    unknown = set(args.paths.split(",")) - set(PATHS)
+    if unknown:
+        p.error(f"unknown --paths {sorted(unknown)}; choose from {','.join(PATHS)}")
+    if args.warmup >= args.steps:
+        p.error("--warmup must be < --steps")
+    return args
+
+
+def _start_sink() -> tuple[http.server.ThreadingHTTPServer, str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
+    """Interleave the paths ``repeats`` times (rotating the order); return runs per path."""
+    spec = build_spec_dict(steps=args.steps, seq_len=args.seq_len,
+                           global_batch=args.global_batch, micro=args.micro)
+    paths = [p for p in PATHS if p in args.paths.split(",")]
+    results: dict[str, list[dict]] = {p: [] for p in paths}
+    ray_head = LocalRay(work) if any(p != "torchrun" for p in paths) else None
+    sink, url = _start_sink()
+    try:
+        if ray_head is not None:
+            t = time.time()
+            print(f"ray head at {ray_head.start()} ({time.time() - t:.1f}s)", flush=True)
+        for rep in range(args.repeats):
+            k = rep % len(paths)
+            for path in paths[k:] + paths[:k]:
+                out = work / f"{path}-{rep}"
+                out.mkdir()
+                if path == "torchrun":
+                    t0, ranks = launch_torchrun(spec, out)
+                else:
+                    t0, ranks = launch_ray(path, spec, out, report_url=url)
+                s = summarize(t0, ranks, args.warmup)
+                results[path].append(s)
+                print(f"[{rep + 1}/{args.repeats}] {LABELS[path]:<15} median "
+                      f"{s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
+                      f"start-up {s['startup_s']:.1f}s", flush=True)
+    finally:
+        if ray_head is not None:
+            ray_head.stop()
+        sink.shutdown()
+    print(f"telemetry points received by the sink: {_Sink.points}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--worker``, one torchrun rank)."""
+    args = parse_args(argv)
+    if args.worker:
+        torchrun_worker(args)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="etrain-bench-") as tmp:
+        t = time.time()
+        results = bench(args, Path(tmp))
+        print(f"\n{args.steps} steps, warm-up {args.warmup}, {args.repeats} repeats, "
+              f"total {time.time() - t:.0f}s; medians over repeats\n")
+        print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Real Ray for integration tests: one local head per session, jobs through Ray's job API."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from service.backends.embedded import EmbeddedRay
+from service.backends.ray_jobs import RayJobBackend
+from service.backends.base import RunState
+
+GCS_PORT, DASHBOARD_PORT = 6510, 8310
+
+
+@pytest.fixture(scope="session")
+def ray_backend(tmp_path_factory) -> RayJobBackend:
+    """A token-auth Ray head (dashboard on) shared by the session, behind the real backend."""
+    data_dir = tmp_path_factory.mktemp("ray-head")
+    head = EmbeddedRay(data_dir=data_dir, num_cpus=2, dashboard_port=DASHBOARD_PORT,
+                       gcs_port=GCS_PORT)
+    backend = RayJobBackend(head.start(), python=sys.executable)
+    yield backend
+    head.stop()
+
+
+class TelemetrySink:
+    """A real HTTP endpoint that records what workers post as telemetry."""
+
+    def __init__(self):
+        self.batches: list[dict] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server API
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                sink.batches.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                                     **json.loads(body)})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"accepted": 0}')
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def items(self, key: str, job_id: str) -> list[dict]:
+        """Every posted item of one kind (metrics, events, checkpoints) for ``job_id``."""
+        return [i for b in self.batches if b["path"] == f"/v1/jobs/{job_id}/telemetry"
+                for i in b.get(key, [])]
+
+    def losses(self, job_id: str) -> dict[int, float]:
+        """Loss per step; a recomputed step keeps its latest value (as the store does)."""
+        return {m["step"]: m["loss"] for m in self.items("metrics", job_id)}
+
+
+@pytest.fixture(scope="session")
+def telemetry_sink() -> TelemetrySink:
+    """The session's telemetry receiver."""
+    sink = TelemetrySink()
+    yield sink
+    sink.server.shutdown()
+
+
+def run_ray_job(backend: RayJobBackend, *, job_id: str, spec_json: str, env: dict,
+                timeout: float = 300) -> RunState:
+    """Submit ``python -m workers.launch`` for a spec and wait for the Ray job to end."""
+    from service.backends.base import LaunchRequest
+
+    backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
+                                 spec_json=spec_json, env=env))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = backend.status(f"it-{job_id}").state
+        if state not in (RunState.PENDING, RunState.RUNNING):
+            return state
+        time.sleep(0.5)
+    backend.stop(f"it-{job_id}")
+    raise TimeoutError(f"Ray job {job_id} did not finish in {timeout}s:\n"
+                       + backend.logs(f"it-{job_id}")[-3000:])
+
+
+def load_checkpoint_tensors(path: str | Path) -> dict:
+    """All tensors of a committed DCP checkpoint as one plain state dict."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = Path(path).parent / f"{Path(path).name}.pt"
+    if not out.exists():
+        dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="session")
+def run_job(ray_backend, telemetry_sink):
+    """Run a spec as a real Ray job (workers.launch) reporting to the telemetry sink."""
+
+    def run(*, job_id: str, spec: dict, extra_env: dict | None = None) -> RunState:
+        env = {"ETRAIN_REPORT_URL": telemetry_sink.url, "ETRAIN_REPORT_TOKEN": "test-token",
+               **(extra_env or {})}
+        return run_ray_job(ray_backend, job_id=job_id, spec_json=json.dumps(spec), env=env)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def checkpoint_tensors():
+    """Loader of a committed checkpoint's tensors."""
+    return load_checkpoint_tensors

@@ -1,0 +1,146 @@
+"""The first planner: memory per rank, refusals, and the strategy list kept equal to the registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from service.domain.planning import AVAILABLE_STRATEGIES, GIB, plan_job
+from workers.models import count_params, get_model_config
+from workers.spec import STRATEGIES, parse_spec
+
+PER_RANK_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+                 "buffers_bytes", "total_bytes"}
+
+
+def _spec(**sections):
+    return parse_spec({"name": "tiny", **sections})
+
+
+@pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-small", "llama-1b", "llama-7b"])
+@pytest.mark.parametrize(("train", "optimizer_per_param"), [
+    ({"optimizer": "adamw"}, 8),                   # exp_avg + exp_avg_sq in fp32
+    ({"optimizer": "sgd", "momentum": 0.9}, 4),    # one momentum buffer
+    ({"optimizer": "sgd", "momentum": 0.0}, 0),    # stateless
+], ids=["adamw", "sgd-momentum", "sgd-plain"])
+def test_per_rank_bytes_follow_the_parameter_count(preset, train, optimizer_per_param):
+    plan = plan_job(_spec(model={"preset": preset}, train=train))
+    n = count_params(get_model_config(preset))
+    per_rank = plan["per_rank"]
+    assert plan["num_params"] == n
+    assert set(per_rank) == PER_RANK_KEYS
+    assert per_rank["params_bytes"] == 4 * n
+    assert per_rank["grads_bytes"] == 4 * n
+    assert per_rank["optimizer_bytes"] == optimizer_per_param * n
+    assert per_rank["buffers_bytes"] == min(4 * n, 50 * 1024**2)
+    assert per_rank["activations_bytes"] > 0
+    assert per_rank["total_bytes"] == sum(v for k, v in per_rank.items() if k != "total_bytes")
+
+
+def test_num_params_of_gpt_tiny():
+    # 2 x (attention 2*64*64 + 2*64*32, ffn 3*64*128, norms 2*64) + embed/head 2*256*64 + norm 64
+    assert plan_job(_spec())["num_params"] == 2 * (12288 + 24576 + 128) + 32768 + 64
+
+
+def test_activations_scale_with_micro_batch_and_shrink_with_bf16():
+    small = plan_job(_spec(train={"global_batch_size": 16, "micro_batch_size": 4}))
+    large = plan_job(_spec(train={"global_batch_size": 16, "micro_batch_size": 8}))
+    bf16 = plan_job(_spec(train={"micro_batch_size": 4, "precision": "bf16"}))
+    a = small["per_rank"]["activations_bytes"]
+    assert abs(large["per_rank"]["activations_bytes"] - 2 * a) <= 1
+    assert bf16["per_rank"]["activations_bytes"] < a
+
+
+def test_a_good_ddp_job_plans_clean():
+    plan = plan_job(_spec())
+    assert plan["fits"] is True
+    assert plan["errors"] == [] and plan["warnings"] == []
+    assert plan["recommendation"] == "ddp"
+    assert plan["layout"] == {"strategy": "ddp", "workers": 2, "dp": 2, "tp": 1, "pp": 1,
+                              "grad_accum_steps": 2}
+
+
+def test_layout_of_an_elastic_job_uses_min_workers():
+    plan = plan_job(_spec(resources={"workers": {"min": 1, "max": 4}},
+                          train={"global_batch_size": 48, "micro_batch_size": 4}))
+    assert plan["layout"]["workers"] == {"min": 1, "max": 4}
+    assert plan["layout"]["dp"] == 1 and plan["layout"]["grad_accum_steps"] == 12
+
+
+UNAVAILABLE = [s for s in STRATEGIES if s not in AVAILABLE_STRATEGIES]
+_LAYOUTS = {
+    "fsdp": {"parallelism": {"strategy": "fsdp"}},
+    "tp": {"parallelism": {"strategy": "tp", "tp": 2}},
+    "pp": {"parallelism": {"strategy": "pp", "pp": 2}},
+    "hybrid": {"parallelism": {"strategy": "hybrid", "tp": 2}},
+}
+
+
+@pytest.mark.parametrize("strategy", UNAVAILABLE)
+def test_unavailable_strategy_is_an_error(strategy):
+    plan = plan_job(_spec(**_LAYOUTS[strategy]))
+    assert plan["fits"] is False
+    assert plan["recommendation"] is None
+    assert any("parallelism.strategy" in e and repr(strategy) in e for e in plan["errors"])
+    # The error says what would be accepted.
+    assert any(str(list(AVAILABLE_STRATEGIES)) in e for e in plan["errors"])
+
+
+def test_async_checkpoint_is_an_error():
+    plan = plan_job(_spec(checkpoint={"async": True}))
+    assert plan["fits"] is False
+    assert any("checkpoint.async" in e for e in plan["errors"])
+
+
+def test_tiny_gpu_does_not_fit():
+    plan = plan_job(_spec(resources={"gpus_per_worker": 1}), cluster={"gpu_memory_gb": 0.001})
+    assert plan["fits"] is False
+    assert plan["recommendation"] is None
+    assert any("GiB" in e and "micro_batch_size" in e for e in plan["errors"])
+
+
+def test_llama_7b_adamw_does_not_fit_an_80gb_gpu_unsharded():
+    # 16 bytes/param of weights, grads and AdamW state alone is ~100 GiB for 6.7B parameters.
+    plan = plan_job(_spec(model={"preset": "llama-7b"}, resources={"gpus_per_worker": 1},
+                          data={"seq_len": 128}, train={"micro_batch_size": 1,
+                                                        "global_batch_size": 2}),
+                    cluster={"gpu_memory_gb": 80})
+    assert plan["per_rank"]["total_bytes"] > 80 * GIB
+    assert plan["fits"] is False
+
+
+@pytest.mark.parametrize("cluster", [None, {}, {"gpu_memory_gb": 0.001}])
+def test_cpu_jobs_are_not_checked_against_gpu_memory(cluster):
+    plan = plan_job(_spec(), cluster=cluster)
+    assert plan["fits"] is True and plan["errors"] == []
+
+
+def test_gpu_job_that_fits():
+    plan = plan_job(_spec(resources={"gpus_per_worker": 1}), cluster={"gpu_memory_gb": 80})
+    assert plan["fits"] is True and plan["errors"] == []
+
+
+def test_planning_does_not_import_torch():
+    # The control plane plans without torch (DESIGN: importing service must not import it).
+    code = ("import sys, service.domain.planning, service.api.app; "
+            "sys.exit(3 if 'torch' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr or "importing the planner imported torch"
+
+
+def test_available_strategies_equal_the_worker_registry():
+    strategies = pytest.importorskip("workers.strategies")
+    for name in AVAILABLE_STRATEGIES:
+        assert callable(strategies.get_strategy(name))
+    assert set(strategies._REGISTRY) == set(AVAILABLE_STRATEGIES)
+    assert set(AVAILABLE_STRATEGIES) <= set(STRATEGIES)
+
+
+@pytest.mark.parametrize("name", UNAVAILABLE)
+def test_registry_refuses_strategies_the_planner_refuses(name):
+    strategies = pytest.importorskip("workers.strategies")
+    with pytest.raises(ValueError, match="parallelism.strategy"):
+        strategies.get_strategy(name)
