@@ -30,7 +30,9 @@ class EventCallback(UserCallback):
         """Record which ranks failed and why; Ray Train then restarts the group."""
         ranks = sorted(worker_exceptions)
         first = worker_exceptions[ranks[0]] if ranks else None
-        reason = f"{type(first).__name__}: {str(first)[:300]}" if first else "unknown"
+        # Ray's messages run to many lines of actor metadata; the first says what happened.
+        detail = str(first).strip().splitlines()[0][:200] if first else ""
+        reason = f"{type(first).__name__}: {detail}" if first else "unknown"
         self._get_reporter().event(
             "worker_failed", f"worker(s) {ranks} failed: {reason}",
             data={"ranks": ranks}, dedup_key=f"fail:{time.time_ns()}",

@@ -88,6 +88,15 @@ def client(tmp_path, backend):
         yield test_client
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> tuple[TestClient, str]:
+    """One app and one QUEUED job for the read-only matrices (401s, 403s, 404s, 422s)."""
+    data_dir = tmp_path_factory.mktemp("shared")
+    app = create_app(_settings(data_dir), backend=FakeBackend(), reconcile=False)
+    with TestClient(app) as test_client:
+        yield test_client, _submit(test_client, name="shared")["id"]
+
+
 def _store(client: TestClient):
     return client.app.state.runtime.store
 
@@ -154,22 +163,27 @@ def test_protected_table_lists_every_v1_route(tmp_path):
 ], ids=["no-header", "bogus-token", "basic-scheme", "no-scheme"])
 @pytest.mark.parametrize(("method", "path", "body"), PROTECTED,
                          ids=[f"{m} {p}" for m, p, _ in PROTECTED])
-def test_every_v1_route_needs_a_valid_token(client, method, path, body, headers):
-    job_id = _submit(client)["id"]
+def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers):
+    client, job_id = shared
+    before = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
     r = client.request(method, path.format(job_id=job_id), json=body, headers=headers)
     assert r.status_code == 401, r.text
     assert "token" in r.json()["detail"]
     assert _total(client) == 1  # nothing was created or changed
+    assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json() == before
 
 
 @pytest.mark.parametrize(("method", "path", "body"),
                          [p for p in PROTECTED if "telemetry" not in p[1]],
                          ids=[f"{m} {p}" for m, p, _ in PROTECTED if "telemetry" not in p])
-def test_reporter_tokens_cannot_call_user_routes(client, method, path, body):
-    job_id = _submit(client)["id"]
+def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
+    client, job_id = shared
     r = client.request(method, path.format(job_id=job_id), json=body,
                        headers=_reporter(client, job_id))
     assert r.status_code == 403, r.text
+    assert _total(client) == 1
+    assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "QUEUED"
+    assert _store(client).get_tenant_by_name("acme") is None
 
 
 # -- submit ---------------------------------------------------------------------
@@ -255,9 +269,9 @@ BAD_SUBMITS = {
 
 @pytest.mark.parametrize(("body", "content_type", "loc", "msg"), list(BAD_SUBMITS.values()),
                          ids=list(BAD_SUBMITS))
-def test_bad_submit_is_422_with_field_errors_and_stores_nothing(client, body, content_type,
+def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, content_type,
                                                                 loc, msg):
-    _submit(client, name="existing")
+    client, _ = shared
     if isinstance(body, dict):
         r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
     else:
@@ -301,7 +315,8 @@ def test_worker_range_error_is_one_clean_item(client):
 # -- reading, listing, tenants ------------------------------------------------
 
 @pytest.mark.parametrize("suffix", ["", "/cancel", "/logs", "/metrics", "/events", "/checkpoints"])
-def test_unknown_job_is_404(client, suffix):
+def test_unknown_job_is_404(shared, suffix):
+    client, _ = shared
     method = "POST" if suffix == "/cancel" else "GET"
     r = client.request(method, f"/v1/jobs/j-000000000000{suffix}", headers=ADMIN_H)
     assert r.status_code == 404

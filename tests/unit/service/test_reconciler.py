@@ -1,0 +1,381 @@
+"""Reconciler.tick() with an in-memory backend and a real JobStore (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import AsyncIterator, Callable
+
+import pytest
+
+from service.auth import Principal, authenticate
+from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.domain.jobs import JobService
+from service.domain.reconciler import Reconciler
+from service.domain.states import JobStatus
+from service.errors import BackendError, BackendUnavailable, Unauthorized
+from service.settings import Settings
+from service.store import JobRecord, JobStore, migrate
+from workers.spec import parse_spec
+
+
+class FakeBackend(Backend):
+    """In-memory backend: records submissions and stops, answers scripted statuses."""
+
+    def __init__(self, *, cpus: float = 4.0, gpus: float = 0.0):
+        self.submitted: list[LaunchRequest] = []
+        self.stopped: list[str] = []
+        self.statuses: dict[str, RunStatus] = {}
+        self.submit_error: Exception | None = None
+        self.status_error: Exception | None = None
+        self.on_submit: Callable[[LaunchRequest], None] | None = None
+        total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        self.info = ClusterInfo(nodes=[{"node_id": "n-1", "resources": total}], total=total,
+                                available=dict(total), dashboard_url="http://ray.test:8265")
+
+    def submit(self, req: LaunchRequest) -> str:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append(req)
+        if self.on_submit is not None:
+            self.on_submit(req)
+        return f"http://ray.test:8265/#/jobs/{req.submission_id}"
+
+    def status(self, submission_id: str) -> RunStatus:
+        if self.status_error is not None:
+            raise self.status_error
+        return self.statuses.get(submission_id, RunStatus(RunState.PENDING))
+
+    def stop(self, submission_id: str) -> None:
+        self.stopped.append(submission_id)
+
+    def logs(self, submission_id: str) -> str:
+        return ""
+
+    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
+        if False:  # pragma: no cover - an empty async generator
+            yield ""
+
+    def cluster(self) -> ClusterInfo:
+        return self.info
+
+    def ping(self) -> None:
+        return None
+
+
+@pytest.fixture
+def store(store_url):
+    migrate(store_url)
+    job_store = JobStore(store_url)
+    yield job_store
+    job_store.close()
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings(env="development", data_dir=tmp_path, port=8123, reconcile_interval_s=0.01)
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend(cpus=4)
+
+
+@pytest.fixture
+def reconciler(store, backend, settings) -> Reconciler:
+    return Reconciler(store, backend, settings)
+
+
+@pytest.fixture
+def tenant(store) -> str:
+    return store.create_tenant("acme").id
+
+
+def _job(store: JobStore, tenant: str, name: str = "tiny", **sections) -> JobRecord:
+    spec = parse_spec({"name": name, **sections})
+    return store.create_job(tenant_id=tenant, name=name,
+                            spec=spec.model_dump(mode="json", by_alias=True),
+                            min_workers=spec.resources.min_workers)
+
+
+def _kinds(store: JobStore, job_id: str) -> list[str]:
+    return [e.kind for e in store.list_events(job_id)]
+
+
+def _submitted(store: JobStore, job: JobRecord) -> JobRecord:
+    """Put ``job`` where a first successful tick leaves it (PENDING with a submission)."""
+    return store.update_job(job.id, status=JobStatus.PENDING, submission_id=f"etrain-{job.id}-0")
+
+
+# -- admission -----------------------------------------------------------------
+
+def test_fifo_admission_by_cluster_cpus(store, tenant, backend, reconciler):
+    jobs = [_job(store, tenant, f"job-{i}") for i in range(3)]  # 2 workers x 1 CPU each
+    reconciler.tick()
+
+    first, second, third = (store.get_job(j.id) for j in jobs)
+    for job in (first, second):
+        assert job.status is JobStatus.PENDING
+        assert job.submission_id == f"etrain-{job.id}-0"
+        assert job.dashboard_url == f"http://ray.test:8265/#/jobs/etrain-{job.id}-0"
+        assert _kinds(store, job.id) == ["submitted", "admitted", "submitted"]
+    assert [r.submission_id for r in backend.submitted] == [first.submission_id,
+                                                            second.submission_id]
+    assert third.status is JobStatus.QUEUED and third.submission_id is None
+    waiting = [e for e in store.list_events(third.id) if e.kind == "waiting"]
+    assert len(waiting) == 1 and "needs 2 CPU" in waiting[0].message
+
+    reconciler.tick()  # nothing changed on the cluster: nothing new happens
+    assert len(backend.submitted) == 2
+    assert _kinds(store, third.id).count("waiting") == 1
+    assert store.get_job(third.id).status is JobStatus.QUEUED
+
+
+def test_head_of_line_job_blocks_smaller_ones(store, tenant, backend, reconciler):
+    small = _job(store, tenant, "small")
+    big = _job(store, tenant, "big", resources={"workers": 4})
+    behind = _job(store, tenant, "behind", resources={"workers": 1},
+                  train={"global_batch_size": 16, "micro_batch_size": 4})
+    reconciler.tick()
+    assert store.get_job(small.id).status is JobStatus.PENDING
+    assert store.get_job(big.id).status is JobStatus.QUEUED
+    assert "waiting" in _kinds(store, big.id)
+    # 2 CPUs are free and "behind" needs 1, but FIFO keeps it behind the big job.
+    assert store.get_job(behind.id).status is JobStatus.QUEUED
+    assert "waiting" not in _kinds(store, behind.id)
+
+
+def test_active_jobs_hold_their_resources(store, tenant, backend, reconciler):
+    running = _job(store, tenant, "running", resources={"workers": 4})
+    _submitted(store, running)
+    store.update_job(running.id, status=JobStatus.RUNNING)
+    queued = _job(store, tenant, "queued")
+    reconciler.tick()
+    assert store.get_job(queued.id).status is JobStatus.QUEUED
+    assert backend.submitted == []
+
+    backend.statuses[f"etrain-{running.id}-0"] = RunStatus(RunState.SUCCEEDED)
+    reconciler.tick()  # the finished job frees its CPUs in the same tick
+    assert store.get_job(running.id).status is JobStatus.SUCCEEDED
+    assert store.get_job(queued.id).status is JobStatus.PENDING
+
+
+@pytest.mark.parametrize(("resources", "admitted"), [
+    ({"workers": {"min": 1, "max": 8}}, 4),                  # elastic: room for the minimum
+    ({"workers": 2, "cpus_per_worker": 0.5}, 4),             # fractional CPUs
+    ({"workers": 2, "cpus_per_worker": 1.5}, 1),
+    ({"workers": 1, "gpus_per_worker": 1}, 0),               # no GPUs on the fake cluster
+], ids=["elastic-min", "half-cpus", "one-and-a-half-cpus", "gpu-on-cpu-cluster"])
+def test_admission_counts_min_workers_times_per_worker_resources(store, tenant, backend,
+                                                                 reconciler, resources, admitted):
+    train = {"global_batch_size": 840, "micro_batch_size": 1}  # 840 = lcm(1..8): any dp fits
+    jobs = [_job(store, tenant, f"job-{i}", resources=resources, train=train) for i in range(5)]
+    reconciler.tick()
+    statuses = [store.get_job(j.id).status for j in jobs]
+    assert statuses == [JobStatus.PENDING] * admitted + [JobStatus.QUEUED] * (5 - admitted)
+
+
+def test_gpu_jobs_are_admitted_on_gpu_clusters(store, tenant, settings):
+    backend = FakeBackend(cpus=16, gpus=2)
+    jobs = [_job(store, tenant, f"gpu-{i}", resources={"workers": 1, "gpus_per_worker": 1},
+                 train={"global_batch_size": 16, "micro_batch_size": 4}) for i in range(3)]
+    Reconciler(store, backend, settings).tick()
+    assert [store.get_job(j.id).status for j in jobs] == [
+        JobStatus.PENDING, JobStatus.PENDING, JobStatus.QUEUED]
+
+
+# -- the launch request ----------------------------------------------------------
+
+def test_launch_request_carries_the_spec_and_a_job_scoped_reporter_token(
+        store, tenant, backend, reconciler, settings):
+    job = _job(store, tenant)
+    other = _job(store, tenant, "other")
+    reconciler.tick()
+    req = next(r for r in backend.submitted if r.job_id == job.id)
+    assert req.submission_id == f"etrain-{job.id}-0"
+    assert json.loads(req.spec_json) == job.spec
+    assert parse_spec(json.loads(req.spec_json)).name == "tiny"  # the worker re-validates it
+    assert req.env["ETRAIN_REPORT_URL"] == settings.report_url == "http://127.0.0.1:8123"
+    principal = authenticate(store, f"Bearer {req.env['ETRAIN_REPORT_TOKEN']}")
+    assert principal == Principal(tenant_id=tenant, role="reporter", job_id=job.id)
+    other_req = next(r for r in backend.submitted if r.job_id == other.id)
+    assert other_req.env["ETRAIN_REPORT_TOKEN"] != req.env["ETRAIN_REPORT_TOKEN"]
+
+
+# -- following submitted jobs ----------------------------------------------------------
+
+FOLLOW = {
+    "pending": (RunStatus(RunState.PENDING), JobStatus.PENDING, None),
+    "running": (RunStatus(RunState.RUNNING), JobStatus.RUNNING, None),
+    "succeeded": (RunStatus(RunState.SUCCEEDED, "done"), JobStatus.SUCCEEDED, None),
+    "failed": (RunStatus(RunState.FAILED, "Traceback ...\nRuntimeError: boom"), JobStatus.FAILED,
+               "RuntimeError: boom"),
+    "stopped": (RunStatus(RunState.STOPPED), JobStatus.FAILED, "STOPPED"),
+    "missing": (RunStatus(RunState.MISSING), JobStatus.FAILED, "MISSING"),
+}
+
+
+@pytest.mark.parametrize(("run_status", "expected", "error"), list(FOLLOW.values()),
+                         ids=list(FOLLOW))
+def test_backend_status_maps_to_job_status(store, tenant, backend, reconciler, run_status,
+                                           expected, error):
+    job = _job(store, tenant)
+    reconciler.tick()
+    token = backend.submitted[0].env["ETRAIN_REPORT_TOKEN"]
+    backend.statuses[f"etrain-{job.id}-0"] = run_status
+    reconciler.tick()
+
+    got = store.get_job(job.id)
+    assert got.status is expected
+    if error is None:
+        assert got.error is None
+    else:
+        assert error in got.error
+    if expected.terminal:
+        assert got.finished_at is not None
+        assert _kinds(store, job.id)[-1] == ("succeeded" if expected is JobStatus.SUCCEEDED
+                                             else "failed")
+        with pytest.raises(Unauthorized):  # the job's reporter token died with it
+            authenticate(store, f"Bearer {token}")
+    else:
+        assert got.finished_at is None
+        assert authenticate(store, f"Bearer {token}").job_id == job.id
+    if expected is JobStatus.RUNNING:
+        assert got.started_at is not None and _kinds(store, job.id)[-1] == "started"
+
+
+@pytest.mark.parametrize("state", [RunState.SUCCEEDED, RunState.FAILED])
+def test_running_job_finishes(store, tenant, backend, reconciler, state):
+    job = _job(store, tenant)
+    reconciler.tick()
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
+    reconciler.tick()
+    started = store.get_job(job.id).started_at
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye")
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status.value == state.value
+    assert got.started_at == started and got.finished_at >= started
+    reconciler.tick()  # a finished job is no longer followed
+    assert store.get_job(job.id) == got
+
+
+def test_long_failure_messages_keep_their_tail(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    reconciler.tick()
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.FAILED, "x" * 5000 + "END")
+    reconciler.tick()
+    error = store.get_job(job.id).error
+    assert len(error) == 2000 and error.endswith("END")
+
+
+def test_running_is_not_restarted_by_repeated_polls(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    reconciler.tick()
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
+    for _ in range(3):
+        reconciler.tick()
+    assert _kinds(store, job.id).count("started") == 1
+    assert len(backend.submitted) == 1
+
+
+# -- races and failures -----------------------------------------------------------
+
+def test_job_cancelled_during_submit_has_its_submission_stopped(store, tenant, backend,
+                                                                reconciler, settings):
+    job = _job(store, tenant)
+    service = JobService(store, backend, settings)
+    user = Principal(tenant_id=tenant, role="user")
+    backend.on_submit = lambda req: service.cancel(user, req.job_id)
+    reconciler.tick()
+
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.CANCELLED
+    assert backend.stopped == [f"etrain-{job.id}-0"]
+    assert got.submission_id is None
+    with pytest.raises(Unauthorized):
+        authenticate(store, f"Bearer {backend.submitted[0].env['ETRAIN_REPORT_TOKEN']}")
+
+
+def test_backend_unavailable_on_submit_requeues(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    backend.submit_error = BackendUnavailable("ray head unreachable")
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.QUEUED and got.submission_id is None
+    requeued = [e for e in store.list_events(job.id) if e.kind == "requeued"]
+    assert len(requeued) == 1 and "ray head unreachable" in requeued[0].message
+
+    backend.submit_error = None
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.PENDING
+    assert got.submission_id == f"etrain-{job.id}-0"  # the same idempotent id
+
+
+def test_backend_refusing_a_submission_fails_the_job(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    backend.submit_error = BackendError("runtime_env rejected")
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.FAILED and got.finished_at is not None
+    assert "submission refused" in got.error and "runtime_env rejected" in got.error
+
+
+def test_backend_unavailable_while_following_admits_nothing(store, tenant, backend, reconciler):
+    active = _job(store, tenant, "active")
+    reconciler.tick()
+    queued = _job(store, tenant, "queued", resources={"workers": 1},
+                  train={"global_batch_size": 16, "micro_batch_size": 4})
+    backend.status_error = BackendUnavailable("down")
+    reconciler.tick()
+    assert store.get_job(active.id).status is JobStatus.PENDING
+    assert store.get_job(queued.id).status is JobStatus.QUEUED
+    assert len(backend.submitted) == 1
+
+    backend.status_error = None
+    reconciler.tick()
+    assert store.get_job(queued.id).status is JobStatus.PENDING
+
+
+def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(store, tenant, backend,
+                                                                   reconciler):
+    # The service stopped between admission (PENDING) and submission.
+    job = _job(store, tenant)
+    store.update_job(job.id, status=JobStatus.PENDING)
+    reconciler.tick()
+    assert [r.job_id for r in backend.submitted] == [job.id]
+    assert store.get_job(job.id).submission_id == f"etrain-{job.id}-0"
+
+
+def test_background_loop_ticks_until_stopped(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    reconciler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while store.get_job(job.id).status is JobStatus.QUEUED and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        reconciler.stop()
+    assert store.get_job(job.id).status is JobStatus.PENDING
+    submitted = len(backend.submitted)
+    _job(store, tenant, "after-stop")
+    time.sleep(0.05)
+    assert len(backend.submitted) == submitted  # no ticks after stop()
+
+
+def test_background_loop_survives_a_failing_tick(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    reconciler.tick()
+    backend.status_error = RuntimeError("unexpected")
+    reconciler.start()
+    try:
+        time.sleep(0.05)
+        backend.status_error = None
+        backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.SUCCEEDED)
+        deadline = time.monotonic() + 10
+        while not store.get_job(job.id).status.terminal and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        reconciler.stop()
+    assert store.get_job(job.id).status is JobStatus.SUCCEEDED
