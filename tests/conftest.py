@@ -50,3 +50,23 @@ def store_url(request, tmp_path):
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
     finally:
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def ray_backend(tmp_path_factory):
+    """A token-auth Ray head (dashboard on) shared by the session, behind the real backend.
+
+    Integration tests submit jobs through it; e2e tests point `etrain serve
+    --ray-address` at it. Its token reaches child processes through the
+    RAY_AUTH_* variables that ensure_ray_token exports.
+    """
+    import sys
+
+    from service.backends.embedded import EmbeddedRay
+    from service.backends.ray_jobs import RayJobBackend
+
+    head = EmbeddedRay(data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2,
+                       dashboard_port=8310, gcs_port=6510)
+    backend = RayJobBackend(head.start(), python=sys.executable)
+    yield backend
+    head.stop()

@@ -85,11 +85,15 @@ class EmbeddedRay:
                 raise BackendUnavailable(
                     f"embedded Ray head exited with {self.proc.returncode}; see {log_path}")
             try:
-                r = httpx.get(f"{self.address}/api/jobs/", timeout=2,
+                # Ready means the job API answers and the head's raylet has registered
+                # (the dashboard comes up a moment before the node is listed).
+                r = httpx.get(f"{self.address}/nodes?view=summary", timeout=2,
                               headers=get_auth_headers_if_auth_enabled({}))
-                if r.status_code == 200:
+                if r.status_code == 200 and any(
+                        n.get("raylet", {}).get("state") == "ALIVE"
+                        for n in r.json()["data"]["summary"]):
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.5)
         self.stop()

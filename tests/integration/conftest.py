@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,22 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from service.backends.embedded import EmbeddedRay
 from service.backends.ray_jobs import RayJobBackend
 from service.backends.base import RunState
-
-GCS_PORT, DASHBOARD_PORT = 6510, 8310
-
-
-@pytest.fixture(scope="session")
-def ray_backend(tmp_path_factory) -> RayJobBackend:
-    """A token-auth Ray head (dashboard on) shared by the session, behind the real backend."""
-    data_dir = tmp_path_factory.mktemp("ray-head")
-    head = EmbeddedRay(data_dir=data_dir, num_cpus=2, dashboard_port=DASHBOARD_PORT,
-                       gcs_port=GCS_PORT)
-    backend = RayJobBackend(head.start(), python=sys.executable)
-    yield backend
-    head.stop()
 
 
 class TelemetrySink:

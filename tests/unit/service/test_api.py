@@ -157,10 +157,9 @@ def test_protected_table_lists_every_v1_route(tmp_path):
     assert documented <= table
 
 
-@pytest.mark.parametrize("headers", [
-    {}, {"Authorization": "Bearer et_bogus-token"}, {"Authorization": f"Basic {ADMIN}"},
-    {"Authorization": ADMIN},
-], ids=["no-header", "bogus-token", "basic-scheme", "no-scheme"])
+# Other malformed headers (wrong scheme, no scheme) are covered against authenticate() itself.
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer et_bogus-token"}],
+                         ids=["no-header", "bogus-token"])
 @pytest.mark.parametrize(("method", "path", "body"), PROTECTED,
                          ids=[f"{m} {p}" for m, p, _ in PROTECTED])
 def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers):
@@ -226,7 +225,9 @@ def test_stored_spec_is_json_with_the_async_alias(client):
 
 JSON = "application/json"
 YAML = "application/yaml"
-# (body, content type, loc prefix the error must carry, text its msg must carry)
+# Pydantic's wording today; a message that also lists the accepted fields is welcome too.
+UNKNOWN = ("not permitted", "unknown field")
+# (body, content type, loc prefix the error must carry, text(s) its msg must carry)
 BAD_SUBMITS = {
     "malformed-json": (b'{"name": "tiny",', JSON, ["body"], "application/json"),
     "empty-json": (b"", JSON, ["body"], "malformed"),
@@ -234,11 +235,11 @@ BAD_SUBMITS = {
     "malformed-yaml": (b"name: [tiny\n", YAML, ["body"], "yaml"),
     "yaml-scalar": (b"just a string\n", YAML, ["body"], "object"),
     "missing-name": ({"resources": {"workers": 2}}, JSON, ["body", "name"], "required"),
-    "unknown-top-field": ({**SPEC, "priority": 5}, JSON, ["body", "priority"], "not permitted"),
+    "unknown-top-field": ({**SPEC, "priority": 5}, JSON, ["body", "priority"], UNKNOWN),
     "unknown-nested-field": ({**SPEC, "train": {"micro_batch": 4}}, JSON,
-                             ["body", "train", "micro_batch"], "not permitted"),
+                             ["body", "train", "micro_batch"], UNKNOWN),
     "unknown-yaml-field": (b"name: tiny\ncheckpoint:\n  interval: auto\n", YAML,
-                           ["body", "checkpoint", "interval"], "not permitted"),
+                           ["body", "checkpoint", "interval"], UNKNOWN),
     "bad-name": ({**SPEC, "name": "My_Job"}, JSON, ["body", "name"], "lowercase"),
     "long-name": ({**SPEC, "name": "a" * 48}, JSON, ["body", "name"], "47"),
     "seq-len-too-small": ({**SPEC, "data": {"seq_len": 4}}, JSON,
@@ -279,7 +280,9 @@ def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, co
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert isinstance(detail, list) and detail
-    assert any(d["loc"][:len(loc)] == loc and msg.lower() in d["msg"].lower() for d in detail), detail
+    texts = (msg,) if isinstance(msg, str) else msg
+    assert any(d["loc"][:len(loc)] == loc and any(t.lower() in d["msg"].lower() for t in texts)
+               for d in detail), detail
     assert _total(client) == 1
     assert _store(client).count_jobs() == 1
 

@@ -60,12 +60,24 @@ def test_new_tokens_are_prefixed_random_and_long():
     assert all(t.startswith("et_") and len(t) >= 40 for t in tokens)
 
 
+@pytest.fixture
+def sqlite_store(tmp_path):
+    """A SQLite store for checks that never reach the database's dialect."""
+    url = f"sqlite:///{tmp_path / 'auth.db'}"
+    migrate(url)
+    job_store = JobStore(url)
+    yield job_store
+    job_store.close()
+
+
 @pytest.mark.parametrize("header", [
-    None, "", "Bearer", "Basic dXNlcjpwYXNz", "Token abc", "bearerabc",
-], ids=["missing", "empty", "scheme-only", "basic", "other-scheme", "no-space"])
-def test_authenticate_rejects_missing_or_malformed_headers(store, header):
-    with pytest.raises(Unauthorized, match="Bearer"):
-        authenticate(store, header)
+    None, "", "Bearer", "Basic dXNlcjpwYXNz", "Token abc", "bearerabc", "et_abc",
+], ids=["missing", "empty", "scheme-only", "basic", "other-scheme", "no-space", "no-scheme"])
+def test_authenticate_rejects_missing_or_malformed_headers(sqlite_store, header):
+    token = create_user_token(sqlite_store, tenant="acme", name="ci")
+    for value in (header, None if header is None else header.replace("abc", token)):
+        with pytest.raises(Unauthorized, match="Bearer"):
+            authenticate(sqlite_store, value)
 
 
 def test_authenticate_rejects_unknown_token(store):

@@ -1,4 +1,4 @@
-"""The first planner: memory per rank, refusals, and the strategy list kept equal to the registry."""
+"""The first planner: memory per rank, refusals, and the strategy list equal to the registry."""
 
 from __future__ import annotations
 

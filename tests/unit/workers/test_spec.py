@@ -1,4 +1,4 @@
-"""JobSpec validation: tables of good and bad specs, and the JSON round trip the worker relies on."""
+"""JobSpec validation: tables of good and bad specs, and the JSON round trip for the worker."""
 
 from __future__ import annotations
 

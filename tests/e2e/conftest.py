@@ -1,0 +1,122 @@
+"""`etrain serve` as a user runs it: a subprocess, driven through the CLI and REST."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """An unused loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    """A running control plane and how to talk to it."""
+
+    proc: subprocess.Popen
+    url: str
+    data_dir: Path
+    token: str
+    log: Path
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        """An HTTP client with a bearer token (the admin's by default)."""
+        return httpx.Client(base_url=self.url, timeout=30,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run the `etrain` CLI against this service."""
+        env = {**os.environ, "ETRAIN_URL": self.url, "ETRAIN_TOKEN": self.token,
+               "COLUMNS": "200"}
+        return subprocess.run([str(BIN / "etrain"), *args], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def stop(self) -> int:
+        """SIGINT (Ctrl-C) and wait, as a user stopping `etrain serve`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise
+        return self.proc.returncode
+
+
+def start_serve(data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None,
+                timeout: float = 180) -> Served:
+    """Start `etrain serve` and wait for /readyz."""
+    port = free_port()
+    env = {**os.environ, "ETRAIN_DATA_DIR": str(data_dir), "ETRAIN_PORT": str(port),
+           "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
+           # The session cluster runs on this machine, from this venv.
+           "ETRAIN_WORKER_PYTHON": sys.executable, **(extra_env or {})}
+    env.pop("ETRAIN_ADMIN_TOKEN", None)
+    if ray_address:
+        env["ETRAIN_RAY_ADDRESS"] = ray_address
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "serve.log"
+    proc = subprocess.Popen([str(BIN / "etrain"), "serve"], env=env, stdout=open(log, "a"),
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"etrain serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        raise TimeoutError(f"etrain serve not ready:\n{log.read_text()[-3000:]}")
+    token = (data_dir / "admin_token").read_text().strip()
+    return Served(proc=proc, url=url, data_dir=data_dir, token=token, log=log)
+
+
+@pytest.fixture(scope="session")
+def served(ray_backend, tmp_path_factory):
+    """One control plane for the e2e session, on the session's Ray cluster."""
+    s = start_serve(tmp_path_factory.mktemp("etrain-e2e"), ray_address=ray_backend.address)
+    yield s
+    s.stop()
+
+
+def wait_for(fn, *, timeout: float = 240, every: float = 0.5, what: str = "condition"):
+    """Poll ``fn`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def waiter():
+    """The polling helper, as a fixture (test modules do not import conftest)."""
+    return wait_for
+
+
+@pytest.fixture(scope="session")
+def serve_factory():
+    """Start another control plane (the caller stops it)."""
+    return start_serve

@@ -1,0 +1,155 @@
+"""The product as a user drives it: `etrain` CLI and REST against a running `etrain serve`."""
+
+from __future__ import annotations
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def tiny_spec(name: str, *, steps: int = 12, every: int = 6) -> dict:
+    """A small 2-worker DDP job."""
+    return {"name": name, "data": {"seq_len": 32, "num_samples": 512},
+            "resources": {"workers": 2},
+            "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2,
+                      "lr": 3e-3},
+            "checkpoint": {"every_steps": every}}
+
+
+def write(tmp_path, spec: dict, name: str = "job.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
+    result = served.cli("submit", str(write(tmp_path, tiny_spec("e2e-follow"))), "--follow")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCEEDED" in result.stdout
+    assert served.token not in result.stdout + result.stderr
+
+    with served.client() as c:
+        job = c.get("/v1/jobs", params={"limit": 1}).json()["items"][0]
+        assert job["name"] == "e2e-follow" and job["status"] == "SUCCEEDED"
+        assert job["step"] == 12 and job["world_size"] == 2
+        assert job["dashboard_url"].endswith(f"/#/jobs/etrain-{job['id']}-0")
+        metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
+        assert [m["step"] for m in metrics] == list(range(1, 13))
+        assert all(m["world_size"] == 2 and m["tokens_per_s"] > 0 for m in metrics)
+        ckpts = c.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
+        assert [ck["step"] for ck in ckpts] == [6, 12]
+        assert all(ck["uri"].startswith(f"file://{served.data_dir}") and ck["bytes"] > 0
+                   for ck in ckpts)
+        kinds = [e["kind"] for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
+        for kind in ("submitted", "admitted", "workers_started", "checkpoint_saved",
+                     "succeeded"):
+            assert kind in kinds
+        assert kinds[0] == "submitted" and kinds[-1] == "succeeded"
+        logs = c.get(f"/v1/jobs/{job['id']}/logs").text
+        assert "etrain: training finished" in logs
+
+    status = served.cli("status", job["id"])
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout
+    listing = served.cli("jobs")
+    assert job["id"] in listing.stdout
+
+
+def test_fifo_queue_and_cancel(served, tmp_path, waiter):
+    """The 2-CPU cluster holds one 2-worker job: the next waits QUEUED until room frees."""
+    long_job = write(tmp_path, tiny_spec("e2e-long", steps=2000, every=1000), "a.yaml")
+    assert served.cli("submit", str(long_job)).returncode == 0
+    with served.client() as c:
+        a = c.get("/v1/jobs", params={"limit": 1}).json()["items"][0]
+        assert a["name"] == "e2e-long"
+        b = c.post("/v1/jobs", json=tiny_spec("e2e-second")).json()
+        waiter(lambda: c.get(f"/v1/jobs/{a['id']}").json()["status"] == "RUNNING",
+               what="first job running")
+        assert c.get(f"/v1/jobs/{b['id']}").json()["status"] == "QUEUED"
+        events = c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
+        assert any(e["kind"] == "waiting" for e in events)
+
+        out = served.cli("cancel", a["id"])
+        assert out.returncode == 0 and "CANCELLED" in out.stdout
+        again = c.post(f"/v1/jobs/{a['id']}/cancel")
+        assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
+        # Room freed: the queued job is admitted and runs to the end.
+        done = waiter(lambda: (j := c.get(f"/v1/jobs/{b['id']}").json())["status"] in TERMINAL
+                      and j, what="second job finished")
+        assert done["status"] == "SUCCEEDED"
+        # The cancelled job's Ray driver is really gone (its workers with it).
+        waiter(lambda: _ray_job_status(c, a) in ("STOPPED", "FAILED"), what="Ray job stopped")
+
+
+def _ray_job_status(c, job) -> str:
+    """What Ray itself says about the job's driver (not etrain's record of it)."""
+    from ray.job_submission import JobSubmissionClient
+
+    job = c.get(f"/v1/jobs/{job['id']}").json()
+    url = job["dashboard_url"].split("/#/")[0]
+    return JobSubmissionClient(url).get_job_status(f"etrain-{job['id']}-0").value
+
+
+def test_bad_specs_are_refused_with_the_field(served, tmp_path):
+    bad = tiny_spec("e2e-bad")
+    bad["train"]["global_batch_size"] = 6  # not a multiple of micro 2 x dp 2
+    out = served.cli("submit", str(write(tmp_path, bad, "bad.yaml")))
+    assert out.returncode == 2
+    assert "global_batch_size" in out.stderr and "multiple of 4" in out.stderr
+    with served.client() as c:
+        before = c.get("/v1/jobs").json()["total"]
+        r = c.post("/v1/jobs", content=b"name: [unclosed", headers={
+            "Content-Type": "application/yaml"})
+        assert r.status_code == 422
+        r = c.post("/v1/jobs", json={**tiny_spec("e2e-bad2"), "bogus": 1})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "bogus"
+        assert c.get("/v1/jobs").json()["total"] == before
+        assert c.get("/v1/jobs/j-doesnotexist").status_code == 404
+    assert served.cli("status", "j-doesnotexist").returncode == 2
+
+
+def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_factory,
+                                                          tmp_path):
+    s = serve_factory(tmp_path / "restart", ray_address=ray_backend.address)
+    try:
+        assert s.cli("submit", str(write(tmp_path, tiny_spec("e2e-restart", steps=6,
+                                                              every=6))),
+                     "--follow").returncode == 0
+        with s.client() as c:
+            job = c.get("/v1/jobs").json()["items"][0]
+            metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
+    finally:
+        assert s.stop() == 0
+    s2 = serve_factory(tmp_path / "restart", ray_address=ray_backend.address)
+    try:
+        with s2.client() as c:
+            again = c.get(f"/v1/jobs/{job['id']}").json()
+            assert again["status"] == "SUCCEEDED" and again["step"] == 6
+            assert c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"] == metrics
+    finally:
+        s2.stop()
+
+
+def test_embedded_serve_starts_and_stops_its_own_ray(serve_factory, tmp_path):
+    """The default: no Ray address, so `etrain serve` runs a local head and stops it."""
+    s = serve_factory(tmp_path / "embedded", ray_address=None, extra_env={
+        "ETRAIN_RAY_DASHBOARD_PORT": "8330", "ETRAIN_RAY_GCS_PORT": "6530",
+        "ETRAIN_RAY_NUM_CPUS": "2"})
+    try:
+        head = [p for p in psutil.Process(s.proc.pid).children(recursive=True)
+                if "ray" in " ".join(p.cmdline()[:3])]
+        assert head, "no Ray head process under etrain serve"
+        with s.client() as c:
+            cluster = c.get("/v1/cluster").json()
+            assert cluster["total"]["CPU"] == 2
+            assert cluster["dashboard_url"].endswith(":8330")
+            assert c.get("/v1/jobs").status_code == 200
+        assert httpx.get(s.url + "/v1/jobs").status_code == 401
+    finally:
+        assert s.stop() == 0
+    alive = [p for p in head if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"Ray processes left behind: {[p.pid for p in alive]}"
