@@ -40,6 +40,10 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
             f"release; use one of {list(AVAILABLE_STRATEGIES)}")
     if spec.checkpoint.async_:
         errors.append("checkpoint.async is not available in this release; set it to false")
+    if spec.resources.min_workers != spec.resources.max_workers:
+        warnings.append(
+            "resources.workers: elastic resizing is not available in this release; the job "
+            f"runs at resources.workers.min ({spec.resources.min_workers}) workers")
     opt_per_param = 8 if spec.train.optimizer == "adamw" else (4 if spec.train.momentum else 0)
     per_rank = {
         "params_bytes": 4 * n,  # fp32 master weights (bf16 is autocast, not stored)
