@@ -38,7 +38,10 @@ def authenticate(store: JobStore, authorization: str | None) -> Principal:
     """Resolve an ``Authorization: Bearer ...`` header to a principal, or raise 401."""
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    record = store.find_token(hash_token(authorization[7:].strip()))
+    token = authorization[7:].strip()
+    if not token:
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    record = store.find_token(hash_token(token))
     if record is None:
         raise Unauthorized("unknown or revoked API token")
     return Principal(tenant_id=record.tenant_id, role=record.role, job_id=record.job_id)
@@ -63,9 +66,8 @@ def ensure_admin_token(store: JobStore, *, configured: str | None, data_dir: Pat
         token = configured
     else:
         path = data_dir / TOKEN_FILE
-        if path.is_file():
-            token = path.read_text().strip()
-        else:
+        token = path.read_text().strip() if path.is_file() else ""
+        if not token:  # absent, or left empty by an interrupted first start
             token = new_token()
             data_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -9,9 +9,17 @@ API can answer 422 with a field path and a hint.
 from __future__ import annotations
 
 import re
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MODEL_PRESETS = ("gpt-tiny", "gpt-small", "llama-1b", "llama-7b", "llama-70b")
@@ -21,7 +29,8 @@ STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
 class _Spec(BaseModel):
     """Base for every spec section: unknown fields are an error, not a silent no-op."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
 
 
 class ModelSpec(_Spec):
@@ -126,10 +135,18 @@ class WorkerRange(_Spec):
         return self
 
 
+# Tagged so a bad range reports one error at resources.workers.range, not an extra
+# "should be a valid integer" and a loc holding pydantic's validator name.
+Workers = Annotated[
+    Union[Annotated[int, Tag("count")], Annotated[WorkerRange, Tag("range")]],
+    Discriminator(lambda v: "range" if isinstance(v, (dict, WorkerRange)) else "count"),
+]
+
+
 class ResourcesSpec(_Spec):
     """What each worker asks of the cluster."""
 
-    workers: Union[int, WorkerRange] = Field(
+    workers: Workers = Field(
         2, description="Fixed worker count, or {min, max} for an elastic job."
     )
     gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
@@ -243,7 +260,7 @@ class JobSpec(_Spec):
     @field_validator("name")
     @classmethod
     def _dns_label(cls, v: str) -> str:
-        if len(v) > 47 or not NAME_RE.match(v):
+        if len(v) > 47 or not NAME_RE.fullmatch(v):
             raise ValueError(
                 "name must be 1-47 lowercase letters, digits or '-', starting and ending "
                 f"with a letter or digit (got {v!r})"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend
-from service.domain.planning import plan_job
+from service.domain.planning import ClusterSpec, plan_job
 from service.domain.states import JobStatus
 from service.errors import Forbidden, InvalidSpec
 from service.settings import Settings
@@ -37,6 +37,67 @@ def parse_body(raw: bytes, content_type: str | None) -> Any:
                             "type": "parse_error"}]) from e
 
 
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside a field annotation (through Union and Annotated), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_in(a)) is not None), None)
+
+
+def _accepted_fields(loc: tuple) -> list[str] | None:
+    """Names accepted where the unknown field at ``loc`` was given, or None if unknown."""
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            continue  # a union tag or list index: the same model goes on
+        model = _model_in(field.annotation)
+        if model is None:
+            return None
+    return sorted(f.alias or name for name, f in model.model_fields.items())
+
+
+def _field_errors(e: ValidationError, prefix: list) -> list[dict]:
+    """pydantic errors as 422 items; unknown fields also list what is accepted."""
+    items = []
+    for err in e.errors(include_url=False, include_input=False):
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden" and (names := _accepted_fields(err["loc"])):
+            msg = f"unknown field {err['loc'][-1]!r}; accepted fields: {', '.join(names)}"
+        items.append({"loc": [*prefix, *err["loc"]], "msg": msg, "type": err["type"]})
+    return items
+
+
+class _TelemetryBatch(BaseModel):
+    """What a job's reporter posts; checked before anything is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    class Metric(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        step: int
+        world_size: int
+
+    class Event(BaseModel):
+        kind: str
+        message: str
+        data: dict | None = None
+        dedup_key: str | None = None
+        ts: float | None = None
+
+    class Checkpoint(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        step: int
+        uri: str
+        bytes: int
+        save_s: float
+        blocking_s: float | None = None
+
+    metrics: list[Metric] = []
+    events: list[Event] = []
+    checkpoints: list[Checkpoint] = []
+
+
 def validate_spec(data: Any) -> JobSpec:
     """Validate a spec mapping; InvalidSpec carries pydantic's field errors."""
     if not isinstance(data, dict):
@@ -45,9 +106,7 @@ def validate_spec(data: Any) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        errors = [{"loc": ["body", *e_["loc"]], "msg": e_["msg"], "type": e_["type"]}
-                  for e_ in e.errors(include_url=False, include_input=False)]
-        raise InvalidSpec("invalid job spec", errors) from e
+        raise InvalidSpec("invalid job spec", _field_errors(e, ["body"])) from e
 
 
 def job_view(job: JobRecord) -> dict:
@@ -143,19 +202,24 @@ class JobService:
         """Store metrics, events and checkpoints posted by a job's workers."""
         if principal.role != "reporter" or principal.job_id != job_id:
             raise Forbidden("telemetry needs the job's own reporter token")
+        try:
+            parsed = _TelemetryBatch.model_validate(batch)
+        except ValidationError as e:
+            raise InvalidSpec("invalid telemetry batch", _field_errors(e, ["body"])) from e
         job = self.store.get_job(job_id)
         if job.status.terminal:
             return {"accepted": 0}
-        metrics = batch.get("metrics") or []
-        for ev in batch.get("events") or []:
-            self._ingest_event(job, ev)
-        for ck in batch.get("checkpoints") or []:
-            self.store.upsert_checkpoint(job_id, **ck)
+        metrics = [m.model_dump() for m in parsed.metrics]
+        for ev in parsed.events:
+            self._ingest_event(job, ev.model_dump())
+        for ck in parsed.checkpoints:
+            self.store.upsert_checkpoint(job_id, **ck.model_dump())
         if metrics:
             self.store.upsert_metrics(job_id, metrics)
             fields = {"world_size": int(metrics[-1]["world_size"])}
             if job.status == JobStatus.PENDING:
-                fields.update(status=JobStatus.RUNNING, started_at=job.started_at or _now())
+                fields.update(status=JobStatus.RUNNING, started_at=job.started_at or _now(),
+                              event=("started", "workers are training", None))
             self.store.update_job(job_id, expect_status=job.status, **fields)
         return {"accepted": len(metrics)}
 
@@ -173,7 +237,11 @@ class JobService:
                               [{"loc": ["body", "spec"], "msg": "field required",
                                 "type": "missing"}])
         spec = validate_spec(data["spec"])
-        return plan_job(spec, cluster=data.get("cluster"))
+        try:
+            cluster = ClusterSpec.model_validate(data.get("cluster") or {})
+        except ValidationError as e:
+            raise InvalidSpec("invalid cluster", _field_errors(e, ["body", "cluster"])) from e
+        return plan_job(spec, cluster=cluster.model_dump(exclude_none=True))
 
     def cluster(self) -> dict:
         """Nodes and resources of the connected cluster."""

@@ -7,6 +7,8 @@ layout planner replaces it. Imports no torch.
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from workers.models import count_params, get_model_config
 from workers.spec import JobSpec
 
@@ -14,6 +16,18 @@ GIB = 1024**3
 # Strategies whose worker code this build ships (the registry in
 # workers.strategies holds the same names; a unit test keeps them equal).
 AVAILABLE_STRATEGIES = ("ddp",)
+
+
+class ClusterSpec(BaseModel):
+    """The hypothetical cluster of a dry run (POST /v1/plan ``cluster``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    nodes: int | None = Field(None, ge=1, description="Nodes.")
+    gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
+    gpu: str | None = Field(None, description="GPU model, e.g. H100-80GB.")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of one GPU in GiB.")
+    interconnect: str | None = Field(None, description="nvlink, pcie, ...")
 
 
 def _activation_bytes(spec: JobSpec) -> int:
@@ -38,6 +52,11 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
         errors.append(
             f"parallelism.strategy {spec.parallelism.strategy!r} is not available in this "
             f"release; use one of {list(AVAILABLE_STRATEGIES)}")
+    max_seq_len = get_model_config(spec.model.preset).max_seq_len
+    if spec.data.seq_len > max_seq_len:
+        errors.append(
+            f"data.seq_len ({spec.data.seq_len}) exceeds the max_seq_len ({max_seq_len}) of "
+            f"model.preset {spec.model.preset!r}; set data.seq_len <= {max_seq_len}")
     if spec.checkpoint.async_:
         errors.append("checkpoint.async is not available in this release; set it to false")
     if spec.resources.min_workers != spec.resources.max_workers:

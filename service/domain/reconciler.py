@@ -37,6 +37,9 @@ class Reconciler:
         self.store, self.backend, self.settings = store, backend, settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # submission id -> reporter token, kept across retries: a submit that timed out may
+        # have reached Ray, and that driver keeps reporting with the token it was given.
+        self._tokens: dict[str, str] = {}
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
@@ -72,7 +75,9 @@ class Reconciler:
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""
         submission_id = f"etrain-{job.id}-{job.resubmits}"
-        token = create_reporter_token(self.store, tenant_id=job.tenant_id, job_id=job.id)
+        token = self._tokens.get(submission_id) or create_reporter_token(
+            self.store, tenant_id=job.tenant_id, job_id=job.id)
+        self._tokens[submission_id] = token
         req = LaunchRequest(job_id=job.id, submission_id=submission_id,
                             spec_json=_dumps(job.spec),
                             env={"ETRAIN_REPORT_URL": self.settings.report_url,
@@ -85,8 +90,10 @@ class Reconciler:
                                   event=("requeued", f"backend unavailable: {e}", None))
             return
         except BackendError as e:
+            self._tokens.pop(submission_id, None)
             self._finish(job, JobStatus.FAILED, f"submission refused: {e}")
             return
+        self._tokens.pop(submission_id, None)
         updated = self.store.update_job(
             job.id, expect_status=JobStatus.PENDING, submission_id=submission_id,
             dashboard_url=url,

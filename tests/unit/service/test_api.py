@@ -287,26 +287,18 @@ def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, co
     assert _store(client).count_jobs() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="gpt-tiny has max_seq_len 1024 but data.seq_len 2048 is "
-                   "accepted; the worker then fails in Transformer.forward")
 def test_seq_len_beyond_the_model_is_refused(client):
     r = client.post("/v1/jobs", json={**SPEC, "data": {"seq_len": 2048}}, headers=ADMIN_H)
     assert r.status_code == 422
     assert "seq_len" in r.text
 
 
-@pytest.mark.xfail(strict=True, reason="extra_forbidden errors say 'Extra inputs are not "
-                   "permitted' but not which fields would be accepted (DESIGN: every rejection "
-                   "says what would be accepted)")
 def test_unknown_field_error_lists_the_accepted_fields(client):
     r = client.post("/v1/jobs", json={**SPEC, "train": {"micro_batch": 4}}, headers=ADMIN_H)
     assert r.status_code == 422
     assert "micro_batch_size" in r.json()["detail"][0]["msg"]
 
 
-@pytest.mark.xfail(strict=True, reason="Union[int, WorkerRange] reports an extra 'Input should be "
-                   "a valid integer' error and a loc with pydantic internals "
-                   "('function-after[_ordered(), WorkerRange]')")
 def test_worker_range_error_is_one_clean_item(client):
     r = client.post("/v1/jobs", json={**SPEC, "resources": {"workers": {"min": 3, "max": 2}}},
                     headers=ADMIN_H)
@@ -475,9 +467,6 @@ def test_plan_rejects_bad_requests(client, body, loc):
     assert any(d["loc"] == loc for d in r.json()["detail"]), r.json()
 
 
-@pytest.mark.xfail(strict=True, reason="POST /v1/plan does not validate 'cluster': "
-                   "gpu_memory_gb='' reaches `gpu_gb * GIB` (str repetition; '80' would build a "
-                   "2 GiB string) and then a TypeError -> 500")
 def test_plan_rejects_a_malformed_cluster(tmp_path):
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -616,8 +605,6 @@ def test_telemetry_for_a_finished_job_is_ignored(client):
     assert job["status"] == "FAILED" and job["step"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="ingest_telemetry calls batch.get(...) on whatever JSON "
-                   "arrived: a list body (or an event without 'kind') is a 500, not a 422")
 def test_malformed_telemetry_is_422(tmp_path):
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     with TestClient(app, raise_server_exceptions=False) as c:

@@ -183,8 +183,6 @@ def test_no_plaintext_token_in_the_database(store, tmp_path):
         assert hash_token(token) in {r["token_hash"] for r in rows}
 
 
-@pytest.mark.xfail(strict=True, reason="an empty admin_token file (e.g. a crash after O_TRUNC) "
-                   "registers hash('') as an admin token, so 'Bearer ' authenticates as admin")
 def test_empty_admin_token_file_never_makes_an_empty_token_valid(store, tmp_path):
     (tmp_path / TOKEN_FILE).write_text("\n")
     ensure_admin_token(store, configured=None, data_dir=tmp_path)

@@ -326,9 +326,6 @@ def _live_reporter_tokens(store: JobStore, job_id: str) -> int:
         engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="Reconciler._submit mints a new reporter token on every "
-                   "retry and never revokes the previous one: one more live token per tick for "
-                   "as long as Ray is unreachable")
 def test_retried_submissions_keep_at_most_one_live_reporter_token(store, tenant, backend,
                                                                   reconciler):
     # At most one, not zero: a submit that timed out may still have reached Ray, and that

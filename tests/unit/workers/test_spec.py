@@ -181,15 +181,11 @@ def test_batch_rejection_suggests_a_valid_global_batch_size():
     assert "multiple of 12" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="NAME_RE uses '$', which also matches before a trailing "
-                   "newline, so 'tiny\\n' passes; use NAME_RE.fullmatch or '\\Z'")
 def test_name_with_trailing_newline_is_rejected():
     with pytest.raises(ValidationError, match="name"):
         parse_spec({"name": "tiny\n"})
 
 
-@pytest.mark.xfail(strict=True, reason="floats accept inf: cpus_per_worker=inf is a demand that "
-                   "never fits and blocks the FIFO queue; set allow_inf_nan=False on _Spec")
 @pytest.mark.parametrize("section, key", [("resources", "cpus_per_worker"),
                                           ("checkpoint", "every_seconds")])
 def test_infinite_values_are_rejected(section, key):
