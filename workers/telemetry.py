@@ -95,7 +95,8 @@ class TelemetryReporter:
             while True:
                 stopping = self._stop.wait(self.flush_interval)
                 for key, items in self._drain().items():
-                    pending[key].extend(items)
+                    # Bounded while the control plane is away: keep the newest points.
+                    pending[key] = (pending[key] + items)[-_MAX_QUEUE:]
                 if any(pending.values()) and self._send(client, pending):
                     pending = {"metrics": [], "events": [], "checkpoints": []}
                 if stopping and (not any(pending.values()) or not self.url):

@@ -1,0 +1,62 @@
+"""TelemetryReporter against a real local HTTP endpoint that can go away and come back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from workers.telemetry import TelemetryReporter
+
+
+class Endpoint:
+    """A loopback HTTP server recording posts; ``fail`` makes it answer 503."""
+
+    def __init__(self):
+        self.posts, self.fail = [], False
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                code = 503 if outer.fail else 200
+                if not outer.fail:
+                    outer.posts.append((self.path, self.headers["Authorization"], body))
+                self.send_response(code)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_batches_carry_token_and_survive_an_outage():
+    ep = Endpoint()
+    ep.fail = True
+    r = TelemetryReporter(url=ep.url, token="secret-tok", job_id="j-1", flush_interval=0.05)
+    for step in range(1, 4):
+        r.metric({"step": step, "world_size": 2, "loss": 1.0})
+    r.event("restored", "restored from step 2", dedup_key="k1")
+    time.sleep(0.3)
+    assert ep.posts == []  # the endpoint refused everything so far
+    ep.fail = False
+    r.close(timeout=5)
+    steps = [m["step"] for _, _, b in ep.posts for m in b["metrics"]]
+    assert steps == [1, 2, 3]
+    assert all(path == "/v1/jobs/j-1/telemetry" and auth == "Bearer secret-tok"
+               for path, auth, _ in ep.posts)
+    events = [e for _, _, b in ep.posts for e in b["events"]]
+    assert [(e["kind"], e["dedup_key"]) for e in events] == [("restored", "k1")]
+    ep.server.shutdown()
+
+
+def test_without_url_prints_json_lines(capsys):
+    r = TelemetryReporter(url=None, token=None, job_id="j-2", flush_interval=0.05)
+    r.metric({"step": 1, "world_size": 1})
+    r.close()
+    out = capsys.readouterr().out
+    assert 'ETRAIN_TELEMETRY {"metrics": {"step": 1, "world_size": 1}}' in out
