@@ -57,6 +57,8 @@ def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout
     listing = served.cli("jobs")
     assert job["id"] in listing.stdout
+    followed = served.cli("logs", job["id"], "-f", timeout=60)  # ends with the job's stream
+    assert followed.returncode == 0 and "etrain: training finished" in followed.stdout
 
 
 def test_fifo_queue_and_cancel(served, tmp_path, waiter):

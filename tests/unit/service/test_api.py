@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from service.api import routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
+from fakes import FakeBackend
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.domain.states import JobStatus
 from service.errors import BackendUnavailable, Unauthorized
@@ -21,46 +22,6 @@ from service.settings import Settings
 
 ADMIN = "et_admin-token-for-the-api-tests-0123456789"
 SPEC = {"name": "tiny", "resources": {"workers": 2}, "train": {"steps": 5}}
-
-
-class FakeBackend(Backend):
-    """In-memory backend: records submissions and stops, answers scripted statuses and logs."""
-
-    def __init__(self, *, cpus: float = 2.0):
-        self.submitted: list[LaunchRequest] = []
-        self.stopped: list[str] = []
-        self.statuses: dict[str, RunStatus] = {}
-        self.log_text: dict[str, str] = {}
-        self.ping_error: Exception | None = None
-        self.info = ClusterInfo(
-            nodes=[{"node_id": "n-1", "ip": "10.0.0.1", "is_head": True,
-                    "resources": {"CPU": cpus}}],
-            total={"CPU": cpus}, available={"CPU": cpus},
-            dashboard_url="http://ray.test:8265")
-
-    def submit(self, req: LaunchRequest) -> str:
-        self.submitted.append(req)
-        return f"http://ray.test:8265/#/jobs/{req.submission_id}"
-
-    def status(self, submission_id: str) -> RunStatus:
-        return self.statuses.get(submission_id, RunStatus(RunState.PENDING))
-
-    def stop(self, submission_id: str) -> None:
-        self.stopped.append(submission_id)
-
-    def logs(self, submission_id: str) -> str:
-        return self.log_text.get(submission_id, "")
-
-    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
-        for line in self.log_text.get(submission_id, "").splitlines(keepends=True):
-            yield line
-
-    def cluster(self) -> ClusterInfo:
-        return self.info
-
-    def ping(self) -> None:
-        if self.ping_error is not None:
-            raise self.ping_error
 
 
 def _auth(token: str) -> dict[str, str]:

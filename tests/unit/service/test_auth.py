@@ -24,15 +24,6 @@ from service.errors import Forbidden, Unauthorized
 from service.store import JobStore, migrate
 
 
-@pytest.fixture
-def store(store_url):
-    """A migrated, empty JobStore on SQLite and on PostgreSQL."""
-    migrate(store_url)
-    job_store = JobStore(store_url)
-    yield job_store
-    job_store.close()
-
-
 def _token_rows(store: JobStore) -> list[dict]:
     """Every api_tokens row, read around the store."""
     engine = sa.create_engine(store.url)

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from service.auth import Principal, authenticate
+from fakes import FakeBackend
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.domain.jobs import JobService
 from service.domain.reconciler import Reconciler
@@ -18,58 +19,6 @@ from service.errors import BackendError, BackendUnavailable, Unauthorized
 from service.settings import Settings
 from service.store import JobRecord, JobStore, migrate
 from workers.spec import parse_spec
-
-
-class FakeBackend(Backend):
-    """In-memory backend: records submissions and stops, answers scripted statuses."""
-
-    def __init__(self, *, cpus: float = 4.0, gpus: float = 0.0):
-        self.submitted: list[LaunchRequest] = []
-        self.stopped: list[str] = []
-        self.statuses: dict[str, RunStatus] = {}
-        self.submit_error: Exception | None = None
-        self.status_error: Exception | None = None
-        self.on_submit: Callable[[LaunchRequest], None] | None = None
-        total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-        self.info = ClusterInfo(nodes=[{"node_id": "n-1", "resources": total}], total=total,
-                                available=dict(total), dashboard_url="http://ray.test:8265")
-
-    def submit(self, req: LaunchRequest) -> str:
-        if self.submit_error is not None:
-            raise self.submit_error
-        self.submitted.append(req)
-        if self.on_submit is not None:
-            self.on_submit(req)
-        return f"http://ray.test:8265/#/jobs/{req.submission_id}"
-
-    def status(self, submission_id: str) -> RunStatus:
-        if self.status_error is not None:
-            raise self.status_error
-        return self.statuses.get(submission_id, RunStatus(RunState.PENDING))
-
-    def stop(self, submission_id: str) -> None:
-        self.stopped.append(submission_id)
-
-    def logs(self, submission_id: str) -> str:
-        return ""
-
-    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
-        if False:  # pragma: no cover - an empty async generator
-            yield ""
-
-    def cluster(self) -> ClusterInfo:
-        return self.info
-
-    def ping(self) -> None:
-        return None
-
-
-@pytest.fixture
-def store(store_url):
-    migrate(store_url)
-    job_store = JobStore(store_url)
-    yield job_store
-    job_store.close()
 
 
 @pytest.fixture

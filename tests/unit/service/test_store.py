@@ -20,15 +20,6 @@ SPEC = {"name": "tiny", "resources": {"workers": 2}}
 
 
 @pytest.fixture
-def store(store_url):
-    """A migrated, empty JobStore."""
-    migrate(store_url)
-    job_store = JobStore(store_url)
-    yield job_store
-    job_store.close()
-
-
-@pytest.fixture
 def tenant(store):
     """One tenant's id."""
     return store.create_tenant("acme").id

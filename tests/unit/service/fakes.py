@@ -1,0 +1,55 @@
+"""An in-memory Backend for unit tests: the real interface, scripted answers."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Callable
+
+from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+
+
+class FakeBackend(Backend):
+    """Records submissions and stops; answers scripted statuses, logs and errors."""
+
+    def __init__(self, *, cpus: float = 2.0, gpus: float = 0.0):
+        self.submitted: list[LaunchRequest] = []
+        self.stopped: list[str] = []
+        self.statuses: dict[str, RunStatus] = {}
+        self.log_text: dict[str, str] = {}
+        self.submit_error: Exception | None = None
+        self.status_error: Exception | None = None
+        self.ping_error: Exception | None = None
+        self.on_submit: Callable[[LaunchRequest], None] | None = None
+        total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        self.info = ClusterInfo(
+            nodes=[{"node_id": "n-1", "ip": "10.0.0.1", "is_head": True, "resources": total}],
+            total=total, available=dict(total), dashboard_url="http://ray.test:8265")
+
+    def submit(self, req: LaunchRequest) -> str:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append(req)
+        if self.on_submit is not None:
+            self.on_submit(req)
+        return f"http://ray.test:8265/#/jobs/{req.submission_id}"
+
+    def status(self, submission_id: str) -> RunStatus:
+        if self.status_error is not None:
+            raise self.status_error
+        return self.statuses.get(submission_id, RunStatus(RunState.PENDING))
+
+    def stop(self, submission_id: str) -> None:
+        self.stopped.append(submission_id)
+
+    def logs(self, submission_id: str) -> str:
+        return self.log_text.get(submission_id, "")
+
+    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
+        for line in self.log_text.get(submission_id, "").splitlines(keepends=True):
+            yield line
+
+    def cluster(self) -> ClusterInfo:
+        return self.info
+
+    def ping(self) -> None:
+        if self.ping_error is not None:
+            raise self.ping_error
