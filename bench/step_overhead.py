@@ -93,12 +93,12 @@ def timed_run(spec_dict: dict, env, out_dir: str) -> None:
     """Run the loop under ``env`` and write this rank's timings to ``out_dir``."""
     import torch
 
-    from workers import train_loop
+    from workers import stepper, train_loop
     from workers.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)
     reduce_s: list[float] = []
-    original = train_loop._Stepper._reduce
+    original = stepper.Stepper._reduce
 
     def timed_reduce(self, local, flag):  # the per-step loss all_reduce
         t = time.perf_counter()
@@ -106,7 +106,7 @@ def timed_run(spec_dict: dict, env, out_dir: str) -> None:
         reduce_s.append(time.perf_counter() - t)
         return out
 
-    train_loop._Stepper._reduce = timed_reduce
+    stepper.Stepper._reduce = timed_reduce
     before = _probe(torch)
     t_cpu, t_thread, j0, w0 = os.times(), time.thread_time(), _busy_jiffies(), time.time()
     result = train_loop.run(spec, env)

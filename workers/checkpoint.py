@@ -52,28 +52,36 @@ class CheckpointInfo:
 
 
 class ModelAndOptimizer(Stateful):
-    """DCP app state: model and optimizer under strategy-independent fully qualified names.
+    """DCP app state: model parts and their optimizers under strategy-independent names.
 
-    ``get_state_dict`` strips wrapper prefixes (DDP's ``module.``) and keys the
-    optimizer state by parameter name, which is what lets a checkpoint saved
-    under one layout load under another.
+    ``get_state_dict`` strips wrapper prefixes (DDP's ``module.``, FSDP's) and,
+    with flattened optimizer state, keys every optimizer tensor by parameter
+    FQN. Each rank contributes the keys of the parts it holds (one part, or
+    its pipeline stages), which is what lets a checkpoint saved under one
+    layout load under another.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+    _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+        self.parts, self.optimizers = parts, optimizers
 
     def state_dict(self) -> dict[str, Any]:
-        """Return model and optimizer state dicts keyed by parameter FQN."""
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        return {"model": msd, "optim": osd}
+        """Model and optimizer state of every local part, keyed by parameter FQN."""
+        model, optim = {}, {}
+        for part, opt in zip(self.parts, self.optimizers):
+            msd, osd = get_state_dict(part, opt, options=self._OPTIONS)
+            model.update(msd)
+            optim.update(osd)
+        return {"model": model, "optim": optim}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what :meth:`state_dict` produced, resharding as needed."""
-        set_state_dict(
-            self.model, self.optimizer,
-            model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"],
-            options=StateDictOptions(strict=True),
-        )
+        """Load what :meth:`state_dict` produced (resharded to this layout by DCP)."""
+        for part, opt in zip(self.parts, self.optimizers):
+            set_state_dict(part, opt, model_state_dict=state_dict["model"],
+                           optim_state_dict=state_dict["optim"],
+                           options=StateDictOptions(flatten_optimizer_state_dict=True,
+                                                    strict=len(self.parts) == 1))
 
 
 def _dir_bytes(path: Path) -> int:

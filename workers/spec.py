@@ -8,6 +8,7 @@ API can answer 422 with a field path and a hint.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal, Union
 
@@ -20,6 +21,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from workers.models.config import get_model_config
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MODEL_PRESETS = ("gpt-tiny", "gpt-small", "llama-1b", "llama-7b", "llama-70b")
@@ -288,13 +291,48 @@ class JobSpec(_Spec):
         return self
 
     def _check_batch_for(self, *, dp: int) -> None:
-        t = self.train
+        t, par = self.train, self.parallelism
+        if par.pp > 1:
+            unit = t.micro_batch_size * dp * par.pipeline.microbatches
+            if t.global_batch_size % unit:
+                raise ValueError(
+                    f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+                    f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp}) "
+                    f"x parallelism.pipeline.microbatches ({par.pipeline.microbatches}); use a "
+                    f"global_batch_size that is a multiple of {unit}"
+                )
+            return
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise ValueError(
                 f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
                 f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp}); "
                 f"use a global_batch_size that is a multiple of {t.micro_batch_size * dp}"
             )
+
+    @model_validator(mode="after")
+    def _layout_fits_model(self) -> "JobSpec":
+        par = self.parallelism
+        cfg = get_model_config(self.model.preset)
+        if par.tp > 1:
+            sizes = {"attention heads": cfg.n_heads, "KV heads": cfg.n_kv_heads,
+                     "hidden size": cfg.dim, "FFN hidden size": cfg.ffn_hidden}
+            bad = {k: v for k, v in sizes.items() if v % par.tp}
+            if bad:
+                raise ValueError(
+                    f"parallelism.tp ({par.tp}) must divide the {', '.join(bad)} of "
+                    f"model.preset {self.model.preset!r} ({', '.join(map(str, bad.values()))}); "
+                    f"use a tp that divides {math.gcd(*sizes.values())}")
+        stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
+        if par.pp > 1 and stages > cfg.n_layers:
+            raise ValueError(
+                f"parallelism.pp ({par.pp}) with schedule {par.pipeline.schedule!r} needs "
+                f"{stages} pipeline stages but model.preset {self.model.preset!r} has "
+                f"{cfg.n_layers} layers; reduce parallelism.pp or use a deeper preset")
+        if self.data.seq_len > cfg.max_seq_len:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) exceeds the max_seq_len of model.preset "
+                f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}")
+        return self
 
     def data_parallel_size(self, world_size: int) -> int:
         """Data-parallel degree at a given world size."""

@@ -1,13 +1,13 @@
 """The per-worker training loop: spec -> mesh -> model -> strategy -> data -> steps.
 
-``train_fn`` is what Ray Train runs on each worker; ``run`` is the loop itself
-and also runs under ``torchrun`` (the benchmark baseline) or in one plain
-process (the reference the equivalence tests compare against).
+``train_fn`` (in ``workers.launch``) is what Ray Train runs on each worker;
+``run`` is the loop itself and also runs under ``torchrun`` (the benchmark
+baseline), under ``torch.multiprocessing`` (the strategy matrix) or in one
+plain process (the reference the equivalence tests compare against).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -17,16 +17,17 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from workers.checkpoint import CheckpointInfo, CheckpointManager, ModelAndOptimizer
+from workers.data import GlobalBatchSampler, build_dataset
 from workers.faults import maybe_kill_worker
-from workers.data import GlobalBatchSampler, build_dataset, collate, shard_global_batch
+from workers.memory import ActivationMeter, memory_report
 from workers.models import build_model, get_model_config
+from workers.parallel import build_mesh, coordinates
 from workers.spec import JobSpec, TrainSpec
-from workers.strategies import get_strategy
+from workers.stepper import Stepper, loss_fn
+from workers.strategies import StrategyConfig, get_strategy
 from workers.telemetry import TelemetryReporter
 
 
@@ -41,16 +42,24 @@ class RunEnv:
     reporter: TelemetryReporter | None = None
     # Called on every rank after a committed checkpoint (Ray Train registration).
     on_checkpoint: Callable[[CheckpointInfo | None, dict], None] | None = None
+    # Stop after this step although the spec runs longer (drills, benchmarks, tests).
+    stop_at: int | None = None
 
 
 @dataclass
 class RunResult:
-    """What a finished run leaves behind (used by tests and the benchmark)."""
+    """What a finished run leaves behind (used by tests and the benchmarks)."""
 
     losses: dict[int, float] = field(default_factory=dict)
     step_times: list[float] = field(default_factory=list)
     resumed_from: int | None = None
-    model: nn.Module | None = None
+    parts: list[nn.Module] = field(default_factory=list)
+    memory: list[dict] | None = None  # per-rank memory measured at the first step
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The trained module when this rank holds the whole model in one part."""
+        return self.parts[0] if len(self.parts) == 1 else None
 
 
 def build_optimizer(model: nn.Module, *, train: TrainSpec) -> torch.optim.Optimizer:
@@ -73,34 +82,59 @@ def lr_factor(step: int, *, train: TrainSpec) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_mesh(spec: JobSpec, *, world_size: int, device: torch.device) -> DeviceMesh | None:
-    """The device mesh for this world size; None when running as one plain process."""
-    if not dist.is_initialized():
-        return None
-    dp = spec.data_parallel_size(world_size)
-    return init_device_mesh(device.type, (dp,), mesh_dim_names=("dp",))
+def _split_and_apply(spec: JobSpec, env: RunEnv, model: nn.Module, mesh):
+    """Model parts for this rank after the strategy, and the pipeline if pp > 1.
+
+    Ordering constraint: split into pipeline stages first, then apply TP and
+    data-parallel sharding to each stage's part, then build the schedule.
+    """
+    if mesh is None:
+        return [model], None
+    cfg = StrategyConfig(parallelism=spec.parallelism, precision=spec.train.precision)
+    apply = get_strategy(spec.parallelism.strategy)
+    if spec.parallelism.pp == 1:
+        return [apply(model, mesh=mesh, cfg=cfg)], None
+    from workers.strategies.pp import build_pipeline, split_model
+
+    stages = [(i, apply(part, mesh=mesh, cfg=cfg))
+              for i, part in split_model(model, mesh=mesh, cfg=cfg)]
+    pipeline = build_pipeline(stages, mesh=mesh, cfg=cfg, loss_fn=loss_fn, device=env.device,
+                              calls_per_step=pipeline_calls(spec, env.world_size))
+    return [part for _, part in stages], pipeline
 
 
-def _build(spec: JobSpec, env: RunEnv):
+def pipeline_calls(spec: JobSpec, world_size: int) -> int:
+    """Schedule calls per optimizer step (each takes ``microbatches`` micro-batches)."""
+    t, mb = spec.train, spec.parallelism.pipeline.microbatches
+    return t.global_batch_size // (spec.data_parallel_size(world_size) * t.micro_batch_size * mb)
+
+
+def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     torch.manual_seed(spec.train.seed)
     model = build_model(get_model_config(spec.model.preset), seed=spec.train.seed,
                         device=str(env.device))
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
-    if mesh is not None:
-        model = get_strategy(spec.parallelism.strategy)(model, mesh=mesh, cfg=spec.parallelism)
-    optimizer = build_optimizer(model, train=spec.train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, train=spec.train))
-    return model, optimizer, scheduler
+    parts, pipeline = _split_and_apply(spec, env, model, mesh)
+    optimizers = [build_optimizer(p, train=spec.train) for p in parts]
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))
+                  for o in optimizers]
+    stepper = Stepper(parts=parts, optimizers=optimizers, dataset=dataset,
+                      coords=coordinates(mesh), device=env.device,
+                      micro_batch_size=spec.train.micro_batch_size,
+                      microbatches=spec.parallelism.pipeline.microbatches,
+                      precision=spec.train.precision, grad_clip=spec.train.grad_clip,
+                      pipeline=pipeline)
+    return stepper, schedulers
 
 
-def _restore(ckpts: CheckpointManager, model, optimizer, scheduler, sampler) -> int:
+def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers, sampler) -> int:
     """Load the newest committed checkpoint, if any; return the step to start at."""
     info = ckpts.latest()
     if info is None:
         return 0
-    extra = ckpts.load(info, app_state=ModelAndOptimizer(model, optimizer))
-    scheduler.load_state_dict(extra["scheduler"])
+    extra = ckpts.load(info, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers))
+    for sched in schedulers:
+        sched.load_state_dict(extra["scheduler"])
     sampler.load_state_dict(extra["sampler"])
     return info.step
 
@@ -108,35 +142,41 @@ def _restore(ckpts: CheckpointManager, model, optimizer, scheduler, sampler) -> 
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    model, optimizer, scheduler = _build(spec, env)
     mcfg = get_model_config(spec.model.preset)
     dataset = build_dataset(source=spec.data.source, path=spec.data.path,
                             seq_len=spec.data.seq_len, num_samples=spec.data.num_samples,
                             vocab_size=mcfg.vocab_size, seed=spec.train.seed)
+    stepper, schedulers = _build(spec, env, dataset)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = (CheckpointManager(env.checkpoint_root, keep_last=spec.checkpoint.keep_last,
                                rank=env.rank) if env.checkpoint_root else None)
-    start = _restore(ckpts, model, optimizer, scheduler, sampler) if ckpts else 0
-    result = RunResult(resumed_from=start or None, model=model)
-    _announce_start(spec, env, start)
-    stepper = _Stepper(spec, env, model, optimizer, dataset)
+    start = _restore(ckpts, stepper, schedulers, sampler) if ckpts else 0
+    result = RunResult(resumed_from=start or None, parts=stepper.parts)
+    _announce_start(env, start)
     last_save = time.monotonic()
-    for step in range(start + 1, spec.train.steps + 1):
+    last = min(spec.train.steps, env.stop_at or spec.train.steps)
+    for step in range(start + 1, last + 1):
         t0 = time.perf_counter()
         batch = sampler.next_global_batch(spec.train.global_batch_size)
-        due_by_time = _due_by_time(spec, last_save)
-        loss, save_now = stepper.step(batch, flag=due_by_time)
+        first = step == start + 1
+        stepper.meter = ActivationMeter() if first else None
+        loss, save_now = stepper.step(batch, flag=_due_by_time(spec, last_save))
+        if first:
+            result.memory = _report_memory(env, stepper)
+        stepper.zero_grad()
+        for sched in schedulers:
+            sched.step()
         maybe_kill_worker(step=step, rank=env.rank)
-        scheduler.step()
         dt = time.perf_counter() - t0
         result.losses[step] = loss
         result.step_times.append(dt)
         _emit_metric(spec, env, step=step, loss=loss, dt=dt,
-                     lr=optimizer.param_groups[0]["lr"], sampler=sampler, dataset_len=len(dataset))
+                     lr=stepper.optimizers[0].param_groups[0]["lr"], sampler=sampler,
+                     dataset_len=len(dataset))
         if ckpts and (save_now or _due_by_steps(spec, step)):
-            _save(ckpts, env, step=step, model=model, optimizer=optimizer,
-                  extra={"scheduler": scheduler.state_dict(), "sampler": sampler.state_dict()},
-                  loss=loss)
+            _save(ckpts, env, step=step, stepper=stepper, loss=loss,
+                  extra={"scheduler": schedulers[0].state_dict(),
+                         "sampler": sampler.state_dict()})
             last_save = time.monotonic()
     return result
 
@@ -151,53 +191,20 @@ def _due_by_time(spec: JobSpec, last_save: float) -> bool:
     return bool(every and time.monotonic() - last_save >= every)
 
 
-class _Stepper:
-    """One optimizer step: micro-batches, gradient accumulation, the global mean loss."""
-
-    def __init__(self, spec: JobSpec, env: RunEnv, model, optimizer, dataset):
-        self.spec, self.env, self.model, self.optimizer, self.dataset = (
-            spec, env, model, optimizer, dataset)
-        self.dp_size = spec.data_parallel_size(env.world_size)
-        self.dp_rank = env.rank  # DDP: every rank is its own dp rank
-        self.autocast = torch.autocast(env.device.type, dtype=torch.bfloat16,
-                                       enabled=spec.train.precision == "bf16")
-
-    def step(self, batch: list, *, flag: bool) -> tuple[float, bool]:
-        """Run one optimizer step on this rank's share of ``batch``.
-
-        Returns the loss averaged over the whole global batch, and whether any
-        rank raised ``flag`` (used to agree on time-based checkpoints without
-        an extra collective).
-        """
-        micro = shard_global_batch(batch, dp_rank=self.dp_rank, dp_size=self.dp_size,
-                                   micro_batch_size=self.spec.train.micro_batch_size)
-        local = torch.zeros((), dtype=torch.float64)
-        for i, items in enumerate(micro):
-            x, y = (t.to(self.env.device, non_blocking=True) for t in collate(self.dataset, items))
-            sync = i == len(micro) - 1
-            ctx = contextlib.nullcontext() if sync or not hasattr(self.model, "no_sync") \
-                else self.model.no_sync()
-            with ctx:
-                with self.autocast:
-                    logits = self.model(x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                (loss / len(micro)).backward()
-            local += loss.detach().double() / len(micro)
-        if self.spec.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return self._reduce(local, flag)
-
-    def _reduce(self, local: torch.Tensor, flag: bool) -> tuple[float, bool]:
-        if not dist.is_initialized():
-            return float(local), flag
-        buf = torch.stack([local, torch.tensor(float(flag), dtype=torch.float64)])
-        dist.all_reduce(buf)
-        return float(buf[0]) / self.dp_size, bool(buf[1] > 0)
+def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
+    """Gather every rank's measured memory; rank 0 reports it as a ``memory`` event."""
+    mine = memory_report(stepper.parts, stepper.optimizers, stepper.meter, env.device)
+    ranks: list = [mine]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+    if env.rank == 0 and env.reporter is not None:
+        env.reporter.event("memory", "per-rank memory measured at the first step",
+                           data={"ranks": ranks}, dedup_key=f"memory:{uuid.uuid4().hex[:12]}")
+    return ranks
 
 
-def _announce_start(spec: JobSpec, env: RunEnv, start: int) -> None:
+def _announce_start(env: RunEnv, start: int) -> None:
     if env.rank != 0 or env.reporter is None:
         return
     nonce = uuid.uuid4().hex[:12]
@@ -224,10 +231,11 @@ def _emit_metric(spec: JobSpec, env: RunEnv, *, step: int, loss: float, dt: floa
     })
 
 
-def _save(ckpts: CheckpointManager, env: RunEnv, *, step: int, model, optimizer,
+def _save(ckpts: CheckpointManager, env: RunEnv, *, step: int, stepper: Stepper,
           extra: dict, loss: float) -> None:
     t0 = time.perf_counter()
-    info = ckpts.save(step=step, app_state=ModelAndOptimizer(model, optimizer), extra=extra)
+    info = ckpts.save(step=step, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers),
+                      extra=extra)
     blocking = time.perf_counter() - t0
     if env.rank == 0 and env.reporter is not None:
         env.reporter.checkpoint(step=step, uri=f"file://{info.path}", nbytes=info.bytes,

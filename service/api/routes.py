@@ -132,6 +132,12 @@ def read_job_checkpoints(job_id: str, user: User, jobs: Jobs) -> dict:
     return {"items": jobs.checkpoints(user, job_id)}
 
 
+@v1.get("/jobs/{job_id}/memory")
+def read_job_memory(job_id: str, user: User, jobs: Jobs) -> dict:
+    """Per-rank memory the workers measured at their latest start (bytes of local shards)."""
+    return jobs.memory(user, job_id)
+
+
 @v1.post("/jobs/{job_id}/telemetry", include_in_schema=False)
 async def create_job_telemetry(job_id: str, request: Request,
                                principal: Annotated[Principal, Depends(get_principal)],

@@ -186,6 +186,13 @@ class JobService:
         self.get(principal, job_id)
         return self.store.list_checkpoints(job_id)
 
+    def memory(self, principal: Principal, job_id: str) -> dict:
+        """The newest per-rank memory report (empty ``ranks`` before the first step)."""
+        self.get(principal, job_id)
+        latest = self.store.latest_event(job_id, kind="memory")
+        return {"ranks": latest.data["ranks"] if latest else [],
+                "measured_at": latest.ts if latest else None}
+
     def logs(self, principal: Principal, job_id: str) -> str:
         """Logs so far (empty before the job reaches the cluster)."""
         job = self.get(principal, job_id)

@@ -52,11 +52,6 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
         errors.append(
             f"parallelism.strategy {spec.parallelism.strategy!r} is not available in this "
             f"release; use one of {list(AVAILABLE_STRATEGIES)}")
-    max_seq_len = get_model_config(spec.model.preset).max_seq_len
-    if spec.data.seq_len > max_seq_len:
-        errors.append(
-            f"data.seq_len ({spec.data.seq_len}) exceeds the max_seq_len ({max_seq_len}) of "
-            f"model.preset {spec.model.preset!r}; set data.seq_len <= {max_seq_len}")
     if spec.checkpoint.async_:
         errors.append("checkpoint.async is not available in this release; set it to false")
     if spec.resources.min_workers != spec.resources.max_workers:

@@ -305,6 +305,14 @@ class JobStore:
         with self._engine.connect() as conn:
             return [EventRecord(**row._mapping) for row in conn.execute(query)]
 
+    def latest_event(self, job_id: str, *, kind: str) -> EventRecord | None:
+        """The newest event of one kind, or None."""
+        query = (select(EVENTS).where(EVENTS.c.job_id == job_id, EVENTS.c.kind == kind)
+                 .order_by(EVENTS.c.id.desc()).limit(1))
+        with self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else EventRecord(**row._mapping)
+
     # -- metrics and checkpoints -------------------------------------------
 
     def upsert_metrics(self, job_id: str, points: list[dict]) -> int:

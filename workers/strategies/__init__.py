@@ -1,14 +1,16 @@
 """Parallel strategies: small model-agnostic modules, one ``apply_<name>`` each.
 
-A strategy takes a plain model and a device mesh and returns the module the
-train loop steps. The registry maps ``parallelism.strategy`` names to them; the
-service asks :func:`available_strategies` so a spec naming a strategy that this
-build does not have is refused at submit, not on the cluster.
+A strategy takes a plain model (or, under pipeline parallelism, one stage's
+part of it) and the ("pp", "dp", "tp") device mesh and returns the module the
+train loop steps. The registry maps ``parallelism.strategy`` names to them.
+The service cannot import torch, so it keeps the list of names in
+``service.domain.planning.AVAILABLE_STRATEGIES``; a unit test keeps the two equal.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Literal, Protocol
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -16,10 +18,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from workers.spec import ParallelismSpec
 
 
+@dataclass(frozen=True)
+class StrategyConfig:
+    """The slice of a job spec that strategies read."""
+
+    parallelism: ParallelismSpec
+    precision: Literal["fp32", "bf16"] = "fp32"
+
+
 class ApplyStrategy(Protocol):
     """Signature every strategy implements."""
 
-    def __call__(self, model: nn.Module, *, mesh: DeviceMesh, cfg: ParallelismSpec) -> nn.Module:
+    def __call__(self, model: nn.Module, *, mesh: DeviceMesh, cfg: StrategyConfig) -> nn.Module:
         """Return the model prepared for this strategy on ``mesh``."""
 
 
@@ -51,3 +61,9 @@ def get_strategy(name: str) -> ApplyStrategy:
 def _load_builtin() -> None:
     # Imported lazily so that registering does not depend on import order.
     from workers.strategies import ddp  # noqa: F401
+    for name in ("fsdp", "tp", "pp", "hybrid"):
+        try:
+            __import__(f"workers.strategies.{name}")
+        except ModuleNotFoundError as e:  # a strategy not written yet is simply absent
+            if e.name != f"workers.strategies.{name}":
+                raise

@@ -102,6 +102,7 @@ PROTECTED = [
     ("GET", "/v1/jobs/{job_id}/metrics", None),
     ("GET", "/v1/jobs/{job_id}/events", None),
     ("GET", "/v1/jobs/{job_id}/checkpoints", None),
+    ("GET", "/v1/jobs/{job_id}/memory", None),
     ("POST", "/v1/jobs/{job_id}/telemetry", {"metrics": []}),
     ("POST", "/v1/plan", {"spec": SPEC}),
     ("GET", "/v1/cluster", None),
@@ -270,7 +271,8 @@ def test_worker_range_error_is_one_clean_item(client):
 
 # -- reading, listing, tenants ------------------------------------------------
 
-@pytest.mark.parametrize("suffix", ["", "/cancel", "/logs", "/metrics", "/events", "/checkpoints"])
+@pytest.mark.parametrize("suffix", ["", "/cancel", "/logs", "/metrics", "/events", "/checkpoints",
+                                    "/memory"])
 def test_unknown_job_is_404(shared, suffix):
     client, _ = shared
     method = "POST" if suffix == "/cancel" else "GET"
@@ -624,3 +626,18 @@ def test_generated_admin_token_never_leaks(tmp_path, caplog):
         bodies = _exercise_every_route(c, _auth(token))
     assert not [b for b in bodies if token in b]
     assert token not in caplog.text
+
+
+def test_memory_endpoint_returns_the_newest_per_rank_report(client):
+    job_id = _submit(client)["id"]
+    assert client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()["ranks"] == []
+    for gen in (1, 2):
+        ranks = [{"params_bytes": 100 * gen + r, "grads_bytes": 1, "optimizer_bytes": 2,
+                  "activations_bytes": 3, "peak_bytes": 106} for r in range(2)]
+        r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=_reporter(client, job_id),
+                        json={"events": [{"kind": "memory", "message": "m",
+                                          "data": {"ranks": ranks}, "dedup_key": f"m{gen}"}]})
+        assert r.status_code == 200
+    got = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()
+    assert [rk["params_bytes"] for rk in got["ranks"]] == [200, 201]
+    assert got["measured_at"] is not None

@@ -28,14 +28,15 @@ GOOD = {
                 train={"global_batch_size": 16, "micro_batch_size": 4}),
     "pp": _spec(parallelism={"strategy": "pp", "pp": 2}, resources={"workers": 2}),
     "hybrid-3d": _spec(parallelism={"strategy": "hybrid", "dp": 2, "tp": 2, "pp": 2},
-                       resources={"workers": 8}),
+                       resources={"workers": 8}, train={"micro_batch_size": 2}),
     "tp-elastic-multiples": _spec(parallelism={"strategy": "tp", "tp": 2},
                                   resources={"workers": {"min": 2, "max": 6}},
                                   train={"global_batch_size": 24, "micro_batch_size": 4}),
     "fsdp-options": _spec(parallelism={"strategy": "fsdp", "fsdp": {"zero_stage": 2,
                                                                     "cpu_offload": True}}),
-    "pipeline-options": _spec(parallelism={"strategy": "pp", "pp": 2, "pipeline": {
-        "schedule": "interleaved_1f1b", "microbatches": 8}}),
+    "pipeline-options": _spec(model={"preset": "gpt-small"}, parallelism={
+        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
+                                                "microbatches": 4}}),
     "text-data": _spec(data={"source": "text", "path": "/data/corpus.txt"}),
     "jsonl-data": _spec(data={"source": "jsonl", "path": "/data/corpus.jsonl"}),
     "file-storage": _spec(checkpoint={"storage": "file:///var/lib/etrain/ckpt"}),
@@ -59,6 +60,22 @@ def test_good_specs_validate(data):
 # (spec, field the rejection must name). The field is looked for in the message
 # and in the error location together, which is what the API's 422 shows.
 BAD = {
+    # layouts the model cannot take
+    "tp-not-dividing-heads": (_spec(parallelism={"strategy": "tp", "tp": 8},
+                                    resources={"workers": 8},
+                                    train={"global_batch_size": 16, "micro_batch_size": 2}),
+                              "parallelism.tp"),
+    "pp-more-stages-than-layers": (_spec(parallelism={"strategy": "pp", "pp": 4,
+                                                      "pipeline": {"microbatches": 1}},
+                                         resources={"workers": 4}), "parallelism.pp"),
+    "interleaved-needs-twice-the-layers": (_spec(parallelism={
+        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
+                                                "microbatches": 4}}), "2 layers"),
+    "pp-batch-not-multiple-of-microbatches": (_spec(
+        parallelism={"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 8}},
+        train={"global_batch_size": 16, "micro_batch_size": 4}),
+        "parallelism.pipeline.microbatches"),
+    "seq-len-beyond-preset": (_spec(data={"seq_len": 4096}), "data.seq_len"),
     # unknown fields, at every level
     "unknown-top": (_spec(bogus=1), "bogus"),
     "unknown-model": (_spec(model={"preset": "gpt-tiny", "hf": "x"}), "hf"),
@@ -236,8 +253,8 @@ def test_spec_is_frozen():
     ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 1, 1, 4),
     ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 4, 4, 1),
     ({"parallelism": {"strategy": "tp", "tp": 2}, "resources": {"workers": 4}}, 4, 2, 2),
-    ({"parallelism": {"strategy": "hybrid", "tp": 2, "pp": 2}, "resources": {"workers": 8}},
-     8, 2, 2),
+    ({"parallelism": {"strategy": "hybrid", "tp": 2, "pp": 2, "pipeline": {"microbatches": 2}},
+      "resources": {"workers": 8}}, 8, 2, 2),
     ({"resources": {"workers": {"min": 1, "max": 4}},
       "train": {"global_batch_size": 48, "micro_batch_size": 4}}, 3, 3, 4),
 ])

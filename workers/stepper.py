@@ -1,0 +1,126 @@
+"""One optimizer step: this rank's share of the global batch, accumulation, the global loss.
+
+Two shapes of step share the same bookkeeping: a data-parallel step (DDP,
+FSDP, TP and their hybrids run forward and backward over micro-batches) and a
+pipeline step (a ``torch.distributed.pipelining`` schedule runs micro-batches
+through the stages). Either way each optimizer step consumes exactly the
+spec's global batch, and the reported loss is that batch's mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from workers.data import collate, shard_global_batch
+from workers.memory import ActivationMeter
+from workers.parallel import Coordinates
+
+
+class Pipeline(Protocol):
+    """What the loop needs of a pipeline (``workers.strategies.pp`` builds it)."""
+
+    has_first: bool
+    has_last: bool
+
+    def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
+        """Forward and backward one batch in micro-batches; the mean loss on the last stage."""
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Token-mean cross entropy in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class Stepper:
+    """Runs optimizer steps for one rank.
+
+    Every rank that computes the loss (all ranks without pipelining, the last
+    stage with it) contributes ``loss / holders`` to one all-reduce, which also
+    carries a flag any rank may raise (time-based checkpoints) at no extra cost.
+    """
+
+    def __init__(self, *, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+                 dataset, coords: Coordinates, device: torch.device, micro_batch_size: int,
+                 microbatches: int, precision: str, grad_clip: float,
+                 pipeline: Pipeline | None = None):
+        self.parts, self.optimizers, self.dataset = parts, optimizers, dataset
+        self.coords, self.device, self.pipeline = coords, device, pipeline
+        self.micro_batch_size, self.grad_clip = micro_batch_size, grad_clip
+        # A pipeline call takes `microbatches` micro-batches at once.
+        self.per_call = micro_batch_size * (microbatches if pipeline is not None else 1)
+        self.holds_loss = pipeline is None or pipeline.has_last
+        self.holders = coords.dp_size * coords.tp_size
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16,
+                                       enabled=precision == "bf16")
+        self.meter: ActivationMeter | None = None
+
+    def step(self, batch: list, *, flag: bool) -> tuple[float, bool]:
+        """One optimizer step on this rank's share of ``batch``; (global mean loss, any flag)."""
+        calls = shard_global_batch(batch, dp_rank=self.coords.dp_rank,
+                                   dp_size=self.coords.dp_size, micro_batch_size=self.per_call)
+        local = torch.zeros((), dtype=torch.float64)
+        for i, items in enumerate(calls):
+            x, y = (t.to(self.device, non_blocking=True) for t in collate(self.dataset, items))
+            last = i == len(calls) - 1
+            loss = (self._pipeline_call(x, y, len(calls)) if self.pipeline is not None
+                    else self._micro_step(x, y, len(calls), sync=last))
+            if loss is not None:
+                local += loss / len(calls)
+        self._clip()
+        for opt in self.optimizers:
+            opt.step()
+        return self._reduce(local, flag)
+
+    def zero_grad(self) -> None:
+        """Drop gradients (after any memory measurement of the step)."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def _micro_step(self, x, y, n_calls: int, *, sync: bool) -> float:
+        model = self.parts[0]
+        with _grad_sync(model, sync), (self.meter or contextlib.nullcontext()):
+            with self.autocast:
+                logits = model(x)
+            loss = loss_fn(logits, y)
+            (loss / n_calls).backward()
+        return float(loss.detach())
+
+    def _pipeline_call(self, x, y, n_calls: int) -> float | None:
+        # The pipeline's loss function divides by the number of calls per step
+        # (fixed when it is built), so gradients summed over calls are the mean.
+        del n_calls
+        with self.autocast, (self.meter or contextlib.nullcontext()):
+            return self.pipeline.run(x if self.pipeline.has_first else None,
+                                     y if self.pipeline.has_last else None)
+
+    def _clip(self) -> None:
+        if self.grad_clip <= 0:
+            return
+        params = [p for part in self.parts for p in part.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+
+    def _reduce(self, local: torch.Tensor, flag: bool) -> tuple[float, bool]:
+        if not dist.is_initialized():
+            return float(local), flag
+        share = local / self.holders if self.holds_loss else torch.zeros_like(local)
+        buf = torch.stack([share, torch.tensor(float(flag), dtype=torch.float64)])
+        dist.all_reduce(buf)
+        return float(buf[0]), bool(buf[1] > 0)
+
+
+@contextlib.contextmanager
+def _grad_sync(model: nn.Module, sync: bool):
+    """Skip gradient communication on all but the last micro-batch of a step."""
+    if hasattr(model, "no_sync") and not sync:  # DDP
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+    yield
