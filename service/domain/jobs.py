@@ -13,7 +13,7 @@ from service.auth import Principal
 from service.backends.base import Backend
 from service.domain.planning import ClusterSpec, plan_job
 from service.domain.states import JobStatus
-from service.errors import Forbidden, InvalidSpec
+from service.errors import BackendUnavailable, Forbidden, InvalidSpec
 from service.settings import Settings
 from service.store import JobRecord, JobStore
 from workers.spec import JobSpec
@@ -138,7 +138,7 @@ class JobService:
         if spec.checkpoint.storage is None:
             spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
                 update={"storage": self.settings.default_checkpoint_storage})})
-        plan = plan_job(spec)
+        plan = plan_job(spec, cluster=self.cluster_shape())
         if plan["errors"] or not plan["fits"]:
             raise InvalidSpec("the plan for this job has errors",
                               [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan["errors"]])
@@ -248,7 +248,20 @@ class JobService:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
             raise InvalidSpec("invalid cluster", _field_errors(e, ["body", "cluster"])) from e
-        return plan_job(spec, cluster=cluster.model_dump(exclude_none=True))
+        shape = cluster.model_dump(exclude_none=True) if data.get("cluster") else \
+            self.cluster_shape()
+        return plan_job(spec, cluster=shape)
+
+    def cluster_shape(self) -> dict:
+        """Per-node CPUs and GPUs of the connected cluster (empty if it cannot be reached)."""
+        try:
+            nodes = self.backend.cluster().nodes
+        except BackendUnavailable:
+            return {}
+        cpus = [float(n["resources"].get("CPU", 0)) for n in nodes]
+        gpus = [int(n["resources"].get("GPU", 0)) for n in nodes]
+        return {"nodes": len(nodes), "cpus_per_node": max(cpus, default=0) or None,
+                "gpus_per_node": max(gpus, default=0)}
 
     def cluster(self) -> dict:
         """Nodes and resources of the connected cluster."""

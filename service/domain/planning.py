@@ -28,6 +28,35 @@ class ClusterSpec(BaseModel):
     gpu: str | None = Field(None, description="GPU model, e.g. H100-80GB.")
     gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of one GPU in GiB.")
     interconnect: str | None = Field(None, description="nvlink, pcie, ...")
+    cpus_per_node: float | None = Field(None, gt=0, description="CPUs per node.")
+
+
+def _state_shards(spec: JobSpec) -> int:
+    """How many ranks share one copy of parameters, gradients and optimizer state.
+
+    FSDP2 shards all three over dp at every zero stage (stage 1 maps to 2);
+    tensor and pipeline parallelism split them over tp and pp. Embeddings and
+    norms that TP replicates are ignored here: the full planner counts them.
+    """
+    par = spec.parallelism
+    dp = spec.data_parallel_size(spec.resources.min_workers)
+    # Every strategy but DDP shards over dp with FSDP2 when dp > 1.
+    return (1 if par.strategy == "ddp" else dp) * par.tp * par.pp
+
+
+def _layout_errors(spec: JobSpec, cluster: dict) -> list[str]:
+    """A TP group must fit on one node: its consecutive ranks share a node's interconnect."""
+    par, res = spec.parallelism, spec.resources
+    if par.tp == 1:
+        return []
+    per_node, unit, what = ((cluster.get("gpus_per_node"), res.gpus_per_worker, "GPUs")
+                            if res.gpus_per_worker else
+                            (cluster.get("cpus_per_node"), res.cpus_per_worker, "CPUs"))
+    if per_node is not None and par.tp * unit > per_node + 1e-9:
+        return [f"parallelism.tp ({par.tp}) x {what.lower()} per worker ({unit:g}) = "
+                f"{par.tp * unit:g} {what} would span nodes of {per_node:g} {what}; TP must "
+                f"stay inside one node: reduce parallelism.tp to <= {int(per_node // unit)}"]
+    return []
 
 
 def _activation_bytes(spec: JobSpec) -> int:
@@ -58,13 +87,15 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
         warnings.append(
             "resources.workers: elastic resizing is not available in this release; the job "
             f"runs at resources.workers.min ({spec.resources.min_workers}) workers")
+    errors += _layout_errors(spec, cluster or {})
     opt_per_param = 8 if spec.train.optimizer == "adamw" else (4 if spec.train.momentum else 0)
+    local = n // _state_shards(spec)
     per_rank = {
-        "params_bytes": 4 * n,  # fp32 master weights (bf16 is autocast, not stored)
-        "grads_bytes": 4 * n,
-        "optimizer_bytes": opt_per_param * n,
+        "params_bytes": 4 * local,  # fp32 master weights (bf16 is autocast, not stored)
+        "grads_bytes": 4 * local,
+        "optimizer_bytes": opt_per_param * local,
         "activations_bytes": _activation_bytes(spec),
-        "buffers_bytes": min(4 * n, 2 * 25 * 1024**2),  # DDP gradient buckets
+        "buffers_bytes": min(4 * local, 2 * 25 * 1024**2),  # DDP buckets / FSDP gathers
     }
     per_rank["total_bytes"] = sum(per_rank.values())
     fits = True

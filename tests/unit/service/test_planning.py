@@ -9,7 +9,7 @@ import pytest
 
 from service.domain.planning import AVAILABLE_STRATEGIES, GIB, plan_job
 from workers.models import count_params, get_model_config
-from workers.spec import STRATEGIES, parse_spec
+from workers.spec import STRATEGIES, JobSpec, parse_spec
 
 PER_RANK_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                  "buffers_bytes", "total_bytes"}
@@ -144,3 +144,28 @@ def test_registry_refuses_strategies_the_planner_refuses(name):
     strategies = pytest.importorskip("workers.strategies")
     with pytest.raises(ValueError, match="parallelism.strategy"):
         strategies.get_strategy(name)
+
+
+def _layout_spec(**par):
+    return JobSpec.model_validate({"name": "t", "model": {"preset": "gpt-small"},
+                                   "parallelism": par, "resources": {"workers": 4,
+                                   "gpus_per_worker": 1},
+                                   "train": {"global_batch_size": 16, "micro_batch_size": 2,
+                                             "steps": 10}})
+
+
+def test_tp_group_spanning_nodes_is_refused_with_the_field():
+    plan = plan_job(_layout_spec(strategy="tp", tp=4), cluster={"gpus_per_node": 2})
+    assert not plan["fits"]
+    assert any("parallelism.tp (4)" in e and "<= 2" in e for e in plan["errors"])
+    assert plan_job(_layout_spec(strategy="tp", tp=2), cluster={"gpus_per_node": 2})["fits"]
+
+
+@pytest.mark.parametrize("par,shards", [
+    ({"strategy": "ddp"}, 1), ({"strategy": "fsdp"}, 4), ({"strategy": "tp", "tp": 2}, 4),
+    ({"strategy": "hybrid", "tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}, 4),
+])
+def test_model_state_per_rank_divides_by_the_sharding_degree(par, shards):
+    ddp = plan_job(_layout_spec(strategy="ddp"))["per_rank"]["params_bytes"]
+    got = plan_job(_layout_spec(**par))["per_rank"]["params_bytes"]
+    assert got == pytest.approx(ddp / shards, rel=1e-6)
