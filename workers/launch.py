@@ -50,6 +50,7 @@ def train_fn(config: dict) -> None:
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
                          checkpoint_dir_name=f"step_{metrics['step']:08d}")
 
+    _check_placement(spec, node_rank=ctx.get_node_rank())
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
     env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
                  checkpoint_root=os.path.join(storage_path(spec), config["job_id"], "checkpoints"),
@@ -59,6 +60,19 @@ def train_fn(config: dict) -> None:
     finally:
         if reporter is not None:
             reporter.close()
+
+
+def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
+    """Refuse to train when a TP group's consecutive world ranks landed on different nodes."""
+    import torch.distributed as dist
+
+    from workers.parallel import check_tp_placement
+
+    if spec.parallelism.tp == 1 or not dist.is_initialized():
+        return
+    nodes: list = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, node_rank)
+    check_tp_placement(nodes, tp=spec.parallelism.tp)
 
 
 def build_trainer(spec: JobSpec, *, job_id: str):

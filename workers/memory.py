@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -38,17 +39,32 @@ class ActivationMeter:
 
     def __init__(self):
         self.peak = 0
+        self.resident_params = 0
         self._live: dict[int, int] = {}
         self._hooks = None
 
     def _pack(self, t: torch.Tensor):
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            # A weight (or its transpose) saved for backward is state: params_bytes,
+            # or gathered_params_bytes for FSDP's unsharded copies.
+            return t
+        local = _local(t) if isinstance(t, DTensor) else t
         try:
-            key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+            key, size = local.untyped_storage().data_ptr(), local.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
             return t
         self._live.setdefault(key, size)
         self.peak = max(self.peak, sum(self._live.values()))
         return t
+
+    def note_resident_params(self, parts: list[nn.Module]) -> None:
+        """Record the parameter bytes held right after a forward (call before backward).
+
+        Under FSDP ZeRO-2 the gathered (unsharded) parameters stay until
+        backward; under ZeRO-3 they were freed. DDP and TP hold what they always hold.
+        """
+        held = sum(_nbytes(p) for part in parts for p in part.parameters())
+        self.resident_params = max(self.resident_params, held)
 
     def __enter__(self):
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -66,6 +82,9 @@ def memory_report(parts, optimizers, meter: ActivationMeter | None,
     """This rank's measured memory (call after backward, before zero_grad)."""
     report = state_bytes(parts, optimizers)
     report["activations_bytes"] = meter.peak if meter else 0
+    # Gathered copies held from forward to backward on top of this rank's shards.
+    report["gathered_params_bytes"] = max(0, (meter.resident_params if meter else 0)
+                                          - report["params_bytes"])
     report["peak_bytes"] = sum(report.values())
     report["peak_source"] = "state+activations"
     if device.type == "cuda":

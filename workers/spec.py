@@ -117,6 +117,23 @@ class ParallelismSpec(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _microbatches_fit_schedule(self) -> "ParallelismSpec":
+        # torch.distributed.pipelining refuses these when the schedule is built,
+        # i.e. on the workers after the job started; refuse them at submission.
+        mb, pp, schedule = self.pipeline.microbatches, self.pp, self.pipeline.schedule
+        if pp > 1 and schedule == "1f1b" and mb < pp:
+            raise ValueError(
+                f"parallelism.pipeline.microbatches ({mb}) must be >= parallelism.pp ({pp}) "
+                "for schedule '1f1b'; raise microbatches or use schedule 'gpipe'")
+        rounds = max(1, mb // pp)
+        if pp > 1 and schedule == "interleaved_1f1b" and mb % rounds:
+            raise ValueError(
+                f"parallelism.pipeline.microbatches ({mb}) must be at most parallelism.pp "
+                f"({pp}) or a multiple of microbatches // pp ({rounds}) for schedule "
+                f"'interleaved_1f1b'; use a multiple of {pp}")
+        return self
+
     @property
     def model_parallel_size(self) -> int:
         """Workers that hold one full model replica between them (tp x pp)."""

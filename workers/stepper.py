@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from workers.data import collate, shard_global_batch
 from workers.memory import ActivationMeter
@@ -30,6 +31,9 @@ class Pipeline(Protocol):
 
     def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
         """Forward and backward one batch in micro-batches; the mean loss on the last stage."""
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip gradients by their global norm over all stages; return that norm."""
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,8 @@ class Stepper:
         with _grad_sync(model, sync), (self.meter or contextlib.nullcontext()):
             with self.autocast:
                 logits = model(x)
+            if self.meter is not None:
+                self.meter.note_resident_params(self.parts)
             loss = loss_fn(logits, y)
             (loss / n_calls).backward()
         return float(loss.detach())
@@ -102,8 +108,14 @@ class Stepper:
     def _clip(self) -> None:
         if self.grad_clip <= 0:
             return
+        if self.pipeline is not None:
+            # Each pipeline rank holds other layers: the norm must span all stages.
+            self.pipeline.clip_grad_norm_(self.grad_clip)
+            return
         params = [p for part in self.parts for p in part.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        # foreach=False: one fused multiply cannot mix DTensors of different meshes.
+        torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total_grad_norm(params),
+                                             foreach=False)
 
     def _reduce(self, local: torch.Tensor, flag: bool) -> tuple[float, bool]:
         if not dist.is_initialized():
@@ -124,3 +136,20 @@ def _grad_sync(model: nn.Module, sync: bool):
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(sync)
     yield
+
+
+def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """The L2 norm of the gradients of ``params`` (one rank's whole model), as a plain tensor.
+
+    TP and FSDP leave DTensor gradients on different meshes ((dp, tp), dp, tp)
+    next to plain replicated ones, which ``clip_grad_norm_`` cannot stack: each
+    mesh's gradients get one norm, made whole (``full_tensor``) before combining.
+    """
+    by_mesh: dict = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+    norms = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=False)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())

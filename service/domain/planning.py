@@ -15,7 +15,7 @@ from workers.spec import JobSpec
 GIB = 1024**3
 # Strategies whose worker code this build ships (the registry in
 # workers.strategies holds the same names; a unit test keeps them equal).
-AVAILABLE_STRATEGIES = ("ddp",)
+AVAILABLE_STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
 
 
 class ClusterSpec(BaseModel):

@@ -6,7 +6,6 @@ model (presets, parameter counts) lives here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 

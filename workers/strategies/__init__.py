@@ -60,10 +60,4 @@ def get_strategy(name: str) -> ApplyStrategy:
 
 def _load_builtin() -> None:
     # Imported lazily so that registering does not depend on import order.
-    from workers.strategies import ddp  # noqa: F401
-    for name in ("fsdp", "tp", "pp", "hybrid"):
-        try:
-            __import__(f"workers.strategies.{name}")
-        except ModuleNotFoundError as e:  # a strategy not written yet is simply absent
-            if e.name != f"workers.strategies.{name}":
-                raise
+    from workers.strategies import ddp, fsdp, hybrid, pp, tp  # noqa: F401

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import AsyncIterator
 
 import pytest
 import yaml
@@ -15,7 +14,6 @@ from service.api import routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
 from fakes import FakeBackend
-from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.domain.states import JobStatus
 from service.errors import BackendUnavailable, Unauthorized
 from service.settings import Settings
@@ -223,8 +221,9 @@ BAD_SUBMITS = {
     "ddp-with-tp": ({**SPEC, "parallelism": {"tp": 2}}, JSON, ["body", "parallelism"],
                     "parallelism.tp"),
     # Valid specs whose plan has errors: refused before anything is stored.
-    "fsdp-unavailable": ({**SPEC, "parallelism": {"strategy": "fsdp"}}, JSON, ["body"],
-                         "parallelism.strategy"),
+    "tp-spans-nodes": ({**SPEC, "parallelism": {"strategy": "tp", "tp": 2},
+                        "resources": {"workers": 2, "cpus_per_worker": 2}}, JSON, ["body"],
+                       "parallelism.tp"),
     "async-unavailable": ({**SPEC, "checkpoint": {"async": True}}, JSON, ["body"],
                           "checkpoint.async"),
 }
@@ -411,12 +410,16 @@ def test_plan_yaml_with_a_cluster_that_does_not_fit(client):
     assert r.json()["fits"] is False and r.json()["errors"]
 
 
-def test_plan_of_an_unavailable_strategy_is_200_with_errors(client):
-    r = client.post("/v1/plan", json={"spec": {**SPEC, "parallelism": {"strategy": "fsdp"}}},
-                    headers=ADMIN_H)
+def test_plan_defaults_to_the_connected_cluster_and_keeps_tp_inside_a_node(client):
+    """The fake cluster is one node of 2 CPUs: a TP group of 2 x 2 CPUs cannot fit in it."""
+    spec = {**SPEC, "parallelism": {"strategy": "tp", "tp": 2},
+            "resources": {"workers": 2, "cpus_per_worker": 2}}
+    r = client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H)
     assert r.status_code == 200
     assert r.json()["fits"] is False
-    assert any("parallelism.strategy" in e for e in r.json()["errors"])
+    assert any("parallelism.tp (2)" in e and "<= 1" in e for e in r.json()["errors"])
+    spec["resources"]["cpus_per_worker"] = 1
+    assert client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H).json()["fits"]
 
 
 @pytest.mark.parametrize(("body", "loc"), [

@@ -69,23 +69,8 @@ def test_layout_of_an_elastic_job_uses_min_workers():
     assert plan["layout"]["dp"] == 1 and plan["layout"]["grad_accum_steps"] == 12
 
 
-UNAVAILABLE = [s for s in STRATEGIES if s not in AVAILABLE_STRATEGIES]
-_LAYOUTS = {
-    "fsdp": {"parallelism": {"strategy": "fsdp"}},
-    "tp": {"parallelism": {"strategy": "tp", "tp": 2}},
-    "pp": {"parallelism": {"strategy": "pp", "pp": 2}},
-    "hybrid": {"parallelism": {"strategy": "hybrid", "tp": 2}},
-}
-
-
-@pytest.mark.parametrize("strategy", UNAVAILABLE)
-def test_unavailable_strategy_is_an_error(strategy):
-    plan = plan_job(_spec(**_LAYOUTS[strategy]))
-    assert plan["fits"] is False
-    assert plan["recommendation"] is None
-    assert any("parallelism.strategy" in e and repr(strategy) in e for e in plan["errors"])
-    # The error says what would be accepted.
-    assert any(str(list(AVAILABLE_STRATEGIES)) in e for e in plan["errors"])
+def test_every_spec_strategy_is_available():
+    assert set(AVAILABLE_STRATEGIES) == set(STRATEGIES)
 
 
 def test_async_checkpoint_is_an_error():
@@ -139,11 +124,10 @@ def test_available_strategies_equal_the_worker_registry():
     assert set(AVAILABLE_STRATEGIES) <= set(STRATEGIES)
 
 
-@pytest.mark.parametrize("name", UNAVAILABLE)
-def test_registry_refuses_strategies_the_planner_refuses(name):
+def test_registry_refuses_an_unknown_strategy_naming_the_field():
     strategies = pytest.importorskip("workers.strategies")
-    with pytest.raises(ValueError, match="parallelism.strategy"):
-        strategies.get_strategy(name)
+    with pytest.raises(ValueError, match="parallelism.strategy 'zero-bubble'"):
+        strategies.get_strategy("zero-bubble")
 
 
 def _layout_spec(**par):

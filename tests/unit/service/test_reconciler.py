@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from typing import AsyncIterator, Callable
 
 import pytest
 import sqlalchemy as sa
 
 from service.auth import Principal, authenticate
 from fakes import FakeBackend
-from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.backends.base import RunState, RunStatus
 from service.domain.jobs import JobService
 from service.domain.reconciler import Reconciler
 from service.domain.states import JobStatus
 from service.errors import BackendError, BackendUnavailable, Unauthorized
 from service.settings import Settings
-from service.store import JobRecord, JobStore, migrate
+from service.store import JobRecord, JobStore
 from workers.spec import parse_spec
 
 

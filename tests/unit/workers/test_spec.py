@@ -66,8 +66,16 @@ BAD = {
                                     train={"global_batch_size": 16, "micro_batch_size": 2}),
                               "parallelism.tp"),
     "pp-more-stages-than-layers": (_spec(parallelism={"strategy": "pp", "pp": 4,
-                                                      "pipeline": {"microbatches": 1}},
+                                                      "pipeline": {"microbatches": 4}},
                                          resources={"workers": 4}), "parallelism.pp"),
+    "1f1b-fewer-microbatches-than-stages": (_spec(parallelism={
+        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "1f1b", "microbatches": 1}},
+        model={"preset": "gpt-small"}), "parallelism.pipeline.microbatches"),
+    "interleaved-microbatches-not-in-rounds": (_spec(parallelism={
+        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
+                                                "microbatches": 5}},
+        model={"preset": "gpt-small"}, train={"global_batch_size": 20, "micro_batch_size": 4}),
+        "parallelism.pipeline.microbatches"),
     "interleaved-needs-twice-the-layers": (_spec(parallelism={
         "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
                                                 "microbatches": 4}}), "2 layers"),
