@@ -16,6 +16,13 @@ from urllib.parse import urlparse
 
 from workers.spec import JobSpec
 
+# Exit code of a driver whose training itself failed (after Ray Train's own
+# restarts): the service does not resubmit those. service.domain.recovery
+# holds the same number; a unit test keeps them equal.
+EXIT_TRAINING_FAILED = 3
+# How often a healthy elastic job checks whether more workers could run.
+RESIZE_MONITOR_INTERVAL_S = 5.0
+
 
 def storage_path(spec: JobSpec) -> str:
     """The local path behind the spec's ``file://`` checkpoint storage."""
@@ -86,8 +93,12 @@ def build_trainer(spec: JobSpec, *, job_id: str):
     per_worker = {"CPU": res.cpus_per_worker}
     if res.gpus_per_worker:
         per_worker["GPU"] = res.gpus_per_worker
-    scaling = ScalingConfig(num_workers=res.min_workers, use_gpu=res.gpus_per_worker > 0,
-                            resources_per_worker=per_worker)
+    elastic = res.min_workers != res.max_workers
+    scaling = ScalingConfig(
+        num_workers=(res.min_workers, res.max_workers) if elastic else res.min_workers,
+        use_gpu=res.gpus_per_worker > 0, resources_per_worker=per_worker,
+        # Ray's default (60 s) lets a joined node idle for a minute before the group grows.
+        elastic_resize_monitor_interval_s=RESIZE_MONITOR_INTERVAL_S)
     run_config = RunConfig(
         name=job_id, storage_path=storage_path(spec),
         failure_config=FailureConfig(max_failures=spec.failure.max_failures),
@@ -107,7 +118,7 @@ def main() -> int:
         trainer.fit()
     except Exception as e:  # noqa: BLE001 - the driver's exit code is the report
         print(f"etrain: training failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_TRAINING_FAILED
     print("etrain: training finished", flush=True)
     return 0
 

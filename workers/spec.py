@@ -259,6 +259,9 @@ class FailureSpec(_Spec):
     max_failures: int = Field(
         3, ge=-1, description="Worker-group restarts inside one Ray job; -1 = unlimited."
     )
+    max_resubmits: int = Field(
+        2, ge=0, description="Times the service resubmits the whole Ray job when its driver "
+        "or cluster dies (resuming from the newest checkpoint).")
 
 
 class JobSpec(_Spec):

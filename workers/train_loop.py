@@ -127,16 +127,17 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     return stepper, schedulers
 
 
-def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers, sampler) -> int:
-    """Load the newest committed checkpoint, if any; return the step to start at."""
+def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,
+             sampler) -> tuple[int, int | None]:
+    """Load the newest committed checkpoint, if any; (step to start at, its world size)."""
     info = ckpts.latest()
     if info is None:
-        return 0
+        return 0, None
     extra = ckpts.load(info, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers))
     for sched in schedulers:
         sched.load_state_dict(extra["scheduler"])
     sampler.load_state_dict(extra["sampler"])
-    return info.step
+    return info.step, extra.get("world_size")
 
 
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
@@ -150,9 +151,9 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = (CheckpointManager(env.checkpoint_root, keep_last=spec.checkpoint.keep_last,
                                rank=env.rank) if env.checkpoint_root else None)
-    start = _restore(ckpts, stepper, schedulers, sampler) if ckpts else 0
+    start, saved_world = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
-    _announce_start(env, start)
+    _announce_start(env, start, saved_world)
     last_save = time.monotonic()
     last = min(spec.train.steps, env.stop_at or spec.train.steps)
     for step in range(start + 1, last + 1):
@@ -176,7 +177,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         if ckpts and (save_now or _due_by_steps(spec, step)):
             _save(ckpts, env, step=step, stepper=stepper, loss=loss,
                   extra={"scheduler": schedulers[0].state_dict(),
-                         "sampler": sampler.state_dict()})
+                         "sampler": sampler.state_dict(), "world_size": env.world_size})
             last_save = time.monotonic()
     return result
 
@@ -204,12 +205,17 @@ def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
     return ranks
 
 
-def _announce_start(env: RunEnv, start: int) -> None:
+def _announce_start(env: RunEnv, start: int, saved_world: int | None) -> None:
     if env.rank != 0 or env.reporter is None:
         return
     nonce = uuid.uuid4().hex[:12]
     env.reporter.event("workers_started", f"{env.world_size} workers started",
                        data={"world_size": env.world_size}, dedup_key=f"start:{nonce}")
+    if saved_world is not None and saved_world != env.world_size:
+        how = "grew" if env.world_size > saved_world else "shrank"
+        env.reporter.event("resized", f"resized {saved_world} → {env.world_size} ({how})",
+                           data={"from": saved_world, "to": env.world_size, "step": start},
+                           dedup_key=f"resize:{nonce}")
     if start:
         env.reporter.event("restored", f"restored from step {start}",
                            data={"step": start, "world_size": env.world_size},

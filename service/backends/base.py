@@ -25,6 +25,7 @@ class RunStatus:
 
     state: RunState
     message: str = ""
+    exit_code: int | None = None  # the driver's, once it exited
 
 
 @dataclass(frozen=True)

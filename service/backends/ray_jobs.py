@@ -64,7 +64,8 @@ class RayJobBackend(Backend):
             raise BackendUnavailable(f"Ray job status failed: {e}") from e
         except Exception as e:  # noqa: BLE001
             raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
-        return RunStatus(_STATES[str(info.status.value)], info.message or "")
+        return RunStatus(_STATES[str(info.status.value)], info.message or "",
+                         exit_code=getattr(info, "driver_exit_code", None))
 
     def stop(self, submission_id: str) -> None:
         """Stop the Ray job (its workers go with the driver)."""

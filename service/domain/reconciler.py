@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 from service.auth import create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
+from service.domain.recovery import decide_recovery
 from service.domain.scheduler import Demand, decide_admissions
 from service.domain.states import JobStatus
 from service.errors import BackendError, BackendUnavailable
@@ -113,7 +114,23 @@ class Reconciler:
         elif status.state == RunState.SUCCEEDED:
             self._finish(job, JobStatus.SUCCEEDED, None)
         elif status.state in (RunState.FAILED, RunState.STOPPED, RunState.MISSING):
-            self._finish(job, JobStatus.FAILED, _tail(status.message) or status.state.value)
+            decision = decide_recovery(status, resubmits=job.resubmits,
+                                       max_resubmits=job.spec["failure"]["max_resubmits"])
+            if decision.resubmit:
+                self._resubmit(job, decision.reason)
+            else:
+                self._finish(job, JobStatus.FAILED,
+                             _tail(status.message) or decision.reason)
+
+    def _resubmit(self, job: JobRecord, reason: str) -> None:
+        """Start the job again under a new submission id; it resumes from its checkpoints."""
+        updated = self.store.update_job(
+            job.id, expect_status=job.status, status=JobStatus.PENDING,
+            resubmits=job.resubmits + 1, submission_id=None,
+            event=("resubmitted", reason, {"previous_submission": job.submission_id}))
+        self.store.revoke_job_tokens(job.id)
+        if updated is not None:
+            self._submit(updated)
 
     def _finish(self, job: JobRecord, status: JobStatus, error: str | None) -> None:
         kind = "succeeded" if status == JobStatus.SUCCEEDED else "failed"

@@ -13,6 +13,7 @@ from fakes import FakeBackend
 from service.backends.base import RunState, RunStatus
 from service.domain.jobs import JobService
 from service.domain.reconciler import Reconciler
+from service.domain.recovery import EXIT_TRAINING_FAILED
 from service.domain.states import JobStatus
 from service.errors import BackendError, BackendUnavailable, Unauthorized
 from service.settings import Settings
@@ -157,10 +158,9 @@ FOLLOW = {
     "pending": (RunStatus(RunState.PENDING), JobStatus.PENDING, None),
     "running": (RunStatus(RunState.RUNNING), JobStatus.RUNNING, None),
     "succeeded": (RunStatus(RunState.SUCCEEDED, "done"), JobStatus.SUCCEEDED, None),
-    "failed": (RunStatus(RunState.FAILED, "Traceback ...\nRuntimeError: boom"), JobStatus.FAILED,
-               "RuntimeError: boom"),
-    "stopped": (RunStatus(RunState.STOPPED), JobStatus.FAILED, "STOPPED"),
-    "missing": (RunStatus(RunState.MISSING), JobStatus.FAILED, "MISSING"),
+    "failed": (RunStatus(RunState.FAILED, "Traceback ...\nRuntimeError: boom",
+                         exit_code=EXIT_TRAINING_FAILED), JobStatus.FAILED, "RuntimeError: boom"),
+    "stopped": (RunStatus(RunState.STOPPED), JobStatus.FAILED, "stopped outside etrain"),
 }
 
 
@@ -200,7 +200,8 @@ def test_running_job_finishes(store, tenant, backend, reconciler, state):
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
     reconciler.tick()
     started = store.get_job(job.id).started_at
-    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye")
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye",
+                                                       exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
     got = store.get_job(job.id)
     assert got.status.value == state.value
@@ -212,7 +213,8 @@ def test_running_job_finishes(store, tenant, backend, reconciler, state):
 def test_long_failure_messages_keep_their_tail(store, tenant, backend, reconciler):
     job = _job(store, tenant)
     reconciler.tick()
-    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.FAILED, "x" * 5000 + "END")
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.FAILED, "x" * 5000 + "END",
+                                                       exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
     error = store.get_job(job.id).error
     assert len(error) == 2000 and error.endswith("END")
@@ -352,3 +354,44 @@ def test_background_loop_survives_a_failing_tick(store, tenant, backend, reconci
     finally:
         reconciler.stop()
     assert store.get_job(job.id).status is JobStatus.SUCCEEDED
+
+
+# -- job-level recovery ----------------------------------------------------------------
+
+@pytest.mark.parametrize("lost", [RunStatus(RunState.MISSING, "no such job"),
+                                  RunStatus(RunState.FAILED, "killed", exit_code=-9),
+                                  RunStatus(RunState.FAILED, "supervisor died")],
+                         ids=["head-restarted", "driver-killed", "supervisor-lost"])
+def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(store, tenant, backend,
+                                                                reconciler, lost):
+    job = _job(store, tenant)
+    reconciler.tick()
+    for n in (1, 2):  # the default failure.max_resubmits is 2
+        backend.statuses[f"etrain-{job.id}-{n - 1}"] = lost
+        reconciler.tick()
+        got = store.get_job(job.id)
+        assert got.status is JobStatus.PENDING and got.resubmits == n
+        assert got.submission_id == f"etrain-{job.id}-{n}"
+        assert backend.submitted[-1].submission_id == f"etrain-{job.id}-{n}"
+        assert _kinds(store, job.id)[-2:] == ["resubmitted", "submitted"]
+    backend.statuses[f"etrain-{job.id}-2"] = lost
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.FAILED and got.resubmits == 2
+    assert len(backend.submitted) == 3
+
+
+def test_a_training_failure_is_not_resubmitted(store, tenant, backend, reconciler):
+    job = _job(store, tenant)
+    reconciler.tick()
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(
+        RunState.FAILED, "etrain: training failed: ValueError", exit_code=EXIT_TRAINING_FAILED)
+    reconciler.tick()
+    got = store.get_job(job.id)
+    assert got.status is JobStatus.FAILED and got.resubmits == 0
+    assert len(backend.submitted) == 1
+
+
+def test_exit_code_contract_matches_the_driver():
+    import workers.launch
+    assert workers.launch.EXIT_TRAINING_FAILED == EXIT_TRAINING_FAILED

@@ -10,6 +10,7 @@ import torch
 
 from workers.checkpoint import MANIFEST, CheckpointManager
 from workers.spec import JobSpec
+from workers.telemetry import TelemetryReporter
 from workers.train_loop import RunEnv, lr_factor, run
 
 
@@ -84,3 +85,37 @@ def test_lr_warmup_then_cosine_to_floor(step, expected):
     """Factor per scheduler step: linear warmup over 2, cosine from 1 down to min_lr_ratio."""
     t = spec(steps=12, warmup_steps=2).train
     assert lr_factor(step, train=t) == pytest.approx(expected, abs=1e-9)
+
+
+class RecordingReporter(TelemetryReporter):
+    """The real reporter interface, recording instead of sending."""
+
+    def __init__(self):
+        self.events, self.metrics = [], []
+
+    def metric(self, point):
+        self.metrics.append(point)
+
+    def event(self, kind, message, *, data=None, dedup_key=None):
+        self.events.append((kind, message, data))
+
+    def checkpoint(self, **kw):
+        pass
+
+
+def test_a_restore_at_another_world_size_is_reported_as_a_resize(tmp_path):
+    run(spec(), env(tmp_path))  # world size 1, checkpoints at 3 and 6
+    shutil.rmtree(tmp_path / "step_00000006")
+    manifest = tmp_path / "step_00000003" / MANIFEST
+    data = json.loads(manifest.read_text())
+    assert data["extra"]["world_size"] == 1
+    data["extra"]["world_size"] = 2  # as if saved by two workers
+    manifest.write_text(json.dumps(data))
+    reporter = RecordingReporter()
+    run(spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                       checkpoint_root=str(tmp_path), reporter=reporter))
+    kinds = {k: (m, d) for k, m, d in reporter.events}
+    assert kinds["restored"][1]["step"] == 3
+    assert kinds["resized"][0] == "resized 2 → 1 (shrank)"
+    assert [m["step"] for m in reporter.metrics] == [4, 5, 6]
+    assert all(m["world_size"] == 1 for m in reporter.metrics)
