@@ -95,7 +95,13 @@ class CheckpointManager:
     collective (all ranks call them in the same order).
     """
 
-    def __init__(self, root: str | os.PathLike, *, keep_last: int, rank: int):
+    def __init__(self, root: str | os.PathLike, *, keep_last: int | None, rank: int):
+        """``keep_last=None`` leaves committed checkpoints to Ray Train's retention.
+
+        Under Ray every checkpoint is registered with Ray Train, whose run
+        snapshot must never name a deleted folder (a resubmitted job reloads
+        it), so Ray Train deletes them itself (``CheckpointConfig.num_to_keep``).
+        """
         self.root = Path(root)
         self.keep_last = keep_last
         self.rank = rank
@@ -172,7 +178,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         """Keep the newest ``keep_last`` committed checkpoints; drop stale partial folders."""
         done = self.committed()
-        for old in done[: max(0, len(done) - self.keep_last)]:
+        for old in (done[: max(0, len(done) - self.keep_last)] if self.keep_last else []):
             shutil.rmtree(old.path, ignore_errors=True)
         newest = done[-1].step if done else -1
         for entry in self.root.iterdir():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from urllib.parse import urlparse
 
@@ -61,7 +62,7 @@ def train_fn(config: dict) -> None:
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
     env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
                  checkpoint_root=os.path.join(storage_path(spec), config["job_id"], "checkpoints"),
-                 reporter=reporter, on_checkpoint=register)
+                 reporter=reporter, on_checkpoint=register, prune_checkpoints=False)
     try:
         run(spec, env)
     finally:
@@ -84,7 +85,7 @@ def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
 
 def build_trainer(spec: JobSpec, *, job_id: str):
     """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from workers.events import EventCallback
@@ -102,6 +103,9 @@ def build_trainer(spec: JobSpec, *, job_id: str):
     run_config = RunConfig(
         name=job_id, storage_path=storage_path(spec),
         failure_config=FailureConfig(max_failures=spec.failure.max_failures),
+        # Ray Train deletes the checkpoints it registered beyond keep_last, so its run
+        # snapshot stays valid for a resubmitted job (see CheckpointManager).
+        checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
         callbacks=[EventCallback(job_id)],
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
@@ -109,8 +113,25 @@ def build_trainer(spec: JobSpec, *, job_id: str):
                         run_config=run_config)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this driver when its parent (Ray's entrypoint shell) dies.
+
+    Ray runs the entrypoint through a shell. If that shell is killed, the job is
+    reported failed and the service resubmits it, while an orphaned driver would
+    go on training into the same checkpoint folder. PR_SET_PDEATHSIG prevents it.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not Linux/glibc: nothing to arm
+        pass
+
+
 def main() -> int:
     """Run the job described by the environment; return the process exit code."""
+    _die_with_parent()
     job_id = os.environ["ETRAIN_JOB_ID"]
     spec = JobSpec.model_validate(json.loads(os.environ["ETRAIN_JOB_SPEC"]))
     trainer = build_trainer(spec, job_id=job_id)

@@ -44,6 +44,8 @@ class RunEnv:
     on_checkpoint: Callable[[CheckpointInfo | None, dict], None] | None = None
     # Stop after this step although the spec runs longer (drills, benchmarks, tests).
     stop_at: int | None = None
+    # False when Ray Train owns checkpoint retention (it deletes what it registered).
+    prune_checkpoints: bool = True
 
 
 @dataclass
@@ -149,8 +151,9 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
                             vocab_size=mcfg.vocab_size, seed=spec.train.seed)
     stepper, schedulers = _build(spec, env, dataset)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
-    ckpts = (CheckpointManager(env.checkpoint_root, keep_last=spec.checkpoint.keep_last,
-                               rank=env.rank) if env.checkpoint_root else None)
+    keep = spec.checkpoint.keep_last if env.prune_checkpoints else None
+    ckpts = (CheckpointManager(env.checkpoint_root, keep_last=keep, rank=env.rank)
+             if env.checkpoint_root else None)
     start, saved_world = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, saved_world)

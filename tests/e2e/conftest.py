@@ -61,7 +61,7 @@ class Served:
 def start_serve(data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None,
                 timeout: float = 180) -> Served:
     """Start `etrain serve` and wait for /readyz."""
-    port = free_port()
+    port = int((extra_env or {}).get("ETRAIN_PORT") or free_port())
     env = {**os.environ, "ETRAIN_DATA_DIR": str(data_dir), "ETRAIN_PORT": str(port),
            "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
            # The session cluster runs on this machine, from this venv.
