@@ -1,0 +1,103 @@
+"""Elastic training on real Ray nodes: grow when a node joins, shrink when one is lost.
+
+The session head has 2 CPUs; the test starts a second Ray node (2 CPUs) on this
+machine and later kills it (SIGKILL to its raylet's process group). The job
+asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.spec import JobSpec
+from workers.train_loop import RunEnv, run
+
+pytestmark = pytest.mark.slow
+
+STEPS, G = 300, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
+
+
+def _spec(tmp_path) -> dict:
+    return JobSpec.model_validate({
+        "name": "it-elastic", "data": {"seq_len": 32, "num_samples": 1000},
+        "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
+        "train": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": 2, "lr": 3e-3},
+        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 10},
+        "failure": {"max_failures": 5},
+    }).model_dump(mode="json", by_alias=True)
+
+
+def _start_node(gcs_port: int) -> subprocess.Popen:
+    ray = str(Path(sys.executable).with_name("ray"))
+    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=2",
+                             "--block", "--disable-usage-stats"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            env=os.environ.copy())
+
+
+def _wait(pred, timeout: float, what: str, detail=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := pred():
+            return value
+        time.sleep(0.5)
+    raise TimeoutError(f"{what}: {detail()}")
+
+
+def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink,
+                                                         tmp_path):
+    from service.backends.base import LaunchRequest, RunState
+
+    job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
+    spec = _spec(tmp_path)
+    import json
+    ray_backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
+                                     spec_json=json.dumps(spec),
+                                     env={"ETRAIN_REPORT_URL": telemetry_sink.url,
+                                          "ETRAIN_REPORT_TOKEN": "t"}))
+    sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
+
+    def detail() -> str:
+        events = [(e["kind"], e["message"][:160]) for e in telemetry_sink.items("events", job_id)]
+        steps = [(m["step"], m["world_size"]) for m in telemetry_sink.items("metrics", job_id)]
+        return f"events={events} last steps={steps[-8:]} logs={ray_backend.logs(f'it-{job_id}')[-2500:]}"
+
+    _wait(lambda: len(sizes()) >= 15, 240, "training at 2 workers")
+    assert set(sizes()) == {2}
+    node = _start_node(gcs_port=6510)
+    try:
+        _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", detail)
+        grown_at = len(sizes())
+        _wait(lambda: len(sizes()) >= grown_at + 10, 180, "training at 4 workers", detail)
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)  # the node is lost, with its workers
+        node.wait()
+    state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state) not in (
+        RunState.PENDING, RunState.RUNNING) and s, 400, "job end")
+    assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]
+
+    metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    assert metrics[STEPS]["world_size"] == 2
+    events = telemetry_sink.items("events", job_id)
+    resized = [e["message"] for e in events if e["kind"] == "resized"]
+    assert "resized 2 → 4 (grew)" in resized and "resized 4 → 2 (shrank)" in resized
+    # Exactly STEPS x G samples were consumed: the cursor is where one fixed run puts it.
+    last = metrics[STEPS]
+    assert (last["epoch"], last["epoch_position"]) == divmod(STEPS * G, 1000)
+
+    # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
+    fixed = run(JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
+                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                       checkpoint_root=None)).losses
+    for step, m in metrics.items():
+        assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
