@@ -7,6 +7,7 @@ asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from service.backends.base import LaunchRequest, RunState
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -55,11 +57,8 @@ def _wait(pred, timeout: float, what: str, detail=lambda: ""):
 
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink,
                                                          tmp_path):
-    from service.backends.base import LaunchRequest, RunState
-
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
-    import json
     ray_backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
                                      spec_json=json.dumps(spec),
                                      env={"ETRAIN_REPORT_URL": telemetry_sink.url,
