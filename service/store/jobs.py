@@ -6,9 +6,7 @@ dicts, so callers never hold a session or a lazily-loading ORM object.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,27 +24,20 @@ from service.store.models import (
     JobMetric,
     JobRecord,
     Tenant,
-    TenantRecord,
-    TokenRecord,
     build_engine,
     utcnow,
 )
+from service.store.tenants import TenantTokenMixin, new_id
 
 TENANTS, TOKENS, JOBS = Tenant.__table__, ApiToken.__table__, Job.__table__
 EVENTS, METRICS, CHECKPOINTS = JobEvent.__table__, JobMetric.__table__, JobCheckpoint.__table__
 
-ROLES = frozenset({"admin", "user", "reporter"})
 METRIC_COLUMNS = ("world_size", "loss", "lr", "samples_per_s", "tokens_per_s")
 # Columns update_job may not set: identity, ownership and bookkeeping the store owns.
 _FROZEN_JOB_FIELDS = frozenset({"id", "tenant_id", "created_at", "updated_at"})
 _UPDATABLE_JOB_FIELDS = frozenset(c.name for c in JOBS.columns) - _FROZEN_JOB_FIELDS
 # update_job without expect_status re-reads and retries this often when it races a writer.
 _UPDATE_ATTEMPTS = 3
-
-
-def _new_id(prefix: str) -> str:
-    """Return ``prefix`` + 12 random hex digits (e.g. ``j-3f9a0c1b2d4e``)."""
-    return prefix + secrets.token_hex(6)
 
 
 def _job_record(row: Any) -> JobRecord:
@@ -70,7 +61,7 @@ def _status_values(statuses: Iterable[JobStatus | str] | None) -> list[str] | No
     return None if statuses is None else [JobStatus(s).value for s in statuses]
 
 
-class JobStore:
+class JobStore(TenantTokenMixin):
     """Synchronous job store on SQLite (default) or PostgreSQL, chosen by URL.
 
     The schema must exist: run ``service.store.migrate.migrate(url)`` first.
@@ -100,51 +91,6 @@ class JobStore:
             return sqlite.insert(table)
         raise NotImplementedError(f"unsupported database {self._dialect!r}; use sqlite or postgresql")
 
-    # -- tenants and tokens -------------------------------------------------
-
-    def create_tenant(self, name: str) -> TenantRecord:
-        """Create a tenant; a duplicate name raises sqlalchemy's IntegrityError."""
-        record = TenantRecord(id=_new_id("t-"), name=name, created_at=utcnow())
-        with self._engine.begin() as conn:
-            conn.execute(insert(TENANTS).values(dataclasses.asdict(record)))
-        return record
-
-    def get_tenant_by_name(self, name: str) -> TenantRecord | None:
-        """Return the tenant called ``name``, or None."""
-        with self._engine.connect() as conn:
-            row = conn.execute(select(TENANTS).where(TENANTS.c.name == name)).first()
-        return None if row is None else TenantRecord(**row._mapping)
-
-    def add_token(
-        self, *, tenant_id: str, token_hash: str, name: str, role: str, job_id: str | None = None
-    ) -> TokenRecord:
-        """Store a token by its sha256 hex ``token_hash``; reporter tokens need a ``job_id``."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {sorted(ROLES)}, not {role!r}")
-        if (role == "reporter") != (job_id is not None):
-            raise ValueError("set job_id for a reporter token, and only for one")
-        record = TokenRecord(
-            id=_new_id("k-"), tenant_id=tenant_id, token_hash=token_hash, name=name,
-            role=role, job_id=job_id, created_at=utcnow(), revoked_at=None,
-        )
-        with self._engine.begin() as conn:
-            conn.execute(insert(TOKENS).values(dataclasses.asdict(record)))
-        return record
-
-    def find_token(self, token_hash: str) -> TokenRecord | None:
-        """Return the unrevoked token with this hash, or None."""
-        query = select(TOKENS).where(TOKENS.c.token_hash == token_hash, TOKENS.c.revoked_at.is_(None))
-        with self._engine.connect() as conn:
-            row = conn.execute(query).first()
-        return None if row is None else TokenRecord(**row._mapping)
-
-    def revoke_job_tokens(self, job_id: str) -> int:
-        """Revoke the reporter tokens scoped to ``job_id``; return how many."""
-        stmt = (update(TOKENS).where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
-                .values(revoked_at=utcnow()))
-        with self._engine.begin() as conn:
-            return conn.execute(stmt).rowcount
-
     # -- jobs -------------------------------------------------------------
 
     def create_job(
@@ -154,7 +100,7 @@ class JobStore:
         """Store a new QUEUED job and its "submitted" event in one transaction."""
         now = utcnow()
         values = {
-            "id": _new_id("j-"), "tenant_id": tenant_id, "name": name,
+            "id": new_id("j-"), "tenant_id": tenant_id, "name": name,
             "status": JobStatus.QUEUED.value, "spec": spec, "min_workers": min_workers,
             "world_size": None, "restarts": 0, "resubmits": 0, "step": 0,
             "submission_id": None, "dashboard_url": None, "error": None,

@@ -1,0 +1,65 @@
+"""Tenants and API tokens in the job store (tokens are stored only as hashes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+from sqlalchemy import insert, select, update
+
+from service.store.models import ApiToken, Tenant, TenantRecord, TokenRecord, utcnow
+
+TENANTS, TOKENS = Tenant.__table__, ApiToken.__table__
+ROLES = frozenset({"admin", "user", "reporter"})
+
+
+def new_id(prefix: str) -> str:
+    """Return ``prefix`` + 12 random hex digits (e.g. ``j-3f9a0c1b2d4e``)."""
+    return prefix + secrets.token_hex(6)
+
+
+class TenantTokenMixin:
+    """Tenant and token operations of :class:`service.store.JobStore` (needs ``_engine``)."""
+
+    def create_tenant(self, name: str) -> TenantRecord:
+        """Create a tenant; a duplicate name raises sqlalchemy's IntegrityError."""
+        record = TenantRecord(id=new_id("t-"), name=name, created_at=utcnow())
+        with self._engine.begin() as conn:
+            conn.execute(insert(TENANTS).values(dataclasses.asdict(record)))
+        return record
+
+    def get_tenant_by_name(self, name: str) -> TenantRecord | None:
+        """Return the tenant called ``name``, or None."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(TENANTS).where(TENANTS.c.name == name)).first()
+        return None if row is None else TenantRecord(**row._mapping)
+
+    def add_token(
+        self, *, tenant_id: str, token_hash: str, name: str, role: str, job_id: str | None = None
+    ) -> TokenRecord:
+        """Store a token by its sha256 hex ``token_hash``; reporter tokens need a ``job_id``."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {sorted(ROLES)}, not {role!r}")
+        if (role == "reporter") != (job_id is not None):
+            raise ValueError("set job_id for a reporter token, and only for one")
+        record = TokenRecord(
+            id=new_id("k-"), tenant_id=tenant_id, token_hash=token_hash, name=name,
+            role=role, job_id=job_id, created_at=utcnow(), revoked_at=None,
+        )
+        with self._engine.begin() as conn:
+            conn.execute(insert(TOKENS).values(dataclasses.asdict(record)))
+        return record
+
+    def find_token(self, token_hash: str) -> TokenRecord | None:
+        """Return the unrevoked token with this hash, or None."""
+        query = select(TOKENS).where(TOKENS.c.token_hash == token_hash, TOKENS.c.revoked_at.is_(None))
+        with self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else TokenRecord(**row._mapping)
+
+    def revoke_job_tokens(self, job_id: str) -> int:
+        """Revoke the reporter tokens scoped to ``job_id``; return how many."""
+        stmt = (update(TOKENS).where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
+                .values(revoked_at=utcnow()))
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
