@@ -221,6 +221,8 @@ class JobService:
             self._ingest_event(job, ev.model_dump())
         for ck in parsed.checkpoints:
             self.store.upsert_checkpoint(job_id, **ck.model_dump())
+        if parsed.checkpoints:
+            self._apply_retention(job)
         if metrics:
             self.store.upsert_metrics(job_id, metrics)
             fields = {"world_size": int(metrics[-1]["world_size"])}
@@ -229,6 +231,17 @@ class JobService:
                               event=("started", "workers are training", None))
             self.store.update_job(job_id, expect_status=job.status, **fields)
         return {"accepted": len(metrics)}
+
+    def _apply_retention(self, job: JobRecord) -> None:
+        """Forget checkpoints the cluster deleted: only the newest ``keep_last`` are kept.
+
+        Ray Train (``CheckpointConfig.num_to_keep``) deletes older folders once a
+        newer checkpoint is committed, so the list mirrors that rule.
+        """
+        keep = int(job.spec["checkpoint"]["keep_last"])
+        listed = self.store.list_checkpoints(job.id)
+        for old in listed[: max(0, len(listed) - keep)]:
+            self.store.delete_checkpoint(job.id, old["step"])
 
     def _ingest_event(self, job: JobRecord, ev: dict) -> None:
         new = self.store.add_event(job.id, kind=ev["kind"], message=ev["message"],

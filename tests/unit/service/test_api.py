@@ -559,6 +559,18 @@ def test_telemetry_checkpoints_are_listed(client):
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "PENDING"
 
 
+def test_checkpoint_list_follows_keep_last(client):
+    """Only the newest keep_last stay listed: older folders are deleted on the cluster."""
+    job_id = _submit(client, checkpoint={"keep_last": 2})["id"]
+    reporter = _reporter(client, job_id)
+    for step in (10, 20, 30, 40):
+        ck = {"step": step, "uri": f"file:///c/{step}", "bytes": 1, "save_s": 0.1}
+        assert client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
+                           json={"checkpoints": [ck]}).status_code == 200
+    items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
+    assert [c["step"] for c in items] == [30, 40]
+
+
 def test_telemetry_for_a_finished_job_is_ignored(client):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
