@@ -29,8 +29,10 @@ from rich.progress import (
 from rich.table import Column, Table
 
 from service.client import DEFAULT_URL, ClientError, EtrainClient
+from service.k8s.cli import manifests_app
 
 app = typer.Typer(help="etrain: elastic training jobs on Ray.", no_args_is_help=True)
+app.add_typer(manifests_app, name="manifests")
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 

@@ -36,6 +36,29 @@ class Settings(BaseSettings):
     ray_dashboard_port: int = Field(8265, description="Embedded Ray dashboard port.")
     ray_gcs_port: int = Field(6379, description="Embedded Ray GCS port.")
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
+    backend: Literal["ray-jobs", "kuberay"] = Field(
+        "ray-jobs", description="ray-jobs: Ray's job API (embedded head, or ETRAIN_RAY_ADDRESS, "
+        "e.g. a KubeRay head service); kuberay: one ray.io/v1 RayJob per submission.")
+    k8s_namespace: str = Field("etrain", description="Namespace of the RayJobs (kuberay).")
+    raycluster_name: str | None = Field(
+        None, description="Run RayJobs on this existing RayCluster (clusterSelector); unset = "
+        "a RayCluster per job, sized from its resources (kuberay).")
+    ray_dashboard_url: str | None = Field(
+        None, description="Ray dashboard URL for job links, e.g. http://localhost:8265 behind "
+        "kubectl port-forward (kuberay; default: the head service).")
+    k8s_worker_image: str = Field(
+        "etrain/worker:0.1.0", description="Ray image of per-job clusters (kuberay).")
+    k8s_checkpoint_claim: str | None = Field(
+        "etrain-checkpoints", description="RWX PVC mounted at /var/lib/etrain/checkpoints on "
+        "per-job Ray pods (kuberay).")
+    k8s_gpu_type: str | None = Field(
+        None, description="nvidia.com/gpu.product node label for per-job GPU pods (kuberay).")
+    k8s_job_ttl_s: int = Field(
+        3600, ge=0, description="Seconds a per-job cluster is kept after its job ends (kuberay).")
+    k8s_active_deadline_s: int | None = Field(
+        None, gt=0, description="RayJob activeDeadlineSeconds; unset = no deadline (kuberay).")
+    k8s_max_gpus: float = Field(8, ge=0, description="GPUs one per-job cluster may use (kuberay).")
+    k8s_max_cpus: float = Field(64, gt=0, description="CPUs one per-job cluster may use (kuberay).")
 
     @model_validator(mode="after")
     def _safe_outside_development(self) -> "Settings":

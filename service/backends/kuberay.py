@@ -1,0 +1,287 @@
+"""Backend on KubeRay: each submission is a ray.io/v1 RayJob.
+
+The RayJob runs the same driver with the same environment as the Ray-job-API
+backend (``python -m workers.launch``, ``ETRAIN_JOB_ID``, ``ETRAIN_JOB_SPEC``,
+the request's env), either on a shared RayCluster (``clusterSelector``) or on a
+cluster of its own sized from the job's resources (``rayClusterSpec``). Every
+object is validated before it is sent. Cancelling deletes the RayJob; the
+operator's finalizer stops the Ray job. Logs come from the cluster's Ray job
+API, through the same code as :class:`RayJobBackend`.
+
+The control plane's RBAC needs: rayjobs create/get/list/watch/delete and
+rayclusters get/list/watch, in its namespace (``deploy/base/rbac.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from typing import Any, AsyncIterator
+
+from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.backends.ray_jobs import RayJobBackend
+from service.errors import BackendError, BackendUnavailable
+from service.k8s.manifests import (
+    RayClusterConfig,
+    RayJobConfig,
+    build_rayjob,
+    rayjob_name,
+    worker_group_for_job,
+)
+from service.k8s.validate import ManifestError, validate_objects
+
+GROUP, VERSION = "ray.io", "v1"
+_JOB_STATES = {"SUCCEEDED": RunState.SUCCEEDED, "FAILED": RunState.FAILED,
+               "STOPPED": RunState.STOPPED, "RUNNING": RunState.RUNNING}
+_FAILED_DEPLOYMENTS = {"Failed", "ValidationFailed"}
+
+
+def load_custom_objects_api():
+    """A CustomObjectsApi from the in-cluster service account, else from kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as e:
+            raise BackendUnavailable(
+                f"no Kubernetes credentials: run in a pod or set KUBECONFIG ({e})") from e
+    return client.CustomObjectsApi()
+
+
+def map_rayjob_status(status: dict) -> RunStatus:
+    """A RayJob's ``.status`` as a RunStatus (jobStatus first, then jobDeploymentStatus)."""
+    job, deploy = status.get("jobStatus") or "", status.get("jobDeploymentStatus") or ""
+    message = "; ".join(p for p in (deploy, status.get("reason"), status.get("message")) if p)
+    if job in _JOB_STATES:
+        return RunStatus(_JOB_STATES[job], message)
+    if deploy in _FAILED_DEPLOYMENTS:
+        return RunStatus(RunState.FAILED, message)
+    if deploy in ("Suspended", "Complete"):
+        # Complete without a Ray job status: the driver never reported one.
+        return RunStatus(RunState.STOPPED if deploy == "Suspended" else RunState.FAILED, message)
+    return RunStatus(RunState.PENDING, message)  # New, Initializing, Waiting, Retrying, ...
+
+
+class KubeRayBackend(Backend):
+    """Runs each submission as a RayJob in one namespace through the Kubernetes API."""
+
+    def __init__(self, *, namespace: str, cluster_name: str | None = None,
+                 cluster_template: RayClusterConfig | None = None,
+                 dashboard_url: str | None = None, ttl_seconds_after_finished: int = 3600,
+                 active_deadline_seconds: int | None = None,
+                 quota: dict[str, float] | None = None,
+                 api_factory: Callable[[], Any] = load_custom_objects_api):
+        self.namespace = namespace
+        self.cluster_name = cluster_name
+        self.template = cluster_template or RayClusterConfig(namespace=namespace)
+        self.dashboard_url = dashboard_url.rstrip("/") if dashboard_url else None
+        self.ttl = ttl_seconds_after_finished
+        self.active_deadline = active_deadline_seconds
+        self.quota = quota or {"CPU": 64.0, "GPU": 8.0}
+        self._api_factory, self._api_obj = api_factory, None
+
+    def _api(self):
+        if self._api_obj is None:
+            self._api_obj = self._api_factory()
+        return self._api_obj
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one API call; ApiException keeps its status, anything else is 'unavailable'."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn()
+        except ApiException:
+            raise
+        except Exception as e:  # noqa: BLE001 - urllib3/SSL/config errors all mean unreachable
+            raise BackendUnavailable(f"Kubernetes API unreachable ({what}): {e}") from e
+
+    # --- building -----------------------------------------------------------------------
+    def build(self, req: LaunchRequest) -> dict:
+        """The RayJob for ``req``, validated (raises BackendError if KubeRay would refuse it)."""
+        cluster = None if self.cluster_name else self._cluster_for(req.spec_json)
+        cfg = RayJobConfig(name=rayjob_name(req.submission_id), namespace=self.namespace,
+                           job_id=req.job_id, submission_id=req.submission_id, env=req.env,
+                           cluster_name=self.cluster_name, cluster=cluster,
+                           ttl_seconds_after_finished=self.ttl,
+                           active_deadline_seconds=self.active_deadline)
+        body = build_rayjob(cfg, spec_json=req.spec_json)
+        try:
+            validate_objects([body])
+        except ManifestError as e:  # the messages name fields, never env values
+            raise BackendError(f"RayJob for job {req.job_id} is invalid: {e}") from e
+        return body
+
+    def _cluster_for(self, spec_json: str) -> RayClusterConfig:
+        from workers.spec import JobSpec
+
+        try:
+            res = JobSpec.model_validate(json.loads(spec_json)).resources
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise BackendError(f"cannot size a RayCluster from this spec: {e}") from e
+        template = self.template.worker_groups[0]
+        group = worker_group_for_job(min_workers=res.min_workers, max_workers=res.max_workers,
+                                     gpus_per_worker=res.gpus_per_worker,
+                                     cpus_per_worker=res.cpus_per_worker, template=template)
+        return dataclasses.replace(self.template, namespace=self.namespace,
+                                   worker_groups=(group,))
+
+    def dashboard_job_url(self, submission_id: str) -> str:
+        """Link to the job's page in the Ray dashboard (``kuberay://`` when none is known)."""
+        base = self.dashboard_url or self._cluster_dashboard()
+        if base is None:
+            return f"kuberay://{self.namespace}/rayjobs/{rayjob_name(submission_id)}"
+        return f"{base}/#/jobs/{submission_id}"
+
+    def _cluster_dashboard(self) -> str | None:
+        if not self.cluster_name:
+            return None  # a per-job cluster's name is only known once KubeRay made it
+        return f"http://{self.cluster_name}-head-svc.{self.namespace}.svc.cluster.local:8265"
+
+    # --- Backend ------------------------------------------------------------------------
+    def submit(self, req: LaunchRequest) -> str:
+        """Create the RayJob; an existing one for this submission id is not an error."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = self.build(req)
+        try:
+            self._call("create rayjob", lambda: self._api().create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "rayjobs", body))
+        except ApiException as e:
+            if e.status != 409:
+                raise _translate(e, f"create RayJob {body['metadata']['name']}") from e
+        return self.dashboard_job_url(req.submission_id)
+
+    def _get_rayjob(self, submission_id: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = rayjob_name(submission_id)
+        try:
+            return self._call("get rayjob", lambda: self._api().get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "rayjobs", name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _translate(e, f"read RayJob {name}") from e
+
+    def status(self, submission_id: str) -> RunStatus:
+        """Follow ``.status.jobStatus`` / ``.status.jobDeploymentStatus``; MISSING if gone."""
+        obj = self._get_rayjob(submission_id)
+        if obj is None:
+            return RunStatus(RunState.MISSING, f"RayJob {rayjob_name(submission_id)} not found "
+                             f"in namespace {self.namespace}")
+        return map_rayjob_status(obj.get("status") or {})
+
+    def stop(self, submission_id: str) -> None:
+        """Delete the RayJob (KubeRay stops the Ray job); an absent one is left alone."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = rayjob_name(submission_id)
+        try:
+            self._call("delete rayjob", lambda: self._api().delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "rayjobs", name,
+                propagation_policy="Foreground"))
+        except ApiException as e:
+            if e.status != 404:
+                raise _translate(e, f"delete RayJob {name}") from e
+
+    def _ray_jobs(self, submission_id: str) -> RayJobBackend:
+        """The Ray job API of the cluster running ``submission_id``."""
+        obj = self._get_rayjob(submission_id)
+        url = ((obj or {}).get("status") or {}).get("dashboardURL") or ""
+        if not url and self.cluster_name:
+            url = self._cluster_dashboard() or ""
+        if not url:
+            raise BackendUnavailable(f"no Ray dashboard known yet for {submission_id}")
+        return RayJobBackend(url if re.match(r"^https?://", url) else f"http://{url}")
+
+    def logs(self, submission_id: str) -> str:
+        """The driver log, read from the cluster's Ray job API."""
+        return self._ray_jobs(submission_id).logs(submission_id)
+
+    async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
+        """Stream the driver log until the job ends."""
+        async for chunk in self._ray_jobs(submission_id).tail_logs(submission_id):
+            yield chunk
+
+    def cluster(self) -> ClusterInfo:
+        """Capacity at full scale-out: the shared RayCluster's groups at maxReplicas, or the quota."""
+        if not self.cluster_name:
+            node = {"node_id": "kuberay-per-job", "ip": None, "is_head": False,
+                    "resources": dict(self.quota)}
+            return ClusterInfo(nodes=[node], total=dict(self.quota),
+                               available=dict(self.quota), dashboard_url=self.dashboard_url)
+        return raycluster_capacity(self._get_raycluster(),
+                                   dashboard_url=self.dashboard_url or self._cluster_dashboard())
+
+    def _get_raycluster(self) -> dict:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._call("get raycluster", lambda: self._api().get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "rayclusters", self.cluster_name))
+        except ApiException as e:
+            if e.status == 404:
+                raise BackendUnavailable(f"RayCluster {self.cluster_name} not found in namespace "
+                                         f"{self.namespace}: apply deploy/ or set "
+                                         "ETRAIN_RAYCLUSTER_NAME") from e
+            raise _translate(e, f"read RayCluster {self.cluster_name}") from e
+
+    def ping(self) -> None:
+        """Raise BackendUnavailable unless the API answers (and the shared cluster exists)."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self.cluster_name:
+            self._get_raycluster()
+            return
+        try:
+            self._call("list rayjobs", lambda: self._api().list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "rayjobs", limit=1))
+        except ApiException as e:
+            raise _translate(e, "list RayJobs") from e
+
+
+def _translate(e, what: str) -> Exception:
+    """An ApiException as a domain error: auth and server trouble is 'unavailable'."""
+    reason = f"{what}: HTTP {e.status} {e.reason}"
+    if e.status in (401, 403) or e.status is None or e.status >= 500:
+        return BackendUnavailable(f"Kubernetes API refused to {reason}")
+    return BackendError(f"Kubernetes API refused to {reason}")
+
+
+def _quantity(text: str | int | float | None) -> float:
+    """A CPU or count quantity ("4", "500m", 8) as a float."""
+    if text is None or text == "":
+        return 0.0
+    text = str(text)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def _group_resources(group: dict) -> dict[str, float]:
+    params = group.get("rayStartParams") or {}
+    containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    limits = (containers[0].get("resources") or {}).get("limits") or {}
+    cpu = params.get("num-cpus", limits.get("cpu"))
+    gpu = params.get("num-gpus", limits.get("nvidia.com/gpu"))
+    return {"CPU": _quantity(cpu), "GPU": _quantity(gpu)}
+
+
+def raycluster_capacity(obj: dict, *, dashboard_url: str | None) -> ClusterInfo:
+    """What a RayCluster holds when every worker group is at maxReplicas."""
+    spec = obj.get("spec") or {}
+    nodes = [{"node_id": "head", "ip": None, "is_head": True,
+              "resources": _group_resources(spec.get("headGroupSpec") or {})}]
+    for group in spec.get("workerGroupSpecs") or []:
+        res = _group_resources(group)
+        hosts = group.get("numOfHosts", 1)
+        for i in range(group.get("maxReplicas", 0) * hosts):
+            nodes.append({"node_id": f"{group.get('groupName')}-{i}", "ip": None,
+                          "is_head": False, "resources": dict(res)})
+    total = {k: sum(n["resources"][k] for n in nodes) for k in ("CPU", "GPU")}
+    return ClusterInfo(nodes=nodes, total=total, available=dict(total),
+                       dashboard_url=dashboard_url)
