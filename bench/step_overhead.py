@@ -27,7 +27,6 @@ excluded), and start-up: wall time from launch (``Popen`` of torchrun, or
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import secrets
@@ -40,6 +39,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from workers.telemetry_sink import TelemetrySink
 
 PATHS = ("torchrun", "etrain", "bare", "etrain-fix")
 # bare is opt-in: it differs from etrain only by the reporter and the callback,
@@ -161,23 +162,6 @@ def ray_train_fn(config: dict) -> None:
 
 
 # ---------------------------------------------------------------- driver side
-
-class _Sink(http.server.BaseHTTPRequestHandler):
-    """Accepts telemetry POSTs like the control plane would, and counts the points."""
-
-    points = 0
-
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Sink.points += len(body.get("metrics", []))
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *a):
-        pass
-
 
 class LocalRay:
     """A private ``ray start --head --block`` child with token auth; stop() takes it all down."""
@@ -352,12 +336,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _start_sink() -> tuple[http.server.ThreadingHTTPServer, str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
 def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     """Interleave the paths ``repeats`` times (rotating the order); return runs per path."""
     spec = build_spec_dict(steps=args.steps, seq_len=args.seq_len,
@@ -365,7 +343,8 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     paths = [p for p in PATHS if p in args.paths.split(",")]
     results: dict[str, list[dict]] = {p: [] for p in paths}
     ray_head = LocalRay(work) if any(p != "torchrun" for p in paths) else None
-    sink, url = _start_sink()
+    sink = TelemetrySink()
+    url = sink.url
     try:
         if ray_head is not None:
             t = time.time()
@@ -387,8 +366,9 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     finally:
         if ray_head is not None:
             ray_head.stop()
-        sink.shutdown()
-    print(f"telemetry points received by the sink: {_Sink.points}")
+        sink.close()
+    points = sum(len(b.get("metrics", [])) for b in sink.batches)
+    print(f"telemetry points received by the sink: {points}")
     return results
 
 

@@ -22,7 +22,22 @@ from workers.spec import JobSpec
 # holds the same number; a unit test keeps them equal.
 EXIT_TRAINING_FAILED = 3
 # How often a healthy elastic job checks whether more workers could run.
-RESIZE_MONITOR_INTERVAL_S = 5.0
+RESIZE_MONITOR_INTERVAL_S = float(os.environ.get("ETRAIN_RESIZE_MONITOR_INTERVAL_S", "5"))
+# Ray Train controller settings for elastic jobs (bench/recovery.py measures them
+# against Ray's defaults). The driver sets them unless the job's environment does;
+# Ray propagates them from the driver to its controller.
+#  - poll the workers every second, not every 2 s;
+#  - a worker whose health poll hangs 30 s (node unreachable, not dead) is lost,
+#    not after Ray's 10 minutes;
+#  - wait 5 s, not 60 s, for a worker group's resources: an elastic group is
+#    sized from reserved resources, so a longer wait only means they were stale
+#    (a node just died) and a retry at the size now available is the fix.
+#    Start timeouts do not count against failure.max_failures.
+ELASTIC_CONTROLLER_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+    "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": "30",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5",
+}
 
 
 def storage_path(spec: JobSpec) -> str:
@@ -86,9 +101,9 @@ def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
 def build_trainer(spec: JobSpec, *, job_id: str):
     """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from workers.events import EventCallback
+    from workers.scaling import LayoutScalingPolicy, ReleaseStaleReservation
 
     res = spec.resources
     per_worker = {"CPU": res.cpus_per_worker}
@@ -106,11 +121,35 @@ def build_trainer(spec: JobSpec, *, job_id: str):
         # Ray Train deletes the checkpoints it registered beyond keep_last, so its run
         # snapshot stays valid for a resubmitted job (see CheckpointManager).
         checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
-        callbacks=[EventCallback(job_id)],
+        callbacks=[EventCallback(job_id), ReleaseStaleReservation(
+            os.path.join(storage_path(spec), job_id, "ray_reservation"))],
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
-    return TorchTrainer(train_fn, train_loop_config=config, scaling_config=scaling,
-                        run_config=run_config)
+    policy = LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size,
+                                 job_id=job_id) if elastic else None
+    return _trainer_class()(train_fn, train_loop_config=config, scaling_config=scaling,
+                            run_config=run_config, scaling_policy=policy)
+
+
+def _trainer_class():
+    """TorchTrainer that runs with etrain's elastic scaling policy when one is given.
+
+    Ray builds its own policy inside ``fit``; the controller's keyword argument is
+    the one seam to hand it another (Ray 2.60 DataParallelTrainer).
+    """
+    from ray.train.torch import TorchTrainer
+
+    class EtrainTrainer(TorchTrainer):
+        def __init__(self, *args, scaling_policy=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.etrain_scaling_policy = scaling_policy
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            if self.etrain_scaling_policy is not None:
+                controller_init_kwargs["scaling_policy"] = self.etrain_scaling_policy
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    return EtrainTrainer
 
 
 def _die_with_parent() -> None:
@@ -129,11 +168,33 @@ def _die_with_parent() -> None:
         pass
 
 
+def _abort_on_sigterm() -> None:
+    """Stop the run on SIGTERM as Ray Train stops it on Ctrl-C.
+
+    Cancelling a Ray job sends its driver SIGTERM (SIGKILL 3 s later). Ray
+    Train's SIGINT handler aborts the controller, which releases the run's
+    resource reservation at once; killed outright, the reservation would hold
+    the workers' resources for another 180 s.
+    """
+
+    def on_sigterm(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler not in (signal.default_int_handler,):
+            handler(signal.SIGINT, frame)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def main() -> int:
     """Run the job described by the environment; return the process exit code."""
     _die_with_parent()
+    _abort_on_sigterm()
     job_id = os.environ["ETRAIN_JOB_ID"]
     spec = JobSpec.model_validate(json.loads(os.environ["ETRAIN_JOB_SPEC"]))
+    if spec.resources.min_workers != spec.resources.max_workers:
+        for key, value in ELASTIC_CONTROLLER_ENV.items():
+            os.environ.setdefault(key, value)
     trainer = build_trainer(spec, job_id=job_id)
     try:
         trainer.fit()

@@ -6,7 +6,9 @@ Per-step metrics go through this reporter instead: the loop puts points on a
 queue and a daemon thread POSTs them in batches to
 ``{ETRAIN_REPORT_URL}/v1/jobs/{job_id}/telemetry`` with a token scoped to the
 job. Points and events carry keys the store de-duplicates on, so a retry or a
-replay after a control-plane restart never double-counts.
+replay after a control-plane restart never double-counts. The loop calls
+``flush`` before it commits a checkpoint, so the steps a checkpoint covers are
+stored before a restore could skip past them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class TelemetryReporter:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._queue: queue.Queue = queue.Queue(maxsize=_MAX_QUEUE)
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        # Items queued, and items sent (or dropped): flush() waits for the second to catch up.
+        self._queued = self._done = 0
+        self._progress = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="etrain-telemetry", daemon=True)
         self._thread.start()
 
@@ -65,18 +71,35 @@ class TelemetryReporter:
                                   "save_s": save_s, "blocking_s": blocking_s}))
 
     def _put(self, item: tuple[str, dict]) -> None:
+        with self._progress:
+            self._queued += 1
         try:
             self._queue.put_nowait(item)
         except queue.Full:  # drop the oldest rather than block training
             try:
                 self._queue.get_nowait()
+                self._count_done(1)
             except queue.Empty:
                 pass
             self._queue.put_nowait(item)
 
+    def _count_done(self, n: int) -> None:
+        with self._progress:
+            self._done += n
+            self._progress.notify_all()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Send everything queued so far now; False if the control plane did not take it in time."""
+        with self._progress:
+            target = self._queued
+        self._wake.set()
+        with self._progress:
+            return self._progress.wait_for(lambda: self._done >= target, timeout)
+
     def close(self, timeout: float = 10.0) -> None:
         """Flush and stop the sender thread."""
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout)
 
     def _drain(self) -> dict[str, list]:
@@ -93,11 +116,18 @@ class TelemetryReporter:
         pending: dict[str, list] = {"metrics": [], "events": [], "checkpoints": []}
         with httpx.Client(timeout=10.0) as client:
             while True:
-                stopping = self._stop.wait(self.flush_interval)
+                self._wake.wait(self.flush_interval)
+                self._wake.clear()
+                stopping = self._stop.is_set()
                 for key, items in self._drain().items():
                     # Bounded while the control plane is away: keep the newest points.
-                    pending[key] = (pending[key] + items)[-_MAX_QUEUE:]
+                    merged = pending[key] + items
+                    dropped = max(0, len(merged) - _MAX_QUEUE)
+                    if dropped:
+                        self._count_done(dropped)
+                    pending[key] = merged[dropped:]
                 if any(pending.values()) and self._send(client, pending):
+                    self._count_done(sum(map(len, pending.values())))
                     pending = {"metrics": [], "events": [], "checkpoints": []}
                 if stopping and (not any(pending.values()) or not self.url):
                     return

@@ -21,7 +21,7 @@ from torch import nn
 
 from workers.checkpoint import CheckpointInfo, CheckpointManager, ModelAndOptimizer
 from workers.data import GlobalBatchSampler, build_dataset
-from workers.faults import maybe_kill_worker
+from workers.faults import maybe_kill_worker, maybe_throttle
 from workers.memory import ActivationMeter, memory_report
 from workers.models import build_model, get_model_config
 from workers.parallel import build_mesh, coordinates
@@ -172,6 +172,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
             sched.step()
         maybe_kill_worker(step=step, rank=env.rank)
         dt = time.perf_counter() - t0
+        maybe_throttle()  # tests only (workers.faults); after dt, so step times stay real
         result.losses[step] = loss
         result.step_times.append(dt)
         _emit_metric(spec, env, step=step, loss=loss, dt=dt,
@@ -214,14 +215,14 @@ def _announce_start(env: RunEnv, start: int, saved_world: int | None) -> None:
     nonce = uuid.uuid4().hex[:12]
     env.reporter.event("workers_started", f"{env.world_size} workers started",
                        data={"world_size": env.world_size}, dedup_key=f"start:{nonce}")
-    if saved_world is not None and saved_world != env.world_size:
-        how = "grew" if env.world_size > saved_world else "shrank"
-        env.reporter.event("resized", f"resized {saved_world} → {env.world_size} ({how})",
-                           data={"from": saved_world, "to": env.world_size, "step": start},
-                           dedup_key=f"resize:{nonce}")
     if start:
-        env.reporter.event("restored", f"restored from step {start}",
-                           data={"step": start, "world_size": env.world_size},
+        # Ray Train's controller reports the resize itself ("resized 4 → 2 (node
+        # lost)", workers.scaling); this says where the new group picked up.
+        moved = (f" (saved by {saved_world} workers, now {env.world_size})"
+                 if saved_world is not None and saved_world != env.world_size else "")
+        env.reporter.event("restored", f"restored from step {start}{moved}",
+                           data={"step": start, "world_size": env.world_size,
+                                 "saved_world_size": saved_world},
                            dedup_key=f"restore:{nonce}")
 
 
@@ -243,6 +244,10 @@ def _emit_metric(spec: JobSpec, env: RunEnv, *, step: int, loss: float, dt: floa
 def _save(ckpts: CheckpointManager, env: RunEnv, *, step: int, stepper: Stepper,
           extra: dict, loss: float) -> None:
     t0 = time.perf_counter()
+    if env.reporter is not None:
+        # The steps this checkpoint covers reach the control plane before it commits:
+        # a run restored from it never recomputes (and so never re-reports) them.
+        env.reporter.flush(timeout=5.0)
     info = ckpts.save(step=step, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers),
                       extra=extra)
     blocking = time.perf_counter() - t0

@@ -83,13 +83,6 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
             f"release; use one of {list(AVAILABLE_STRATEGIES)}")
     if spec.checkpoint.async_:
         errors.append("checkpoint.async is not available in this release; set it to false")
-    if spec.resources.min_workers != spec.resources.max_workers and \
-            spec.parallelism.model_parallel_size > 1:
-        # Ray Train may pick any size in the range; one that is not a multiple of
-        # tp x pp cannot keep the layout, and growing only in dp is not built yet.
-        errors.append(
-            "resources.workers: an elastic {min, max} range needs parallelism.tp and "
-            "parallelism.pp of 1 in this release; give a fixed worker count")
     errors += _layout_errors(spec, cluster or {})
     opt_per_param = 8 if spec.train.optimizer == "adamw" else (4 if spec.train.momentum else 0)
     local = n // _state_shards(spec)

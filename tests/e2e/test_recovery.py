@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -12,9 +14,9 @@ import yaml
 pytestmark = pytest.mark.slow
 
 
-def _spec(name: str, steps: int) -> dict:
+def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:
     return {"name": name, "data": {"seq_len": 32, "num_samples": 512},
-            "resources": {"workers": 2},
+            "resources": {"workers": workers},
             "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2,
                       "lr": 3e-3},
             "checkpoint": {"every_steps": 20}}
@@ -34,11 +36,14 @@ def _driver_of(job_id: str) -> psutil.Process | None:
 
 
 def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
+    """An elastic job: its killed controller leaves a 180 s resource reservation behind,
+    which the resubmitted run must cancel to start at once (workers.scaling)."""
     with served.client() as c:
-        job = c.post("/v1/jobs", json=_spec("e2e-driver-kill", 400)).json()
+        job = c.post("/v1/jobs", json=_spec("e2e-driver-kill", 400, {"min": 1, "max": 2})).json()
         waiter(lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,
                what="job past its first checkpoint")
         driver = waiter(lambda: _driver_of(job["id"]), what="driver process")
+        killed_at = time.time()
         driver.send_signal(signal.SIGKILL)
         done = waiter(lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"] in (
             "SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=400, what="job finished")
@@ -49,6 +54,11 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
         assert "resubmitted" in kinds
         restored = [e for e in events if e["kind"] == "restored"]
         assert restored and restored[-1]["data"]["step"] >= 20
+        # Well under the 180 s a stale reservation would hold the head's CPUs.
+        when = dt.datetime.fromisoformat(restored[-1]["ts"])
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        assert when.timestamp() - killed_at < 90, when.timestamp() - killed_at
         steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
         assert steps == list(range(1, 401))  # every step once, none counted twice
 

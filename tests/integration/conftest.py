@@ -3,49 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from service.backends.ray_jobs import RayJobBackend
 from service.backends.base import RunState
-
-
-class TelemetrySink:
-    """A real HTTP endpoint that records what workers post as telemetry."""
-
-    def __init__(self):
-        self.batches: list[dict] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                sink.batches.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                     **json.loads(body)})
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"accepted": 0}')
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def items(self, key: str, job_id: str) -> list[dict]:
-        """Every posted item of one kind (metrics, events, checkpoints) for ``job_id``."""
-        return [i for b in self.batches if b["path"] == f"/v1/jobs/{job_id}/telemetry"
-                for i in b.get(key, [])]
-
-    def losses(self, job_id: str) -> dict[int, float]:
-        """Loss per step; a recomputed step keeps its latest value (as the store does)."""
-        return {m["step"]: m["loss"] for m in self.items("metrics", job_id)}
+from workers.telemetry_sink import TelemetrySink
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +18,7 @@ def telemetry_sink() -> TelemetrySink:
     """The session's telemetry receiver."""
     sink = TelemetrySink()
     yield sink
-    sink.server.shutdown()
+    sink.close()
 
 
 def run_ray_job(backend: RayJobBackend, *, job_id: str, spec_json: str, env: dict,

@@ -2,7 +2,9 @@
 
 The session head has 2 CPUs; the test starts a second Ray node (2 CPUs) on this
 machine and later kills it (SIGKILL to its raylet's process group). The job
-asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2.
+asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2. Steps
+are slowed down (workers.faults throttle file) while the test adds and removes
+nodes, so the job cannot end before they happen, then run at full speed.
 """
 
 from __future__ import annotations
@@ -38,12 +40,21 @@ def _spec(tmp_path) -> dict:
     }).model_dump(mode="json", by_alias=True)
 
 
-def _start_node(gcs_port: int) -> subprocess.Popen:
+def _start_node(gcs_port: int, cpus: int = 2) -> subprocess.Popen:
     ray = str(Path(sys.executable).with_name("ray"))
-    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=2",
+    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs_port}", f"--num-cpus={cpus}",
                              "--block", "--disable-usage-stats"], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             env=os.environ.copy())
+
+
+def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: Path) -> None:
+    throttle.touch()
+    ray_backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
+                                     spec_json=json.dumps(spec),
+                                     env={"ETRAIN_REPORT_URL": telemetry_sink.url,
+                                          "ETRAIN_REPORT_TOKEN": "t",
+                                          "ETRAIN_FAULT_THROTTLE_FILE": str(throttle)}))
 
 
 def _wait(pred, timeout: float, what: str, detail=lambda: ""):
@@ -59,10 +70,8 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
                                                          tmp_path):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
-    ray_backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
-                                     spec_json=json.dumps(spec),
-                                     env={"ETRAIN_REPORT_URL": telemetry_sink.url,
-                                          "ETRAIN_REPORT_TOKEN": "t"}))
+    throttle = tmp_path / "slow"
+    _submit(ray_backend, telemetry_sink, job_id=job_id, spec=spec, throttle=throttle)
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
 
     def detail() -> str:
@@ -80,22 +89,66 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
     finally:
         os.killpg(node.pid, signal.SIGKILL)  # the node is lost, with its workers
         node.wait()
+    shrunk_at = len(sizes())
+    _wait(lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2, 180, "back at 2", detail)
+    throttle.unlink()
     state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state) not in (
         RunState.PENDING, RunState.RUNNING) and s, 400, "job end")
     assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]
 
     metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
     assert sorted(metrics) == list(range(1, STEPS + 1))
-    assert metrics[STEPS]["world_size"] == 2
+    assert metrics[STEPS]["world_size"] == 2, detail()
     events = telemetry_sink.items("events", job_id)
     resized = [e["message"] for e in events if e["kind"] == "resized"]
-    assert "resized 2 → 4 (grew)" in resized and "resized 4 → 2 (shrank)" in resized
+    assert "resized 2 → 4 (node added)" in resized and "resized 4 → 2 (node lost)" in resized
     # Exactly STEPS x G samples were consumed: the cursor is where one fixed run puts it.
     last = metrics[STEPS]
     assert (last["epoch"], last["epoch_position"]) == divmod(STEPS * G, 1000)
 
     # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
     fixed = run(JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
+                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                       checkpoint_root=None)).losses
+    for step, m in metrics.items():
+        assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
+
+
+def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
+    """pp=2: a 1-CPU node makes 3 workers possible, which the layout cannot use; a
+    second one makes 4, and the job grows to dp=2 (its losses still match)."""
+    job_id = f"j-elastic-pp-{uuid.uuid4().hex[:6]}"
+    steps = 200
+    spec = _spec(tmp_path)
+    spec["train"]["steps"] = steps
+    spec["parallelism"] = {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}}
+    spec = JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+    throttle = tmp_path / "slow"
+    _submit(ray_backend, telemetry_sink, job_id=job_id, spec=spec, throttle=throttle)
+    sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
+    kinds = lambda: [e["kind"] for e in telemetry_sink.items("events", job_id)]  # noqa: E731
+    _wait(lambda: len(sizes()) >= 5, 240, "training at 2 workers")
+    nodes = [_start_node(gcs_port=6510, cpus=1)]
+    try:
+        _wait(lambda: "layout_unused" in kinds(), 120, "the unused-slot event", kinds)
+        assert set(sizes()) == {2}
+        nodes.append(_start_node(gcs_port=6510, cpus=1))
+        _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", kinds)
+        throttle.unlink()
+        state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state) not in (
+            RunState.PENDING, RunState.RUNNING) and s, 400, "job end")
+    finally:
+        for node in nodes:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+    assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]
+    events = {e["kind"]: e["message"] for e in telemetry_sink.items("events", job_id)}
+    assert events["layout_unused"].startswith("3 workers could run; using 2")
+    assert events["resized"] == "resized 2 → 4 (node added)"
+    metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
+    assert sorted(metrics) == list(range(1, steps + 1)) and metrics[steps]["world_size"] == 4
+    fixed = run(JobSpec.model_validate({**spec, "parallelism": {"strategy": "ddp"},
+                                        "resources": {"workers": 1}}),
                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
                        checkpoint_root=None)).losses
     for step, m in metrics.items():

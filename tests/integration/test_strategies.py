@@ -83,7 +83,8 @@ CLIP = 0.05
 CLIPPED = ["fsdp2-zero3", "tp2", "pp2-1f1b", "hybrid-dp2-tp2", "hybrid-pp2-tp2"]
 
 
-# Cross-strategy resumes: (saved by, resumed by, workers); each saves at step 3.
+# Cross-strategy resumes: (saved by, resumed by, workers); each saves at step 3. The
+# last two are elastic resizes of a model-parallel job: only dp changes.
 RESUMES = {
     "fsdp4-to-hybrid-dp2-tp2": ((4, {"strategy": "fsdp"}), (4, {"strategy": "hybrid", "tp": 2})),
     "pp2-to-ddp2": ((2, {**PP}), (2, {"strategy": "ddp"})),
@@ -91,6 +92,8 @@ RESUMES = {
     "hybrid-pp2-tp2-to-fsdp4": ((4, {"strategy": "hybrid", "pp": 2, "tp": 2,
                                      "pipeline": {"microbatches": 2}}),
                                 (4, {"strategy": "fsdp"})),
+    "pp2-grows-to-pp2-dp2": ((2, PP), (4, PP)),
+    "tp2-dp2-shrinks-to-tp2": ((4, {"strategy": "tp", "tp": 2}), (2, {"strategy": "tp", "tp": 2})),
 }
 
 

@@ -155,13 +155,14 @@ def test_model_state_per_rank_divides_by_the_sharding_degree(par, shards):
     assert got == pytest.approx(ddp / shards, rel=1e-6)
 
 
-def test_elastic_range_with_model_parallel_degrees_is_refused():
+def test_elastic_range_with_model_parallel_degrees_plans_in_dp():
     spec = JobSpec.model_validate({"name": "t", "model": {"preset": "gpt-small"},
                                    "parallelism": {"strategy": "tp", "tp": 2},
                                    "resources": {"workers": {"min": 2, "max": 4}},
                                    "train": {"global_batch_size": 16, "micro_batch_size": 2}})
     plan = plan_job(spec)
-    assert not plan["fits"] and any("resources.workers" in e for e in plan["errors"])
+    assert plan["fits"] and not plan["errors"], plan["errors"]
+    assert (plan["layout"]["tp"], plan["layout"]["dp"]) == (2, 1)  # at the minimum size
     ddp = JobSpec.model_validate({"name": "t", "resources": {"workers": {"min": 1, "max": 4}},
                                   "train": {"global_batch_size": 48, "micro_batch_size": 4}})
     assert plan_job(ddp)["fits"] and not plan_job(ddp)["warnings"]

@@ -60,3 +60,22 @@ def test_without_url_prints_json_lines(capsys):
     r.close()
     out = capsys.readouterr().out
     assert 'ETRAIN_TELEMETRY {"metrics": {"step": 1, "world_size": 1}}' in out
+
+
+def test_flush_sends_now_and_reports_an_unreachable_control_plane():
+    ep = Endpoint()
+    r = TelemetryReporter(url=ep.url, token="t", job_id="j-3", flush_interval=60)
+    r.metric({"step": 1, "world_size": 2})
+    r.metric({"step": 2, "world_size": 2})
+    assert r.flush(timeout=5) is True  # well before the 60 s batching interval
+    assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == [1, 2]
+    ep.fail = True
+    r.metric({"step": 3, "world_size": 2})
+    t0 = time.monotonic()
+    assert r.flush(timeout=0.5) is False
+    assert time.monotonic() - t0 < 2
+    ep.fail = False
+    assert r.flush(timeout=5) is True
+    assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == [1, 2, 3]
+    r.close()
+    ep.server.shutdown()

@@ -102,8 +102,11 @@ class RecordingReporter(TelemetryReporter):
     def checkpoint(self, **kw):
         pass
 
+    def flush(self, timeout=5.0):
+        return True
 
-def test_a_restore_at_another_world_size_is_reported_as_a_resize(tmp_path):
+
+def test_a_restore_at_another_world_size_says_so(tmp_path):
     run(spec(), env(tmp_path))  # world size 1, checkpoints at 3 and 6
     shutil.rmtree(tmp_path / "step_00000006")
     manifest = tmp_path / "step_00000003" / MANIFEST
@@ -116,6 +119,7 @@ def test_a_restore_at_another_world_size_is_reported_as_a_resize(tmp_path):
                        checkpoint_root=str(tmp_path), reporter=reporter))
     kinds = {k: (m, d) for k, m, d in reporter.events}
     assert kinds["restored"][1]["step"] == 3
-    assert kinds["resized"][0] == "resized 2 → 1 (shrank)"
+    assert kinds["restored"][0] == "restored from step 3 (saved by 2 workers, now 1)"
+    assert kinds["restored"][1]["saved_world_size"] == 2
     assert [m["step"] for m in reporter.metrics] == [4, 5, 6]
     assert all(m["world_size"] == 1 for m in reporter.metrics)

@@ -1,0 +1,252 @@
+"""How fast an elastic job recovers: etrain's Ray Train settings against Ray's defaults.
+
+One run of this script starts a private Ray head (2 CPUs, token auth, GCS 6440,
+dashboard 8292) and, per repeat and per configuration, runs one elastic job
+(gpt-tiny, synthetic data, DDP, ``resources.workers: {min: 2, max: 4}``,
+checkpoints every ``--every`` steps) through ``python -m workers.launch`` as a
+Ray job, the way the service runs it. Workers report to a local telemetry sink;
+every time below comes from the workers' own metric timestamps.
+
+Each job goes through three events, in order:
+
+(ii)  **worker SIGKILL**: at 2 workers (one per core), one training worker is
+      killed; from the kill to the first step of the restored group;
+(i)   **node added**: a second Ray node (2 CPUs) joins; from the moment the
+      head lists it ALIVE to the first step at 4 workers;
+(iii) **node lost**: the second node is killed (SIGKILL to its process group,
+      raylet and workers); from the kill to the first step of the restored
+      group at 2 workers;
+(iv)  **lost work**: for (ii) and (iii), steps the failed group had finished
+      beyond the checkpoint the new group restored (computed twice).
+
+Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, on a
+head started as ``etrain serve`` starts it) and ``ray-defaults`` (Ray 2.60's
+values for the same knobs, set through the job's environment, which takes
+precedence, on a head with Ray's default GCS health checks). Each runs on its
+own head, one after the other. Medians over ``--repeats`` runs.
+
+    .venv/bin/python bench/recovery.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.backends.base import LaunchRequest, RunState  # noqa: E402
+from service.backends.embedded import EmbeddedRay  # noqa: E402
+from service.backends.ray_jobs import RayJobBackend  # noqa: E402
+from workers.telemetry_sink import TelemetrySink  # noqa: E402
+
+GCS_PORT, DASHBOARD_PORT = 6440, 8292
+# Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).
+RAY_DEFAULTS = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2",
+    "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": "600",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
+    "ETRAIN_RESIZE_MONITOR_INTERVAL_S": "60",
+}
+CONFIGS = {"etrain": {}, "ray-defaults": RAY_DEFAULTS}
+# The head's GCS settings differ too (service.backends.embedded.FAST_NODE_FAILURE_ENV),
+# so each configuration runs on its own head.
+FAST_NODE_FAILURE = {"etrain": True, "ray-defaults": False}
+
+
+def job_spec(storage: Path, *, every: int) -> dict:
+    """The elastic benchmark job: runs until the script stops it."""
+    return {
+        "name": "bench-recovery", "model": {"preset": "gpt-tiny"},
+        "data": {"source": "synthetic", "seq_len": 32, "num_samples": 100_000},
+        "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
+        "train": {"steps": 1_000_000, "global_batch_size": 24, "micro_batch_size": 2},
+        "checkpoint": {"storage": f"file://{storage}", "every_steps": every, "keep_last": 2},
+        "failure": {"max_failures": 50},
+    }
+
+
+class Observed:
+    """One job's telemetry, read from the sink."""
+
+    def __init__(self, sink: TelemetrySink, job_id: str):
+        self.sink, self.job_id = sink, job_id
+
+    def metrics(self) -> list[dict]:
+        return sorted(self.sink.items("metrics", self.job_id), key=lambda m: m["ts"])
+
+    def events(self, kind: str, after: float = 0.0) -> list[dict]:
+        return sorted((e for e in self.sink.items("events", self.job_id)
+                       if e["kind"] == kind and e["ts"] > after), key=lambda e: e["ts"])
+
+    def wait(self, pred, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (value := pred()):
+                return value
+            time.sleep(0.2)
+        tail = [(e["kind"], e["message"][:100]) for e in self.sink.items("events", self.job_id)]
+        raise TimeoutError(f"{what} not seen in {timeout:.0f}s; events: {tail[-8:]}")
+
+    def steps_after(self, n: int, *, world: int, timeout: float) -> None:
+        start = len(self.metrics())
+        self.wait(lambda: len(self.metrics()) >= start + n
+                  and self.metrics()[-1]["world_size"] == world, timeout,
+                  f"{n} steps at {world} workers")
+
+    def recovery(self, t_kill: float, *, timeout: float) -> dict:
+        """Seconds from ``t_kill`` to the restored group's first step, and steps redone."""
+        restored = self.wait(lambda: self.events("restored", after=t_kill), timeout,
+                             "a restore")[0]
+        first = self.wait(lambda: [m for m in self.metrics() if m["ts"] > restored["ts"]],
+                          timeout, "a step after the restore")[0]
+        old = [m["step"] for m in self.metrics() if m["ts"] < restored["ts"]]
+        failed = self.events("worker_failed", after=t_kill - 1)
+        detect = failed[0]["ts"] - t_kill if failed else float("nan")
+        return {"s": first["ts"] - t_kill, "detect_s": detect,
+                "restart_s": restored["ts"] - t_kill - max(detect, 0.0),
+                "first_step_s": first["ts"] - restored["ts"],
+                "lost_steps": max(old) - restored["data"]["step"],
+                "world": first["world_size"]}
+
+
+def start_node(cpus: int) -> subprocess.Popen:
+    """A second Ray node on this machine, in its own process group."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{GCS_PORT}",
+                             f"--num-cpus={cpus}", "--block", "--disable-usage-stats"],
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+
+
+def kill_a_worker() -> float:
+    """SIGKILL one Ray Train worker process; return the kill time."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "RayTrainWorker" in cmd:
+            t = time.time()
+            os.kill(proc.info["pid"], signal.SIGKILL)
+            return t
+    raise RuntimeError("no Ray Train worker process found")
+
+
+def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
+             every: int) -> dict:
+    """One job through (ii), (i) and (iii); returns the measurements."""
+    job_id = f"bench-rec-{uuid.uuid4().hex[:6]}"
+    spec = job_spec(work / job_id, every=every)
+    backend.submit(LaunchRequest(job_id=job_id, submission_id=job_id, spec_json=json.dumps(spec),
+                                 env={"ETRAIN_REPORT_URL": sink.url, "ETRAIN_REPORT_TOKEN": "b",
+                                      **env}))
+    job = Observed(sink, job_id)
+    node = None
+    try:
+        job.steps_after(2 * every + 3, world=2, timeout=300)
+        out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
+        job.steps_after(2 * every, world=2, timeout=300)
+        node = start_node(2)
+        t_alive = job.wait(lambda: len(backend.cluster().nodes) == 2 and time.time(), 120,
+                           "the new node ALIVE")
+        first4 = job.wait(lambda: [m for m in job.metrics()
+                                   if m["world_size"] == 4 and m["ts"] > t_alive], 300,
+                          "a step at 4 workers")[0]
+        out["added_s"] = first4["ts"] - t_alive
+        job.steps_after(2 * every + 3, world=4, timeout=300)
+        t_lost = time.time()
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        node = None
+        out["lost"] = job.recovery(t_lost, timeout=400)
+        return out
+    finally:
+        if node is not None:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+        backend.stop(job_id)
+        deadline = time.monotonic() + 60
+        while backend.status(job_id).state in (RunState.PENDING, RunState.RUNNING) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def _median(runs: list[dict], *keys: str) -> float:
+    values = []
+    for run in runs:
+        for key in keys:
+            run = run[key]
+        values.append(run)
+    return statistics.median(values)
+
+
+ROWS = [
+    ("(i) node added -> first step at 4", ("added_s",)),
+    ("(ii) worker SIGKILL (2 workers) -> step", ("killed", "s")),
+    ("     of which: failure detected", ("killed", "detect_s")),
+    ("     group restarted + restored", ("killed", "restart_s")),
+    ("     first step after restore", ("killed", "first_step_s")),
+    ("(iii) node lost (4 -> 2) -> step", ("lost", "s")),
+    ("     of which: failure detected", ("lost", "detect_s")),
+    ("     group restarted + restored", ("lost", "restart_s")),
+    ("     first step after restore", ("lost", "first_step_s")),
+    ("(iv) steps redone after (ii)", ("killed", "lost_steps")),
+    ("(iv) steps redone after (iii)", ("lost", "lost_steps")),
+]
+
+
+def print_table(results: dict[str, list[dict]], *, every: int) -> None:
+    """Medians per configuration, and etrain / defaults ratios."""
+    names = list(results)
+    print(f"\nmedian of {len(results[names[0]])} runs; checkpoints every {every} steps\n")
+    print(f"{'measurement':<38}" + "".join(f"{n:>14}" for n in names) + f"{'ratio':>9}")
+    for label, keys in ROWS:
+        med = [_median(results[n], *keys) for n in names]
+        unit = "" if "steps" in label else " s"
+        ratio = f"{med[0] / med[1]:9.2f}" if len(med) > 1 and med[1] else f"{'':>9}"
+        print(f"{label:<38}" + "".join(f"{v:>12.1f}{unit:<2}" for v in med) + ratio)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table (and the raw runs with --json)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--every", type=int, default=10, help="checkpoint.every_steps")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--json", type=Path, help="also write every run here")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="etrain-bench-recovery-"))
+    sink = TelemetrySink()
+    results: dict[str, list[dict]] = {name: [] for name in args.configs.split(",")}
+    try:
+        for name in results:
+            head = EmbeddedRay(data_dir=work, num_cpus=2, dashboard_port=DASHBOARD_PORT,
+                               gcs_port=GCS_PORT, fast_node_failure=FAST_NODE_FAILURE[name])
+            backend = RayJobBackend(head.start(), python=sys.executable)
+            try:
+                for r in range(args.repeats):
+                    run = run_once(backend, sink, CONFIGS[name], work, args.every)
+                    results[name].append(run)
+                    print(f"{name} run {r + 1}: {json.dumps(run)}", flush=True)
+            finally:
+                head.stop()
+    finally:
+        sink.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print_table(results, every=args.every)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
