@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +29,7 @@ from rich.progress import (
 from rich.table import Column, Table
 
 from service.client import DEFAULT_URL, ClientError, EtrainClient
+from service.export import ExportDtype, ExportFormat, ExportNaming, ExportRefused, export_job
 from service.k8s.cli import manifests_app
 
 app = typer.Typer(help="etrain: elastic training jobs on Ray.", no_args_is_help=True)
@@ -42,8 +43,9 @@ EXIT_API_ERROR = 2
 EXIT_INTERRUPTED = 130
 GIB = 1024**3
 
-# Test hook: returns the transport the client uses (None = real network).
-_transport: Callable[[], httpx.BaseTransport | None] = lambda: None
+def _transport() -> httpx.BaseTransport | None:
+    """The transport the client uses: None = the real network (tests replace this hook)."""
+    return None
 
 SpecArg = Annotated[
     Path,
@@ -398,6 +400,38 @@ def plan(
     _print_plan(result)
     if not result.get("fits") or result.get("errors"):
         raise typer.Exit(1)
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    job_id: JobIdArg,
+    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: newest).")] = None,
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] = (
+        ExportFormat.safetensors),
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: ./<job id>-step<N>).")
+    ] = None,
+    dtype: Annotated[
+        ExportDtype | None, typer.Option(help="Cast weights (default: keep the checkpoint's).")
+    ] = None,
+    naming: Annotated[
+        ExportNaming, typer.Option(help="Parameter names: etrain's, or Hugging Face Llama's.")
+    ] = ExportNaming.etrain,
+) -> None:
+    """Export a job's checkpoint as one model.safetensors plus config.json (reads storage directly)."""
+    with _api_errors():
+        try:
+            result = export_job(_client(ctx), job_id, step=step, out=out, dtype=dtype,
+                                naming=naming)
+        except ExportRefused as e:
+            raise _fail(str(e)) from None
+    console.print(
+        f"exported job {job_id} step {result.step} ({result.preset}, {result.num_params:,} "
+        f"parameters, {result.dtype}, {result.naming} names) to {result.out_dir}: "
+        f"model.safetensors ({result.bytes:,} bytes), config.json, etrain_export.json",
+        markup=False,
+    )
 
 
 if __name__ == "__main__":

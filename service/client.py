@@ -188,6 +188,12 @@ class EtrainClient:
         body = self._request("GET", path, job_id=job_id, params=params).json()
         return body.get("items", []) if isinstance(body, dict) else body
 
+    def get_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """GET /v1/jobs/{id}/checkpoints: committed checkpoints (step, uri, bytes, ...)."""
+        path = self._job_path(job_id, "/checkpoints")
+        body = self._request("GET", path, job_id=job_id).json()
+        return body.get("items", []) if isinstance(body, dict) else body
+
     def get_logs(self, job_id: str) -> str:
         """GET /v1/jobs/{id}/logs as text."""
         return self._request("GET", self._job_path(job_id, "/logs"), job_id=job_id).text

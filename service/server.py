@@ -5,6 +5,21 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+
+def describe_ray(settings: Settings) -> str:
+    """Where jobs will run, as ``build_backend`` will decide it from ``settings``."""
+    if settings.backend == "kuberay":
+        where = (f"on RayCluster {settings.raycluster_name}" if settings.raycluster_name
+                 else "each on a RayCluster of its own")
+        return f"KubeRay RayJobs in namespace {settings.k8s_namespace}, {where}"
+    if settings.ray_address:
+        return f"the Ray job API at {settings.ray_address}"
+    return "an embedded local Ray head (starting)"
 
 
 def run_server(*, host: str | None = None, port: int | None = None,
@@ -21,8 +36,7 @@ def run_server(*, host: str | None = None, port: int | None = None,
     settings = Settings(**overrides)
     logging.basicConfig(level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    where = settings.ray_address or "an embedded local Ray head (starting)"
-    print(f"etrain: data dir {settings.data_path}; Ray: {where}", flush=True)
+    print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
     if settings.admin_token is None:
         print(f"etrain: admin token in {settings.data_path / 'admin_token'} "
               "(export ETRAIN_TOKEN=$(cat that file))", flush=True)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
         3600, ge=0, description="Seconds a per-job cluster is kept after its job ends (kuberay).")
     k8s_active_deadline_s: int | None = Field(
         None, gt=0, description="RayJob activeDeadlineSeconds; unset = no deadline (kuberay).")
+    k8s_ray_auth_secret: str | None = Field(
+        "etrain-ray-token", description="Existing Secret (key auth_token) with the Ray token of "
+        "per-job clusters (authOptions); '' = no token auth (kuberay).")
     k8s_max_gpus: float = Field(8, ge=0, description="GPUs one per-job cluster may use (kuberay).")
     k8s_max_cpus: float = Field(64, gt=0, description="CPUs one per-job cluster may use (kuberay).")
 

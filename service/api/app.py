@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from service.api.metrics import JOB_METRICS
 from service.auth import ensure_admin_token
 from service.backends.base import Backend
 from service.domain.jobs import JobService
@@ -43,7 +44,7 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         from service.backends.factory import build_backend
         backend, embedded = build_backend(settings)
         embedded_box.append(embedded)
-    jobs = JobService(store, backend, settings)
+    jobs = JobService(store, backend, settings, job_metrics=JOB_METRICS)
     return Runtime(settings=settings, store=store, backend=backend, jobs=jobs,
                    reconciler=Reconciler(store, backend, settings),
                    admin_token_file=str(token_file) if token_file else None)
@@ -79,7 +80,8 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
             return JSONResponse(status_code=422, content={"detail": exc.errors})
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
 
-    from service.api import routes
+    from service.api import goodput_routes, routes
     app.include_router(routes.probes)
     app.include_router(routes.v1)
+    app.include_router(goodput_routes.v1)
     return app

@@ -94,8 +94,8 @@ def read_jobs(user: User, jobs: Jobs, status: JobStatus | None = None,
 
 @v1.get("/jobs/{job_id}")
 def read_job(job_id: str, user: User, jobs: Jobs) -> dict:
-    """One job with its latest metrics."""
-    return job_view(jobs.get(user, job_id))
+    """One job with its latest metrics and its Ray dashboard links."""
+    return jobs.detail(user, job_id)
 
 
 @v1.post("/jobs/{job_id}/cancel")

@@ -78,3 +78,12 @@ class Backend(ABC):
     @abstractmethod
     def ping(self) -> None:
         """Raise BackendUnavailable when the cluster cannot be reached."""
+
+    def dashboard_links(self, submission_id: str) -> dict[str, str]:
+        """Links to a submission's pages in the Ray dashboard, by name; none by default.
+
+        Names in use: ``job`` (the Ray job page, driver logs) and ``train_runs``
+        (Ray Train's run list; see ``service.backends.ray_jobs.TRAIN_RUNS_PATH``).
+        """
+        del submission_id
+        return {}

@@ -35,6 +35,7 @@ def build_kuberay_backend(settings: Settings) -> Backend:
     template = RayClusterConfig(
         namespace=settings.k8s_namespace, image=settings.k8s_worker_image,
         checkpoint_claim=settings.k8s_checkpoint_claim,
+        auth_secret=settings.k8s_ray_auth_secret or None,
         worker_groups=(WorkerGroupConfig(gpu_type=settings.k8s_gpu_type),))
     return KubeRayBackend(
         namespace=settings.k8s_namespace, cluster_name=settings.raycluster_name,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
-from service.backends.ray_jobs import RayJobBackend
+from service.backends.ray_jobs import RayJobBackend, dashboard_links_at
 from service.errors import BackendError, BackendUnavailable
 from service.k8s.manifests import (
     RayClusterConfig,
@@ -137,6 +137,13 @@ class KubeRayBackend(Backend):
         if base is None:
             return f"kuberay://{self.namespace}/rayjobs/{rayjob_name(submission_id)}"
         return f"{base}/#/jobs/{submission_id}"
+
+    def dashboard_links(self, submission_id: str) -> dict[str, str]:
+        """Ray job page and Train run list (only the ``kuberay://`` job when no URL is known)."""
+        base = self.dashboard_url or self._cluster_dashboard()
+        if base is None:
+            return {"job": self.dashboard_job_url(submission_id)}
+        return dashboard_links_at(base, submission_id)
 
     def _cluster_dashboard(self) -> str | None:
         if not self.cluster_name:

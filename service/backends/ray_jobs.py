@@ -8,6 +8,12 @@ from typing import AsyncIterator
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.errors import BackendError, BackendUnavailable
 
+# Ray 2.60's dashboard has no Train page (its web client routes jobs, actors, cluster,
+# serve, metrics and logs; ray/dashboard/client/build); Ray Train runs are served only by
+# TrainHead as JSON at this path: every Train V2 run of the cluster (name = etrain job id),
+# with attempts and workers. It answers once a driver ran with
+# RAY_TRAIN_ENABLE_STATE_TRACKING=1 (the reconciler sets it); there is no per-run URL.
+TRAIN_RUNS_PATH = "/api/train/v2/runs/v1"
 _STATES = {"PENDING": RunState.PENDING, "RUNNING": RunState.RUNNING,
            "SUCCEEDED": RunState.SUCCEEDED, "FAILED": RunState.FAILED,
            "STOPPED": RunState.STOPPED}
@@ -38,6 +44,10 @@ class RayJobBackend(Backend):
     def dashboard_job_url(self, submission_id: str) -> str:
         """Link to the job's page in the Ray dashboard."""
         return f"{self.address}/#/jobs/{submission_id}"
+
+    def dashboard_links(self, submission_id: str) -> dict[str, str]:
+        """The Ray job page and the cluster's Ray Train run list."""
+        return dashboard_links_at(self.address, submission_id)
 
     def submit(self, req: LaunchRequest) -> str:
         """Submit the driver with the job's environment; a repeated id is not an error."""
@@ -108,6 +118,12 @@ class RayJobBackend(Backend):
     def ping(self) -> None:
         """Raise BackendUnavailable unless the job API answers."""
         self.cluster()
+
+
+def dashboard_links_at(base: str, submission_id: str) -> dict[str, str]:
+    """Dashboard links of ``submission_id`` on the dashboard at ``base``."""
+    base = base.rstrip("/")
+    return {"job": f"{base}/#/jobs/{submission_id}", "train_runs": f"{base}{TRAIN_RUNS_PATH}"}
 
 
 def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:

@@ -7,10 +7,12 @@ from datetime import datetime, timezone
 from typing import Any, AsyncIterator, get_args
 
 import yaml
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend
+from service.domain.job_metrics import JobMetrics
 from service.domain.planning import ClusterSpec, plan_job
 from service.domain.states import JobStatus
 from service.errors import BackendUnavailable, Forbidden, InvalidSpec
@@ -119,10 +121,16 @@ def job_view(job: JobRecord) -> dict:
 
 
 class JobService:
-    """Domain operations on jobs, authorised per tenant."""
+    """Domain operations on jobs, authorised per tenant.
 
-    def __init__(self, store: JobStore, backend: Backend, settings: Settings):
+    ``job_metrics`` receives the per-job Prometheus series of stored telemetry
+    (default: series on a private registry nobody scrapes).
+    """
+
+    def __init__(self, store: JobStore, backend: Backend, settings: Settings, *,
+                 job_metrics: JobMetrics | None = None):
         self.store, self.backend, self.settings = store, backend, settings
+        self.job_metrics = job_metrics or JobMetrics(CollectorRegistry())
 
     def _scope(self, principal: Principal) -> str | None:
         # Admins operate the service and see every tenant's jobs.
@@ -131,6 +139,12 @@ class JobService:
     def get(self, principal: Principal, job_id: str) -> JobRecord:
         """A job visible to ``principal`` (404 for other tenants' jobs)."""
         return self.store.get_job(job_id, tenant_id=self._scope(principal))
+
+    def detail(self, principal: Principal, job_id: str) -> dict:
+        """The public view of one job plus ``dashboard_links`` (empty before it reaches Ray)."""
+        job = self.get(principal, job_id)
+        links = self.backend.dashboard_links(job.submission_id) if job.submission_id else {}
+        return {**job_view(job), "dashboard_links": links}
 
     def submit(self, principal: Principal, data: Any) -> JobRecord:
         """Validate, plan and store a job as QUEUED; the scheduler takes it from there."""
@@ -206,7 +220,11 @@ class JobService:
                 yield chunk
 
     def ingest_telemetry(self, principal: Principal, job_id: str, batch: dict) -> dict:
-        """Store metrics, events and checkpoints posted by a job's workers."""
+        """Store metrics, events and checkpoints posted by a job's workers.
+
+        The job's Prometheus series follow what the store holds afterwards, so a
+        replayed batch changes no counter (see ``service.domain.job_metrics``).
+        """
         if principal.role != "reporter" or principal.job_id != job_id:
             raise Forbidden("telemetry needs the job's own reporter token")
         try:
@@ -216,39 +234,57 @@ class JobService:
         job = self.store.get_job(job_id)
         if job.status.terminal:
             return {"accepted": 0}
-        metrics = [m.model_dump() for m in parsed.metrics]
         for ev in parsed.events:
-            self._ingest_event(job, ev.model_dump())
-        for ck in parsed.checkpoints:
-            self.store.upsert_checkpoint(job_id, **ck.model_dump())
+            if self._ingest_event(job, ev.model_dump()):
+                self.job_metrics.count_event(job_id, ev.kind)
         if parsed.checkpoints:
-            self._apply_retention(job)
+            self._ingest_checkpoints(job, [ck.model_dump() for ck in parsed.checkpoints])
+        metrics = [m.model_dump() for m in parsed.metrics]
         if metrics:
-            self.store.upsert_metrics(job_id, metrics)
-            fields = {"world_size": int(metrics[-1]["world_size"])}
-            if job.status == JobStatus.PENDING:
-                fields.update(status=JobStatus.RUNNING, started_at=job.started_at or _now(),
-                              event=("started", "workers are training", None))
-            self.store.update_job(job_id, expect_status=job.status, **fields)
+            self._ingest_metrics(job, metrics)
         return {"accepted": len(metrics)}
 
-    def _apply_retention(self, job: JobRecord) -> None:
+    def _ingest_metrics(self, job: JobRecord, metrics: list[dict]) -> None:
+        self.store.upsert_metrics(job.id, metrics)
+        fields = {"world_size": int(metrics[-1]["world_size"])}
+        if job.status == JobStatus.PENDING:
+            fields.update(status=JobStatus.RUNNING, started_at=job.started_at or _now(),
+                          event=("started", "workers are training", None))
+        updated = self.store.update_job(job.id, expect_status=job.status, **fields)
+        # The store keeps the newest point by time, so an old replayed batch leaves it be.
+        latest = (updated or self.store.get_job(job.id)).latest_metrics
+        if latest:
+            self.job_metrics.observe_point(job.id, latest)
+
+    def _ingest_checkpoints(self, job: JobRecord, checkpoints: list[dict]) -> None:
+        for ck in checkpoints:
+            self.store.upsert_checkpoint(job.id, **ck)
+        kept = self._apply_retention(job)
+        if kept:
+            self.job_metrics.observe_checkpoint(job.id, kept[-1]["blocking_s"])
+
+    def _apply_retention(self, job: JobRecord) -> list[dict]:
         """Forget checkpoints the cluster deleted: only the newest ``keep_last`` are kept.
 
         Ray Train (``CheckpointConfig.num_to_keep``) deletes older folders once a
-        newer checkpoint is committed, so the list mirrors that rule.
+        newer checkpoint is committed, so the list mirrors that rule. Returns the
+        kept ones, ascending by step.
         """
         keep = int(job.spec["checkpoint"]["keep_last"])
         listed = self.store.list_checkpoints(job.id)
-        for old in listed[: max(0, len(listed) - keep)]:
+        cut = max(0, len(listed) - keep)
+        for old in listed[:cut]:
             self.store.delete_checkpoint(job.id, old["step"])
+        return listed[cut:]
 
-    def _ingest_event(self, job: JobRecord, ev: dict) -> None:
+    def _ingest_event(self, job: JobRecord, ev: dict) -> bool:
+        """Store one event; True when it is new (not a replay of a stored ``dedup_key``)."""
         new = self.store.add_event(job.id, kind=ev["kind"], message=ev["message"],
                                    data=ev.get("data"), dedup_key=ev.get("dedup_key"))
         if new and ev["kind"] == "worker_failed":
             current = self.store.get_job(job.id)
             self.store.update_job(job.id, restarts=current.restarts + 1)
+        return new
 
     def plan(self, data: Any) -> dict:
         """Dry run: validate a spec and return its plan."""

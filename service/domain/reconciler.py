@@ -79,10 +79,13 @@ class Reconciler:
         token = self._tokens.get(submission_id) or create_reporter_token(
             self.store, tenant_id=job.tenant_id, job_id=job.id)
         self._tokens[submission_id] = token
+        # RAY_TRAIN_ENABLE_STATE_TRACKING: Ray Train records the run for the dashboard's
+        # Train run list (Backend.dashboard_links "train_runs"); off by default in Ray 2.60.
         req = LaunchRequest(job_id=job.id, submission_id=submission_id,
                             spec_json=_dumps(job.spec),
                             env={"ETRAIN_REPORT_URL": self.settings.report_url,
-                                 "ETRAIN_REPORT_TOKEN": token})
+                                 "ETRAIN_REPORT_TOKEN": token,
+                                 "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"})
         try:
             url = self.backend.submit(req)
         except BackendUnavailable as e:

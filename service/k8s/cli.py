@@ -16,6 +16,7 @@ import yaml
 
 from service.k8s.manifests import (
     CHECKPOINT_MOUNT,
+    DEFAULT_RAY_AUTH_SECRET,
     DEFAULT_WORKER_IMAGE,
     RayClusterConfig,
     RayJobConfig,
@@ -38,6 +39,11 @@ ImageOpt = Annotated[str, typer.Option(help="Ray image (the etrain worker image)
 ClaimOpt = Annotated[
     str | None,
     typer.Option(help=f"RWX PVC mounted at {CHECKPOINT_MOUNT} on every Ray pod ('' = none)."),
+]
+AuthSecretOpt = Annotated[
+    str,
+    typer.Option(help="Existing Secret with the Ray token under key auth_token: the cluster runs "
+                      "with token auth (authOptions) ('' = no token auth)."),
 ]
 
 
@@ -78,6 +84,7 @@ def raycluster(
     idle_timeout: Annotated[
         int, typer.Option(min=0, help="Seconds before the autoscaler removes an idle pod.")] = 60,
     checkpoint_claim: ClaimOpt = "etrain-checkpoints",
+    auth_secret: AuthSecretOpt = DEFAULT_RAY_AUTH_SECRET,
 ) -> None:
     """A RayCluster: CPU head (num-cpus 0), one autoscaled GPU worker group, autoscaler v2."""
     low, high = _range(gpu_workers)
@@ -86,7 +93,8 @@ def raycluster(
     cfg = RayClusterConfig(name=name, namespace=namespace, image=image, head_cpus=head_cpus,
                            head_memory=head_memory, worker_groups=(group,),
                            idle_timeout_seconds=idle_timeout,
-                           checkpoint_claim=checkpoint_claim or None)
+                           checkpoint_claim=checkpoint_claim or None,
+                           auth_secret=auth_secret or None)
     _emit(build_raycluster(cfg))
 
 
@@ -119,6 +127,7 @@ def rayjob(
     gpu_type: Annotated[
         str | None, typer.Option(help="nvidia.com/gpu.product label for its GPU pods.")] = None,
     checkpoint_claim: ClaimOpt = "etrain-checkpoints",
+    auth_secret: AuthSecretOpt = DEFAULT_RAY_AUTH_SECRET,
     checkpoint_storage: Annotated[str, typer.Option(
         help="checkpoint.storage when the spec names none.")] = f"file://{CHECKPOINT_MOUNT}",
     ttl: Annotated[int, typer.Option(
@@ -136,7 +145,8 @@ def rayjob(
             gpus_per_worker=res.gpus_per_worker, cpus_per_worker=res.cpus_per_worker,
             template=WorkerGroupConfig(gpu_type=gpu_type))
         own = RayClusterConfig(namespace=namespace, image=image, worker_groups=(group,),
-                               checkpoint_claim=checkpoint_claim or None)
+                               checkpoint_claim=checkpoint_claim or None,
+                               auth_secret=auth_secret or None)
     cfg = RayJobConfig(name=dns1035_name(spec.name, max_len=MAX_RAYJOB_NAME),
                        namespace=namespace, job_id=spec.name, submission_id=spec.name, env={},
                        cluster_name=cluster, cluster=own, ttl_seconds_after_finished=ttl,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from service.backends.embedded import FAST_NODE_FAILURE_ENV
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
 
 RAY_VERSION = "2.60.0"
@@ -25,6 +26,10 @@ ENTRYPOINT = "python -m workers.launch"
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+# Token auth (Ray >= 2.52, KubeRay >= 1.5.1): the operator reads the token from this Secret
+# key and sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container.
+DEFAULT_RAY_AUTH_SECRET = "etrain-ray-token"
+RAY_AUTH_TOKEN_KEY = "auth_token"
 _DNS1035_BAD = re.compile(r"[^a-z0-9-]+")
 
 
@@ -60,6 +65,7 @@ class RayClusterConfig:
     checkpoint_claim: str | None = "etrain-checkpoints"  # RWX PVC on every Ray pod
     storage_secret: str | None = "etrain-storage"  # optional env (S3 keys) for every Ray pod
     metrics_port: int = 8080
+    auth_secret: str | None = DEFAULT_RAY_AUTH_SECRET  # Ray token Secret; None = no token auth
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,8 @@ def build_head_group(cfg: RayClusterConfig) -> dict:
              {"name": "metrics", "containerPort": cfg.metrics_port}]
     container = _ray_container(cfg, name="ray-head", cpus=cfg.head_cpus,
                                memory=cfg.head_memory, gpus=0, ports=ports)
+    # GCS settings: the GCS runs in the head pod, so only the head needs them.
+    container["env"] = [{"name": k, "value": v} for k, v in sorted(FAST_NODE_FAILURE_ENV.items())]
     return {
         "serviceType": "ClusterIP",
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0",
@@ -174,9 +182,16 @@ def build_worker_group(cfg: RayClusterConfig, group: WorkerGroupConfig) -> dict:
 
 
 def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
-    """The RayCluster ``spec`` (also a RayJob's ``rayClusterSpec``), autoscaler v2 on."""
-    return {
-        "rayVersion": cfg.ray_version,
+    """The RayCluster ``spec`` (also a RayJob's ``rayClusterSpec``), autoscaler v2 on.
+
+    With ``cfg.auth_secret`` the cluster runs with Ray token auth, the token read
+    from that existing Secret (key ``auth_token``); KubeRay then creates no Secret
+    of its own, so the control plane can mount the same one.
+    """
+    spec: dict = {"rayVersion": cfg.ray_version}
+    if cfg.auth_secret:
+        spec["authOptions"] = {"mode": "token", "secretName": cfg.auth_secret}
+    return spec | {
         "enableInTreeAutoscaling": True,
         "autoscalerOptions": {
             "version": "v2", "upscalingMode": cfg.upscaling_mode,
@@ -187,6 +202,13 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
         "headGroupSpec": build_head_group(cfg),
         "workerGroupSpecs": [build_worker_group(cfg, g) for g in cfg.worker_groups],
     }
+
+
+def ray_auth_env(secret_name: str) -> list[dict]:
+    """Container env that makes Ray clients (job API, logs) authenticate with the cluster token."""
+    return [{"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": secret_name, "key": RAY_AUTH_TOKEN_KEY}}}]
 
 
 def build_raycluster(cfg: RayClusterConfig) -> dict:

@@ -18,6 +18,8 @@ def _etrain_metrics() -> set[str]:
     names = set()
     for family in REGISTRY.collect():
         names |= {family.name} | {sample.name for sample in family.samples}
+        if family.type == "counter":  # a labelled counter has no samples until first used
+            names.add(f"{family.name}_total")
     return names
 
 
@@ -34,7 +36,8 @@ def _ray_metrics() -> set[str]:
 
 def _queries() -> list[str]:
     dash = json.loads(DASHBOARD.read_text())
-    return [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+    variables = [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    return [t["expr"] for panel in dash["panels"] for t in panel["targets"]] + variables
 
 
 def test_every_query_uses_exported_metrics():
@@ -52,7 +55,25 @@ def test_dashboard_covers_the_promised_signals():
         assert needle in text
 
 
+def test_dashboard_has_per_job_panels_for_every_per_job_metric():
+    dash = json.loads(DASHBOARD.read_text())
+    per_job = {n for n in _etrain_metrics() if n.startswith("etrain_job_")
+               and not n.endswith("_created")} - {"etrain_job_restarts", "etrain_job_resizes"}
+    text = " ".join(_queries())
+    assert per_job == {
+        "etrain_job_step", "etrain_job_step_time_seconds", "etrain_job_samples_per_second",
+        "etrain_job_tokens_per_second", "etrain_job_world_size", "etrain_job_loss",
+        "etrain_job_restarts_total", "etrain_job_resizes_total",
+        "etrain_job_checkpoint_blocking_seconds"}
+    assert {m for m in per_job if m not in text} == set()
+    assert 'job_id=~"$job_id"' in text
+    assert "job_id" in {v["name"] for v in dash["templating"]["list"]}
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
 def test_a_misspelt_metric_would_be_caught():
     known = _etrain_metrics() | _ray_metrics()
     assert "etrain_job_submitted_total" not in known
+    assert "etrain_job_restart_total" not in known
     assert "ray_train_report_blocked_time_s" not in known

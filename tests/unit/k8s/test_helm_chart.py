@@ -14,7 +14,12 @@ import pytest
 import yaml
 from kustomize_lite import build
 
-from service.k8s.manifests import RayClusterConfig, WorkerGroupConfig, build_raycluster
+from service.k8s.manifests import (
+    RayClusterConfig,
+    WorkerGroupConfig,
+    build_raycluster,
+    ray_auth_env,
+)
 from service.k8s.validate import ManifestError, object_errors, validate_objects
 from service.settings import Settings
 
@@ -74,7 +79,7 @@ def _config_from_values(values: dict, *, name: str) -> RayClusterConfig:
         idle_timeout_seconds=ray["autoscaler"]["idleTimeoutSeconds"],
         upscaling_mode=ray["autoscaler"]["upscalingMode"],
         checkpoint_claim=f"{name}-checkpoints", storage_secret="etrain-storage",
-        metrics_port=ray["metricsPort"])
+        metrics_port=ray["metricsPort"], auth_secret=ray["authSecret"] or None)
 
 
 def _drop_pull_secrets(spec: dict) -> None:
@@ -83,9 +88,11 @@ def _drop_pull_secrets(spec: dict) -> None:
         group["template"]["spec"].pop("imagePullSecrets", None)
 
 
-@pytest.mark.parametrize("values_file", [None, "gpu-pools-values.yaml"])
-def test_raycluster_template_agrees_with_the_builder(values_file):
-    values = _values(values_file)
+@pytest.mark.parametrize("values", [
+    None, "gpu-pools-values.yaml", {"ray": {"authSecret": "team-a-ray-token"}},
+    {"ray": {"authSecret": ""}}], ids=["default", "gpu-pools", "auth-secret", "no-auth"])
+def test_raycluster_template_agrees_with_the_builder(values):
+    values = values if isinstance(values, dict) else _values(values)
     objects, _ = render(values, release="train")
     rendered = _by_kind(objects)[("RayCluster", "train-etrain")]
     expected = build_raycluster(_config_from_values(values, name="train-etrain"))
@@ -138,6 +145,36 @@ def test_chart_and_deploy_agree_on_the_control_plane():
     (b,) = deploy[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
     for key in ("securityContext", "livenessProbe", "readinessProbe", "startupProbe", "ports"):
         assert a[key] == b[key], key
+    assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == \
+        [e for e in b["env"] if e["name"].startswith("RAY_AUTH")]
+
+
+@pytest.mark.parametrize("values_file", [None, *VALUES_FILES])
+def test_control_plane_and_ray_pods_share_the_ray_token(values_file):
+    values = _values(values_file)
+    kinds = _by_kind(render(values)[0])
+    (c,) = kinds[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
+    assert [e for e in c["env"] if e["name"].startswith("RAY_AUTH")] == \
+        ray_auth_env("etrain-ray-token")
+    data = kinds[("ConfigMap", "etrain-config")]["data"]
+    if data["ETRAIN_BACKEND"] == "kuberay":  # per-job clusters are built from this setting
+        assert Settings(k8s_ray_auth_secret=data["ETRAIN_K8S_RAY_AUTH_SECRET"]
+                        ).k8s_ray_auth_secret == "etrain-ray-token"
+    for kind, name in kinds:
+        if kind == "RayCluster":
+            assert kinds[(kind, name)]["spec"]["authOptions"] == {
+                "mode": "token", "secretName": "etrain-ray-token"}
+
+
+def test_token_auth_can_be_switched_off():
+    objects, notes = render({"ray": {"authSecret": ""}})
+    kinds = _by_kind(objects)
+    validate_objects(objects)
+    assert "authOptions" not in kinds[("RayCluster", "etrain")]["spec"]
+    (c,) = kinds[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
+    assert not any(e["name"].startswith("RAY_AUTH") for e in c["env"])
+    assert kinds[("ConfigMap", "etrain-config")]["data"]["ETRAIN_K8S_RAY_AUTH_SECRET"] == ""
+    assert "auth_token" not in notes
 
 
 def test_a_bad_worker_group_is_caught_by_the_validators():

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from kustomize_lite import KustomizeError, build
 
-from service.k8s.manifests import RayClusterConfig, build_raycluster
+from service.k8s.manifests import RayClusterConfig, build_raycluster, ray_auth_env
 from service.k8s.validate import validate_objects
 from service.settings import Settings
 
@@ -85,7 +85,7 @@ def test_control_plane_deployment_is_locked_down_and_probed(base):
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert set(c["resources"]) == {"requests", "limits"}
-    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]}
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
     assert secrets["ETRAIN_ADMIN_TOKEN"]["name"] == "etrain-secrets"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/var/lib/etrain", "/var/lib/etrain/checkpoints", "/tmp"} <= mounts
@@ -115,3 +115,11 @@ def test_loader_refuses_what_it_cannot_do(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources: [a.yaml, a.yaml]\n")
     with pytest.raises(KustomizeError, match="defined twice"):
         build(tmp_path)
+
+
+def test_control_plane_authenticates_with_the_rayclusters_token(base):
+    secret = base[("RayCluster", "etrain")]["spec"]["authOptions"]["secretName"]
+    (c,) = base[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
+    env = [e for e in c["env"] if e["name"].startswith("RAY_AUTH")]
+    assert env == ray_auth_env(secret)
+    assert env[1]["valueFrom"]["secretKeyRef"] == {"name": "etrain-ray-token", "key": "auth_token"}

@@ -196,3 +196,16 @@ def test_factory_selects_kuberay_from_settings(monkeypatch, tmp_path):
     backend, embedded = build_backend(Settings(data_dir=tmp_path))
     assert isinstance(backend, KubeRayBackend) and embedded is None
     assert (backend.namespace, backend.cluster_name) == ("ml", "gpu-pool")
+
+
+def test_dashboard_links_of_shared_configured_and_per_job_clusters(api):
+    sub = "etrain-j-0a1b2c3d4e5f-0"
+    shared = _backend(api, cluster_name="etrain").dashboard_links(sub)
+    head = "http://etrain-head-svc.etrain.svc.cluster.local:8265"
+    assert shared == {"job": f"{head}/#/jobs/{sub}", "train_runs": f"{head}/api/train/v2/runs/v1"}
+    configured = _backend(api, dashboard_url="http://localhost:8265/").dashboard_links(sub)
+    assert configured == {"job": f"http://localhost:8265/#/jobs/{sub}",
+                          "train_runs": "http://localhost:8265/api/train/v2/runs/v1"}
+    # A per-job cluster's dashboard is only known once KubeRay made it.
+    assert _backend(api).dashboard_links(sub) == {"job": f"kuberay://{NS}/rayjobs/{sub}"}
+    assert api.calls == []  # links cost no Kubernetes API call

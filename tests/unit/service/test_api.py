@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from service.api import routes
+from service.api import goodput_routes, routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
 from fakes import FakeBackend
@@ -101,6 +101,7 @@ PROTECTED = [
     ("GET", "/v1/jobs/{job_id}/events", None),
     ("GET", "/v1/jobs/{job_id}/checkpoints", None),
     ("GET", "/v1/jobs/{job_id}/memory", None),
+    ("GET", "/v1/jobs/{job_id}/goodput", None),
     ("POST", "/v1/jobs/{job_id}/telemetry", {"metrics": []}),
     ("POST", "/v1/plan", {"spec": SPEC}),
     ("GET", "/v1/cluster", None),
@@ -110,7 +111,8 @@ PROTECTED = [
 
 def test_protected_table_lists_every_v1_route(tmp_path):
     table = {(m, p) for m, p, _ in PROTECTED}
-    assert {(m, r.path) for r in routes.v1.routes for m in r.methods - {"HEAD"}} == table
+    v1_routes = [*routes.v1.routes, *goodput_routes.v1.routes]
+    assert {(m, r.path) for r in v1_routes for m in r.methods - {"HEAD"}} == table
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items()
                   if p.startswith("/v1") for m in ops}

@@ -152,6 +152,14 @@ def test_launch_request_carries_the_spec_and_a_job_scoped_reporter_token(
     assert other_req.env["ETRAIN_REPORT_TOKEN"] != req.env["ETRAIN_REPORT_TOKEN"]
 
 
+def test_drivers_record_their_train_runs_for_the_dashboard(store, tenant, backend, reconciler):
+    """Ray's dashboard lists Train runs only for drivers with state tracking on."""
+    _job(store, tenant)
+    reconciler.tick()
+    (req,) = backend.submitted
+    assert req.env["RAY_TRAIN_ENABLE_STATE_TRACKING"] == "1"
+
+
 # -- following submitted jobs ----------------------------------------------------------
 
 FOLLOW = {

@@ -1,0 +1,90 @@
+"""``etrain export``: pick a job's checkpoint over REST and export it where the CLI runs.
+
+The service knows the job's model preset and its committed checkpoints; the
+weights are read straight from checkpoint storage by ``workers.export``, which
+(with torch) is imported only when an export actually runs, so importing this
+module keeps the CLI fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.client import EtrainClient
+
+if TYPE_CHECKING:
+    from workers.export import ExportResult
+
+
+class ExportFormat(str, Enum):
+    """File formats ``etrain export`` writes."""
+
+    safetensors = "safetensors"
+
+
+class ExportNaming(str, Enum):
+    """Parameter names in the exported file: etrain's own, or Hugging Face Llama's."""
+
+    etrain = "etrain"
+    hf = "hf"
+
+
+class ExportDtype(str, Enum):
+    """Weight precision of the exported file."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ExportRefused(Exception):
+    """The export cannot run as asked; the message says what to change."""
+
+
+def pick_checkpoint(checkpoints: list[dict[str, Any]], *, job_id: str,
+                    step: int | None) -> dict[str, Any]:
+    """The checkpoint at ``step``, or the newest one when ``step`` is None."""
+    if not checkpoints:
+        raise ExportRefused(f"job {job_id} has no committed checkpoints yet; export after "
+                            "its first checkpoint (checkpoint.every_steps) is saved")
+    by_step = {int(c["step"]): c for c in checkpoints}
+    if step is None:
+        return by_step[max(by_step)]
+    if step not in by_step:
+        steps = ", ".join(str(s) for s in sorted(by_step))
+        raise ExportRefused(f"job {job_id} has no checkpoint at step {step}; "
+                            f"available steps: {steps} (pass one with --step)")
+    return by_step[step]
+
+
+def job_preset(job: dict[str, Any]) -> str:
+    """The model preset in a job's spec (what the checkpoint's weights are shaped by)."""
+    preset = ((job.get("spec") or {}).get("model") or {}).get("preset")
+    if not preset:
+        raise ExportRefused(f"job {job.get('id')} has no spec.model.preset; export supports "
+                            "jobs that train a built-in preset")
+    return str(preset)
+
+
+def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path | None,
+               dtype: ExportDtype | None, naming: ExportNaming) -> ExportResult:
+    """Export ``job_id``'s checkpoint at ``step`` (default newest) into ``out``.
+
+    ``out`` defaults to ``./<job id>-step<N>``. Raises ``ClientError`` when the
+    service refuses, ``ExportRefused`` when the checkpoint cannot be exported.
+    """
+    preset = job_preset(client.get_job(job_id))
+    chosen = pick_checkpoint(client.get_checkpoints(job_id), job_id=job_id, step=step)
+    # torch loads here, only once there is something to export.
+    from workers.export import ExportError, export_checkpoint, open_checkpoint_dir
+
+    try:
+        folder = open_checkpoint_dir(chosen["uri"])
+        return export_checkpoint(
+            folder, out or Path(f"{job_id}-step{chosen['step']}"), preset=preset,
+            dtype=dtype.value if dtype else None, naming=naming.value, job_id=job_id,
+            source_uri=chosen["uri"])
+    except ExportError as e:
+        raise ExportRefused(str(e)) from None
