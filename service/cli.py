@@ -358,7 +358,7 @@ _MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "tota
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
-    """Render a plan: fit, parameter count, memory per rank, layout, warnings, errors."""
+    """Render a plan: fit, parameter count, memory per rank, layout, estimates, findings."""
     console.print(f"fits: {'yes' if plan.get('fits') else 'NO'}", markup=False)
     count = plan.get("num_params")
     console.print(f"parameters: {_human_count(count)} ({count})", markup=False)
@@ -367,17 +367,54 @@ def _print_plan(plan: dict[str, Any]) -> None:
     for part in _MEMORY_PARTS:
         value = per_rank.get(f"{part}_bytes")
         table.add_row(part, _gib(value), _fmt(value, ",d"))
+    breakdown = plan.get("breakdown") or {}
+    for name, value in (breakdown.get("buffers") or {}).items():
+        table.add_row(f"  buffer: {name}", _gib(value), _fmt(value, ",d"))
+    for name, value in (breakdown.get("host") or {}).items():
+        table.add_row(f"host: {name}", _gib(value), _fmt(value, ",d"))
     console.print(table)
     layout = plan.get("layout")
     if isinstance(layout, dict):
         layout = "  ".join(f"{k}={v}" for k, v in layout.items())
     console.print(f"layout: {layout if layout is not None else '-'}", markup=False)
+    _print_estimates(plan)
     for warning in plan.get("warnings") or []:
         console.print(f"warning: {warning}", markup=False)
     for error in plan.get("errors") or []:
         console.print(f"error: {error}", markup=False)
+    for note in plan.get("notes") or []:
+        console.print(f"note: {note}", markup=False)
     if plan.get("recommendation"):
         console.print(f"recommendation: {plan['recommendation']}", markup=False)
+    rec = plan.get("recommended_layout")
+    if isinstance(rec, dict):
+        console.print(f"  {rec.get('layout')}: {rec.get('reason')}", markup=False)
+
+
+def _print_estimates(plan: dict[str, Any]) -> None:
+    """The job's estimated step and the best candidate layouts, when a GPU model is known."""
+    step = plan.get("step_estimate")
+    if isinstance(step, dict):
+        console.print(f"estimated step: {step['step_s']:.3g} s, {step['comm_share']:.0%} "
+                      "communicating", markup=False)
+    cands = [c for c in plan.get("candidates") or [] if isinstance(c, dict)]
+    if not cands or not any("step_s" in c for c in cands):
+        return
+    table = Table("layout", "GiB/rank", "fits", "step s", "comm")
+    for c in cands[:8]:
+        table.add_row(str(c.get("layout")), _fmt(c.get("total_gib")),
+                      "yes" if c.get("fits") else "no", _fmt(c.get("step_s")),
+                      f"{c['comm_share']:.0%}" if "comm_share" in c else "-")
+    console.print(table)
+
+
+def _cluster_options(base: dict[str, Any] | None, **given: Any) -> dict[str, Any] | None:
+    """The cluster file's mapping with the command-line options laid over it."""
+    given = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in given.items()
+             if v not in (None, [])}
+    if base is None and not given:
+        return None
+    return {**(base or {}), **given}
 
 
 @app.command()
@@ -391,10 +428,29 @@ def plan(
             help="Cluster description (YAML); default: the connected cluster.",
         ),
     ] = None,
+    nodes: Annotated[int | None, typer.Option(help="Nodes.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node.")] = None,
+    gpu: Annotated[list[str] | None, typer.Option(
+        help="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); repeat for a mix.")] = None,
+    gpu_memory_gb: Annotated[list[float] | None, typer.Option(
+        help="GPU memory in GiB (overrides the model's); repeat for GPUs of different sizes.")] = None,
+    interconnect: Annotated[str | None, typer.Option(
+        help="Link inside a node: nvlink3/4/5, pcie3/4/5.")] = None,
+    network: Annotated[str | None, typer.Option(
+        help="Link between nodes: ib-hdr, ib-ndr, ethernet-100g, ...")] = None,
+    host_memory_gb: Annotated[float | None, typer.Option(
+        help="Host memory per node in GiB.")] = None,
 ) -> None:
-    """Dry-run a spec: memory per rank, parallel layout, warnings. Exits 1 if it does not fit."""
+    """Dry-run a spec: memory per rank, parallel layout, warnings. Exits 1 if it does not fit.
+
+    The cluster is the connected one unless --cluster or the options describe
+    another (options override the file).
+    """
     body = _load_file(spec)
-    cluster_body = _load_file(cluster) if cluster is not None else None
+    cluster_body = _cluster_options(
+        _load_file(cluster) if cluster is not None else None, nodes=nodes,
+        gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gb=gpu_memory_gb,
+        interconnect=interconnect, network=network, host_memory_gb=host_memory_gb)
     with _api_errors():
         result = _client(ctx).plan(body, cluster_body)
     _print_plan(result)

@@ -29,6 +29,7 @@ def run_server(*, host: str | None = None, port: int | None = None,
 
     from service.api.app import create_app
     from service.settings import Settings
+    from workers.storage import quiet_storage_loggers
 
     overrides = {k: v for k, v in {"host": host, "port": port, "ray_address": ray_address,
                                    "data_dir": Path(data_dir) if data_dir else None}.items()
@@ -36,6 +37,7 @@ def run_server(*, host: str | None = None, port: int | None = None,
     settings = Settings(**overrides)
     logging.basicConfig(level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_storage_loggers()  # even at DEBUG: botocore would log signed request headers
     print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
     if settings.admin_token is None:
         print(f"etrain: admin token in {settings.data_path / 'admin_token'} "

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
+from s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
 
 
 def _on_ci() -> bool:

@@ -1,15 +1,21 @@
 """Sharded checkpoints with torch.distributed.checkpoint and an etrain commit protocol.
 
-Layout under the job's run directory (``<storage>/<job id>/checkpoints``)::
+Layout under the job's run directory (``<storage>/<job id>/checkpoints``), on
+local disk::
 
-    step_00000020/            committed: DCP shards + .metadata + rng/ + manifest.json
-    step_00000030.partial-ab12/   being written (or abandoned by a crash): never loaded
+    step_00000020/                committed: DCP shards + .metadata + rng/ + manifest.json
+    step_00000030.partial-ab12cd34/   being written (or abandoned by a crash): never loaded
 
-Every rank writes its shards into a staging folder; DCP's save ends with a
+and on an object store (``s3://``, ``gs://``), which has no rename::
+
+    step_00000020.ab12cd34/       committed once manifest.json exists; never before
+
+Every rank writes its shards into the attempt's folder; DCP's save ends with a
 collective after which the coordinator has written ``.metadata``; rank 0 then
-writes ``manifest.json`` and renames the folder to its final name. The rename
-is the commit: a checkpoint is listed and loaded only if its final folder
-exists and holds a manifest. Ray Train's own checkpoint registration lags the
+writes ``manifest.json`` (one atomic object, or a fsynced file) and, on local
+disk, renames the folder to its final name. A checkpoint is listed and loaded
+only if it holds a manifest, so a crash or a store outage mid-save leaves
+nothing loadable behind. Ray Train's own checkpoint registration lags the
 newest save, so restores always go through :meth:`CheckpointManager.latest`.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shutil
 import time
@@ -36,19 +43,25 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+from workers.retention import retained_steps
+from workers.storage import StorageLocation, dcp_reader, dcp_writer, resolve_storage
+
+_STEP_DIR = re.compile(r"^step_(\d{8})(?:\.([0-9a-f]{8}))?$")  # final, or an object-store attempt
 MANIFEST = "manifest.json"
+WRITER_THREADS = 4
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A committed checkpoint."""
+    """A committed checkpoint; ``path`` as the store's file system sees it."""
 
     step: int
     path: str
     bytes: int
     save_s: float
     extra: dict
+    uri: str = ""  # the full URI (file://, s3://, gs://)
+    committed_at: float = 0.0
 
 
 class ModelAndOptimizer(Stateful):
@@ -84,43 +97,65 @@ class ModelAndOptimizer(Stateful):
                                                     strict=len(self.parts) == 1))
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def _as_location(root) -> StorageLocation:
+    """A StorageLocation as is; a plain local path (tests, tools) as a file:// one."""
+    if isinstance(root, StorageLocation):
+        return root
+    return resolve_storage(f"file://{os.path.abspath(os.fspath(root))}")
 
 
 class CheckpointManager:
     """Save, list, load and prune committed checkpoints of one job run.
 
-    Every rank constructs one with the same ``root``; ``save`` and ``load`` are
-    collective (all ranks call them in the same order).
+    Every rank constructs one with the same ``root`` (a :class:`StorageLocation`,
+    or a local path); ``save``, ``begin``, ``commit`` and ``load`` are collective
+    (all ranks call them in the same order).
     """
 
-    def __init__(self, root: str | os.PathLike, *, keep_last: int | None, rank: int):
+    def __init__(self, root: StorageLocation | str | os.PathLike, *, keep_last: int | None,
+                 rank: int, keep_every: int | None = None):
         """``keep_last=None`` leaves committed checkpoints to Ray Train's retention.
 
         Under Ray every checkpoint is registered with Ray Train, whose run
         snapshot must never name a deleted folder (a resubmitted job reloads
         it), so Ray Train deletes them itself (``CheckpointConfig.num_to_keep``).
         """
-        self.root = Path(root)
-        self.keep_last = keep_last
+        self.loc = _as_location(root)
+        self.fs, self.local = self.loc.fs, self.loc.scheme == "file"
+        self.keep_last, self.keep_every = keep_last, keep_every
         self.rank = rank
+        self.commit_error: str | None = None  # why rank 0's last commit failed, if it did
+
+    @property
+    def root(self) -> str:
+        """The checkpoints folder as the store's file system sees it."""
+        return self.loc.root
+
+    def _names(self) -> list[str]:
+        try:
+            return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
+        except FileNotFoundError:
+            return []
 
     def committed(self) -> list[CheckpointInfo]:
-        """Committed checkpoints, oldest first. Partial folders are ignored."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for entry in self.root.iterdir():
-            m = _STEP_DIR.match(entry.name)
-            manifest = entry / MANIFEST
-            if m and manifest.is_file():
-                data = json.loads(manifest.read_text())
-                found.append(CheckpointInfo(
-                    step=int(m.group(1)), path=str(entry), bytes=data["bytes"],
-                    save_s=data["save_s"], extra=data["extra"],
-                ))
-        return sorted(found, key=lambda c: c.step)
+        """Committed checkpoints, oldest first (the newest commit of a step wins)."""
+        by_step: dict[int, CheckpointInfo] = {}
+        for name in self._names():
+            m = _STEP_DIR.match(name)
+            if not m or bool(m.group(2)) == self.local:
+                continue  # local disk commits by renaming to step_N; object stores never rename
+            path = self.loc.join(name)
+            try:
+                data = json.loads(self.fs.cat_file(posixpath.join(path, MANIFEST)))
+            except FileNotFoundError:
+                continue  # not committed
+            info = CheckpointInfo(step=int(m.group(1)), path=path, bytes=data["bytes"],
+                                  save_s=data["save_s"], extra=data["extra"],
+                                  uri=self.loc.uri_of(name),
+                                  committed_at=data.get("committed_at", 0.0))
+            if info.step not in by_step or info.committed_at > by_step[info.step].committed_at:
+                by_step[info.step] = info
+        return [by_step[k] for k in sorted(by_step)]
 
     def latest(self) -> CheckpointInfo | None:
         """The newest committed checkpoint, agreed on by all ranks (rank 0 decides)."""
@@ -137,60 +172,112 @@ class CheckpointManager:
         it goes into the manifest and is identical on every rank.
         """
         t0 = time.perf_counter()
-        box = [f"step_{step:08d}.partial-{uuid.uuid4().hex[:8]}"]
+        staging = self.begin(step)
+        # DCP's save finishes with a collective after the coordinator wrote
+        # .metadata, so when it returns every rank's shards are stored.
+        dcp.save({"app": app_state}, storage_writer=self.writer(staging))
+        return self.commit(staging, step=step, extra=extra, save_s=time.perf_counter() - t0)
+
+    def writer(self, staging: str):
+        """The DCP storage writer for an attempt folder (streams to object stores).
+
+        Four writer threads: on this project's 2-core test machine they brought a
+        276 MB save from ~0.55 s to ~0.38 s (bench/checkpoint.py); on S3 they are
+        parallel uploads.
+        """
+        return dcp_writer(self.loc, staging, thread_count=WRITER_THREADS)
+
+    def begin(self, step: int) -> str:
+        """Collective: a fresh attempt folder for ``step`` (named by rank 0), with this rank's RNG."""
+        tag = uuid.uuid4().hex[:8]
+        box = [f"step_{step:08d}.partial-{tag}" if self.local else f"step_{step:08d}.{tag}"]
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)
-        staging = self.root / box[0]
-        (staging / "rng").mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), staging / "rng" / f"rank_{self.rank}.pt")
-        # DCP's save finishes with a collective after the coordinator wrote
-        # .metadata, so when it returns every rank's shards are on disk.
-        dcp.save({"app": app_state}, checkpoint_id=str(staging))
-        info = None
-        if self.rank == 0:
-            info = self._commit(staging, step=step, extra=extra, save_s=time.perf_counter() - t0)
-            self._prune()
+        staging = self.loc.join(box[0])
+        self.fs.makedirs(posixpath.join(staging, "rng"), exist_ok=True)
+        with self.fs.open(posixpath.join(staging, "rng", f"rank_{self.rank}.pt"), "wb") as f:
+            torch.save(_rng_state(), f)
+        return staging
+
+    def commit(self, staging: str, *, step: int, extra: dict, save_s: float,
+               ok: bool = True) -> CheckpointInfo | None:
+        """Collective, once every rank's shards are written: rank 0 commits (unless a rank
+        failed, ``ok`` False anywhere) and prunes; every rank gets the committed info."""
+        if dist.is_initialized():
+            vote = torch.tensor([0.0 if ok else 1.0])
+            dist.all_reduce(vote)
+            ok = bool(vote.item() == 0)
+        info, self.commit_error = None, None
+        if self.rank == 0 and ok:
+            try:
+                info = self._commit(staging, step=step, extra=extra, save_s=save_s)
+            except OSError as e:  # the store failed the manifest: nothing became visible
+                self.commit_error = f"commit failed: {type(e).__name__}: {e}"
+            if info is not None:
+                self._prune()
         box2 = [info]
         if dist.is_initialized():
             dist.broadcast_object_list(box2, src=0)
         return box2[0]
 
-    def _commit(self, staging: Path, *, step: int, extra: dict, save_s: float) -> CheckpointInfo:
-        nbytes = _dir_bytes(staging)
+    def _commit(self, staging: str, *, step: int, extra: dict, save_s: float) -> CheckpointInfo:
+        nbytes = int(self.fs.du(staging, total=True))
         manifest = {"step": step, "bytes": nbytes, "save_s": save_s, "extra": extra,
                     "committed_at": time.time()}
+        if not self.local:
+            # One PUT of one object: visible whole or not at all.
+            self.fs.pipe_file(posixpath.join(staging, MANIFEST), json.dumps(manifest).encode())
+            name = posixpath.basename(staging)
+        else:
+            name = self._commit_local(Path(staging), manifest, step=step)
+        return CheckpointInfo(step=step, path=self.loc.join(name), bytes=nbytes, save_s=save_s,
+                              extra=extra, uri=self.loc.uri_of(name),
+                              committed_at=manifest["committed_at"])
+
+    def _commit_local(self, staging: Path, manifest: dict, *, step: int) -> str:
         tmp = staging / (MANIFEST + ".tmp")
         with open(tmp, "w") as f:
             json.dump(manifest, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, staging / MANIFEST)
-        final = self.root / f"step_{step:08d}"
+        final = staging.parent / f"step_{step:08d}"
         if final.exists():
             # The same step saved again (a recomputed step after a restore): the
             # new save replaces the old one, which is moved aside before the rename.
-            trash = self.root / f".trash-{uuid.uuid4().hex[:8]}"
+            trash = staging.parent / f".trash-{uuid.uuid4().hex[:8]}"
             os.replace(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(staging, final)
-        return CheckpointInfo(step=step, path=str(final), bytes=nbytes, save_s=save_s, extra=extra)
+        return final.name
 
     def _prune(self) -> None:
-        """Keep the newest ``keep_last`` committed checkpoints; drop stale partial folders."""
+        """Drop committed checkpoints the retention rule does not keep, superseded attempts
+        of a step, and abandoned attempts older than the newest commit."""
         done = self.committed()
-        for old in (done[: max(0, len(done) - self.keep_last)] if self.keep_last else []):
-            shutil.rmtree(old.path, ignore_errors=True)
+        keep = retained_steps([c.step for c in done], keep_last=self.keep_last,
+                              keep_every=self.keep_every)
+        kept_paths = {c.path for c in done if c.step in keep}
         newest = done[-1].step if done else -1
-        for entry in self.root.iterdir():
-            if ".partial-" in entry.name and int(entry.name[5:13]) <= newest:
-                shutil.rmtree(entry, ignore_errors=True)
+        for name in self._names():
+            m = re.match(r"^step_(\d{8})", name)
+            path = self.loc.join(name)
+            if not m or path in kept_paths:
+                continue
+            committed = any(c.path == path for c in done)
+            if committed or int(m.group(1)) <= newest:
+                try:
+                    self.fs.rm(path, recursive=True)
+                except OSError:  # retried at the next commit; never worth a failed save
+                    pass
 
     def load(self, info: CheckpointInfo, *, app_state: Stateful) -> dict:
         """Load ``info`` into ``app_state`` (resharding to this layout); return its extra."""
-        dcp.load({"app": app_state}, checkpoint_id=info.path)
-        rng_file = Path(info.path) / "rng" / f"rank_{self.rank}.pt"
-        if rng_file.is_file():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+        dcp.load({"app": app_state}, storage_reader=dcp_reader(self.loc, info.path))
+        rng_file = posixpath.join(info.path, "rng", f"rank_{self.rank}.pt")
+        if self.fs.exists(rng_file):
+            with self.fs.open(rng_file, "rb") as f:
+                _set_rng_state(torch.load(f, weights_only=False))
         return info.extra
 
 

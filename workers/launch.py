@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-from urllib.parse import urlparse
 
 from workers.spec import JobSpec
 
@@ -40,11 +39,11 @@ ELASTIC_CONTROLLER_ENV = {
 }
 
 
-def storage_path(spec: JobSpec) -> str:
-    """The local path behind the spec's ``file://`` checkpoint storage."""
-    if not spec.checkpoint.storage:
-        raise ValueError("checkpoint.storage must be set before launch (the service fills it in)")
-    return urlparse(spec.checkpoint.storage).path
+def job_storage(spec: JobSpec):
+    """The job's checkpoint store (credentials from this process's environment)."""
+    from workers.storage import resolve_checkpoint_storage
+
+    return resolve_checkpoint_storage(spec.checkpoint)
 
 
 def train_fn(config: dict) -> None:
@@ -66,9 +65,12 @@ def train_fn(config: dict) -> None:
     else:
         device = torch.device("cpu")
 
+    loc = job_storage(spec)
+    filesystem = loc.ray_storage()[1]
+
     def register(info, metrics: dict) -> None:
         # Registration only (no upload): the files are already in the run directory.
-        ckpt = Checkpoint(info.path) if info is not None else None
+        ckpt = Checkpoint(info.path, filesystem=filesystem) if info is not None else None
         ray.train.report(metrics, checkpoint=ckpt,
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
                          checkpoint_dir_name=f"step_{metrics['step']:08d}")
@@ -76,7 +78,7 @@ def train_fn(config: dict) -> None:
     _check_placement(spec, node_rank=ctx.get_node_rank())
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
     env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
-                 checkpoint_root=os.path.join(storage_path(spec), config["job_id"], "checkpoints"),
+                 checkpoint_root=loc.uri_of(config["job_id"], "checkpoints"),
                  reporter=reporter, on_checkpoint=register, prune_checkpoints=False)
     try:
         run(spec, env)
@@ -115,14 +117,16 @@ def build_trainer(spec: JobSpec, *, job_id: str):
         use_gpu=res.gpus_per_worker > 0, resources_per_worker=per_worker,
         # Ray's default (60 s) lets a joined node idle for a minute before the group grows.
         elastic_resize_monitor_interval_s=RESIZE_MONITOR_INTERVAL_S)
+    loc = job_storage(spec)
+    ray_path, ray_fs = loc.ray_storage()
     run_config = RunConfig(
-        name=job_id, storage_path=storage_path(spec),
+        name=job_id, storage_path=ray_path, storage_filesystem=ray_fs,
         failure_config=FailureConfig(max_failures=spec.failure.max_failures),
         # Ray Train deletes the checkpoints it registered beyond keep_last, so its run
         # snapshot stays valid for a resubmitted job (see CheckpointManager).
         checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
         callbacks=[EventCallback(job_id), ReleaseStaleReservation(
-            os.path.join(storage_path(spec), job_id, "ray_reservation"))],
+            loc.uri_of(job_id, "ray_reservation"), spec.checkpoint)],
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
     policy = LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size,

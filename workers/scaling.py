@@ -12,9 +12,8 @@ resources as a job event from the Ray Train controller.
 from __future__ import annotations
 
 import logging
-import os
+import posixpath
 import time
-from pathlib import Path
 
 import ray
 from ray.train import ScalingConfig
@@ -125,23 +124,28 @@ class ReleaseStaleReservation(ControllerCallback):
     job's storage); the next run cancels the one it finds there.
     """
 
-    def __init__(self, marker: str):
-        self.marker = marker
+    def __init__(self, marker_uri: str, checkpoint=None):
+        """``marker_uri`` in the job's storage; ``checkpoint`` (the spec's section) says how
+        to reach an object store (credentials come from the controller's environment)."""
+        self.marker_uri, self.checkpoint = marker_uri, checkpoint
 
     def after_controller_start(self, train_run_context) -> None:
         """Cancel the previous run's reservation, then record this run's."""
+        from workers.storage import resolve_storage
+
         mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
-        path = Path(self.marker)
+        s3 = getattr(self.checkpoint, "s3", None)
+        loc = resolve_storage(self.marker_uri, endpoint_url=s3 and s3.endpoint_url,
+                              region=s3 and s3.region,
+                              credentials_secret=s3 and s3.credentials_secret)
         try:
-            previous = path.read_text().strip()
-        except OSError:
+            previous = loc.fs.cat_file(loc.root).decode().strip()
+        except (FileNotFoundError, OSError):
             previous = ""
         if previous and previous != mine:
             cancel_reservation(previous)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(mine)
-        os.replace(tmp, path)
+        loc.fs.makedirs(posixpath.dirname(loc.root), exist_ok=True)
+        loc.fs.pipe_file(loc.root, mine.encode())  # one small write: whole or absent
 
 
 def cancel_reservation(requester_id: str) -> None:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from workers.models.config import get_model_config
+from workers.storage_spec import S3Spec, check_storage_uri
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MODEL_PRESETS = ("gpt-tiny", "gpt-small", "llama-1b", "llama-7b", "llama-70b")
@@ -225,32 +226,67 @@ class TrainSpec(_Spec):
 
 
 class CheckpointSpec(_Spec):
-    """When and where checkpoints are written."""
+    """When and where checkpoints are written, and which ones are kept."""
+
+    # storage may carry user:key@ by mistake: keep inputs out of ValidationError's text
+    # (JobSpec does the same for the whole tree).
+    model_config = ConfigDict(**_Spec.model_config, hide_input_in_errors=True)
 
     storage: str | None = Field(
         None,
-        description="file:///path (default: the service's data dir), later s3://bucket/prefix.",
+        description="file:///abs/path (default: the service's data dir), s3://bucket[/prefix] "
+        "(AWS S3 or, with checkpoint.s3.endpoint_url, MinIO or any S3-compatible store) or "
+        "gs://bucket[/prefix]. Object stores are checked for write access at submit.",
     )
-    every_steps: int | None = Field(10, ge=1, description="Save every N optimizer steps.")
+    s3: S3Spec | None = Field(
+        None, description="Endpoint, region and credentials secret name for s3:// storage.")
+    every_steps: int | None = Field(
+        10, ge=1, description="Save every N optimizer steps; with interval 'auto', the "
+        "starting interval until a save and the step time have been measured.")
     every_seconds: float | None = Field(
-        None, gt=0, description="Save when this many seconds passed since the last save."
-    )
+        None, gt=0, description="Save when this many seconds passed since the last save.")
+    interval: Literal["auto"] | None = Field(
+        None, description="'auto': choose the interval from the measured blocking cost of a "
+        "save and the failure rate (Young/Daly), starting from every_steps; unset = "
+        "every_steps / every_seconds as given.")
+    mtbf_prior_s: float = Field(
+        86400.0, gt=0, description="Prior mean time between failures, in seconds, for "
+        "interval 'auto' before failures have been observed (ignored otherwise).")
     async_: bool = Field(
         False, alias="async", description="Write shards in the background (DCP async_save)."
     )
-    keep_last: int = Field(3, ge=1, description="Committed checkpoints to keep.")
+    keep_last: int = Field(3, ge=1, description="Newest committed checkpoints to keep.")
+    keep_every: int | None = Field(
+        None, ge=1, description="Also keep every checkpoint whose step is a multiple of N "
+        "(e.g. 1000 keeps steps 1000, 2000, ...), on top of keep_last; unset = none.")
 
     @field_validator("storage")
     @classmethod
     def _known_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("file://"):
+        return None if v is None else check_storage_uri(v)
+
+    @model_validator(mode="after")
+    def _s3_options_need_s3(self) -> "CheckpointSpec":
+        if self.s3 is not None and not (self.storage or "").startswith("s3://"):
+            raise ValueError("checkpoint.s3 is only used with an s3:// checkpoint.storage; "
+                             "remove it or set checkpoint.storage to s3://bucket[/prefix]")
+        return self
+
+    @model_validator(mode="after")
+    def _interval_fields_agree(self) -> "CheckpointSpec":
+        if self.interval == "auto" and self.every_seconds is not None:
+            raise ValueError("checkpoint.every_seconds conflicts with checkpoint.interval "
+                             "'auto'; remove one (every_steps is the starting interval)")
+        if self.interval == "auto" and self.every_steps is None:
+            raise ValueError("checkpoint.interval 'auto' starts from checkpoint.every_steps; "
+                             "set it to a step count or leave it at its default (10)")
+        fixed = self.interval is None and self.every_seconds is None and self.every_steps
+        if fixed and self.keep_every and self.keep_every % self.every_steps:
             raise ValueError(
-                "checkpoint.storage must be a file:// URI in this release "
-                "(s3:// and gs:// come with object-storage support)"
-            )
-        if v is not None and not v.startswith("file:///"):
-            raise ValueError("checkpoint.storage must be an absolute path: file:///abs/path")
-        return v
+                f"checkpoint.keep_every ({self.keep_every}) must be a multiple of "
+                f"checkpoint.every_steps ({self.every_steps}), or those steps are never saved; "
+                f"use a multiple of {self.every_steps}")
+        return self
 
 
 class FailureSpec(_Spec):
@@ -266,6 +302,10 @@ class FailureSpec(_Spec):
 
 class JobSpec(_Spec):
     """A training job: model, data, layout, resources, optimisation, checkpoints, failures."""
+
+    # Inputs stay out of ValidationError's text (the API omits them too): a mistyped
+    # checkpoint.storage or checkpoint.s3 value may hold a key.
+    model_config = ConfigDict(**_Spec.model_config, hide_input_in_errors=True)
 
     name: str = Field(description="DNS-label-like job name, <= 47 characters.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model.")

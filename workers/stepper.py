@@ -46,7 +46,8 @@ class Stepper:
 
     Every rank that computes the loss (all ranks without pipelining, the last
     stage with it) contributes ``loss / holders`` to one all-reduce, which also
-    carries a flag any rank may raise (time-based checkpoints) at no extra cost.
+    carries votes any rank may cast (a save is due; its async writes are done) at no
+    extra cost.
     """
 
     def __init__(self, *, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
@@ -64,8 +65,11 @@ class Stepper:
                                        enabled=precision == "bf16")
         self.meter: ActivationMeter | None = None
 
-    def step(self, batch: list, *, flag: bool) -> tuple[float, bool]:
-        """One optimizer step on this rank's share of ``batch``; (global mean loss, any flag)."""
+    def step(self, batch: list, *, votes: tuple[bool, ...] = ()) -> tuple[float, tuple[int, ...]]:
+        """One optimizer step on this rank's share of ``batch``.
+
+        Returns the global mean loss and, per vote, how many ranks voted yes.
+        """
         calls = shard_global_batch(batch, dp_rank=self.coords.dp_rank,
                                    dp_size=self.coords.dp_size, micro_batch_size=self.per_call)
         local = torch.zeros((), dtype=torch.float64)
@@ -79,7 +83,7 @@ class Stepper:
         self._clip()
         for opt in self.optimizers:
             opt.step()
-        return self._reduce(local, flag)
+        return self._reduce(local, votes)
 
     def zero_grad(self) -> None:
         """Drop gradients (after any memory measurement of the step)."""
@@ -117,13 +121,15 @@ class Stepper:
         torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total_grad_norm(params),
                                              foreach=False)
 
-    def _reduce(self, local: torch.Tensor, flag: bool) -> tuple[float, bool]:
+    def _reduce(self, local: torch.Tensor,
+                votes: tuple[bool, ...]) -> tuple[float, tuple[int, ...]]:
         if not dist.is_initialized():
-            return float(local), flag
+            return float(local), tuple(int(v) for v in votes)
         share = local / self.holders if self.holds_loss else torch.zeros_like(local)
-        buf = torch.stack([share, torch.tensor(float(flag), dtype=torch.float64)])
+        buf = torch.cat([share.reshape(1), torch.tensor([float(v) for v in votes],
+                                                        dtype=torch.float64)])
         dist.all_reduce(buf)
-        return float(buf[0]), bool(buf[1] > 0)
+        return float(buf[0]), tuple(int(round(float(v))) for v in buf[1:])
 
 
 @contextlib.contextmanager

@@ -22,12 +22,14 @@ from torch import nn
 from workers.checkpoint import CheckpointInfo, CheckpointManager, ModelAndOptimizer
 from workers.data import GlobalBatchSampler, build_dataset
 from workers.faults import maybe_kill_worker, maybe_throttle
+from workers.loop_checkpoints import Checkpointing
 from workers.memory import ActivationMeter, memory_report
 from workers.models import build_model, get_model_config
 from workers.parallel import build_mesh, coordinates
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy
+from workers.storage import StorageLocation, resolve_storage
 from workers.telemetry import TelemetryReporter
 
 
@@ -129,9 +131,17 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     return stepper, schedulers
 
 
+def checkpoint_location(spec: JobSpec, root: str) -> StorageLocation:
+    """``root`` (a local path, or a URI of the spec's store) as a StorageLocation."""
+    uri = root if "://" in root else f"file://{os.path.abspath(root)}"
+    s3 = spec.checkpoint.s3 if uri.startswith("s3://") else None
+    return resolve_storage(uri, endpoint_url=s3 and s3.endpoint_url, region=s3 and s3.region,
+                           credentials_secret=s3 and s3.credentials_secret)
+
+
 def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,
-             sampler) -> tuple[int, int | None]:
-    """Load the newest committed checkpoint, if any; (step to start at, its world size)."""
+             sampler) -> tuple[int, dict | None]:
+    """Load the newest committed checkpoint, if any; (step to start at, its manifest extra)."""
     info = ckpts.latest()
     if info is None:
         return 0, None
@@ -139,7 +149,7 @@ def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,
     for sched in schedulers:
         sched.load_state_dict(extra["scheduler"])
     sampler.load_state_dict(extra["sampler"])
-    return info.step, extra.get("world_size")
+    return info.step, extra
 
 
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
@@ -152,19 +162,20 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     stepper, schedulers = _build(spec, env, dataset)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     keep = spec.checkpoint.keep_last if env.prune_checkpoints else None
-    ckpts = (CheckpointManager(env.checkpoint_root, keep_last=keep, rank=env.rank)
+    ckpts = (CheckpointManager(checkpoint_location(spec, env.checkpoint_root), keep_last=keep,
+                               rank=env.rank, keep_every=spec.checkpoint.keep_every)
              if env.checkpoint_root else None)
-    start, saved_world = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
+    start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
+    saving = Checkpointing(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
-    _announce_start(env, start, saved_world)
-    last_save = time.monotonic()
+    _announce_start(env, start, (restored or {}).get("world_size"))
     last = min(spec.train.steps, env.stop_at or spec.train.steps)
     for step in range(start + 1, last + 1):
         t0 = time.perf_counter()
         batch = sampler.next_global_batch(spec.train.global_batch_size)
         first = step == start + 1
         stepper.meter = ActivationMeter() if first else None
-        loss, save_now = stepper.step(batch, flag=_due_by_time(spec, last_save))
+        loss, (due_votes, done_votes) = stepper.step(batch, votes=saving.votes())
         if first:
             result.memory = _report_memory(env, stepper)
         stepper.zero_grad()
@@ -178,22 +189,13 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         _emit_metric(spec, env, step=step, loss=loss, dt=dt,
                      lr=stepper.optimizers[0].param_groups[0]["lr"], sampler=sampler,
                      dataset_len=len(dataset))
-        if ckpts and (save_now or _due_by_steps(spec, step)):
-            _save(ckpts, env, step=step, stepper=stepper, loss=loss,
-                  extra={"scheduler": schedulers[0].state_dict(),
-                         "sampler": sampler.state_dict(), "world_size": env.world_size})
-            last_save = time.monotonic()
+        saving.after_step(step=step, loss=loss, dt=dt, due_votes=due_votes,
+                          done_votes=done_votes, stepper=stepper,
+                          extra=lambda: {"scheduler": schedulers[0].state_dict(),
+                                         "sampler": sampler.state_dict(),
+                                         "world_size": env.world_size, **saving.extra_state()})
+    saving.close()
     return result
-
-
-def _due_by_steps(spec: JobSpec, step: int) -> bool:
-    every = spec.checkpoint.every_steps
-    return step == spec.train.steps or bool(every and step % every == 0)
-
-
-def _due_by_time(spec: JobSpec, last_save: float) -> bool:
-    every = spec.checkpoint.every_seconds
-    return bool(every and time.monotonic() - last_save >= every)
 
 
 def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
@@ -239,23 +241,3 @@ def _emit_metric(spec: JobSpec, env: RunEnv, *, step: int, loss: float, dt: floa
         "epoch": cursor["epoch"], "epoch_position": cursor["position"],
         "epoch_size": dataset_len,
     })
-
-
-def _save(ckpts: CheckpointManager, env: RunEnv, *, step: int, stepper: Stepper,
-          extra: dict, loss: float) -> None:
-    t0 = time.perf_counter()
-    if env.reporter is not None:
-        # The steps this checkpoint covers reach the control plane before it commits:
-        # a run restored from it never recomputes (and so never re-reports) them.
-        env.reporter.flush(timeout=5.0)
-    info = ckpts.save(step=step, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers),
-                      extra=extra)
-    blocking = time.perf_counter() - t0
-    if env.rank == 0 and env.reporter is not None:
-        env.reporter.checkpoint(step=step, uri=f"file://{info.path}", nbytes=info.bytes,
-                                save_s=info.save_s, blocking_s=blocking)
-        env.reporter.event("checkpoint_saved", f"checkpoint saved at step {step}",
-                           data={"step": step, "bytes": info.bytes, "save_s": info.save_s},
-                           dedup_key=f"ckpt:{step}:{os.path.basename(info.path)}:{info.save_s}")
-    if env.on_checkpoint is not None:
-        env.on_checkpoint(info if env.rank == 0 else None, {"step": step, "loss": loss})

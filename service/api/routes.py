@@ -6,6 +6,7 @@ import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
@@ -78,7 +79,8 @@ def read_prometheus_metrics(request: Request) -> Response:
 async def create_job(request: Request, user: User, jobs: Jobs) -> dict:
     """Submit a job spec (JSON, or YAML with Content-Type: application/yaml)."""
     data = parse_body(await request.body(), request.headers.get("content-type"))
-    job = jobs.submit(user, data)
+    # Off the event loop: submit may probe the job's object storage over the network.
+    job = await run_in_threadpool(jobs.submit, user, data)
     prom.SUBMITTED.inc()
     return job_view(job)
 
@@ -153,7 +155,8 @@ async def create_job_telemetry(job_id: str, request: Request,
 async def create_plan(request: Request, user: User, jobs: Jobs) -> dict:
     """Dry run: memory per rank, layout, warnings, errors and a recommendation."""
     del user
-    return jobs.plan(parse_body(await request.body(), request.headers.get("content-type")))
+    data = parse_body(await request.body(), request.headers.get("content-type"))
+    return await run_in_threadpool(jobs.plan, data)  # may probe object storage
 
 
 @v1.get("/cluster")

@@ -12,10 +12,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend
+from service.domain.hardware import cluster_from_nodes
 from service.domain.job_metrics import JobMetrics
 from service.domain.planning import ClusterSpec, plan_job
 from service.domain.states import JobStatus
+from service.domain.storage_check import check_checkpoint_storage
 from service.errors import BackendUnavailable, Forbidden, InvalidSpec
+from workers.retention import retained_steps
 from service.settings import Settings
 from service.store import JobRecord, JobStore
 from workers.spec import JobSpec
@@ -156,6 +159,7 @@ class JobService:
         if plan["errors"] or not plan["fits"]:
             raise InvalidSpec("the plan for this job has errors",
                               [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan["errors"]])
+        check_checkpoint_storage(spec.checkpoint)  # s3:// and gs:// only: a write probe
         return self.store.create_job(
             tenant_id=principal.tenant_id, name=spec.name,
             spec=spec.model_dump(mode="json", by_alias=True),
@@ -264,18 +268,21 @@ class JobService:
             self.job_metrics.observe_checkpoint(job.id, kept[-1]["blocking_s"])
 
     def _apply_retention(self, job: JobRecord) -> list[dict]:
-        """Forget checkpoints the cluster deleted: only the newest ``keep_last`` are kept.
+        """Forget checkpoints the cluster deleted, by the workers' own rule
+        (``workers.retention``: the newest ``keep_last`` plus ``keep_every`` milestones).
 
         Ray Train (``CheckpointConfig.num_to_keep``) deletes older folders once a
         newer checkpoint is committed, so the list mirrors that rule. Returns the
         kept ones, ascending by step.
         """
-        keep = int(job.spec["checkpoint"]["keep_last"])
+        ck = job.spec["checkpoint"]
         listed = self.store.list_checkpoints(job.id)
-        cut = max(0, len(listed) - keep)
-        for old in listed[:cut]:
-            self.store.delete_checkpoint(job.id, old["step"])
-        return listed[cut:]
+        keep = retained_steps([c["step"] for c in listed], keep_last=int(ck["keep_last"]),
+                              keep_every=ck.get("keep_every"))
+        for old in listed:
+            if old["step"] not in keep:
+                self.store.delete_checkpoint(job.id, old["step"])
+        return [c for c in listed if c["step"] in keep]
 
     def _ingest_event(self, job: JobRecord, ev: dict) -> bool:
         """Store one event; True when it is new (not a replay of a stored ``dedup_key``)."""
@@ -293,6 +300,7 @@ class JobService:
                               [{"loc": ["body", "spec"], "msg": "field required",
                                 "type": "missing"}])
         spec = validate_spec(data["spec"])
+        check_checkpoint_storage(spec.checkpoint)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
@@ -302,15 +310,13 @@ class JobService:
         return plan_job(spec, cluster=shape)
 
     def cluster_shape(self) -> dict:
-        """Per-node CPUs and GPUs of the connected cluster (empty if it cannot be reached)."""
+        """Nodes, per-node CPUs, GPUs (and their model) and host memory of the connected
+        cluster, as a plan's ``cluster`` (empty if it cannot be reached)."""
         try:
             nodes = self.backend.cluster().nodes
         except BackendUnavailable:
             return {}
-        cpus = [float(n["resources"].get("CPU", 0)) for n in nodes]
-        gpus = [int(n["resources"].get("GPU", 0)) for n in nodes]
-        return {"nodes": len(nodes), "cpus_per_node": max(cpus, default=0) or None,
-                "gpus_per_node": max(gpus, default=0)}
+        return cluster_from_nodes(nodes)
 
     def cluster(self) -> dict:
         """Nodes and resources of the connected cluster."""

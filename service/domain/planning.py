@@ -1,21 +1,36 @@
-"""A first planner: parameter, gradient, optimizer and activation memory per rank.
+"""The pre-flight planner: memory per rank, layout rules, step estimates, a verdict.
 
-This is the simple estimate the foundation needs to refuse what cannot run
-(strategies this build lacks, a model that cannot fit the stated GPU); the full
-layout planner replaces it. Imports no torch.
+``plan_job`` runs on every submit and on ``POST /v1/plan``. It sizes the
+job's own layout (``memory_model``), compares it with every other layout of
+the same workers (``layout_rules``, timed by ``step_time`` on the GPUs of
+``hardware``), and answers with errors (the job cannot run: refused with 422)
+and warnings (it runs, but wastefully: stored on the job). Imports no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.domain import layout_rules as rules
+from service.domain.hardware import GIB, ClusterHardware, resolve_cluster
+from service.domain.memory_model import Layout, Workload
 from workers.models import count_params, get_model_config
 from workers.spec import JobSpec
 
-GIB = 1024**3
+__all__ = ["AVAILABLE_STRATEGIES", "GIB", "ClusterSpec", "plan_job", "layout_of",
+           "workload_of"]
+
 # Strategies whose worker code this build ships (the registry in
 # workers.strategies holds the same names; a unit test keeps them equal).
 AVAILABLE_STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
+METHOD = ("tensor-by-tensor state of this build (fp32 params and grads, AdamW 2 x fp32), "
+          "saved-for-backward activations of the Llama block (flash attention), FSDP and "
+          "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives")
+ACTIVATIONS_NOTE = ("activation estimates match autograd's saved tensors on CPU for ddp, fsdp "
+                    "and tp; pipeline schedules (CPU meter 1.1-1.8x higher) and every GPU "
+                    "number are unverified")
 
 
 class ClusterSpec(BaseModel):
@@ -25,91 +40,179 @@ class ClusterSpec(BaseModel):
 
     nodes: int | None = Field(None, ge=1, description="Nodes.")
     gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
-    gpu: str | None = Field(None, description="GPU model, e.g. H100-80GB.")
-    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of one GPU in GiB.")
-    interconnect: str | None = Field(None, description="nvlink, pcie, ...")
+    gpu: str | list[str] | None = Field(
+        None, description="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); a list "
+        "for a cluster with several kinds.")
+    gpu_memory_gb: float | list[float] | None = Field(
+        None, description="Memory of one GPU in GiB (overrides the table); a list for GPUs of "
+        "different sizes: the plan uses the smallest.")
+    interconnect: str | None = Field(
+        None, description="GPU link inside a node: nvlink3, nvlink4, nvlink5, pcie3, pcie4, "
+        "pcie5 (nvlink = nvlink4, pcie = pcie4); default: the GPU model's usual link.")
+    network: str | None = Field(
+        None, description="Link between nodes: ib-hdr, ib-ndr, ib-xdr, ethernet-10g/25g/100g/"
+        "400g; default: the GPU model's usual network.")
     cpus_per_node: float | None = Field(None, gt=0, description="CPUs per node.")
+    host_memory_gb: float | None = Field(None, gt=0, description="Host memory per node in GiB.")
 
 
-def _state_shards(spec: JobSpec) -> int:
-    """How many ranks share one copy of parameters, gradients and optimizer state.
+def workload_of(spec: JobSpec) -> Workload:
+    """The slice of ``spec`` memory and step time depend on."""
+    t = spec.train
+    return Workload(cfg=get_model_config(spec.model.preset), seq_len=spec.data.seq_len,
+                    micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
+                    precision=t.precision, optimizer=t.optimizer, momentum=t.momentum,
+                    on_gpu=spec.resources.gpus_per_worker > 0,
+                    activation_checkpointing=bool(getattr(spec.model, "activation_checkpointing",
+                                                          False)),
+                    async_checkpoint=spec.checkpoint.async_)
 
-    FSDP2 shards all three over dp at every zero stage (stage 1 maps to 2);
-    tensor and pipeline parallelism split them over tp and pp. Embeddings and
-    norms that TP replicates are ignored here: the full planner counts them.
-    """
+
+def layout_of(spec: JobSpec, world: int) -> Layout:
+    """The job's own layout at ``world`` workers."""
     par = spec.parallelism
-    dp = spec.data_parallel_size(spec.resources.min_workers)
-    # Every strategy but DDP shards over dp with FSDP2 when dp > 1.
-    return (1 if par.strategy == "ddp" else dp) * par.tp * par.pp
+    return Layout(par.strategy, dp=spec.data_parallel_size(world), tp=par.tp, pp=par.pp,
+                  zero_stage=par.fsdp.zero_stage, cpu_offload=par.fsdp.cpu_offload,
+                  schedule=par.pipeline.schedule, microbatches=par.pipeline.microbatches)
 
 
-def _layout_errors(spec: JobSpec, cluster: dict) -> list[str]:
-    """A TP group must fit on one node: its consecutive ranks share a node's interconnect."""
-    par, res = spec.parallelism, spec.resources
-    if par.tp == 1:
-        return []
-    per_node, unit, what = ((cluster.get("gpus_per_node"), res.gpus_per_worker, "GPUs")
-                            if res.gpus_per_worker else
-                            (cluster.get("cpus_per_node"), res.cpus_per_worker, "CPUs"))
-    if per_node is not None and par.tp * unit > per_node + 1e-9:
-        return [f"parallelism.tp ({par.tp}) x {what.lower()} per worker ({unit:g}) = "
-                f"{par.tp * unit:g} {what} would span nodes of {per_node:g} {what}; TP must "
-                f"stay inside one node: reduce parallelism.tp to <= {int(per_node // unit)}"]
-    return []
+def _per_node(spec: JobSpec, hw: ClusterHardware) -> tuple[float | None, float, str]:
+    """(devices per node, devices per worker, their name) the TP rule counts in."""
+    res = spec.resources
+    if res.gpus_per_worker:
+        return hw.gpus_per_node, res.gpus_per_worker, "GPUs"
+    return hw.cpus_per_node, res.cpus_per_worker, "CPUs"
 
 
-def _activation_bytes(spec: JobSpec) -> int:
-    """Activations of one micro-batch kept for backward (Korthikanti et al., no recompute).
+def _static_findings(spec: JobSpec, hw: ClusterHardware, layout: Layout,
+                     cluster_errors: list[str]) -> list[rules.Finding]:
+    out = []
+    if spec.parallelism.strategy not in AVAILABLE_STRATEGIES:
+        out.append(rules.Finding("error", "parallelism.strategy",
+                                 f"parallelism.strategy {spec.parallelism.strategy!r} is not "
+                                 f"available in this release; use one of "
+                                 f"{list(AVAILABLE_STRATEGIES)}"))
+    out += [rules.Finding("error", "cluster", e) for e in cluster_errors]
+    per_node, unit, what = _per_node(spec, hw)
+    out += rules.layout_findings(layout, tp_unit=unit, per_node=per_node, what=what)
+    return out
 
-    Per layer about s*b*h*(34 + 5*a*s/h) bytes in 16-bit; doubled for fp32.
-    """
-    cfg = get_model_config(spec.model.preset)
-    s, b, h, a = spec.data.seq_len, spec.train.micro_batch_size, cfg.dim, cfg.n_heads
-    per_layer = s * b * h * (34 + 5 * a * s / h)
-    scale = 1.0 if spec.train.precision == "bf16" else 2.0
-    logits = s * b * cfg.vocab_size * 4 * 2  # fp32 logits and their gradient
-    return int(per_layer * cfg.n_layers * scale + logits)
+
+def _capacity_findings(spec: JobSpec, hw: ClusterHardware, job: rules.Candidate,
+                       workers_per_node: int | None) -> list[rules.Finding]:
+    """Host memory per node (offload, async staging) and GPUs the cluster does not have."""
+    out = []
+    if job.memory.host and hw.host_memory_bytes and workers_per_node:
+        need = job.memory.host * workers_per_node
+        if need > hw.host_memory_bytes:
+            causes = " and ".join(job.memory.detail["host"])
+            out.append(rules.Finding(
+                "error", "parallelism.fsdp.cpu_offload",
+                f"{causes} need {rules.gib(need)} of host memory per node ({rules.gib(job.memory.host)}"
+                f" per rank x {workers_per_node} ranks) but nodes have "
+                f"{rules.gib(hw.host_memory_bytes)}; set parallelism.fsdp.cpu_offload false or "
+                "checkpoint.async false, or spread the workers over more nodes"))
+    gpus = spec.resources.min_workers * spec.resources.gpus_per_worker
+    have = (hw.nodes or 0) * (hw.gpus_per_node or 0)
+    if gpus and hw.nodes and hw.gpus_per_node is not None and gpus > have:
+        out.append(rules.Finding("warning", "resources.workers",
+                                 f"the job needs {gpus} GPUs but the cluster has {have} "
+                                 f"({hw.nodes} nodes x {hw.gpus_per_node}); it waits until the "
+                                 f"cluster grows, or set resources.workers to <= "
+                                 f"{have // spec.resources.gpus_per_worker}"))
+    return out
+
+
+def _per_rank(job: rules.Candidate) -> dict:
+    m = job.memory
+    s = m.device_state
+    per_rank = {"params_bytes": s.params, "grads_bytes": s.grads, "optimizer_bytes": s.optimizer,
+                "activations_bytes": m.activations, "buffers_bytes": m.buffers}
+    per_rank["total_bytes"] = sum(per_rank.values())
+    return per_rank
+
+
+def _breakdown(job: rules.Candidate, work: Workload, hw: ClusterHardware,
+               workers_per_node: int | None) -> dict:
+    m, n = job.memory, count_params(work.cfg)
+    return {
+        "layout": job.layout.describe(), "worst_pp_rank": m.pp_rank,
+        "state_bytes_per_param": {"params": 4, "grads": 4,
+                                  "optimizer": work.optimizer_bytes_per_param},
+        "state_bytes": m.state.total, "state_offloaded_to_host": m.offloaded,
+        "unsharded_state_bytes": n * (8 + work.optimizer_bytes_per_param),
+        "activations_checkpointed_bytes": m.activations_checkpointed,
+        "activation_checkpointing": work.activation_checkpointing,
+        "buffers": m.detail["buffers"], "host": m.detail["host"], "host_bytes": m.host,
+        "host_bytes_per_node": m.host * workers_per_node if workers_per_node else None,
+        "gpu_memory_bytes": hw.gpu_memory_bytes if work.on_gpu else None,
+        "micro_batches_per_step": work.calls_per_step(job.layout),
+    }
+
+
+def _cluster_view(hw: ClusterHardware) -> dict:
+    view = dataclasses.asdict(hw)
+    view["link"] = hw.link.name if hw.link else None
+    view["network"] = hw.network.name if hw.network else None
+    view["gpu_memory_bytes"] = hw.gpu_memory_bytes
+    return view
+
+
+def _rank_key(c: rules.Candidate) -> tuple:
+    """Fitting first, then fastest (or smallest when step time is unknown)."""
+    return (not c.fits, c.step.step_s if c.step else 0.0, c.memory.device_total)
 
 
 def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
-    """Memory per rank and a verdict for ``spec`` on ``cluster`` (optional)."""
-    n = count_params(get_model_config(spec.model.preset))
-    errors: list[str] = []
-    warnings: list[str] = []
-    if spec.parallelism.strategy not in AVAILABLE_STRATEGIES:
-        errors.append(
-            f"parallelism.strategy {spec.parallelism.strategy!r} is not available in this "
-            f"release; use one of {list(AVAILABLE_STRATEGIES)}")
-    if spec.checkpoint.async_:
-        errors.append("checkpoint.async is not available in this release; set it to false")
-    errors += _layout_errors(spec, cluster or {})
-    opt_per_param = 8 if spec.train.optimizer == "adamw" else (4 if spec.train.momentum else 0)
-    local = n // _state_shards(spec)
-    per_rank = {
-        "params_bytes": 4 * local,  # fp32 master weights (bf16 is autocast, not stored)
-        "grads_bytes": 4 * local,
-        "optimizer_bytes": opt_per_param * local,
-        "activations_bytes": _activation_bytes(spec),
-        "buffers_bytes": min(4 * local, 2 * 25 * 1024**2),  # DDP buckets / FSDP gathers
-    }
-    per_rank["total_bytes"] = sum(per_rank.values())
-    fits = True
-    gpu_gb = (cluster or {}).get("gpu_memory_gb")
-    if gpu_gb and spec.resources.gpus_per_worker > 0:
-        fits = per_rank["total_bytes"] <= gpu_gb * GIB
-        if not fits:
-            errors.append(
-                f"needs {per_rank['total_bytes'] / GIB:.1f} GiB per rank but the GPU has "
-                f"{gpu_gb} GiB; use a smaller model.preset or train.micro_batch_size")
+    """Plan ``spec`` on ``cluster`` (a :class:`ClusterSpec` mapping; empty: unknown hardware).
+
+    The job is planned at its minimum worker count. ``fits`` is False when
+    there is any error; ``recommendation`` names the strategy of the layout the
+    playbook recommends for these workers (``recommended_layout`` has the rest).
+    """
+    hw, cluster_errors = resolve_cluster(cluster or {})
+    work, world = workload_of(spec), spec.resources.min_workers
+    layout = layout_of(spec, world)
+    per_node, unit, _ = _per_node(spec, hw)
+    workers_per_node = int(per_node // unit) if per_node else None
+    gpw = spec.resources.gpus_per_worker
+    job = rules.evaluate(work, layout, hw, gpus_per_worker=gpw)
+    cands = [c for c in (rules.evaluate(work, lay, hw, gpus_per_worker=gpw) for lay in
+                         rules.candidate_layouts(work, world, max_tp=workers_per_node or world))
+             if c.layout != layout] + [job]
+    rec = rules.recommend(cands, hw, workers_per_node=workers_per_node)
+    smaller = (rules.evaluate(dataclasses.replace(work, micro_batch_size=1), layout, hw,
+                              gpus_per_worker=gpw) if work.micro_batch_size > 1 else None)
+    findings = _static_findings(spec, hw, layout, cluster_errors)
+    findings += rules.fit_findings(job, rec, hw if work.on_gpu else ClusterHardware(),
+                                   smaller_batch=smaller)
+    if work.on_gpu:
+        findings += rules.waste_findings(job, cands, hw, workers_per_node=workers_per_node)
+        findings += rules.hardware_findings(job, hw)
+        findings += rules.accumulation_finding(job, work)
+    findings += _capacity_findings(spec, hw, job, workers_per_node)
+    errors = [f.message for f in findings if f.level == "error"]
+    notes = [ACTIVATIONS_NOTE]
+    if work.on_gpu and hw.gpu_memory_bytes is None:
+        notes.append("GPU memory unknown: set cluster.gpu or cluster.gpu_memory_gb to check "
+                     "that the job fits")
     return {
-        "fits": fits and not errors, "num_params": n, "per_rank": per_rank,
+        "fits": not errors, "num_params": count_params(work.cfg), "per_rank": _per_rank(job),
+        "breakdown": _breakdown(job, work, hw, workers_per_node),
         "layout": {"strategy": spec.parallelism.strategy,
-                   "workers": spec.resources.model_dump()["workers"],
-                   "dp": spec.data_parallel_size(spec.resources.min_workers),
-                   "tp": spec.parallelism.tp, "pp": spec.parallelism.pp,
-                   "grad_accum_steps": spec.grad_accum_steps(spec.resources.min_workers)},
-        "warnings": warnings, "errors": errors,
-        "recommendation": "ddp" if not errors else None,
-        "method": "simple estimate (parameters, gradients, optimizer, activations)",
+                   "workers": spec.resources.model_dump()["workers"], "dp": layout.dp,
+                   "tp": layout.tp, "pp": layout.pp, "grad_accum_steps": spec.grad_accum_steps(world)},
+        "step_estimate": job.step.as_dict() if job.step else None,
+        "cluster": _cluster_view(hw),
+        "candidates": [c.summary() for c in sorted(cands, key=_rank_key)],
+        "warnings": [f.message for f in findings if f.level == "warning"], "errors": errors,
+        "notes": notes,
+        "recommendation": rec.candidate.layout.strategy if rec else None,
+        "recommended_layout": ({**rec.candidate.summary(), "reason": rec.reason,
+                                "zero_stage": rec.candidate.layout.zero_stage
+                                if rec.candidate.layout.fsdp else None,
+                                "cpu_offload": rec.candidate.layout.cpu_offload,
+                                "microbatches": rec.candidate.layout.microbatches
+                                if rec.candidate.layout.pp > 1 else None} if rec else None),
+        "method": METHOD,
     }

@@ -11,6 +11,7 @@ from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.recovery import decide_recovery
 from service.domain.scheduler import Demand, decide_admissions
 from service.domain.states import JobStatus
+from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
 from service.settings import Settings
 from service.store import JobRecord, JobStore
@@ -83,7 +84,8 @@ class Reconciler:
         # Train run list (Backend.dashboard_links "train_runs"); off by default in Ray 2.60.
         req = LaunchRequest(job_id=job.id, submission_id=submission_id,
                             spec_json=_dumps(job.spec),
-                            env={"ETRAIN_REPORT_URL": self.settings.report_url,
+                            env={**self._storage_env(job),
+                                 "ETRAIN_REPORT_URL": self.settings.report_url,
                                  "ETRAIN_REPORT_TOKEN": token,
                                  "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"})
         try:
@@ -104,6 +106,16 @@ class Reconciler:
             event=("submitted", f"submitted to Ray as {submission_id}", {"dashboard_url": url}))
         if updated is None:  # cancelled while we were submitting: do not leave it running
             self.backend.stop(submission_id)
+
+    def _storage_env(self, job: JobRecord) -> dict[str, str]:
+        """The object-store credentials the job's workers need, from the service's env.
+
+        Not for KubeRay: its Ray pods read the same ``etrain-storage`` Secret with
+        envFrom, and a RayJob's runtime env is stored in the cluster in plain text.
+        """
+        if self.settings.backend == "kuberay":
+            return {}
+        return storage_launch_env(job.spec["checkpoint"])
 
     def _follow(self, job: JobRecord) -> None:
         if not job.submission_id:

@@ -14,15 +14,16 @@ from workers.train_loop import RunEnv, run
 pytestmark = pytest.mark.slow
 
 
-def _spec(tmp_path, optimizer: str, **train) -> dict:
+def _spec(tmp_path, optimizer: str, *, asynchronous: bool = False, **train) -> dict:
     return JobSpec.model_validate({
         "name": f"it-{optimizer}",
         "data": {"seq_len": 32, "num_samples": 256},
         "resources": {"workers": 2, "cpus_per_worker": 1},
-        "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2,
+        "train": {"steps": 12 if asynchronous else 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2,
                   "warmup_steps": 2, "optimizer": optimizer, "momentum": 0.9 if optimizer == "sgd"
                   else 0.0, **train},
-        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 4},
+        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 4,
+                       "async": asynchronous},
     }).model_dump(mode="json", by_alias=True)
 
 
@@ -48,28 +49,39 @@ def test_ddp_loss_per_step_matches_single_process(run_job, telemetry_sink, tmp_p
     assert ws == {2}
 
 
+# sync: SIGKILL rank 1 at step 6, checkpoint at 4. async: the save of step 8 is slowed
+# down and rank 1 is killed at step 10, in the middle of it: the restore must take the
+# complete checkpoint of step 4, never the partial one of step 8.
+KILLS = {"sync": {"ETRAIN_FAULT_KILL_STEP": "6"},
+         "async": {"ETRAIN_FAULT_KILL_STEP": "10", "ETRAIN_FAULT_SLOW_SAVE_STEP": "8",
+                   "ETRAIN_FAULT_SLOW_SAVE_S": "20"}}
+
+
+@pytest.mark.parametrize("mode", list(KILLS))
 def test_kill_and_resume_equals_uninterrupted(run_job, telemetry_sink, checkpoint_tensors,
-                                              tmp_path):
-    """SIGKILL rank 1 at step 6 (checkpoint at 4): the resumed run ends bitwise equal."""
+                                              tmp_path, mode):
+    """The resumed run ends bitwise equal to an uninterrupted one."""
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
-    clean, killed = _spec(clean_dir, "adamw"), _spec(killed_dir, "adamw")
+    asynchronous = mode == "async"
+    clean = _spec(clean_dir, "adamw", asynchronous=asynchronous)
+    killed = _spec(killed_dir, "adamw", asynchronous=asynchronous)
     tag = uuid.uuid4().hex[:6]
     clean_id, killed_id = f"j-clean-{tag}", f"j-killed-{tag}"
     assert run_job(job_id=clean_id, spec=clean) == RunState.SUCCEEDED
     marker = tmp_path / "killed-once"
     assert run_job(job_id=killed_id, spec=killed, extra_env={
-        "ETRAIN_FAULT_KILL_STEP": "6", "ETRAIN_FAULT_KILL_RANK": "1",
+        **KILLS[mode], "ETRAIN_FAULT_KILL_RANK": "1",
         "ETRAIN_FAULT_MARKER": str(marker)}) == RunState.SUCCEEDED
     assert marker.exists(), "the fault was never injected"
 
     events = telemetry_sink.items("events", killed_id)
     kinds = [e["kind"] for e in events]
     assert "worker_failed" in kinds
-    assert any(e["kind"] == "restored" and e["data"]["step"] == 4 for e in events)
+    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [4]
     assert kinds.count("workers_started") == 2
-
-    a = checkpoint_tensors(clean_dir / clean_id / "checkpoints" / "step_00000008")
-    b = checkpoint_tensors(killed_dir / killed_id / "checkpoints" / "step_00000008")
+    last = f"step_{killed['train']['steps']:08d}"
+    a = checkpoint_tensors(clean_dir / clean_id / "checkpoints" / last)
+    b = checkpoint_tensors(killed_dir / killed_id / "checkpoints" / last)
     model_a, model_b = a["app"]["model"], b["app"]["model"]
     assert model_a.keys() == model_b.keys() and len(model_a) > 0
     for name in model_a:

@@ -12,7 +12,6 @@ from pathlib import Path
 import helm_python as helm
 import pytest
 import yaml
-from kustomize_lite import build
 
 from service.k8s.manifests import (
     RayClusterConfig,
@@ -136,9 +135,9 @@ def test_per_job_mode_has_no_shared_cluster():
     assert "ETRAIN_RAYCLUSTER_NAME" not in kinds[("ConfigMap", "etrain-config")]["data"]
 
 
-def test_chart_and_deploy_agree_on_the_control_plane():
+def test_chart_and_deploy_agree_on_the_control_plane(kustomize_build):
     chart = _by_kind(render({})[0])
-    deploy = {(o["kind"], o["metadata"]["name"]): o for o in build(ROOT / "deploy")}
+    deploy = _by_kind(kustomize_build(ROOT / "deploy"))
     assert chart[("Role", "etrain-control-plane")]["rules"] == \
         deploy[("Role", "etrain-control-plane")]["rules"]
     (a,) = chart[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]

@@ -200,8 +200,8 @@ BAD_SUBMITS = {
     "unknown-top-field": ({**SPEC, "priority": 5}, JSON, ["body", "priority"], UNKNOWN),
     "unknown-nested-field": ({**SPEC, "train": {"micro_batch": 4}}, JSON,
                              ["body", "train", "micro_batch"], UNKNOWN),
-    "unknown-yaml-field": (b"name: tiny\ncheckpoint:\n  interval: auto\n", YAML,
-                           ["body", "checkpoint", "interval"], UNKNOWN),
+    "unknown-yaml-field": (b"name: tiny\ncheckpoint:\n  intervals: auto\n", YAML,
+                           ["body", "checkpoint", "intervals"], UNKNOWN),
     "bad-name": ({**SPEC, "name": "My_Job"}, JSON, ["body", "name"], "lowercase"),
     "long-name": ({**SPEC, "name": "a" * 48}, JSON, ["body", "name"], "47"),
     "seq-len-too-small": ({**SPEC, "data": {"seq_len": 4}}, JSON,
@@ -210,7 +210,7 @@ BAD_SUBMITS = {
                    "integer"),
     "unknown-preset": ({**SPEC, "model": {"preset": "gpt-huge"}}, JSON,
                        ["body", "model", "preset"], "gpt-tiny"),
-    "storage-scheme": ({**SPEC, "checkpoint": {"storage": "s3://b/p"}}, JSON,
+    "storage-scheme": ({**SPEC, "checkpoint": {"storage": "ftp://b/p"}}, JSON,
                        ["body", "checkpoint", "storage"], "file://"),
     "text-without-path": ({**SPEC, "data": {"source": "text"}}, JSON, ["body", "data"],
                           "data.path"),
@@ -226,8 +226,8 @@ BAD_SUBMITS = {
     "tp-spans-nodes": ({**SPEC, "parallelism": {"strategy": "tp", "tp": 2},
                         "resources": {"workers": 2, "cpus_per_worker": 2}}, JSON, ["body"],
                        "parallelism.tp"),
-    "async-unavailable": ({**SPEC, "checkpoint": {"async": True}}, JSON, ["body"],
-                          "checkpoint.async"),
+    "keep-every-off-interval": ({**SPEC, "checkpoint": {"every_steps": 10, "keep_every": 15}},
+                                JSON, ["body", "checkpoint"], "checkpoint.keep_every"),
 }
 
 

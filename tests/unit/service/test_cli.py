@@ -279,6 +279,37 @@ def test_plan_fits(server, spec_file, tmp_path):
         assert text in out
 
 
+@pytest.mark.parametrize(("args", "cluster"), [
+    (("--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", "--interconnect", "nvlink4"),
+     {"nodes": 4, "gpus_per_node": 8, "gpu": "h100", "interconnect": "nvlink4"}),
+    (("--gpu", "rtx4090", "--gpu", "rtx3060"), {"gpu": ["rtx4090", "rtx3060"]}),
+    (("--gpu-memory-gb", "24", "--gpu-memory-gb", "12", "--host-memory-gb", "64"),
+     {"gpu_memory_gb": [24.0, 12.0], "host_memory_gb": 64.0}),
+])
+def test_plan_cluster_options(server, spec_file, args, cluster):
+    server.plan_result = PLAN_FITS
+    result = run("plan", str(spec_file), *args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(server.only("POST", "/v1/plan").content)["cluster"] == cluster
+
+
+def test_plan_options_override_the_cluster_file(server, spec_file, tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: 4\ngpus_per_node: 8\ngpu: a100\n")
+    server.plan_result = {**PLAN_FITS, "breakdown": {"buffers": {"fsdp_all_gather": 2**30}},
+                          "step_estimate": {"step_s": 0.5, "comm_share": 0.25},
+                          "candidates": [{"layout": "fsdp zero3 dp=32", "total_gib": 40.0,
+                                          "fits": True, "step_s": 0.5, "comm_share": 0.25}],
+                          "recommended_layout": {"layout": "fsdp zero3 dp=32", "reason": "why"}}
+    result = run("plan", str(spec_file), "--cluster", str(path), "--gpu", "h100")
+    assert result.exit_code == 0, result.output
+    body = json.loads(server.only("POST", "/v1/plan").content)
+    assert body["cluster"] == {"nodes": 4, "gpus_per_node": 8, "gpu": "h100"}
+    for text in ("buffer: fsdp_all_gather", "estimated step: 0.5 s, 25% communicating",
+                 "fsdp zero3 dp=32: why"):
+        assert text in result.stdout
+
+
 def test_plan_does_not_fit_exits_1(server, spec_file):
     server.plan_result = {**PLAN_FITS, "fits": False, "errors": ["needs 90 GiB per rank; use fsdp"]}
     result = run("plan", str(spec_file))

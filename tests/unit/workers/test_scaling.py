@@ -95,7 +95,7 @@ def test_a_rerun_cancels_the_reservation_its_predecessor_left(tmp_path, monkeypa
     cancelled = []
     monkeypatch.setattr(scaling, "cancel_reservation", cancelled.append)
     marker = tmp_path / "job" / "ray_reservation"
-    callback = scaling.ReleaseStaleReservation(str(marker))
+    callback = scaling.ReleaseStaleReservation(f"file://{marker}")
     callback.after_controller_start(SimpleNamespace(run_id="aaa"))  # first run: nothing to cancel
     assert cancelled == [] and marker.read_text() == "train-aaa"
     callback.after_controller_start(SimpleNamespace(run_id="aaa"))  # same run restarting

@@ -47,6 +47,22 @@ GOOD = {
     "bf16": _spec(train={"precision": "bf16"}),
     "unlimited-failures": _spec(failure={"max_failures": -1}),
     "every-seconds": _spec(checkpoint={"every_steps": None, "every_seconds": 30}),
+    # object storage
+    "storage-s3-bucket": _spec(checkpoint={"storage": "s3://my-bucket"}),
+    "storage-s3-prefix": _spec(checkpoint={"storage": "s3://my-bucket/a/b"}),
+    "storage-s3-minio": _spec(checkpoint={
+        "storage": "s3://ckpt.example/jobs",
+        "s3": {"endpoint_url": "http://minio.etrain.svc:9000", "region": "us-east-1",
+               "credentials_secret": "minio-creds"}}),
+    "storage-s3-https-endpoint": _spec(checkpoint={
+        "storage": "s3://my-bucket/p", "s3": {"endpoint_url": "https://s3.example.com"}}),
+    "storage-gs": _spec(checkpoint={"storage": "gs://my_bucket/prefix"}),
+    # retention and the automatic interval
+    "keep-every": _spec(checkpoint={"keep_every": 1000}),
+    "keep-every-with-every-seconds": _spec(checkpoint={"every_seconds": 60, "keep_every": 7}),
+    "interval-auto": _spec(checkpoint={"interval": "auto"}),
+    "interval-auto-initial-steps": _spec(checkpoint={"interval": "auto", "every_steps": 50,
+                                                     "mtbf_prior_s": 3600, "keep_every": 7}),
 }
 
 
@@ -94,7 +110,9 @@ BAD = {
     "unknown-resources": (_spec(resources={"memory": "8Gi"}), "memory"),
     "unknown-worker-range": (_spec(resources={"workers": {"min": 1, "max": 2, "step": 1}}), "step"),
     "unknown-train": (_spec(train={"micro_batch": 4}), "micro_batch"),
-    "unknown-checkpoint": (_spec(checkpoint={"interval": "auto"}), "interval"),
+    "unknown-checkpoint": (_spec(checkpoint={"intervals": "auto"}), "intervals"),
+    "unknown-s3": (_spec(checkpoint={"storage": "s3://my-bucket", "s3": {"access_key": "x"}}),
+                   "access_key"),
     "unknown-failure": (_spec(failure={"retries": 1}), "retries"),
     # name rules
     "name-missing": ({}, "name"),
@@ -169,10 +187,57 @@ BAD = {
     "jsonl-empty-path": (_spec(data={"source": "jsonl", "path": ""}), "data.path"),
     "synthetic-with-path": (_spec(data={"source": "synthetic", "path": "/x"}), "data.path"),
     # checkpoint storage schemes
-    "storage-s3": (_spec(checkpoint={"storage": "s3://bucket/prefix"}), "checkpoint.storage"),
-    "storage-gs": (_spec(checkpoint={"storage": "gs://bucket/prefix"}), "checkpoint.storage"),
+    "storage-http": (_spec(checkpoint={"storage": "http://host/ckpt"}), "checkpoint.storage"),
+    "storage-azure": (_spec(checkpoint={"storage": "az://container/p"}), "checkpoint.storage"),
     "storage-bare-path": (_spec(checkpoint={"storage": "/var/ckpt"}), "checkpoint.storage"),
     "storage-relative-file": (_spec(checkpoint={"storage": "file://ckpt"}), "checkpoint.storage"),
+    "storage-s3-no-bucket": (_spec(checkpoint={"storage": "s3://"}), "checkpoint.storage"),
+    "storage-s3-short-bucket": (_spec(checkpoint={"storage": "s3://ab/p"}), "checkpoint.storage"),
+    "storage-s3-uppercase-bucket": (_spec(checkpoint={"storage": "s3://My-Bucket"}),
+                                    "checkpoint.storage"),
+    "storage-s3-underscore-bucket": (_spec(checkpoint={"storage": "s3://my_bucket"}),
+                                     "checkpoint.storage"),
+    "storage-s3-empty-segment": (_spec(checkpoint={"storage": "s3://my-bucket/a//b"}),
+                                 "checkpoint.storage"),
+    "storage-s3-dotdot": (_spec(checkpoint={"storage": "s3://my-bucket/a/../b"}),
+                          "checkpoint.storage"),
+    "storage-s3-query": (_spec(checkpoint={"storage": "s3://my-bucket/p?versionId=1"}),
+                         "checkpoint.storage"),
+    "storage-s3-userinfo": (_spec(checkpoint={"storage": "s3://AKIAX:secret@my-bucket/p"}),
+                            "checkpoint.storage"),
+    # checkpoint.s3
+    "s3-without-s3-storage": (_spec(checkpoint={"s3": {"region": "us-east-1"}}),
+                              "checkpoint.s3"),
+    "s3-with-gs-storage": (_spec(checkpoint={"storage": "gs://my-bucket",
+                                             "s3": {"region": "us-east-1"}}), "checkpoint.s3"),
+    "s3-endpoint-not-a-url": (_spec(checkpoint={"storage": "s3://my-bucket",
+                                                "s3": {"endpoint_url": "minio:9000"}}),
+                              "checkpoint.s3.endpoint_url"),
+    "s3-endpoint-with-userinfo": (_spec(checkpoint={
+        "storage": "s3://my-bucket", "s3": {"endpoint_url": "http://ak:sk@minio:9000"}}),
+        "checkpoint.s3.endpoint_url"),
+    "s3-region-with-spaces": (_spec(checkpoint={"storage": "s3://my-bucket",
+                                                "s3": {"region": "us east"}}),
+                              "checkpoint.s3.region"),
+    "s3-secret-looks-like-a-key": (_spec(checkpoint={
+        "storage": "s3://my-bucket", "s3": {"credentials_secret": "AKIAIOSFODNN7EXAMPLE"}}),
+        "checkpoint.s3.credentials_secret"),
+    "s3-secret-with-slash": (_spec(checkpoint={
+        "storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}}),
+        "checkpoint.s3.credentials_secret"),
+    # retention and the automatic interval
+    "keep-every-zero": (_spec(checkpoint={"keep_every": 0}), "keep_every"),
+    "keep-every-not-multiple-of-every-steps": (_spec(checkpoint={"keep_every": 25}),
+                                               "checkpoint.keep_every"),
+    "interval-unknown": (_spec(checkpoint={"interval": "adaptive"}), "interval"),
+    "interval-auto-with-every-seconds": (_spec(checkpoint={"interval": "auto",
+                                                           "every_seconds": 60}),
+                                         "checkpoint.every_seconds"),
+    "interval-auto-without-every-steps": (_spec(checkpoint={"interval": "auto",
+                                                            "every_steps": None}),
+                                          "checkpoint.every_steps"),
+    "mtbf-prior-zero": (_spec(checkpoint={"interval": "auto", "mtbf_prior_s": 0}),
+                        "mtbf_prior_s"),
     # warmup
     "warmup-equals-steps": (_spec(train={"steps": 10, "warmup_steps": 10}), "train.warmup_steps"),
     "warmup-above-steps": (_spec(train={"steps": 10, "warmup_steps": 20}), "train.warmup_steps"),
@@ -233,6 +298,33 @@ def test_async_alias_dumps_and_loads_as_async():
     dumped = spec.model_dump(mode="json", by_alias=True)
     assert dumped["checkpoint"]["async"] is True
     assert "async_" not in dumped["checkpoint"]
+
+
+def test_storage_uris_are_normalised():
+    assert parse_spec(_spec(checkpoint={"storage": "s3://my-bucket/a/b/"})).checkpoint.storage \
+        == "s3://my-bucket/a/b"
+    s3 = parse_spec(_spec(checkpoint={"storage": "s3://my-bucket", "s3": {
+        "endpoint_url": "http://minio:9000/"}})).checkpoint.s3
+    assert s3.endpoint_url == "http://minio:9000"
+
+
+@pytest.mark.parametrize("checkpoint", [
+    {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG@my-bucket/p"},
+    {"storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
+    {"storage": "s3://my-bucket", "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:"
+                                                         "wJalrXUtnFEMI@minio:9000"}},
+])
+def test_rejections_never_repeat_what_may_be_a_key(checkpoint):
+    with pytest.raises(ValidationError) as info:
+        parse_spec(_spec(checkpoint=checkpoint))
+    for text in (str(info.value), repr(info.value.errors(include_input=False))):
+        assert "AKIAIOSFODNN7EXAMPLE" not in text and "wJalrXUtnFEMI" not in text
+
+
+def test_checkpoint_defaults_keep_the_fixed_interval():
+    ck = parse_spec({"name": "tiny"}).checkpoint
+    assert (ck.interval, ck.mtbf_prior_s, ck.keep_every, ck.s3) == (None, 86400.0, None, None)
+    assert ck.every_steps == 10
 
 
 def test_elastic_workers_round_trip_as_a_range():

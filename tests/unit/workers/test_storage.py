@@ -1,0 +1,272 @@
+"""Checkpoint storage: URIs to file systems, credentials from the environment, the write
+probe against a real S3 endpoint (moto on loopback), and DCP shards streamed to it."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tempfile
+
+import pytest
+
+from workers.spec import CheckpointSpec
+from workers.storage import (
+    StorageError,
+    check_storage,
+    credential_env,
+    dcp_reader,
+    dcp_writer,
+    resolve_checkpoint_storage,
+    resolve_storage,
+    secret_env_names,
+)
+
+KEY, SECRET, TOKEN = "AKIAEXAMPLEKEY000001", "s3cr3t/Value+With/Slashes0000", "sess-token-xyz"
+AWS = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
+NAMED = {"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY,
+         "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY": SECRET,
+         "ETRAIN_SECRET_MINIO_STORE_SESSION_TOKEN": TOKEN}
+
+
+def _no_secrets(text: str, *values: str) -> None:
+    for value in values or (KEY, SECRET, TOKEN):
+        assert value not in text, f"secret value leaked into: {text}"
+
+
+# --- resolving URIs -----------------------------------------------------------------------
+
+def test_file_uri_is_a_local_path():
+    loc = resolve_storage("file:///data/ckpt/", env={})
+    assert (loc.scheme, loc.root, loc.uri) == ("file", "/data/ckpt", "file:///data/ckpt")
+    assert "file" in loc.fs.protocol
+    assert loc.join("job-1", "/checkpoints/") == "/data/ckpt/job-1/checkpoints"
+    assert loc.uri_of("job-1") == "file:///data/ckpt/job-1"
+    assert loc.ray_storage() == ("/data/ckpt", None)
+    assert type(loc.pyarrow_fs()).__name__ == "LocalFileSystem"
+
+
+def test_s3_uri_with_endpoint_region_and_aws_env():
+    import pyarrow.fs as pafs
+    import s3fs
+
+    loc = resolve_storage("s3://my-bucket/runs/", endpoint_url="http://127.0.0.1:9000",
+                          region="eu-west-1", env={**AWS, "AWS_SESSION_TOKEN": TOKEN})
+    assert (loc.scheme, loc.root, loc.uri) == ("s3", "my-bucket/runs", "s3://my-bucket/runs")
+    assert isinstance(loc.fs, s3fs.S3FileSystem)
+    assert loc.options["key"] == KEY and loc.options["secret"] == SECRET
+    assert loc.options["token"] == TOKEN
+    assert loc.options["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9000",
+                                            "region_name": "eu-west-1"}
+    assert loc.join("j-1", "checkpoints") == "my-bucket/runs/j-1/checkpoints"
+    assert loc.uri_of("j-1") == "s3://my-bucket/runs/j-1"
+    path, fs = loc.ray_storage()
+    assert path == "my-bucket/runs" and isinstance(fs, pafs.S3FileSystem)
+    assert fs.region == "eu-west-1"
+    assert loc.credentials_source == "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+    _no_secrets(repr(loc) + str(loc))
+
+
+def test_s3_bucket_without_prefix_and_without_keys_uses_the_default_chain():
+    loc = resolve_storage("s3://my-bucket", env={})
+    assert loc.root == "my-bucket" and loc.join("a") == "my-bucket/a"
+    assert "key" not in loc.options and "client_kwargs" not in loc.options
+    assert loc.credentials_source == "the default AWS credential chain"
+
+
+def test_s3_named_secret_reads_etrain_secret_variables():
+    loc = resolve_storage("s3://my-bucket/p", credentials_secret="minio-store",
+                          env={**NAMED, "AWS_ACCESS_KEY_ID": "OTHER", "AWS_SECRET_ACCESS_KEY": "x"})
+    assert (loc.options["key"], loc.options["secret"], loc.options["token"]) == (KEY, SECRET, TOKEN)
+    assert "minio-store" in loc.credentials_source
+    _no_secrets(loc.credentials_source + repr(loc))
+
+
+def test_missing_named_secret_names_the_field_and_the_variables():
+    with pytest.raises(StorageError) as info:
+        resolve_storage("s3://my-bucket/p", credentials_secret="minio-store",
+                        env={"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY})
+    msg = str(info.value)
+    assert "checkpoint.s3.credentials_secret" in msg
+    assert "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY" in msg
+    assert "ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID" in msg
+    _no_secrets(msg)
+
+
+def test_gs_uri_uses_gcsfs_with_the_credentials_file(tmp_path):
+    import gcsfs
+
+    # An authorized-user file: gcsfs builds credentials from it without any request.
+    creds = tmp_path / "adc.json"
+    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "id",
+                                 "client_secret": "cs", "refresh_token": "rt"}))
+    loc = resolve_storage("gs://my-bucket/runs", env={"GOOGLE_APPLICATION_CREDENTIALS": str(creds)})
+    assert (loc.scheme, loc.root, loc.uri) == ("gs", "my-bucket/runs", "gs://my-bucket/runs")
+    assert isinstance(loc.fs, gcsfs.GCSFileSystem)
+    assert loc.uri_of("j") == "gs://my-bucket/runs/j"
+    assert loc.credentials_source == "GOOGLE_APPLICATION_CREDENTIALS"
+
+
+@pytest.mark.parametrize(("uri", "kwargs", "needle"), [
+    ("http://host/x", {}, "checkpoint.storage"),
+    ("ftp://host/x", {}, "s3://bucket"),
+    ("file://relative/x", {}, "absolute"),
+    ("s3://", {}, "s3://bucket"),
+    (f"s3://{KEY}:{SECRET}@bucket/p", {}, "no credentials"),
+    ("gs://bucket/p", {"region": "us-east-1"}, "checkpoint.s3"),
+    ("file:///x", {"credentials_secret": "minio"}, "checkpoint.s3"),
+    ("s3://bucket/p", {"env": {"AWS_ACCESS_KEY_ID": KEY}}, "AWS_SECRET_ACCESS_KEY"),
+])
+def test_unusable_uris_and_settings_are_refused_clearly(uri, kwargs, needle):
+    kwargs.setdefault("env", {})
+    with pytest.raises(StorageError) as info:
+        resolve_storage(uri, **kwargs)
+    assert needle in str(info.value)
+    _no_secrets(str(info.value))
+
+
+def test_resolve_checkpoint_storage_takes_the_spec_section():
+    ckpt = CheckpointSpec.model_validate({
+        "storage": "s3://my-bucket/p",
+        "s3": {"endpoint_url": "http://minio:9000", "region": "us-east-1",
+               "credentials_secret": "minio-store"}})
+    loc = resolve_checkpoint_storage(ckpt, env=NAMED)
+    assert loc.endpoint_url == "http://minio:9000" and loc.options["key"] == KEY
+    with pytest.raises(StorageError, match="checkpoint.storage"):
+        resolve_checkpoint_storage(CheckpointSpec(), env={})
+
+
+def test_credential_env_holds_only_what_the_store_needs():
+    env = {**AWS, **NAMED, "HOME": "/root", "ETRAIN_SECRET_OTHER_ACCESS_KEY_ID": "x"}
+    assert credential_env("s3://b/p", env=env) == AWS
+    assert credential_env("s3://b/p", credentials_secret="minio-store", env=env) == NAMED
+    assert credential_env("file:///x", env=env) == {}
+    assert credential_env("gs://b/p", env=env) == {}
+    assert secret_env_names("a-b") == ("ETRAIN_SECRET_A_B_ACCESS_KEY_ID",
+                                       "ETRAIN_SECRET_A_B_SECRET_ACCESS_KEY",
+                                       "ETRAIN_SECRET_A_B_SESSION_TOKEN")
+
+
+def test_locations_and_errors_pickle_for_ray():
+    loc = resolve_storage("s3://my-bucket/p", endpoint_url="http://127.0.0.1:9", env=AWS)
+    again = pickle.loads(pickle.dumps(loc))
+    assert again == loc and again.options == loc.options
+    err = pickle.loads(pickle.dumps(StorageError("checkpoint.storage: x")))
+    assert isinstance(err, ValueError) and str(err) == "checkpoint.storage: x"
+
+
+# --- the write probe against a real S3 endpoint ----------------------------------------------
+
+def _moto(s3_server, uri: str | None = None, **env) -> object:
+    return resolve_storage(uri or f"s3://{s3_server['bucket']}/probe-tests",
+                           endpoint_url=s3_server["endpoint_url"], region=s3_server["region"],
+                           env={**s3_server["env"], **env})
+
+
+def test_check_storage_passes_on_a_writable_bucket_and_cleans_up(s3_server):
+    loc = _moto(s3_server)
+    check_storage(loc)
+    loc.fs.invalidate_cache()
+    assert not loc.fs.exists(loc.root) or not [
+        p for p in loc.fs.ls(loc.root, detail=False) if ".etrain-probe-" in p]
+
+
+def test_check_storage_refuses_a_missing_bucket(s3_server):
+    loc = _moto(s3_server, "s3://no-such-bucket-here/p")
+    with pytest.raises(StorageError) as info:
+        check_storage(loc)
+    msg = str(info.value)
+    assert "checkpoint.storage s3://no-such-bucket-here/p" in msg
+    assert "'no-such-bucket-here' does not exist" in msg and s3_server["endpoint_url"] in msg
+    _no_secrets(msg, *s3_server["env"].values())
+
+
+@pytest.mark.parametrize(("env", "code"), [
+    ({"AWS_ACCESS_KEY_ID": KEY}, "InvalidAccessKeyId"),
+    ({"AWS_SECRET_ACCESS_KEY": SECRET}, "SignatureDoesNotMatch"),
+])
+def test_check_storage_refuses_wrong_credentials_without_printing_them(s3_server, env, code):
+    loc = _moto(s3_server, **env)
+    with pytest.raises(StorageError) as info:
+        check_storage(loc)
+    msg = str(info.value)
+    assert "rejected the credentials" in msg and code in msg
+    assert "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" in msg
+    _no_secrets(msg, loc.options["key"], loc.options["secret"])
+    _no_secrets(repr(info.value.__cause__), loc.options["secret"])
+
+
+def test_check_storage_refuses_an_unreachable_endpoint():
+    loc = resolve_storage("s3://some-bucket/p", endpoint_url="http://127.0.0.1:1", env=AWS)
+    with pytest.raises(StorageError, match="cannot reach the store at http://127.0.0.1:1") as info:
+        check_storage(loc, timeout_s=2)
+    _no_secrets(str(info.value))
+
+
+def test_check_storage_on_local_paths(tmp_path):
+    check_storage(resolve_storage(f"file://{tmp_path}/ckpt", env={}))
+    assert (tmp_path / "ckpt").is_dir() and not list((tmp_path / "ckpt").iterdir())
+    (tmp_path / "plain-file").write_text("x")
+    with pytest.raises(StorageError, match="not writable"):
+        check_storage(resolve_storage(f"file://{tmp_path}/plain-file/sub", env={}))
+
+
+# --- DCP shards streamed to the store ----------------------------------------------------------
+
+def _state():
+    import torch
+
+    torch.manual_seed(0)
+    return {"w": torch.randn(64, 32), "b": torch.arange(10, dtype=torch.float32),
+            "step": torch.tensor(7)}
+
+
+def _round_trip(loc, path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = _state()
+    writer = dcp_writer(loc, path)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(loaded, storage_reader=dcp_reader(loc, path), no_dist=True)
+    for k, v in state.items():
+        assert torch.equal(loaded[k], v), k
+    return writer
+
+
+def test_dcp_save_and_load_through_s3_streams_without_a_local_copy(s3_server, tmp_path,
+                                                                   monkeypatch):
+    import pyarrow.fs as pafs
+    import s3fs
+
+    # Any temporary file DCP or fsspec made would land here.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+    loc = _moto(s3_server, f"s3://{s3_server['bucket']}/dcp")
+    path = loc.join("job-1", "checkpoints", "step_00000007")
+    writer = _round_trip(loc, path)
+    assert isinstance(writer.fs.fs, s3fs.S3FileSystem)  # shards went straight to S3
+    assert not list(spool.iterdir())
+
+    # Ray Train's view (pyarrow) of the same prefix lists what fsspec wrote.
+    fs, root = loc.ray_storage()[1], loc.ray_storage()[0]
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/job-1/checkpoints", recursive=True))
+    names = {i.base_name for i in infos if i.type == pafs.FileType.File}
+    assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
+
+
+def test_dcp_writer_accepts_a_uri_of_the_same_scheme_only(s3_server):
+    loc = _moto(s3_server, f"s3://{s3_server['bucket']}/dcp-uri")
+    _round_trip(loc, loc.uri_of("step_1"))
+    with pytest.raises(StorageError, match="gs://"):
+        dcp_writer(loc, "gs://other/step_1")
+
+
+def test_dcp_save_and_load_on_local_files(tmp_path):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    loc = resolve_storage(f"file://{tmp_path}", env={})
+    writer = _round_trip(loc, loc.join("step_1"))
+    assert isinstance(writer, FileSystemWriter)
+    assert (tmp_path / "step_1" / ".metadata").is_file()

@@ -1,0 +1,114 @@
+"""The object-storage parts of the job spec: ``checkpoint.storage`` URIs and ``checkpoint.s3``.
+
+Kept apart from :mod:`workers.spec` (which imports them) to keep that module small.
+Messages name the field and what is accepted, and never echo a value that may
+hold a key.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+STORAGE_SCHEMES = ("file", "s3", "gs")
+BUCKET_RE = {"s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+             "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")}
+REGION_RE = re.compile(r"[a-z0-9][-a-z0-9]{0,62}")
+SECRET_NAME_RE = re.compile(r"[a-z0-9][-_a-z0-9]{0,62}")
+
+
+class S3Spec(BaseModel):
+    """How to reach an ``s3://`` checkpoint store: endpoint, region and which credentials.
+
+    Credentials never appear in a spec. Without ``credentials_secret`` they come from
+    the standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and optional
+    ``AWS_SESSION_TOKEN``) environment variables, else the default AWS chain (instance
+    role, ``~/.aws``). With ``credentials_secret: NAME`` they come from
+    ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
+    (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_': on
+    Kubernetes, keys of the ``etrain-storage`` Secret that every pod reads with envFrom.
+    """
+
+    # workers.spec._Spec's settings (that module imports this one); a mistyped value
+    # here may be a key, so inputs stay out of ValidationError's text.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False, hide_input_in_errors=True)
+
+    endpoint_url: str | None = Field(
+        None, description="S3 API endpoint, http(s)://host[:port], for MinIO and other "
+        "S3-compatible stores; unset = AWS S3.")
+    region: str | None = Field(
+        None, description="Region of the bucket, e.g. us-east-1; unset = the SDK's default.")
+    credentials_secret: str | None = Field(
+        None, description="NAME of a credentials secret (never a key): its values are read "
+        "from ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY "
+        "in the service's and the workers' environment; unset = the AWS_* variables.")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint_is_a_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        url = urlsplit(v)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("checkpoint.s3.endpoint_url must be http(s)://host[:port], "
+                             "e.g. http://minio:9000")
+        if url.username or url.password or url.query or url.fragment:
+            # Never echo the value: it may hold a key.
+            raise ValueError("checkpoint.s3.endpoint_url must not carry credentials, a query "
+                             "or a fragment; name a secret in checkpoint.s3.credentials_secret")
+        return v.rstrip("/")
+
+    @field_validator("region")
+    @classmethod
+    def _region_name(cls, v: str | None) -> str | None:
+        if v is not None and not REGION_RE.fullmatch(v):
+            raise ValueError("checkpoint.s3.region must be a region name such as us-east-1")
+        return v
+
+    @field_validator("credentials_secret")
+    @classmethod
+    def _secret_is_a_name(cls, v: str | None) -> str | None:
+        # Lowercase only: access key ids (AKIA...) and secret keys (mixed case, '/', '+')
+        # are refused, and the message never repeats what was given.
+        if v is not None and not SECRET_NAME_RE.fullmatch(v):
+            raise ValueError(
+                "checkpoint.s3.credentials_secret must be the NAME of a secret (1-63 lowercase "
+                "letters, digits, '-' or '_'), never a key; put the keys in "
+                "ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY")
+        return v
+
+
+def check_storage_uri(v: str) -> str:
+    """Validate a ``checkpoint.storage`` URI; return it without a trailing '/'.
+
+    Raises ValueError naming checkpoint.storage; never repeats a value that may
+    hold credentials (``user:key@``, a query).
+    """
+    url = urlsplit(v)
+    if url.scheme not in STORAGE_SCHEMES:
+        raise ValueError(
+            "checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] or "
+            f"gs://bucket[/prefix] (got scheme {url.scheme!r})")
+    # A key whose secret holds '/' splits user:key@ across netloc and path: look at both.
+    if url.query or url.fragment or "@" in v or ":" in url.netloc:
+        # Never echo the value: user:key@ or ?key= may hold credentials.
+        raise ValueError("checkpoint.storage must not carry credentials, a query or a "
+                         "fragment; for s3:// name a secret in checkpoint.s3.credentials_secret")
+    if url.scheme == "file":
+        if url.netloc or not url.path.startswith("/"):
+            raise ValueError("checkpoint.storage must be an absolute path: file:///abs/path")
+        return v
+    bucket, prefix = url.netloc, url.path.strip("/")
+    if not BUCKET_RE[url.scheme].fullmatch(bucket) or ".." in bucket:
+        chars = "'-' or '.'" if url.scheme == "s3" else "'-', '_' or '.'"
+        raise ValueError(
+            f"checkpoint.storage bucket {bucket!r} is not a valid {url.scheme}:// bucket name: "
+            f"3-63 lowercase letters, digits, {chars}, starting and ending with a letter "
+            "or digit")
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise ValueError("checkpoint.storage prefix must not contain empty, '.' or '..' "
+                         f"segments: use {url.scheme}://{bucket}/a/b")
+    return f"{url.scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
