@@ -157,11 +157,13 @@ def _trainer_class():
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this driver when its parent (Ray's entrypoint shell) dies.
+    """Ask Linux to SIGKILL this driver when its parent (Ray's job supervisor) dies.
 
-    Ray runs the entrypoint through a shell. If that shell is killed, the job is
-    reported failed and the service resubmits it, while an orphaned driver would
-    go on training into the same checkpoint folder. PR_SET_PDEATHSIG prevents it.
+    If the parent is killed, the job is reported failed and the service
+    resubmits it, while an orphaned driver would go on training into the same
+    checkpoint folder. PR_SET_PDEATHSIG prevents it. (The entrypoint is
+    ``exec python -m workers.launch``: with a shell in between, the shell's death
+    on a stop's SIGTERM would SIGKILL the driver before it could abort cleanly.)
     """
     try:
         import ctypes
@@ -182,11 +184,18 @@ def _abort_on_sigterm() -> None:
     """
 
     def on_sigterm(signum, frame):
+        print("etrain: SIGTERM: aborting the run", file=sys.stderr, flush=True)
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler) and handler not in (signal.default_int_handler,):
             handler(signal.SIGINT, frame)
         sys.exit(128 + signum)
 
+    # Installed after ray.init(): connecting installs Ray's own SIGTERM handler, which
+    # would otherwise replace this one and end the driver without the abort.
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
     signal.signal(signal.SIGTERM, on_sigterm)
 
 

@@ -51,7 +51,9 @@ class RayJobBackend(Backend):
 
     def submit(self, req: LaunchRequest) -> str:
         """Submit the driver with the job's environment; a repeated id is not an error."""
-        entrypoint = f"{shlex.quote(self.python)} -m workers.launch"
+        # exec: the driver replaces Ray's shell, so a stop's SIGTERM reaches it (and it
+        # aborts the run cleanly) instead of the shell dying and taking it down.
+        entrypoint = f"exec {shlex.quote(self.python)} -m workers.launch"
         env = {"ETRAIN_JOB_ID": req.job_id, "ETRAIN_JOB_SPEC": req.spec_json, **req.env}
         try:
             self._jobs().submit_job(entrypoint=entrypoint, submission_id=req.submission_id,

@@ -101,9 +101,11 @@ RESUMES = {
 
 @pytest.fixture(scope="module")
 def matrix_results(tmp_path_factory) -> dict:
-    """Run every row (both optimizers) and every resume, grouped by world size."""
+    """Run every row (both optimizers) and every save, grouped by world size; then the
+    resumes (a resume may run at a size whose group would otherwise come first)."""
     root = tmp_path_factory.mktemp("resumes")
     by_world: dict[int, list[LocalJob]] = {2: [], 4: []}
+    resumes: dict[int, list[LocalJob]] = {2: [], 4: []}
     for name, (workers, par) in MATRIX.items():
         for opt in OPTIMIZERS:
             by_world[workers].append(LocalJob(f"{name}-{opt}", make_spec(name, workers, par, opt)))
@@ -115,11 +117,12 @@ def matrix_results(tmp_path_factory) -> dict:
         ckpt = str(root / name)
         by_world[w1].append(LocalJob(f"{name}-save", make_spec(name, w1, par1, "adamw",
                                                                steps=6), ckpt, stop_at=3))
-        by_world[w2].append(LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw",
-                                                                 steps=6), ckpt))
+        resumes[w2].append(LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw",
+                                                                steps=6), ckpt))
     results = {}
-    for world, jobs in by_world.items():
-        results.update(run_local(jobs, world_size=world))
+    for groups in (by_world, resumes):
+        for world, jobs in groups.items():
+            results.update(run_local(jobs, world_size=world))
     return results
 
 

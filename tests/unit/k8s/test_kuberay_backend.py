@@ -55,7 +55,7 @@ def test_submit_on_shared_cluster_uses_cluster_selector(api):
     assert job["metadata"]["name"] == "etrain-j-0a1b2c3d4e5f-0"
     assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "etrain"}
     assert "rayClusterSpec" not in job["spec"]
-    assert job["spec"]["entrypoint"] == "python -m workers.launch"
+    assert job["spec"]["entrypoint"] == "exec python -m workers.launch"
     assert job["spec"]["jobId"] == "etrain-j-0a1b2c3d4e5f-0"
     env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
     assert env["ETRAIN_JOB_ID"] == "j-0a1b2c3d4e5f"
