@@ -200,9 +200,10 @@ class JobService:
         return self.store.list_metrics(job_id, after_step=after_step)
 
     def checkpoints(self, principal: Principal, job_id: str) -> list[dict]:
-        """Committed checkpoints."""
+        """Committed checkpoints: step, uri, bytes, ``blocking_s`` (the training loop was
+        held) and ``total_s`` (start to commit; ``save_s``, its older name, kept)."""
         self.get(principal, job_id)
-        return self.store.list_checkpoints(job_id)
+        return [{**c, "total_s": c["save_s"]} for c in self.store.list_checkpoints(job_id)]
 
     def memory(self, principal: Principal, job_id: str) -> dict:
         """The newest per-rank memory report (empty ``ranks`` before the first step)."""

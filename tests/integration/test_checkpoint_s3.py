@@ -108,3 +108,27 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(s3_env, 
     resumed = run(spec(alive, asynchronous=True, steps=8),
                   RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=where))
     assert resumed.resumed_from == 3
+
+
+def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, s3_env):
+    """Two Ray workers save to S3; rank 1 is SIGKILLed at step 6 (checkpoint at 4): the
+    restarted group restores step 4 from the bucket and ends with the clean run's losses."""
+    job = {"name": "it-s3-kill", "data": {"seq_len": 32, "num_samples": 256},
+           "resources": {"workers": 2, "cpus_per_worker": 1},
+           "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2},
+           "checkpoint": {"storage": f"s3://etrain-test/ray/{uuid.uuid4().hex[:8]}",
+                          "every_steps": 4, "s3": {"endpoint_url": s3_env["endpoint_url"]}},
+           "failure": {"max_failures": 3}}
+    spec_json = JobSpec.model_validate(job).model_dump(mode="json", by_alias=True)
+    tag = uuid.uuid4().hex[:6]
+    clean_id, killed_id = f"j-s3-clean-{tag}", f"j-s3-killed-{tag}"
+    assert run_job(job_id=clean_id, spec=spec_json, extra_env=s3_env["env"]).value == "SUCCEEDED"
+    marker = f"/tmp/etrain-s3-kill-{tag}"
+    assert run_job(job_id=killed_id, spec=spec_json, extra_env={
+        **s3_env["env"], "ETRAIN_FAULT_KILL_STEP": "6", "ETRAIN_FAULT_KILL_RANK": "1",
+        "ETRAIN_FAULT_MARKER": marker}).value == "SUCCEEDED"
+    events = telemetry_sink.items("events", killed_id)
+    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [4]
+    assert telemetry_sink.losses(killed_id) == telemetry_sink.losses(clean_id)
+    uris = [c["uri"] for c in telemetry_sink.items("checkpoints", killed_id)]
+    assert uris and all(u.startswith(job["checkpoint"]["storage"] + "/") for u in uris)

@@ -94,3 +94,18 @@ def test_keep_every_keeps_milestones_beyond_keep_last():
     assert retained_steps([3, 6, 9, 12, 15], keep_last=2, keep_every=None) == {12, 15}
     assert retained_steps([3, 6, 9, 12, 15], keep_last=2, keep_every=6) == {6, 12, 15}
     assert retained_steps([3, 6], keep_last=None, keep_every=6) == {3, 6}
+
+
+def test_interval_auto_retunes_after_the_first_measured_save(tmp_path):
+    """Young/Daly from this run's own step and blocking times: with a 5 s prior MTBF and
+    millisecond steps the optimum is far beyond 12 steps, so after the first save (at the
+    starting interval, 2) the next is the run's last step."""
+    rec = Recorder()
+    s = spec(asynchronous=False, steps=12, interval="auto", every_steps=2, mtbf_prior_s=5.0)
+    run(s, env(tmp_path, rec))
+    steps = [c.step for c in CheckpointManager(tmp_path, keep_last=None, rank=0).committed()]
+    assert steps == [2, 12]
+    chosen = [d for k, _, d in rec.events if k == "checkpoint_interval"]
+    assert chosen and chosen[0]["steps"] > 10 and chosen[0]["formula"] in ("young", "daly")
+    manifest = CheckpointManager(tmp_path, keep_last=None, rank=0).committed()[-1].extra
+    assert manifest["interval"]["failures"] == 0 and manifest["interval"]["run_s"] > 0
