@@ -10,6 +10,27 @@ import sqlalchemy as sa
 from s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
 
 
+def pytest_configure(config):
+    """One Ray auth token for the whole session, set before any test imports Ray.
+
+    A process reads RAY_AUTH_MODE and the token once (Ray caches them), so a unit
+    test that touched Ray's auth helpers before the session's Ray head existed
+    would leave every later client unauthenticated (401). Every head, job and
+    `etrain serve` started by the tests uses this token (ensure_ray_token keeps it).
+    """
+    import secrets
+    import tempfile
+
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return
+    path = os.path.join(tempfile.mkdtemp(prefix="etrain-test-ray-"), "ray_auth_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
+
+
 def _on_ci() -> bool:
     """True when the environment says this is a CI run (CI=true, CI=1, ...)."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

@@ -26,19 +26,27 @@ FAST_NODE_FAILURE_ENV = {"RAY_health_check_period_ms": "1000",
                          "RAY_health_check_failure_threshold": "3"}
 
 
-def ensure_ray_token(data_dir: Path) -> Path:
-    """Use (or create, mode 0600) the cluster's auth token file and export it for Ray clients.
+def ensure_ray_token(data_dir: Path) -> Path | None:
+    """Export the cluster's auth token settings for Ray clients; create a token if none.
 
-    Ray 2.60 clients read ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN_PATH`` from the
-    environment; the head and every job submitted through it share the token.
+    Ray 2.60 clients read ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` /
+    ``RAY_AUTH_TOKEN_PATH`` from the environment, and a process reads them only
+    once. A token this environment already names (an operator's, or a test
+    session's) is kept; otherwise ``<data_dir>/ray_auth_token`` (mode 0600) is used,
+    created if missing. Returns the token file, or None for a token given inline.
     """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    given = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if given and Path(given).is_file():
+        return Path(given)
     path = data_dir / "ray_auth_token"
     if not path.is_file():
         data_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
-    os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
     return path
 
