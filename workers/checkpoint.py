@@ -137,10 +137,11 @@ class CheckpointManager:
         except FileNotFoundError:
             return []
 
-    def committed(self) -> list[CheckpointInfo]:
-        """Committed checkpoints, oldest first (the newest commit of a step wins)."""
+    def committed(self, names: list[str] | None = None) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first (the newest commit of a step wins);
+        ``names`` is a listing of the folder already made (one round trip to a store)."""
         by_step: dict[int, CheckpointInfo] = {}
-        for name in self._names():
+        for name in self._names() if names is None else names:
             m = _STEP_DIR.match(name)
             if not m or bool(m.group(2)) == self.local:
                 continue  # local disk commits by renaming to step_N; object stores never rename
@@ -254,12 +255,13 @@ class CheckpointManager:
     def _prune(self) -> None:
         """Drop committed checkpoints the retention rule does not keep, superseded attempts
         of a step, and abandoned attempts older than the newest commit."""
-        done = self.committed()
+        names = self._names()
+        done = self.committed(names)
         keep = retained_steps([c.step for c in done], keep_last=self.keep_last,
                               keep_every=self.keep_every)
         kept_paths = {c.path for c in done if c.step in keep}
         newest = done[-1].step if done else -1
-        for name in self._names():
+        for name in names:
             m = re.match(r"^step_(\d{8})", name)
             path = self.loc.join(name)
             if not m or path in kept_paths:
