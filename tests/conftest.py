@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
+from gcs_fixture import gcs_server  # noqa: F401 - the session-scoped GCS endpoint fixture
+from object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
 from s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
 
 

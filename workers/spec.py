@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from workers.models.config import get_model_config
-from workers.storage_spec import S3Spec, check_storage_uri
+from workers.storage_spec import GcsSpec, S3Spec, check_storage_uri
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MODEL_PRESETS = ("gpt-tiny", "gpt-small", "llama-1b", "llama-7b", "llama-70b")
@@ -236,10 +236,13 @@ class CheckpointSpec(_Spec):
         None,
         description="file:///abs/path (default: the service's data dir), s3://bucket[/prefix] "
         "(AWS S3 or, with checkpoint.s3.endpoint_url, MinIO or any S3-compatible store) or "
-        "gs://bucket[/prefix]. Object stores are checked for write access at submit.",
+        "gs://bucket[/prefix] (Google Cloud Storage or, with checkpoint.gcs.endpoint_url, an "
+        "emulator). Object stores are checked for write access at submit.",
     )
     s3: S3Spec | None = Field(
         None, description="Endpoint, region and credentials secret name for s3:// storage.")
+    gcs: GcsSpec | None = Field(
+        None, description="Endpoint for gs:// storage that is not storage.googleapis.com.")
     every_steps: int | None = Field(
         10, ge=1, description="Save every N optimizer steps; with interval 'auto', the "
         "starting interval until a save and the step time have been measured.")
@@ -266,10 +269,13 @@ class CheckpointSpec(_Spec):
         return None if v is None else check_storage_uri(v)
 
     @model_validator(mode="after")
-    def _s3_options_need_s3(self) -> "CheckpointSpec":
+    def _store_options_match_the_scheme(self) -> "CheckpointSpec":
         if self.s3 is not None and not (self.storage or "").startswith("s3://"):
             raise ValueError("checkpoint.s3 is only used with an s3:// checkpoint.storage; "
                              "remove it or set checkpoint.storage to s3://bucket[/prefix]")
+        if self.gcs is not None and not (self.storage or "").startswith("gs://"):
+            raise ValueError("checkpoint.gcs is only used with a gs:// checkpoint.storage; "
+                             "remove it or set checkpoint.storage to gs://bucket[/prefix]")
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,12 @@ from, never their values:
   plane and every Ray pod read with ``envFrom``.
 - ``gs://``: ``GOOGLE_APPLICATION_CREDENTIALS`` (a credentials JSON file), else
   Google's default chain (workload identity, metadata server).
+- ``gs://`` with ``checkpoint.gcs.endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, as
+  Google's clients read it): that JSON API endpoint, for both file systems. An
+  ``http://`` endpoint (an emulator) gets anonymous requests, never credentials in
+  clear text, and needs gcsfs's plain client: its default one looks up every
+  bucket's type over gRPC with TLS, which no emulator serves, so the service's and
+  the workers' environment must set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
 
 Importing this module imports neither torch nor pyarrow (the service uses it).
 """
@@ -43,6 +49,8 @@ SCHEMES = ("file", "s3", "gs")
 AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 SECRET_ENV_PREFIX = "ETRAIN_SECRET_"
 GCS_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+GCSFS_GRPC_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 PROBE_PREFIX = ".etrain-probe-"
 _SECRET_PARTS = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN")
 _S3_OPTIONS = ("key", "secret", "token")  # s3fs's names for the three variables
@@ -90,8 +98,9 @@ class StorageLocation:
 
     @property
     def endpoint_url(self) -> str | None:
-        """The S3 endpoint override, if any."""
-        return self.options.get("client_kwargs", {}).get("endpoint_url")
+        """The endpoint override (``checkpoint.s3`` or ``checkpoint.gcs``), if any."""
+        return (self.options.get("endpoint_url")
+                or self.options.get("client_kwargs", {}).get("endpoint_url"))
 
     def join(self, *parts: str) -> str:
         """A path under ``root`` as ``fs`` sees it (``bucket/prefix/a/b`` or ``/abs/a/b``)."""
@@ -107,15 +116,20 @@ class StorageLocation:
         """The same store as a pyarrow file system (what Ray Train reads and writes through).
 
         For ``gs://`` pyarrow reads Google credentials from this process's
-        environment (``GOOGLE_APPLICATION_CREDENTIALS`` or the default chain). For
-        AWS S3 without a region the bucket's region is looked up (one request).
+        environment (``GOOGLE_APPLICATION_CREDENTIALS`` or the default chain) unless
+        ``fs`` is anonymous. For AWS S3 without a region the bucket's region is looked
+        up (one request).
         """
         import pyarrow.fs as pafs
 
         if self.scheme == "file":
             return pafs.LocalFileSystem()
         if self.scheme == "gs":
-            return pafs.GcsFileSystem(anonymous=self.options.get("token") == "anon")
+            gcs: dict[str, Any] = {"anonymous": self.options.get("token") == "anon"}
+            if self.endpoint_url:  # pyarrow takes host:port and the scheme apart
+                url = urlsplit(self.endpoint_url)
+                gcs.update(endpoint_override=url.netloc, scheme=url.scheme)
+            return pafs.GcsFileSystem(**gcs)
         region = self.options.get("client_kwargs", {}).get("region_name")
         if not region and not self.endpoint_url:
             # As Ray's own FileSystem.from_uri does: pyarrow does not follow S3's region
@@ -167,19 +181,23 @@ def resolve_storage(uri: str, *, endpoint_url: str | None = None, region: str | 
                     env: Mapping[str, str] | None = None) -> StorageLocation:
     """The :class:`StorageLocation` of ``uri`` with credentials from ``env`` (default: os.environ).
 
-    ``endpoint_url``, ``region`` and ``credentials_secret`` are the
-    ``checkpoint.s3`` fields and apply to ``s3://`` only. Raises
-    :class:`StorageError` for an unknown scheme or missing credentials; it does
-    not contact the store (see :func:`check_storage`).
+    ``endpoint_url`` is ``checkpoint.s3.endpoint_url`` or ``checkpoint.gcs.endpoint_url``;
+    ``region`` and ``credentials_secret`` are ``checkpoint.s3`` fields and apply to
+    ``s3://`` only. Raises :class:`StorageError` for an unknown scheme, missing
+    credentials or a gcsfs that cannot use the endpoint; it does not contact the
+    store (see :func:`check_storage`).
     """
     env = os.environ if env is None else env
     url = urlsplit(uri)
     if url.scheme not in SCHEMES:
         raise StorageError("checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] "
                            f"or gs://bucket[/prefix] (got scheme {url.scheme!r})")
-    if url.scheme != "s3" and (endpoint_url or region or credentials_secret):
+    if url.scheme != "s3" and (region or credentials_secret):
         raise StorageError("checkpoint.s3 is only used with an s3:// checkpoint.storage; "
                            "remove it or use s3://bucket[/prefix]")
+    if url.scheme == "file" and endpoint_url:
+        raise StorageError("an endpoint_url (checkpoint.s3 or checkpoint.gcs) is only used with "
+                           "s3:// or gs:// checkpoint.storage; remove it")
     if url.scheme == "file":
         if url.netloc or not url.path.startswith("/"):
             raise StorageError("checkpoint.storage must be an absolute path: file:///abs/path")
@@ -196,22 +214,30 @@ def resolve_storage(uri: str, *, endpoint_url: str | None = None, region: str | 
         options, source = _s3_options(endpoint_url=endpoint_url, region=region,
                                       credentials_secret=credentials_secret, env=env)
     else:
-        options, source = _gs_options(env)
+        options, source = _gs_options(endpoint_url=endpoint_url, env=env)
     return StorageLocation(uri=f"{url.scheme}://{root}", scheme=url.scheme,
                            fs=fsspec.filesystem(url.scheme, **options), root=root,
                            options=options, credentials_source=source)
 
 
-def resolve_checkpoint_storage(checkpoint: CheckpointSpec, *,
+def resolve_checkpoint_storage(checkpoint: CheckpointSpec, *, uri: str | None = None,
                                env: Mapping[str, str] | None = None) -> StorageLocation:
-    """:func:`resolve_storage` for a spec's ``checkpoint`` section."""
-    if not checkpoint.storage:
+    """:func:`resolve_storage` for a spec's ``checkpoint`` section.
+
+    ``uri`` (default: ``checkpoint.storage``) may be another location, such as a
+    run directory under it; the section's ``s3`` or ``gcs`` fields apply when the
+    scheme of ``uri`` is theirs.
+    """
+    uri = uri or checkpoint.storage
+    if not uri:
         raise StorageError("checkpoint.storage must be set before launch (the service fills "
                            "in its default)")
-    s3 = checkpoint.s3
-    return resolve_storage(checkpoint.storage, endpoint_url=s3.endpoint_url if s3 else None,
-                           region=s3.region if s3 else None,
-                           credentials_secret=s3.credentials_secret if s3 else None, env=env)
+    scheme = urlsplit(uri).scheme
+    s3 = checkpoint.s3 if scheme == "s3" else None
+    store = s3 or (checkpoint.gcs if scheme == "gs" else None)
+    return resolve_storage(uri, endpoint_url=store and store.endpoint_url,
+                           region=s3 and s3.region,
+                           credentials_secret=s3 and s3.credentials_secret, env=env)
 
 
 def _s3_options(*, endpoint_url: str | None, region: str | None,
@@ -242,11 +268,28 @@ def _s3_options(*, endpoint_url: str | None, region: str | None,
     return options, source
 
 
-def _gs_options(env: Mapping[str, str]) -> tuple[dict, str]:
+def _gs_options(*, endpoint_url: str | None, env: Mapping[str, str]) -> tuple[dict, str]:
+    """gcsfs storage options and a description (names only) of the credentials' source."""
+    endpoint = endpoint_url or env.get(GCS_EMULATOR_ENV, "").rstrip("/")
+    if endpoint in ("", "default"):  # "default" means Google to Google's clients
+        endpoint = ""
+    elif "://" not in endpoint:
+        endpoint = f"http://{endpoint}"  # STORAGE_EMULATOR_HOST may be host:port
+    options: dict[str, Any] = {"endpoint_url": endpoint} if endpoint else {}
+    if endpoint.startswith("http://"):
+        import gcsfs.core
+
+        if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
+            raise StorageError(
+                f"gs:// endpoint {endpoint} (checkpoint.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
+                "gcsfs would look up the bucket's type over gRPC with TLS, which a plain-http "
+                "endpoint does not serve (each request would wait about a minute); set "
+                f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment")
+        return {**options, "token": "anon"}, "anonymous access (a plain-http endpoint)"
     path = env.get(GCS_CREDENTIALS_ENV)
     if path:
-        return {"token": path}, GCS_CREDENTIALS_ENV
-    return {}, "Google's default credential chain"
+        return {**options, "token": path}, GCS_CREDENTIALS_ENV
+    return options, "Google's default credential chain"
 
 
 def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
@@ -266,7 +309,7 @@ def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
         fs.pipe_file(probe, b"etrain storage probe\n")
         fs.rm_file(probe)
     except Exception as e:  # noqa: BLE001 - every failure becomes one StorageError naming a fix
-        raise StorageError(_redact(_explain(loc, e), loc)) from e
+        raise StorageError(redact_credentials(_explain(loc, e), loc)) from e
 
 
 def _probe_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
@@ -282,7 +325,7 @@ def _probe_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
     return loc.fs
 
 
-def _error_code(e: BaseException) -> str | None:
+def store_error_code(e: BaseException) -> str | None:
     """The S3 error code behind an s3fs error (``NoSuchBucket``, ``AccessDenied``, ...)."""
     for err in (e, e.__cause__):
         response = getattr(err, "response", None)
@@ -293,16 +336,17 @@ def _error_code(e: BaseException) -> str | None:
 
 def _explain(loc: StorageLocation, e: Exception) -> str:
     """What went wrong with ``loc`` and what to change, from the exception the probe raised."""
-    code = _error_code(e)
+    code = store_error_code(e)
     bucket = loc.root.split("/", 1)[0]
     at = f" at {loc.endpoint_url}" if loc.endpoint_url else ""
+    endpoint_field = f"checkpoint.{'gcs' if loc.scheme == 'gs' else 's3'}.endpoint_url"
     head = f"checkpoint.storage {loc.uri}"
     if loc.scheme == "file":
         return (f"{head} is not writable by the service ({type(e).__name__}: {e}); use a "
                 "directory the service and every Ray worker can write")
     if code == "NoSuchBucket" or (code is None and isinstance(e, FileNotFoundError)):
         return (f"{head}: bucket {bucket!r} does not exist{at}; create it, or correct the "
-                "bucket in checkpoint.storage (or checkpoint.s3.endpoint_url)")
+                f"bucket in checkpoint.storage (or {endpoint_field})")
     if code in _BAD_CREDENTIALS:
         return (f"{head}: the store{at} rejected the credentials from {loc.credentials_source} "
                 f"({code}); correct them in the service's and the workers' environment")
@@ -311,14 +355,14 @@ def _explain(loc: StorageLocation, e: Exception) -> str:
                 f"({code or 'permission denied'}); grant put, get, list and delete on that "
                 "prefix, or use another checkpoint.storage")
     return (f"{head}: cannot reach the store{at} ({type(e).__name__}: {e}); check "
-            "checkpoint.storage, checkpoint.s3.endpoint_url and the network")
+            f"checkpoint.storage, {endpoint_field} and the network")
 
 
-def _redact(text: str, loc: StorageLocation) -> str:
+def redact_credentials(text: str, loc: StorageLocation) -> str:
     """``text`` with every credential value of ``loc`` replaced by ``***``."""
     for key in _S3_OPTIONS:
         value = loc.options.get(key)
-        if isinstance(value, str) and len(value) >= 4:
+        if isinstance(value, str) and len(value) >= 4 and value != "anon":
             text = text.replace(value, "***")
     return text
 

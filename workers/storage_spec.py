@@ -1,4 +1,5 @@
-"""The object-storage parts of the job spec: ``checkpoint.storage`` URIs and ``checkpoint.s3``.
+"""The object-storage parts of the job spec: ``checkpoint.storage`` URIs, ``checkpoint.s3``
+and ``checkpoint.gcs``.
 
 Kept apart from :mod:`workers.spec` (which imports them) to keep that module small.
 Messages name the field and what is accepted, and never echo a value that may
@@ -49,17 +50,9 @@ class S3Spec(BaseModel):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint_is_a_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        url = urlsplit(v)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError("checkpoint.s3.endpoint_url must be http(s)://host[:port], "
-                             "e.g. http://minio:9000")
-        if url.username or url.password or url.query or url.fragment:
-            # Never echo the value: it may hold a key.
-            raise ValueError("checkpoint.s3.endpoint_url must not carry credentials, a query "
-                             "or a fragment; name a secret in checkpoint.s3.credentials_secret")
-        return v.rstrip("/")
+        return None if v is None else check_endpoint_url(
+            v, field="checkpoint.s3.endpoint_url", example="http://minio:9000",
+            credentials="name a secret in checkpoint.s3.credentials_secret")
 
     @field_validator("region")
     @classmethod
@@ -79,6 +72,53 @@ class S3Spec(BaseModel):
                 "letters, digits, '-' or '_'), never a key; put the keys in "
                 "ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY")
         return v
+
+
+class GcsSpec(BaseModel):
+    """How to reach a ``gs://`` checkpoint store that is not storage.googleapis.com.
+
+    Credentials never appear in a spec: ``GOOGLE_APPLICATION_CREDENTIALS`` (a
+    credentials JSON file), else Google's default chain, for Google and
+    ``https://`` endpoints. Requests to a plain ``http://`` endpoint (an emulator)
+    are anonymous: Google credentials are never sent in clear text.
+    """
+
+    model_config = S3Spec.model_config  # the same settings, for the same reasons
+
+    endpoint_url: str | None = Field(
+        None, description="GCS JSON API endpoint, http(s)://host[:port] with no path: an "
+        "emulator (fake-gcs-server, gcp-storage-emulator; http:// is anonymous) or a private "
+        "endpoint (https:// uses the Google credentials); unset = STORAGE_EMULATOR_HOST when "
+        "set, else storage.googleapis.com.")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint_is_a_host(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = check_endpoint_url(v, field="checkpoint.gcs.endpoint_url",
+                               example="http://gcs-emulator:9023",
+                               credentials="credentials come from GOOGLE_APPLICATION_CREDENTIALS")
+        if urlsplit(v).path:
+            # pyarrow (Ray Train's view of the store) takes host:port only.
+            raise ValueError("checkpoint.gcs.endpoint_url must be http(s)://host[:port] with "
+                             "no path, e.g. http://gcs-emulator:9023")
+        return v
+
+
+def check_endpoint_url(v: str, *, field: str, example: str, credentials: str) -> str:
+    """Validate an object-store endpoint ``v`` for ``field``; return it without a trailing '/'.
+
+    Raises ValueError naming ``field`` (with ``example``, and ``credentials``: where
+    keys go instead); never repeats ``v``, which may hold a key.
+    """
+    url = urlsplit(v)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"{field} must be http(s)://host[:port], e.g. {example}")
+    if url.username or url.password or url.query or url.fragment:
+        raise ValueError(f"{field} must not carry credentials, a query or a fragment; "
+                         f"{credentials}")
+    return v.rstrip("/")
 
 
 def check_storage_uri(v: str) -> str:

@@ -29,7 +29,7 @@ from workers.parallel import build_mesh, coordinates
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy
-from workers.storage import StorageLocation, resolve_storage
+from workers.storage import StorageLocation, resolve_checkpoint_storage
 from workers.telemetry import TelemetryReporter
 
 
@@ -134,9 +134,7 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
 def checkpoint_location(spec: JobSpec, root: str) -> StorageLocation:
     """``root`` (a local path, or a URI of the spec's store) as a StorageLocation."""
     uri = root if "://" in root else f"file://{os.path.abspath(root)}"
-    s3 = spec.checkpoint.s3 if uri.startswith("s3://") else None
-    return resolve_storage(uri, endpoint_url=s3 and s3.endpoint_url, region=s3 and s3.region,
-                           credentials_secret=s3 and s3.credentials_secret)
+    return resolve_checkpoint_storage(spec.checkpoint, uri=uri)
 
 
 def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,

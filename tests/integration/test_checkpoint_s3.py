@@ -1,5 +1,6 @@
-"""Checkpoints on a real S3 endpoint (moto's server on loopback): save, list, prune,
-resume, asynchronous saves, and a store that goes away in the middle of a save."""
+"""Checkpoints on real object stores on loopback: save, list, prune and resume on S3 (moto)
+and GCS (gcp-storage-emulator), synchronous and asynchronous; on S3 also a store that goes
+away in the middle of a save, and a Ray job that resumes from the bucket."""
 
 from __future__ import annotations
 
@@ -8,21 +9,21 @@ import uuid
 import pytest
 import torch
 
+from object_store_fixture import ObjectStore
 from workers.checkpoint import CheckpointManager
 from workers.spec import JobSpec
-from workers.storage import resolve_storage
 from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
 
 
-def spec(endpoint: str, *, asynchronous: bool = False, steps: int = 9) -> JobSpec:
+def spec(store: ObjectStore, *, asynchronous: bool = False, steps: int = 9) -> JobSpec:
     return JobSpec.model_validate({
-        "name": "unit-s3", "data": {"seq_len": 16, "num_samples": 64},
+        "name": "unit-store", "data": {"seq_len": 16, "num_samples": 64},
         "resources": {"workers": 1},
         "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-        "checkpoint": {"storage": "s3://etrain-test/jobs", "every_steps": 3, "keep_last": 2,
-                       "async": asynchronous, "s3": {"endpoint_url": endpoint}},
+        "checkpoint": {**store.checkpoint("jobs"), "every_steps": 3, "keep_last": 2,
+                       "async": asynchronous},
     })
 
 
@@ -53,38 +54,49 @@ def s3_env(s3_server, monkeypatch):
     return s3_server
 
 
-def root() -> str:
-    return f"s3://etrain-test/jobs/{uuid.uuid4().hex[:8]}/checkpoints"
+@pytest.fixture
+def store_env(object_store, monkeypatch):
+    """``object_store`` with the credentials it accepts in this process's environment."""
+    for key, value in object_store.env.items():
+        monkeypatch.setenv(key, value)
+    return object_store
 
 
-def manager(uri: str, endpoint: str) -> CheckpointManager:
-    return CheckpointManager(resolve_storage(uri, endpoint_url=endpoint), keep_last=None, rank=0)
+def run_dir() -> tuple[str, ...]:
+    """A fresh job's checkpoint folder under the bucket, as path parts."""
+    return ("jobs", uuid.uuid4().hex[:8], "checkpoints")
+
+
+def manager(store: ObjectStore, where: tuple[str, ...]) -> CheckpointManager:
+    return CheckpointManager(store.location(*where), keep_last=None, rank=0)
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
-def test_save_list_prune_and_resume_on_s3(s3_env, tmp_path, asynchronous):
-    endpoint, where = s3_env["endpoint_url"], root()
-    local = run(spec(endpoint, asynchronous=asynchronous),
+def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asynchronous):
+    store, where = store_env, run_dir()
+    local = run(spec(store, asynchronous=asynchronous),
                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
                        checkpoint_root=str(tmp_path)))
-    first = run(spec(endpoint, asynchronous=asynchronous),
-                RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=where,
-                       stop_at=7))
+    first = run(spec(store, asynchronous=asynchronous),
+                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                       checkpoint_root=store.uri(*where), stop_at=7))
     assert sorted(first.losses) == list(range(1, 8))
-    listed = manager(where, endpoint).committed()
+    listed = manager(store, where).committed()
     assert [c.step for c in listed] == [3, 6]
-    assert all(c.uri.startswith("s3://etrain-test/jobs/") for c in listed)
-    resumed = run(spec(endpoint, asynchronous=asynchronous),
-                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=where))
+    assert all(c.uri.startswith(store.uri(*where) + "/") for c in listed)
+    resumed = run(spec(store, asynchronous=asynchronous),
+                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                         checkpoint_root=store.uri(*where)))
     assert resumed.resumed_from == 6
     assert {s: resumed.losses[s] for s in (7, 8, 9)} == {s: local.losses[s] for s in (7, 8, 9)}
     # keep_last 2: step 3 was deleted from the bucket after 9 committed.
-    assert [c.step for c in manager(where, endpoint).committed()] == [6, 9]
-    names = manager(where, endpoint)._names()
+    assert [c.step for c in manager(store, where).committed()] == [6, 9]
+    names = manager(store, where)._names()
     assert not any(n.startswith("step_00000003") for n in names), names
 
 
-def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(s3_env, monkeypatch):
+@pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_env, monkeypatch):
     """A second endpoint on the same in-process S3 backend is stopped while the save of
     step 6 is being written: training goes on, step 6 never becomes visible, and a
     resume (through the endpoint that stayed up) starts from step 3."""
@@ -93,20 +105,21 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(s3_env, 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    doomed, where = f"http://{host}:{port}", root()
+    alive, where = store_env, run_dir()
+    doomed = alive.with_endpoint(f"http://{host}:{port}")
     monkeypatch.setenv("ETRAIN_FAULT_SLOW_SAVE_STEP", "6")
     monkeypatch.setenv("ETRAIN_FAULT_SLOW_SAVE_S", "2")
     rec = Recorder(at_step=7, action=server.stop)  # during step 6's slowed-down write
     result = run(spec(doomed, asynchronous=True, steps=8),
-                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=where,
-                        reporter=rec))
+                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                        checkpoint_root=doomed.uri(*where), reporter=rec))
     assert sorted(result.losses) == list(range(1, 9))  # training survived the outage
     failed = [m for k, m in rec.events if k == "checkpoint_failed"]
     assert failed and "step 6" in failed[0]
-    alive = s3_env["endpoint_url"]
-    assert [c.step for c in manager(where, alive).committed()] == [3]
+    assert [c.step for c in manager(alive, where).committed()] == [3]
     resumed = run(spec(alive, asynchronous=True, steps=8),
-                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=where))
+                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                         checkpoint_root=alive.uri(*where)))
     assert resumed.resumed_from == 3
 
 

@@ -1,6 +1,7 @@
 """Object storage on the service side: the write probe at submit and plan (422 with a clear
 message, never a key), specs that keep only a secret's name, and the credentials the
-reconciler forwards to the workers. Against a real S3 endpoint on loopback (moto)."""
+reconciler forwards to the workers. Against real S3 and GCS endpoints on loopback (moto,
+gcp-storage-emulator)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ def aws_env(s3_server, monkeypatch):
 
 
 @pytest.fixture
+def store_env(object_store, monkeypatch):
+    """The service's environment holds the credentials ``object_store`` accepts."""
+    for name, value in object_store.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    return object_store
+
+
+@pytest.fixture
 def named_env(s3_server, monkeypatch):
     """The service's environment holds the moto user's keys as secret ``moto-store``."""
     for var, name in zip(SECRET_VARS, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
@@ -68,19 +78,19 @@ def test_local_storage_is_not_probed(storage):
     check_checkpoint_storage(CheckpointSpec(storage=storage), env={})
 
 
-def test_a_writable_bucket_passes(s3_server):
-    ckpt = CheckpointSpec.model_validate(_checkpoint(s3_server))
-    check_checkpoint_storage(ckpt, env=s3_server["env"])
+def test_a_writable_bucket_passes(object_store):
+    ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs"))
+    check_checkpoint_storage(ckpt, env=object_store.env)
 
 
-def test_a_missing_bucket_is_a_422_naming_checkpoint_storage(s3_server):
-    ckpt = CheckpointSpec.model_validate(_checkpoint(s3_server, bucket="missing-bucket"))
+def test_a_missing_bucket_is_a_422_naming_checkpoint_storage(object_store):
+    ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs", bucket="missing-bucket"))
     with pytest.raises(InvalidSpec) as info:
-        check_checkpoint_storage(ckpt, env=s3_server["env"])
+        check_checkpoint_storage(ckpt, env=object_store.env)
     (err,) = info.value.errors
     assert err["loc"] == ["body", "checkpoint", "storage"]
     assert "'missing-bucket' does not exist" in err["msg"]
-    assert not any(v in err["msg"] for v in _values(s3_server))
+    assert not any(v in err["msg"] for v in object_store.env.values())
 
 
 def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_server):
@@ -94,25 +104,24 @@ def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_serv
 
 # --- through the API ----------------------------------------------------------------------------
 
-@pytest.mark.usefixtures("aws_env")
-def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, s3_server, caplog):
+def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_env, caplog):
     caplog.set_level(logging.INFO)  # the service's level (ETRAIN_LOG_LEVEL)
-    body = {"name": "s3-job", "checkpoint": _checkpoint(s3_server, bucket="missing-bucket")}
+    body = {"name": "store-job",
+            "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}
     r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     (err,) = r.json()["detail"]
     assert err["loc"] == ["body", "checkpoint", "storage"]
-    assert "checkpoint.storage s3://missing-bucket/jobs" in err["msg"]
+    assert f"checkpoint.storage {store_env.scheme}://missing-bucket/jobs" in err["msg"]
     assert "does not exist" in err["msg"] and "create it" in err["msg"]
     assert client.get("/v1/jobs", headers=ADMIN_H).json()["total"] == 0
     for text in (r.text, caplog.text):
-        assert not any(v in text for v in _values(s3_server))
+        assert not any(v in text for v in store_env.env.values())
 
 
-@pytest.mark.usefixtures("aws_env")
-def test_plan_with_a_missing_bucket_is_refused(client, s3_server):
-    body = {"spec": {"name": "s3-job",
-                     "checkpoint": _checkpoint(s3_server, bucket="missing-bucket")}}
+def test_plan_with_a_missing_bucket_is_refused(client, store_env):
+    body = {"spec": {"name": "store-job",
+                     "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}}
     r = client.post("/v1/plan", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     assert "does not exist" in r.json()["detail"][0]["msg"]

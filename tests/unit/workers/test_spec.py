@@ -57,6 +57,8 @@ GOOD = {
     "storage-s3-https-endpoint": _spec(checkpoint={
         "storage": "s3://my-bucket/p", "s3": {"endpoint_url": "https://s3.example.com"}}),
     "storage-gs": _spec(checkpoint={"storage": "gs://my_bucket/prefix"}),
+    "storage-gs-emulator": _spec(checkpoint={
+        "storage": "gs://my_bucket/p", "gcs": {"endpoint_url": "http://gcs-emulator:9023/"}}),
     # retention and the automatic interval
     "keep-every": _spec(checkpoint={"keep_every": 1000}),
     "keep-every-with-every-seconds": _spec(checkpoint={"every_seconds": 60, "keep_every": 7}),
@@ -225,6 +227,18 @@ BAD = {
     "s3-secret-with-slash": (_spec(checkpoint={
         "storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}}),
         "checkpoint.s3.credentials_secret"),
+    # checkpoint.gcs
+    "gcs-with-s3-storage": (_spec(checkpoint={"storage": "s3://my-bucket", "gcs": {
+        "endpoint_url": "http://gcs:9023"}}), "checkpoint.gcs"),
+    "gcs-without-storage": (_spec(checkpoint={"gcs": {}}), "checkpoint.gcs"),
+    "gcs-endpoint-not-a-url": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
+        "endpoint_url": "gcs:9023"}}), "checkpoint.gcs.endpoint_url"),
+    "gcs-endpoint-with-a-path": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
+        "endpoint_url": "http://gcs:9023/storage/v1"}}), "checkpoint.gcs.endpoint_url"),
+    "gcs-endpoint-with-userinfo": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
+        "endpoint_url": "https://user:pw@gcs"}}), "checkpoint.gcs.endpoint_url"),
+    "gcs-unknown-field": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
+        "token": "x"}}), "token"),
     # retention and the automatic interval
     "keep-every-zero": (_spec(checkpoint={"keep_every": 0}), "keep_every"),
     "keep-every-not-multiple-of-every-steps": (_spec(checkpoint={"keep_every": 25}),
@@ -306,6 +320,9 @@ def test_storage_uris_are_normalised():
     s3 = parse_spec(_spec(checkpoint={"storage": "s3://my-bucket", "s3": {
         "endpoint_url": "http://minio:9000/"}})).checkpoint.s3
     assert s3.endpoint_url == "http://minio:9000"
+    gcs = parse_spec(_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
+        "endpoint_url": "http://gcs-emulator:9023/"}})).checkpoint.gcs
+    assert gcs.endpoint_url == "http://gcs-emulator:9023"
 
 
 @pytest.mark.parametrize("checkpoint", [
@@ -313,6 +330,8 @@ def test_storage_uris_are_normalised():
     {"storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
     {"storage": "s3://my-bucket", "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:"
                                                          "wJalrXUtnFEMI@minio:9000"}},
+    {"storage": "gs://my-bucket", "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:"
+                                                          "wJalrXUtnFEMI@gcs:9023"}},
 ])
 def test_rejections_never_repeat_what_may_be_a_key(checkpoint):
     with pytest.raises(ValidationError) as info:

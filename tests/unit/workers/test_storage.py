@@ -1,5 +1,6 @@
 """Checkpoint storage: URIs to file systems, credentials from the environment, the write
-probe against a real S3 endpoint (moto on loopback), and DCP shards streamed to it."""
+probe against real S3 and GCS endpoints on loopback (moto, gcp-storage-emulator), DCP
+shards streamed to them, and Ray Train's pyarrow view of the same objects."""
 
 from __future__ import annotations
 
@@ -106,6 +107,54 @@ def test_gs_uri_uses_gcsfs_with_the_credentials_file(tmp_path):
     assert loc.credentials_source == "GOOGLE_APPLICATION_CREDENTIALS"
 
 
+def _gs_pyarrow_options(loc) -> dict:
+    return loc.pyarrow_fs().__reduce__()[1][0]
+
+
+@pytest.mark.parametrize(("kwargs", "env", "endpoint"), [
+    ({"endpoint_url": "http://127.0.0.1:9023"}, {}, "http://127.0.0.1:9023"),
+    ({}, {"STORAGE_EMULATOR_HOST": "127.0.0.1:9023"}, "http://127.0.0.1:9023"),
+    ({"endpoint_url": "http://gcs:1"}, {"STORAGE_EMULATOR_HOST": "http://other:2/"},
+     "http://gcs:1"),
+], ids=["field", "emulator-host-variable", "field-wins"])
+def test_gs_plain_http_endpoint_is_anonymous_in_both_file_systems(tmp_path, kwargs, env,
+                                                                   endpoint):
+    creds = tmp_path / "never-sent.json"
+    loc = resolve_storage("gs://my-bucket/runs", **kwargs,
+                          env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(creds)})
+    assert loc.endpoint_url == endpoint
+    assert loc.options == {"endpoint_url": endpoint, "token": "anon"}
+    assert "anonymous" in loc.credentials_source
+    pa = _gs_pyarrow_options(loc)
+    assert (pa["scheme"], pa["endpoint_override"], pa["anonymous"]) == (
+        "http", endpoint.split("://")[1], True)
+
+
+def test_gs_https_endpoint_keeps_the_google_credentials(tmp_path, monkeypatch):
+    creds = tmp_path / "adc.json"
+    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "id",
+                                 "client_secret": "cs", "refresh_token": "rt"}))
+    # pyarrow reads the file itself (without it, Google's chain probes a metadata server).
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    loc = resolve_storage("gs://my-bucket", endpoint_url="https://storage.example.com")
+    assert loc.options == {"endpoint_url": "https://storage.example.com", "token": str(creds)}
+    assert loc.credentials_source == "GOOGLE_APPLICATION_CREDENTIALS"
+    pa = _gs_pyarrow_options(loc)
+    assert (pa["scheme"], pa["endpoint_override"], pa["anonymous"]) == (
+        "https", "storage.example.com", False)
+    plain = resolve_storage("gs://my-bucket", env={"STORAGE_EMULATOR_HOST": "default"})
+    assert plain.endpoint_url is None and plain.options == {}
+
+
+def test_gs_plain_http_endpoint_needs_gcsfs_without_its_grpc_lookup(monkeypatch):
+    import fsspec
+    from gcsfs.extended_gcsfs import ExtendedGcsFileSystem
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", lambda _: ExtendedGcsFileSystem)
+    with pytest.raises(StorageError, match="GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false"):
+        resolve_storage("gs://my-bucket", endpoint_url="http://127.0.0.1:9023", env={})
+
+
 @pytest.mark.parametrize(("uri", "kwargs", "needle"), [
     ("http://host/x", {}, "checkpoint.storage"),
     ("ftp://host/x", {}, "s3://bucket"),
@@ -113,6 +162,7 @@ def test_gs_uri_uses_gcsfs_with_the_credentials_file(tmp_path):
     ("s3://", {}, "s3://bucket"),
     (f"s3://{KEY}:{SECRET}@bucket/p", {}, "no credentials"),
     ("gs://bucket/p", {"region": "us-east-1"}, "checkpoint.s3"),
+    ("file:///x", {"endpoint_url": "http://127.0.0.1:9023"}, "checkpoint.gcs"),
     ("file:///x", {"credentials_secret": "minio"}, "checkpoint.s3"),
     ("s3://bucket/p", {"env": {"AWS_ACCESS_KEY_ID": KEY}}, "AWS_SECRET_ACCESS_KEY"),
 ])
@@ -135,6 +185,15 @@ def test_resolve_checkpoint_storage_takes_the_spec_section():
         resolve_checkpoint_storage(CheckpointSpec(), env={})
 
 
+def test_resolve_checkpoint_storage_applies_the_section_of_the_uri_scheme():
+    ckpt = CheckpointSpec.model_validate({"storage": "gs://my-bucket/p",
+                                          "gcs": {"endpoint_url": "http://127.0.0.1:9023/"}})
+    run_dir = resolve_checkpoint_storage(ckpt, uri="gs://my-bucket/p/j-1/checkpoints", env={})
+    assert run_dir.endpoint_url == "http://127.0.0.1:9023" and run_dir.root.endswith("/j-1/checkpoints")
+    local = resolve_checkpoint_storage(ckpt, uri="file:///tmp/run", env={})
+    assert local.scheme == "file" and local.endpoint_url is None
+
+
 def test_credential_env_holds_only_what_the_store_needs():
     env = {**AWS, **NAMED, "HOME": "/root", "ETRAIN_SECRET_OTHER_ACCESS_KEY_ID": "x"}
     assert credential_env("s3://b/p", env=env) == AWS
@@ -154,7 +213,7 @@ def test_locations_and_errors_pickle_for_ray():
     assert isinstance(err, ValueError) and str(err) == "checkpoint.storage: x"
 
 
-# --- the write probe against a real S3 endpoint ----------------------------------------------
+# --- the write probe against real S3 and GCS endpoints ----------------------------------------
 
 def _moto(s3_server, uri: str | None = None, **env) -> object:
     return resolve_storage(uri or f"s3://{s3_server['bucket']}/probe-tests",
@@ -162,22 +221,24 @@ def _moto(s3_server, uri: str | None = None, **env) -> object:
                            env={**s3_server["env"], **env})
 
 
-def test_check_storage_passes_on_a_writable_bucket_and_cleans_up(s3_server):
-    loc = _moto(s3_server)
+def test_check_storage_passes_on_a_writable_bucket_and_cleans_up(object_store):
+    loc = object_store.location("probe-tests")
     check_storage(loc)
     loc.fs.invalidate_cache()
     assert not loc.fs.exists(loc.root) or not [
         p for p in loc.fs.ls(loc.root, detail=False) if ".etrain-probe-" in p]
 
 
-def test_check_storage_refuses_a_missing_bucket(s3_server):
-    loc = _moto(s3_server, "s3://no-such-bucket-here/p")
+def test_check_storage_refuses_a_missing_bucket(object_store):
+    loc = object_store.location("p", bucket="no-such-bucket-here")
     with pytest.raises(StorageError) as info:
         check_storage(loc)
     msg = str(info.value)
-    assert "checkpoint.storage s3://no-such-bucket-here/p" in msg
-    assert "'no-such-bucket-here' does not exist" in msg and s3_server["endpoint_url"] in msg
-    _no_secrets(msg, *s3_server["env"].values())
+    assert f"checkpoint.storage {object_store.scheme}://no-such-bucket-here/p" in msg
+    assert "'no-such-bucket-here' does not exist" in msg and object_store.endpoint_url in msg
+    field = "checkpoint.s3.endpoint_url" if object_store.scheme == "s3" else "checkpoint.gcs"
+    assert field in msg
+    _no_secrets(msg, *object_store.env.values())
 
 
 @pytest.mark.parametrize(("env", "code"), [
@@ -234,19 +295,18 @@ def _round_trip(loc, path):
     return writer
 
 
-def test_dcp_save_and_load_through_s3_streams_without_a_local_copy(s3_server, tmp_path,
-                                                                   monkeypatch):
+def test_dcp_save_and_load_streams_to_the_store_without_a_local_copy(object_store, tmp_path,
+                                                                      monkeypatch):
     import pyarrow.fs as pafs
-    import s3fs
 
     # Any temporary file DCP or fsspec made would land here.
     spool = tmp_path / "spool"
     spool.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spool))
-    loc = _moto(s3_server, f"s3://{s3_server['bucket']}/dcp")
+    loc = object_store.location("dcp")
     path = loc.join("job-1", "checkpoints", "step_00000007")
     writer = _round_trip(loc, path)
-    assert isinstance(writer.fs.fs, s3fs.S3FileSystem)  # shards went straight to S3
+    assert type(writer.fs.fs) is type(loc.fs)  # shards went straight to the store
     assert not list(spool.iterdir())
 
     # Ray Train's view (pyarrow) of the same prefix lists what fsspec wrote.
@@ -256,11 +316,37 @@ def test_dcp_save_and_load_through_s3_streams_without_a_local_copy(s3_server, tm
     assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
 
 
-def test_dcp_writer_accepts_a_uri_of_the_same_scheme_only(s3_server):
-    loc = _moto(s3_server, f"s3://{s3_server['bucket']}/dcp-uri")
+def test_dcp_writer_accepts_a_uri_of_the_same_scheme_only(object_store):
+    loc = object_store.location("dcp-uri")
     _round_trip(loc, loc.uri_of("step_1"))
-    with pytest.raises(StorageError, match="gs://"):
-        dcp_writer(loc, "gs://other/step_1")
+    other = "gs" if object_store.scheme == "s3" else "s3"
+    with pytest.raises(StorageError, match=f"{other}://"):
+        dcp_writer(loc, f"{other}://other/step_1")
+
+
+def test_ray_storage_writes_and_reads_through_pyarrow(object_store):
+    """Ray Train's RunConfig(storage_path, storage_filesystem) reaches the same objects."""
+    import pyarrow.fs as pafs
+
+    loc = object_store.location("pyarrow")
+    root, fs = loc.ray_storage()
+    assert root == loc.root
+    # As Ray does: pyarrow's directories on GCS are marker objects, which its delete_dir
+    # deletes last (and fails on, as GCS itself does, when no create_dir made one).
+    fs.create_dir(f"{root}/run")
+    with fs.open_output_stream(f"{root}/run/report.json") as f:
+        f.write(b'{"step": 3}')
+    with fs.open_input_stream(f"{root}/run/report.json") as f:
+        assert f.read() == b'{"step": 3}'
+    loc.fs.invalidate_cache()
+    assert loc.fs.cat_file(loc.join("run", "report.json")) == b'{"step": 3}'
+    loc.fs.pipe_file(loc.join("run", "from-fsspec"), b"x")
+    listed = fs.get_file_info(pafs.FileSelector(f"{root}/run", recursive=True))
+    assert {i.base_name for i in listed if i.type == pafs.FileType.File} == {
+        "report.json", "from-fsspec"}
+    fs.delete_dir(f"{root}/run")
+    loc.fs.invalidate_cache()
+    assert not loc.fs.exists(loc.join("run", "report.json"))
 
 
 def test_dcp_save_and_load_on_local_files(tmp_path):
