@@ -8,6 +8,10 @@ reshards whatever layout saved them), and streams them into
 ``model.safetensors``: memory holds one batch, never the optimizer state and
 never the whole model. Next to it go ``config.json`` (Hugging Face Llama
 fields) and ``etrain_export.json`` (where it came from).
+
+The checkpoint is read where it lies, through :mod:`workers.storage`: a local
+folder, or ``s3://`` / ``gs://`` objects read with ranged requests (nothing is
+downloaded first). Only the output goes to the local file system.
 """
 
 from __future__ import annotations
@@ -20,16 +24,20 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from workers.checkpoint import MANIFEST
+from workers.checkpoint import MANIFEST, CheckpointInfo, CheckpointManager
 from workers.hf_naming import to_hf_name, to_hf_tensor
 from workers.models import build_model, get_model_config
 from workers.models.config import ModelConfig
+from workers.storage import (StorageError, StorageLocation, dcp_reader, redact_credentials,
+                             resolve_storage, store_error_code)
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -73,58 +81,127 @@ class _Entry:
     stored_dtype: torch.dtype
 
 
-def open_checkpoint_dir(uri: str) -> Path:
-    """The local folder of checkpoint ``uri`` (``file:///abs/path`` or a plain local path).
+@dataclass(frozen=True)
+class ExportSource:
+    """A committed checkpoint and the store it is read from (see :func:`open_checkpoint_dir`)."""
 
-    Every export opens its checkpoint through here, so object storage (``s3://``,
-    ``gs://``) can be added in one place (fsspec) later.
+    loc: StorageLocation  # the checkpoints folder that holds it
+    info: CheckpointInfo  # step, path as ``loc.fs`` sees it, uri
+
+    @property
+    def uri(self) -> str:
+        """The checkpoint's full URI (``file://``, ``s3://``, ``gs://``)."""
+        return self.info.uri
+
+    def reader(self):
+        """A DCP StorageReader of the checkpoint (ranged reads on object stores)."""
+        return dcp_reader(self.loc, self.info.path)
+
+
+def open_checkpoint_dir(uri: str, *, endpoint_url: str | None = None, region: str | None = None,
+                        credentials_secret: str | None = None,
+                        env: Mapping[str, str] | None = None) -> ExportSource:
+    """The committed checkpoint at ``uri``: ``file:///abs/step_N``, a local path, or
+    ``s3://`` / ``gs://`` ``bucket/prefix/step_N.<attempt>``.
+
+    ``endpoint_url``, ``region`` and ``credentials_secret`` are the job's
+    ``checkpoint.s3`` fields (``s3://``; a ``gs://`` store takes an
+    ``endpoint_url`` where the storage layer supports one); credentials come from ``env``
+    (default: this process's environment), as :func:`workers.storage.resolve_storage`
+    reads them. Reads the manifest only (one request to an object store).
     """
     scheme, sep, rest = uri.partition("://")
     if not sep:
-        path = Path(uri)
-    elif scheme == "file":
-        # Reporters write file://<path> without percent-encoding, so take the rest as is.
-        if not rest.startswith("/"):
-            raise ExportError(f"checkpoint uri {uri!r} must be file:///absolute/path (no host)")
-        path = Path(rest)
-    else:
-        raise ExportError(
-            f"checkpoint uri {uri!r}: export reads the checkpoint storage directly and "
-            f"supports only file:// in this release ({scheme}:// comes with object-storage "
-            "support); copy the step folder to a local disk and export that path")
-    if not path.is_dir():
-        raise ExportError(f"checkpoint folder {path} does not exist on this machine: export "
-                          "reads the storage directly; run it where the storage is mounted")
-    return path
-
-
-def _read_manifest(ckpt: Path) -> dict:
-    """The manifest of a committed checkpoint; ExportError for a partial folder."""
-    manifest = ckpt / MANIFEST
-    if ".partial-" in ckpt.name or not manifest.is_file():
-        raise ExportError(
-            f"{ckpt} is not a committed checkpoint (no {MANIFEST} or a .partial- staging "
-            "folder: its save never finished); export a committed step_XXXXXXXX folder")
+        scheme, rest = "file", os.path.abspath(uri)
+    elif scheme == "file" and not rest.startswith("/"):
+        raise ExportError(f"checkpoint uri {uri!r} must be file:///absolute/path (no host)")
+    folder, _, name = rest.rstrip("/").rpartition("/")
+    if scheme == "file":
+        folder = folder or "/"
+    elif not folder or not name:
+        raise ExportError(f"checkpoint uri {uri!r} must name a step folder: "
+                          f"{scheme}://bucket/prefix/step_XXXXXXXX.<attempt>")
     try:
-        return json.loads(manifest.read_text())
-    except (OSError, ValueError) as e:
-        raise ExportError(f"cannot read {manifest}: {e}; export another committed step") from e
+        loc = resolve_storage(f"{scheme}://{folder}", endpoint_url=endpoint_url, region=region,
+                              credentials_secret=credentials_secret, env=env)
+    except StorageError as e:
+        raise ExportError(f"checkpoint uri {uri!r}: {e}") from e
+    if loc.scheme == "file" and not loc.fs.isdir(loc.join(name)):
+        raise ExportError(f"checkpoint folder {loc.join(name)} does not exist on this machine: "
+                          "export reads the storage directly; run it where the storage is "
+                          "mounted")
+    return ExportSource(loc=loc, info=_committed_info(loc, name))
 
 
-def _stored_model_tensors(ckpt: Path) -> dict[str, TensorStorageMetadata]:
+def _committed_info(loc: StorageLocation, name: str) -> CheckpointInfo:
+    """Folder ``name`` of ``loc`` as the checkpoint layout lists it; ExportError unless committed."""
+    try:
+        # The layout's own rules: final step_N on disk, step_N.<attempt> on object
+        # stores, committed only once its manifest exists.
+        found = CheckpointManager(loc, keep_last=None, rank=0).committed(names=[name])
+    except Exception as e:  # noqa: BLE001 - every failure becomes one ExportError naming a fix
+        raise _read_error(loc, loc.uri_of(name), e) from e
+    if not found:
+        raise ExportError(
+            f"{loc.uri_of(name)} is not a committed checkpoint (no {MANIFEST}: its save never "
+            "finished, it is a .partial- staging folder, or retention deleted it); export a "
+            "committed step (etrain export JOB --step N lists the available ones)")
+    return found[0]
+
+
+# Errors of the store clients that mean: no credentials were found at all.
+_NO_CREDENTIALS = ("NoCredentialsError", "DefaultCredentialsError")
+
+
+def _refusal(e: BaseException) -> str | None:
+    """Why the store refused this process's credentials (an error code), or None when it
+    failed otherwise. s3fs raises PermissionError; gcsfs OSError("Forbidden: ...") for 403
+    and HttpError (``code`` 401) for a bad token."""
+    code = store_error_code(e)
+    if isinstance(e, PermissionError) or str(e).startswith("Forbidden:"):
+        return code or "access denied"
+    if getattr(e, "code", None) in (401, 403):
+        return f"HTTP {e.code}"  # type: ignore[attr-defined]
+    return None
+
+
+def _read_error(loc: StorageLocation, uri: str, e: BaseException) -> ExportError:
+    """An ExportError saying why ``uri`` could not be read and what to change; credentials
+    are named by their source, and any value of them in the text is redacted."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]  # DCP wraps the reader's error per rank
+    at = f" at {loc.endpoint_url}" if loc.endpoint_url else ""
+    fix = ("set credentials that may read (get, list) the job's checkpoint.storage in this "
+           "shell's environment (the variables the job's workers use) and export again")
+    refusal = _refusal(e)
+    if type(e).__name__ in _NO_CREDENTIALS:
+        text = f"cannot read {uri}: found no credentials in {loc.credentials_source}; {fix}"
+    elif refusal:
+        text = (f"cannot read {uri}: the store{at} refused the credentials from "
+                f"{loc.credentials_source} ({refusal}); {fix}")
+    else:
+        detail = str(e).splitlines()[0][:300] if str(e) else ""
+        text = (f"cannot read {uri}{at} ({type(e).__name__}: {detail}); check that the store "
+                "is reachable from here (checkpoint.s3.endpoint_url, the network) and export "
+                "again")
+    return ExportError(redact_credentials(text, loc))
+
+
+def _stored_model_tensors(src: ExportSource) -> dict[str, TensorStorageMetadata]:
     """Model tensors the checkpoint holds, by etrain FQN (read from DCP's .metadata)."""
     try:
-        metadata = dcp.FileSystemReader(str(ckpt)).read_metadata()
-    except (OSError, EOFError) as e:
-        raise ExportError(f"cannot read DCP metadata in {ckpt}: {e}") from e
+        metadata = src.reader().read_metadata()
+    except Exception as e:  # noqa: BLE001 - every failure becomes one ExportError naming a fix
+        raise _read_error(src.loc, src.uri, e) from e
     return {key[len(MODEL_PREFIX):]: md for key, md in metadata.state_dict_metadata.items()
             if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)}
 
 
-def _plan_entries(ckpt: Path, cfg: ModelConfig, *, preset: str, naming: str) -> list[_Entry]:
+def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str,
+                  naming: str) -> list[_Entry]:
     """One entry per model parameter, in model order; checks the checkpoint matches ``preset``."""
     expected = build_model(cfg, seed=0, device="meta").state_dict()
-    stored = _stored_model_tensors(ckpt)
+    stored = _stored_model_tensors(src)
     missing = [k for k in expected if k not in stored]
     extra = [k for k in stored if k not in expected]
     wrong = [k for k, t in expected.items() if k in stored and tuple(stored[k].size) != t.shape]
@@ -132,7 +209,7 @@ def _plan_entries(ckpt: Path, cfg: ModelConfig, *, preset: str, naming: str) -> 
         detail = "; ".join(f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
                            for label, keys in (("missing", missing), ("unexpected", extra),
                                                ("other shape", wrong)) if keys)
-        raise ExportError(f"checkpoint {ckpt} does not hold a {preset!r} model ({detail}); "
+        raise ExportError(f"checkpoint {src.uri} does not hold a {preset!r} model ({detail}); "
                           "set preset to the job's model.preset")
     return [_Entry(fqn=k, name=to_hf_name(k) if naming == "hf" else k,
                    shape=tuple(t.shape), stored_dtype=stored[k].properties.dtype)
@@ -162,14 +239,17 @@ def _batches(entries: list[_Entry], max_bytes: int) -> list[list[_Entry]]:
     return out
 
 
-def _load_model_tensors(ckpt: Path, batch: list[_Entry]) -> dict[str, torch.Tensor]:
+def _load_model_tensors(src: ExportSource, reader, batch: list[_Entry]) -> dict[str, torch.Tensor]:
     """Read ``batch``'s tensors (and nothing else) from the checkpoint into CPU memory."""
     wanted = {e.fqn: torch.empty(e.shape, dtype=e.stored_dtype) for e in batch}
     state = {"app": {"model": wanted}}
     with warnings.catch_warnings():
         # One process, no process group, on purpose: DCP warns that it assumes so.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        try:
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - one ExportError
+            raise _read_error(src.loc, src.uri, e) from e
     return state["app"]["model"]
 
 
@@ -187,22 +267,29 @@ def _safetensors_header(entries: list[_Entry], dtype: torch.dtype, metadata: dic
     return struct.pack("<Q", len(blob)) + blob
 
 
-def _write_model_file(ckpt: Path, path: Path, entries: list[_Entry], *, dtype: torch.dtype,
-                      cfg: ModelConfig, naming: str, metadata: dict, batch_bytes: int) -> None:
+def _write_model_file(src: ExportSource, path: Path, entries: list[_Entry], *,
+                      dtype: torch.dtype, cfg: ModelConfig, naming: str, metadata: dict,
+                      batch_bytes: int) -> None:
     """Stream the model tensors into ``path`` (via a temporary file renamed at the end)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(_safetensors_header(entries, dtype, metadata))
-        for batch in _batches(entries, batch_bytes):
-            loaded = _load_model_tensors(ckpt, batch)
-            for e in batch:
-                t = loaded.pop(e.fqn)
-                if naming == "hf":
-                    t = to_hf_tensor(e.fqn, t, cfg)
-                # safetensors is little-endian, as are the hosts torch supports here.
-                f.write(t.to(dtype).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+    reader = src.reader()  # one reader for every batch: each load re-plans against it
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_safetensors_header(entries, dtype, metadata))
+            for batch in _batches(entries, batch_bytes):
+                loaded = _load_model_tensors(src, reader, batch)
+                for e in batch:
+                    t = loaded.pop(e.fqn)
+                    if naming == "hf":
+                        t = to_hf_tensor(e.fqn, t, cfg)
+                    # safetensors is little-endian, as are the hosts torch supports here.
+                    f.write(t.to(dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
+                            .tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a half-written file is never left behind
+        raise
     _check_model_file(tmp, entries)
     os.replace(tmp, path)
 
@@ -244,14 +331,15 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                      preset: str, dtype: str | None = None, naming: str = "etrain",
+def export_checkpoint(checkpoint: ExportSource | str | os.PathLike, out_dir: str | os.PathLike,
+                      *, preset: str, dtype: str | None = None, naming: str = "etrain",
                       job_id: str | None = None, source_uri: str | None = None,
                       batch_bytes: int = DEFAULT_BATCH_BYTES) -> ExportResult:
     """Write ``model.safetensors``, ``config.json`` and ``etrain_export.json`` into ``out_dir``.
 
-    ``checkpoint_dir`` is a committed ``step_XXXXXXXX`` folder of a job whose
-    ``model.preset`` is ``preset``. ``dtype`` (fp32, bf16, fp16) casts the
+    ``checkpoint`` is a committed checkpoint of a job whose ``model.preset`` is
+    ``preset``: what :func:`open_checkpoint_dir` returned (any store), or a
+    local ``step_XXXXXXXX`` folder. ``dtype`` (fp32, bf16, fp16) casts the
     weights; unset keeps the checkpoint's. ``naming="etrain"`` keeps etrain's
     parameter names; ``"hf"`` writes Hugging Face Llama names and layout.
     At most ``batch_bytes`` of weights (or one tensor) are in memory at once.
@@ -259,27 +347,27 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
     if naming not in NAMINGS:
         raise ExportError(f"naming {naming!r} is not supported; set naming to one of: "
                           f"{', '.join(NAMINGS)}")
-    ckpt = Path(checkpoint_dir)
-    manifest = _read_manifest(ckpt)
+    src = (checkpoint if isinstance(checkpoint, ExportSource)
+           else open_checkpoint_dir(os.fspath(checkpoint)))
+    step = src.info.step
     try:
         cfg = get_model_config(preset)
     except ValueError as e:
         raise ExportError(str(e)) from None
-    entries = _plan_entries(ckpt, cfg, preset=preset, naming=naming)
+    entries = _plan_entries(src, cfg, preset=preset, naming=naming)
     out_dtype = _resolve_dtype(dtype, entries)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    info = {"job_id": job_id, "step": manifest["step"],
-            "source_uri": source_uri or f"file://{ckpt.resolve()}", "preset": preset,
-            "dtype": _HF_DTYPE[out_dtype], "naming": naming, "format": "safetensors",
-            "exported_at": time.time()}
-    _write_model_file(ckpt, out / MODEL_FILE, entries, dtype=out_dtype, cfg=cfg, naming=naming,
-                      metadata={"format": "pt", "etrain_step": manifest["step"],
+    info = {"job_id": job_id, "step": step, "source_uri": source_uri or src.uri,
+            "preset": preset, "dtype": _HF_DTYPE[out_dtype], "naming": naming,
+            "format": "safetensors", "exported_at": time.time()}
+    _write_model_file(src, out / MODEL_FILE, entries, dtype=out_dtype, cfg=cfg, naming=naming,
+                      metadata={"format": "pt", "etrain_step": step,
                                 "etrain_preset": preset, "etrain_naming": naming},
                       batch_bytes=batch_bytes)
     _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=out_dtype))
     _write_json(out / EXPORT_FILE, info)
-    return ExportResult(out_dir=str(out), model_file=str(out / MODEL_FILE), step=manifest["step"],
+    return ExportResult(out_dir=str(out), model_file=str(out / MODEL_FILE), step=step,
                         preset=preset, dtype=_HF_DTYPE[out_dtype], naming=naming,
                         num_tensors=len(entries),
                         num_params=sum(math.prod(e.shape) for e in entries),

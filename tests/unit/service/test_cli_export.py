@@ -1,8 +1,14 @@
-"""`etrain export` through CliRunner against the real FastAPI app (TestClient bridged into httpx)."""
+"""`etrain export` through CliRunner against the real FastAPI app (TestClient bridged into httpx).
+
+The checkpoints live in a local folder or on S3 (moto's server on loopback); the
+CLI reads them where they are, with the credentials of its own environment.
+"""
 
 from __future__ import annotations
 
 import json
+import uuid
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -16,27 +22,53 @@ from fakes import FakeBackend
 from service import cli
 from service.api.app import create_app
 from service.auth import create_reporter_token
+from service.export import ExportRefused, storage_options
 from service.settings import Settings
+from workers.checkpoint import CheckpointManager
 from workers.spec import JobSpec
+from workers.storage import resolve_storage
 from workers.train_loop import RunEnv, run
 
 ADMIN = "et_admin-token-for-the-export-tests-0123456789"
 SPEC = {"name": "tiny", "resources": {"workers": 1}, "train": {"steps": 4}}
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """A gpt-tiny run with committed checkpoints at steps 2 and 4; (root, final model)."""
-    root = tmp_path_factory.mktemp("ckpts")
-    spec = JobSpec.model_validate({
-        "name": "export", "data": {"seq_len": 16, "num_samples": 64},
-        "resources": {"workers": 1},
-        "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2},
-        "checkpoint": {"every_steps": 2},
-    })
-    result = run(spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                              checkpoint_root=str(root)))
-    return root, result.model
+@dataclass(frozen=True)
+class Checkpoints:
+    """A gpt-tiny run's committed checkpoints (steps 2 and 4) on one store, and its final model."""
+
+    storage: dict  # the job spec's checkpoint section: storage (and s3)
+    uris: dict[int, str]  # step -> URI, as the workers report them
+    final: torch.nn.Module
+
+
+@pytest.fixture(scope="module", params=["file", "s3"])
+def checkpoints(request, tmp_path_factory):
+    """Each store; S3's credentials are in os.environ while the module's tests use it (the
+    service probes the bucket at submit, the CLI reads it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "file":
+            storage = {"storage": f"file://{tmp_path_factory.mktemp('ckpts')}"}
+            endpoint = None
+        else:
+            s3 = request.getfixturevalue("s3_server")
+            for key, value in s3["env"].items():
+                mp.setenv(key, value)
+            endpoint = s3["endpoint_url"]
+            storage = {"storage": f"s3://{s3['bucket']}/cli-{uuid.uuid4().hex[:8]}",
+                       "s3": {"endpoint_url": endpoint}}
+        spec = JobSpec.model_validate({
+            "name": "export", "data": {"seq_len": 16, "num_samples": 64},
+            "resources": {"workers": 1},
+            "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2},
+            "checkpoint": {"every_steps": 2, **storage},
+        })
+        root = f"{storage['storage']}/j-trained/checkpoints"
+        result = run(spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                                  checkpoint_root=root))
+        listed = CheckpointManager(resolve_storage(root, endpoint_url=endpoint),
+                                   keep_last=None, rank=0).committed()
+        yield Checkpoints(storage, {c.step: c.uri for c in listed}, result.model)
 
 
 @pytest.fixture
@@ -57,9 +89,12 @@ def api(tmp_path, monkeypatch):
         yield client
 
 
-def submit(api: TestClient, uris: dict[int, str]) -> str:
-    """A job whose workers reported checkpoints at ``uris`` (step -> uri)."""
-    job = api.post("/v1/jobs", json=SPEC).json()
+def submit(api: TestClient, uris: dict[int, str], storage: dict | None = None) -> str:
+    """A job (checkpoint section ``storage``) whose workers reported checkpoints at ``uris``."""
+    spec = {**SPEC, "checkpoint": storage} if storage else SPEC
+    reply = api.post("/v1/jobs", json=spec)
+    assert reply.status_code == 201, reply.text
+    job = reply.json()
     store = api.app.state.runtime.store
     token = create_reporter_token(store, tenant_id=store.get_job(job["id"]).tenant_id,
                                   job_id=job["id"])
@@ -77,26 +112,21 @@ def etrain(*args: str):
     return result
 
 
-def real_uris(root) -> dict[int, str]:
-    return {s: f"file://{root / f'step_{s:08d}'}" for s in (2, 4)}
-
-
 def test_export_newest_checkpoint(api, checkpoints, tmp_path):
-    root, final = checkpoints
-    job_id = submit(api, real_uris(root))
+    job_id = submit(api, checkpoints.uris, checkpoints.storage)
     result = etrain("export", job_id, "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     assert f"exported job {job_id} step 4 (gpt-tiny" in result.stdout
     state = load_file(tmp_path / "out" / "model.safetensors")
-    assert all(torch.equal(state[k], v) for k, v in final.state_dict().items())
+    assert state.keys() == checkpoints.final.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in checkpoints.final.state_dict().items())
     info = json.loads((tmp_path / "out" / "etrain_export.json").read_text())
-    assert (info["job_id"], info["step"], info["source_uri"]) == (job_id, 4, real_uris(root)[4])
+    assert (info["job_id"], info["step"], info["source_uri"]) == (job_id, 4, checkpoints.uris[4])
 
 
 def test_export_a_given_step_with_options_into_the_default_folder(api, checkpoints, tmp_path,
                                                                   monkeypatch):
-    root, _ = checkpoints
-    job_id = submit(api, real_uris(root))
+    job_id = submit(api, checkpoints.uris, checkpoints.storage)
     monkeypatch.chdir(tmp_path)
     result = etrain("export", job_id, "--step", "2", "--format", "safetensors",
                     "--dtype", "bf16", "--naming", "hf")
@@ -109,7 +139,7 @@ def test_export_a_given_step_with_options_into_the_default_folder(api, checkpoin
 
 
 def test_a_missing_step_lists_the_available_ones(api, checkpoints):
-    job_id = submit(api, real_uris(checkpoints[0]))
+    job_id = submit(api, checkpoints.uris, checkpoints.storage)
     result = etrain("export", job_id, "--step", "3")
     assert result.exit_code == 2
     assert (f"job {job_id} has no checkpoint at step 3; available steps: 2, 4 "
@@ -119,8 +149,8 @@ def test_a_missing_step_lists_the_available_ones(api, checkpoints):
 
 @pytest.mark.parametrize(("uris", "message"), [
     ({}, "has no committed checkpoints yet"),
-    ({6: "s3://bucket/jobs/j/checkpoints/step_00000006"},
-     "export reads the checkpoint storage directly and supports only file:// in this release"),
+    ({6: "s3://bucket/jobs/j/checkpoints/step_00000006.0123abcd"},
+     "is not under the job's checkpoint.storage"),
     ({6: "file:///nowhere/step_00000006"}, "does not exist on this machine"),
 ])
 def test_unexportable_checkpoints_say_why(api, uris, message):
@@ -128,6 +158,68 @@ def test_unexportable_checkpoints_say_why(api, uris, message):
     result = etrain("export", job_id)
     assert result.exit_code == 2
     assert message in result.stderr and "Traceback" not in result.output
+
+
+@pytest.fixture
+def s3_job(api, s3_server, monkeypatch):
+    """A job on S3 (the service's probe at submit passes) that reported a step that is not
+    there (never committed, or deleted since); (job id, the step's uri, the S3 variables)."""
+    for key, value in s3_server["env"].items():
+        monkeypatch.setenv(key, value)
+    storage = f"s3://{s3_server['bucket']}/cli-{uuid.uuid4().hex[:8]}"
+    uri = f"{storage}/j-gone/checkpoints/step_00000006.0123abcd"
+    job_id = submit(api, {6: uri}, {"storage": storage,
+                                    "s3": {"endpoint_url": s3_server["endpoint_url"]}})
+    return job_id, uri, s3_server["env"]
+
+
+def test_an_s3_step_that_is_not_there_says_so(s3_job):
+    job_id, uri, _ = s3_job
+    result = etrain("export", job_id)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{uri} is not a committed checkpoint" in result.stderr
+
+
+def test_refused_s3_credentials_name_the_fix_never_the_secret(s3_job):
+    job_id, _, env = s3_job
+    wrong = "wrong-" + env["AWS_SECRET_ACCESS_KEY"][6:]
+    result = CliRunner().invoke(cli.app, ["export", job_id],
+                                env={"ETRAIN_TOKEN": ADMIN, "ETRAIN_URL": "http://etrain.test",
+                                     "AWS_SECRET_ACCESS_KEY": wrong})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    stderr = " ".join(result.stderr.split())  # the console wraps long lines
+    assert "refused the credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" in stderr
+    assert "set credentials that may read (get, list) the job's checkpoint.storage" in stderr
+    assert not any(v in result.output for v in (wrong, env["AWS_SECRET_ACCESS_KEY"], ADMIN))
+
+
+S3_JOB = {"id": "j-1", "spec": {"checkpoint": {
+    "storage": "s3://b/jobs", "s3": {"endpoint_url": "http://minio:9000", "region": "eu-west-1",
+                                     "credentials_secret": "team-a"}}}}
+GS_JOB = {"id": "j-2", "spec": {"checkpoint": {
+    "storage": "gs://b/jobs", "gcs": {"endpoint_url": "http://fake-gcs:4443"}}}}
+
+
+@pytest.mark.parametrize(("job", "uri", "options"), [
+    (S3_JOB, "file:///ckpt/step_00000004", {}),
+    (S3_JOB, "s3://b/jobs/j-1/checkpoints/step_00000004.0123abcd",
+     {"endpoint_url": "http://minio:9000", "region": "eu-west-1",
+      "credentials_secret": "team-a"}),
+    (GS_JOB, "gs://b/jobs/j-2/checkpoints/step_00000004.0123abcd",
+     {"endpoint_url": "http://fake-gcs:4443"}),
+    ({"id": "j-3", "spec": {"checkpoint": {"storage": "gs://b/jobs"}}},
+     "gs://b/jobs/j-3/checkpoints/step_00000004.0123abcd", {}),
+])
+def test_storage_options_come_from_the_job_spec(job, uri, options):
+    assert storage_options(job, uri) == options
+
+
+@pytest.mark.parametrize("uri", ["s3://other/jobs/j-1/checkpoints/step_00000004.0123abcd",
+                                 "s3://b/jobs-x/step_00000004.0123abcd",
+                                 "gs://b/jobs/j-1/checkpoints/step_00000004.0123abcd"])
+def test_object_store_checkpoints_outside_the_job_storage_are_refused(uri):
+    with pytest.raises(ExportRefused, match="is not under the job's checkpoint.storage"):
+        storage_options(S3_JOB, uri)
 
 
 def test_unknown_job_and_format(api):
