@@ -385,9 +385,10 @@ def dcp_writer(loc: StorageLocation, path: str, *, thread_count: int = 1):
     file system (s3fs uploads in parts as it goes): no full local copy.
     """
     if loc.scheme == "file":
-        from torch.distributed.checkpoint import FileSystemWriter
+        # DCP's FileSystemWriter (every file fsynced), writing back while it serializes.
+        from workers.local_writer import LocalCheckpointWriter
 
-        return FileSystemWriter(_local_path(path), thread_count=thread_count)
+        return LocalCheckpointWriter(_local_path(path), thread_count=thread_count)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     # An object is durable once its upload completed: there is no fsync to do
