@@ -19,11 +19,16 @@ Each job goes through three events, in order:
 (iv)  **lost work**: for (ii) and (iii), steps the failed group had finished
       beyond the checkpoint the new group restored (computed twice).
 
-Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, on a
-head started as ``etrain serve`` starts it) and ``ray-defaults`` (Ray 2.60's
-values for the same knobs, set through the job's environment, which takes
+Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, with
+warm spare worker processes (``workers.warm_spares``), on a head started as
+``etrain serve`` starts it) and ``ray-defaults`` (Ray 2.60's values for the
+same knobs and no spares, set through the job's environment, which takes
 precedence, on a head with Ray's default GCS health checks). Each runs on its
 own head, one after the other. Medians over ``--repeats`` runs.
+
+Failures are injected in a running job's steady state: with spares, once the
+spares asked for after the last (re)start are ready (on these 2 busy cores they
+take 10-20 s to import torch), as they are hours into a real job.
 
     .venv/bin/python bench/recovery.py --repeats 3
 """
@@ -49,6 +54,7 @@ from service.backends.base import LaunchRequest, RunState  # noqa: E402
 from service.backends.embedded import EmbeddedRay  # noqa: E402
 from service.backends.ray_jobs import RayJobBackend  # noqa: E402
 from workers.telemetry_sink import TelemetrySink  # noqa: E402
+from workers.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
 
 GCS_PORT, DASHBOARD_PORT = 6440, 8292
 # Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).
@@ -59,12 +65,14 @@ RAY_DEFAULTS = {
     "ETRAIN_RESIZE_MONITOR_INTERVAL_S": "60",
 }
 CONFIGS = {"etrain": {}, "ray-defaults": RAY_DEFAULTS}
+# Ray's default is a fresh process for every worker of a restarted group.
+WARM_SPARES = {"etrain": True, "ray-defaults": False}
 # The head's GCS settings differ too (service.backends.embedded.FAST_NODE_FAILURE_ENV),
 # so each configuration runs on its own head.
 FAST_NODE_FAILURE = {"etrain": True, "ray-defaults": False}
 
 
-def job_spec(storage: Path, *, every: int) -> dict:
+def job_spec(storage: Path, *, every: int, spares: bool) -> dict:
     """The elastic benchmark job: runs until the script stops it."""
     return {
         "name": "bench-recovery", "model": {"preset": "gpt-tiny"},
@@ -72,7 +80,7 @@ def job_spec(storage: Path, *, every: int) -> dict:
         "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
         "train": {"steps": 1_000_000, "global_batch_size": 24, "micro_batch_size": 2},
         "checkpoint": {"storage": f"file://{storage}", "every_steps": every, "keep_last": 2},
-        "failure": {"max_failures": 50},
+        "failure": {"max_failures": 50, "warm_spares": spares},
     }
 
 
@@ -120,6 +128,22 @@ class Observed:
                 "world": first["world_size"]}
 
 
+def settle(*, spares: int, timeout: float = 120) -> None:
+    """Wait until ``spares`` warm spare workers are ready.
+
+    A failure is measured in the steady state of a running job, as in
+    production, not while the processes started after the previous event
+    still import torch (on 2 busy cores that takes 10-20 s).
+    """
+    deadline = time.monotonic() + timeout
+    while len(spares_in(SPARES_ROOT)) < spares:
+        if time.monotonic() > deadline:
+            print(f"  (only {len(spares_in(SPARES_ROOT))} of {spares} warm spares ready "
+                  f"after {timeout:.0f}s; measuring anyway)", flush=True)
+            return
+        time.sleep(0.5)
+
+
 def start_node(cpus: int) -> subprocess.Popen:
     """A second Ray node on this machine, in its own process group."""
     ray = str(Path(sys.executable).with_name("ray"))
@@ -143,10 +167,10 @@ def kill_a_worker() -> float:
 
 
 def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
-             every: int) -> dict:
+             every: int, *, spares: bool) -> dict:
     """One job through (ii), (i) and (iii); returns the measurements."""
     job_id = f"bench-rec-{uuid.uuid4().hex[:6]}"
-    spec = job_spec(work / job_id, every=every)
+    spec = job_spec(work / job_id, every=every, spares=spares)
     backend.submit(LaunchRequest(job_id=job_id, submission_id=job_id, spec_json=json.dumps(spec),
                                  env={"ETRAIN_REPORT_URL": sink.url, "ETRAIN_REPORT_TOKEN": "b",
                                       **env}))
@@ -154,6 +178,8 @@ def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
     node = None
     try:
         job.steps_after(2 * every + 3, world=2, timeout=300)
+        settle(spares=2 if spares else 0)
+        job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
         node = start_node(2)
@@ -164,6 +190,8 @@ def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
                           "a step at 4 workers")[0]
         out["added_s"] = first4["ts"] - t_alive
         job.steps_after(2 * every + 3, world=4, timeout=300)
+        settle(spares=4 if spares else 0)
+        job.steps_after(3, world=4, timeout=300)
         t_lost = time.time()
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
@@ -235,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             backend = RayJobBackend(head.start(), python=sys.executable)
             try:
                 for r in range(args.repeats):
-                    run = run_once(backend, sink, CONFIGS[name], work, args.every)
+                    run = run_once(backend, sink, CONFIGS[name], work, args.every,
+                                   spares=WARM_SPARES[name])
                     results[name].append(run)
                     print(f"{name} run {r + 1}: {json.dumps(run)}", flush=True)
             finally:

@@ -53,9 +53,11 @@ def train_fn(config: dict) -> None:
     from ray.train import Checkpoint
     from ray.train.v2.api.report_config import CheckpointUploadMode
 
+    from workers import warm_spares
     from workers.telemetry import TelemetryReporter
     from workers.train_loop import RunEnv, run
 
+    warm_spares.claim()
     spec = JobSpec.model_validate(config["spec"])
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
@@ -79,7 +81,10 @@ def train_fn(config: dict) -> None:
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
     env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
                  checkpoint_root=loc.uri_of(config["job_id"], "checkpoints"),
-                 reporter=reporter, on_checkpoint=register, prune_checkpoints=False)
+                 reporter=reporter, on_checkpoint=register, prune_checkpoints=False,
+                 # After the first step every worker has claimed its process, so each
+                 # node's spares can be counted and topped up for the next restart.
+                 after_first_step=warm_spares.top_up)
     try:
         run(spec, env)
     finally:
@@ -104,6 +109,7 @@ def build_trainer(spec: JobSpec, *, job_id: str):
     """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
+    from workers import warm_spares
     from workers.events import EventCallback
     from workers.scaling import LayoutScalingPolicy, ReleaseStaleReservation
 
@@ -127,6 +133,8 @@ def build_trainer(spec: JobSpec, *, job_id: str):
         checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
         callbacks=[EventCallback(job_id), ReleaseStaleReservation(
             loc.uri_of(job_id, "ray_reservation"), spec.checkpoint)],
+        worker_runtime_env=(warm_spares.worker_runtime_env()
+                            if warm_spares.enabled(spec.failure) else {}),
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
     policy = LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size,
@@ -174,7 +182,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _abort_on_sigterm() -> None:
+def _abort_on_sigterm(spec: JobSpec) -> None:
     """Stop the run on SIGTERM as Ray Train stops it on Ctrl-C.
 
     Cancelling a Ray job sends its driver SIGTERM (SIGKILL 3 s later). Ray
@@ -194,17 +202,21 @@ def _abort_on_sigterm() -> None:
     # would otherwise replace this one and end the driver without the abort.
     import ray
 
+    from workers import warm_spares
+
     if not ray.is_initialized():
-        ray.init()
+        # Merged by Ray with the runtime environment the job was submitted with.
+        ray.init(runtime_env=(warm_spares.job_runtime_env()
+                              if warm_spares.enabled(spec.failure) else None))
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def main() -> int:
     """Run the job described by the environment; return the process exit code."""
     _die_with_parent()
-    _abort_on_sigterm()
     job_id = os.environ["ETRAIN_JOB_ID"]
     spec = JobSpec.model_validate(json.loads(os.environ["ETRAIN_JOB_SPEC"]))
+    _abort_on_sigterm(spec)
     if spec.resources.min_workers != spec.resources.max_workers:
         for key, value in ELASTIC_CONTROLLER_ENV.items():
             os.environ.setdefault(key, value)

@@ -23,6 +23,10 @@ from ray.train.v2._internal.execution.scaling_policy import (
     ResizeDecision,
     ScalingDecision,
 )
+from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+    AUTOSCALING_REQUESTS_GET_TIMEOUT_S as RESERVED_RESOURCES_TIMEOUT_S,
+)
+from ray.train.v2._internal.util import time_monotonic
 
 from workers.telemetry import TelemetryReporter
 
@@ -54,6 +58,7 @@ class LayoutScalingPolicy(ElasticScalingPolicy):
         self._size: int | None = None  # size of the latest group this policy started
         self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
         self._reporter: TelemetryReporter | None = None
+        self._starting = False  # inside make_decision_for_non_running_worker_group
 
     def _count_possible_workers(self, reserved_resources) -> int:
         possible = super()._count_possible_workers(reserved_resources)
@@ -68,7 +73,11 @@ class LayoutScalingPolicy(ElasticScalingPolicy):
 
     def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
         """Start (or restart after a failure) at the largest usable size, or wait."""
-        decision = super().make_decision_for_non_running_worker_group()
+        self._starting = True
+        try:
+            decision = super().make_decision_for_non_running_worker_group()
+        finally:
+            self._starting = False
         if isinstance(decision, ResizeDecision):
             self._started(decision.num_workers)
         elif self._size is not None:
@@ -77,6 +86,28 @@ class LayoutScalingPolicy(ElasticScalingPolicy):
                          f"({self.scaling_config.min_workers}) workers can run",
                          {"min_workers": self.scaling_config.min_workers})
         return decision
+
+    def _get_reserved_resources(self):
+        """The reservation, recomputed from the live node list when a group is about to start.
+
+        Ray's coordinator refreshes its node list every 20 s. After a node dies,
+        a restart sized from that stale view asks for workers on the dead node
+        and waits out the worker-group start timeout (once per stale view: 10 s
+        in a measured node loss). A start pins workers to nodes, so it asks for a
+        fresh view, which Ray's coordinator offers for exactly this
+        (``recompute=True``); a running group keeps Ray's cheap polling.
+        """
+        if not self._starting:
+            return super()._get_reserved_resources()
+        try:
+            reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(
+                self._requester_id, recompute=True), timeout=RESERVED_RESOURCES_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - Ray's own polling is the fallback
+            log.warning("recomputing the cluster reservation failed (%s); using Ray's view", e)
+            return super()._get_reserved_resources()
+        self._latest_reserved_resources = reserved
+        self._latest_reserved_resources_query_time = time_monotonic()
+        return reserved
 
     def make_decision_for_running_worker_group(self, worker_group_state,
                                                worker_group_status) -> ScalingDecision:
@@ -131,13 +162,11 @@ class ReleaseStaleReservation(ControllerCallback):
 
     def after_controller_start(self, train_run_context) -> None:
         """Cancel the previous run's reservation, then record this run's."""
-        from workers.storage import resolve_storage
+        from workers.storage import resolve_checkpoint_storage, resolve_storage
 
         mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
-        s3 = getattr(self.checkpoint, "s3", None)
-        loc = resolve_storage(self.marker_uri, endpoint_url=s3 and s3.endpoint_url,
-                              region=s3 and s3.region,
-                              credentials_secret=s3 and s3.credentials_secret)
+        loc = (resolve_checkpoint_storage(self.checkpoint, uri=self.marker_uri)
+               if self.checkpoint is not None else resolve_storage(self.marker_uri))
         try:
             previous = loc.fs.cat_file(loc.root).decode().strip()
         except (FileNotFoundError, OSError):

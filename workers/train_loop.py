@@ -48,6 +48,8 @@ class RunEnv:
     stop_at: int | None = None
     # False when Ray Train owns checkpoint retention (it deletes what it registered).
     prune_checkpoints: bool = True
+    # Called once, after this run's first step (Ray: top up warm spare workers).
+    after_first_step: Callable[[], object] | None = None
 
 
 @dataclass
@@ -176,6 +178,8 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         loss, (due_votes, done_votes) = stepper.step(batch, votes=saving.votes())
         if first:
             result.memory = _report_memory(env, stepper)
+            if env.after_first_step is not None:
+                env.after_first_step()
         stepper.zero_grad()
         for sched in schedulers:
             sched.step()

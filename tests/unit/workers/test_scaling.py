@@ -102,3 +102,43 @@ def test_a_rerun_cancels_the_reservation_its_predecessor_left(tmp_path, monkeypa
     assert cancelled == []
     pickle.loads(pickle.dumps(callback)).after_controller_start(SimpleNamespace(run_id="bbb"))
     assert cancelled == ["train-aaa"] and marker.read_text() == "train-bbb"
+
+
+class _Remote:
+    """Ray's coordinator actor class called in-process: ``handle.method.remote(...)``."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __getattr__(self, name):
+        return SimpleNamespace(remote=getattr(self.target, name))
+
+
+def test_a_restart_is_sized_from_live_nodes_not_the_coordinators_stale_view(monkeypatch):
+    """Ray's coordinator re-reads the node list every 20 s; a restart must not wait for that."""
+    import ray
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        _AutoscalingCoordinatorActor,
+    )
+
+    nodes = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}}
+             for n in ("a", "b")]
+    coordinator = _AutoscalingCoordinatorActor(
+        get_cluster_nodes=lambda: [dict(n) for n in nodes],
+        send_resources_request=lambda *args, **kwargs: None)
+    coordinator.request_resources(requester_id="train-r", resources=[{"CPU": 1}] * 4,
+                                  expire_after_s=600)
+    nodes[1]["Alive"] = False  # node b dies between two of the coordinator's ticks
+    assert len(coordinator.get_reserved_resources("train-r")) == 2  # still both nodes
+
+    p = LayoutScalingPolicy(ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}),
+                            unit=1, job_id="j")
+    p._reporter = Recorder()
+    p._requester_id = "train-r"
+    p._coordinator_client = SimpleNamespace(_autoscaling_coordinator=_Remote(coordinator),
+                                            maybe_send_resource_request=lambda *args: None)
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    decision = p.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    # A running group keeps Ray's cached view (no recompute on every poll).
+    assert not p._starting
