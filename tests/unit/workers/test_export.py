@@ -36,7 +36,7 @@ TOKENS = torch.randint(0, CFG.vocab_size, (2, 12), generator=torch.Generator().m
 class Store:
     """Where a test's checkpoints live: a local folder, or a prefix of the S3 test bucket."""
 
-    kind: str  # "file" or "s3"
+    kind: str  # "file", "s3" or "gs"
     base: str  # URI the runs' checkpoint folders go under
     endpoint_url: str | None = None
     env: dict | None = None  # the credential variables the store needs (None: os.environ)
@@ -51,7 +51,7 @@ class Store:
     def spec(self, **resources) -> JobSpec:
         checkpoint = {"every_steps": 2, "keep_last": 3, "storage": self.base}
         if self.endpoint_url:
-            checkpoint["s3"] = {"endpoint_url": self.endpoint_url}
+            checkpoint["gcs" if self.kind == "gs" else "s3"] = {"endpoint_url": self.endpoint_url}
         return JobSpec.model_validate({
             "name": "export", "data": {"seq_len": 16, "num_samples": 64},
             "resources": resources or {"workers": 1},
@@ -152,6 +152,20 @@ def test_export_loads_into_a_fresh_model_with_the_same_logits(trained, tmp_path)
     assert info["job_id"] == "j-1" and info["step"] == 4 and info["naming"] == "etrain"
     assert info["source_uri"] == trained.uris[4]
     assert info["source_uri"].startswith(f"{trained.store.base}/single/checkpoints/step_00000004")
+
+
+def test_a_gs_checkpoint_exports_in_place(gcs_server, tmp_path):
+    """gs:// (the GCS emulator on loopback) goes through the same reader as s3://."""
+    store = Store("gs", f"gs://{gcs_server['bucket']}/export-{uuid.uuid4().hex[:8]}",
+                  endpoint_url=gcs_server["endpoint_url"], env={})
+    final = run(store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                                     checkpoint_root=f"{store.base}/single/checkpoints")).model
+    uris = store.committed("single/checkpoints")
+    assert sorted(uris) == [2, 4]
+    result = export_checkpoint(store.open(uris[4]), tmp_path / "out", preset="gpt-tiny")
+    state = load_file(tmp_path / "out" / "model.safetensors")
+    assert torch.equal(logits(fresh_model(state)), logits(final))
+    assert result.step == 4 and result.num_tensors == len(final.state_dict())
 
 
 @pytest.mark.parametrize("batch_bytes", [512 * 1024**2, 1])
