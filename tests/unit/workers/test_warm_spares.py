@@ -1,7 +1,7 @@
 """workers.warm_spares without Ray: the switch, the spare files, the hook's gate.
 
 The real thing (spares started by the raylet, used by a restarted group, ended
-with the job) is tests/integration/test_warm_spares.py.
+with the job) is tests/integration/test_warm_spares_ray.py.
 """
 
 from __future__ import annotations
