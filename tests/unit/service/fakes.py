@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import AsyncIterator, Callable
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.settings import Settings
+
+# The first admin token of the service the REST tests start (``client`` in conftest.py).
+ADMIN = "et_admin-token-for-the-service-tests-0123456789"
+ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def dev_settings(tmp_path) -> Settings:
+    """Development settings with ``ADMIN`` and a SQLite database under ``tmp_path``."""
+    return Settings(env="development", data_dir=tmp_path, admin_token=ADMIN,
+                    database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
 
 
 class FakeBackend(Backend):

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from fakes import FakeBackend
+from fakes import ADMIN_H, FakeBackend, dev_settings
 from service import server
 from service.api.app import create_app
 from service.backends.ray_jobs import TRAIN_RUNS_PATH, RayJobBackend
 from service.domain.states import JobStatus
-from service.settings import Settings
 
-ADMIN = "et_admin-token-for-the-links-tests-0123456789"
-ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 RAY_DASHBOARD = Path(importlib.util.find_spec("ray").origin).parent / "dashboard"
 
 
@@ -26,11 +23,6 @@ class LinkingBackend(FakeBackend):
 
     def dashboard_links(self, submission_id: str) -> dict[str, str]:
         return RayJobBackend("http://ray.test:8265").dashboard_links(submission_id)
-
-
-def _settings(tmp_path) -> Settings:
-    return Settings(env="development", data_dir=tmp_path, admin_token=ADMIN,
-                    database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
 
 
 def test_train_runs_path_is_the_installed_dashboards_train_route():
@@ -54,7 +46,7 @@ def test_the_default_backend_has_no_links():
 
 
 def test_job_detail_carries_the_backends_links(tmp_path):
-    app = create_app(_settings(tmp_path), backend=LinkingBackend(), reconcile=False)
+    app = create_app(dev_settings(tmp_path), backend=LinkingBackend(), reconcile=False)
     with TestClient(app) as client:
         job_id = client.post("/v1/jobs", json={"name": "tiny"}, headers=ADMIN_H).json()["id"]
         assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["dashboard_links"] == {}

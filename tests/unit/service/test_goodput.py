@@ -10,12 +10,10 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from fakes import FakeBackend
-from service.api.app import create_app
+from fakes import ADMIN_H
 from service.auth import create_reporter_token
 from service.domain.goodput import BREAKDOWN_KEYS, compute_goodput
 from service.domain.states import JobStatus
-from service.settings import Settings
 from service.store import EventRecord
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -199,16 +197,6 @@ def test_steps_without_a_step_time_count_at_the_median():
 
 # -- REST ---------------------------------------------------------------------------
 
-ADMIN_H = {"Authorization": "Bearer et_admin-token-for-the-goodput-tests-0123456789"}
-
-
-@pytest.fixture
-def client(tmp_path):
-    settings = Settings(env="development", data_dir=tmp_path,
-                        admin_token=ADMIN_H["Authorization"].removeprefix("Bearer "),
-                        database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
-    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as c:
-        yield c
 
 
 def _token(client: TestClient, tenant: str) -> dict[str, str]:

@@ -9,25 +9,13 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from fakes import FakeBackend
+from fakes import ADMIN_H
 from service.api import metrics as prom
-from service.api.app import create_app
 from service.auth import create_reporter_token
 from service.domain.job_metrics import JobMetrics
 from service.domain.states import JobStatus
-from service.settings import Settings
 
-ADMIN = "et_admin-token-for-the-metrics-tests-0123456789"
-ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 SPEC = {"name": "tiny", "resources": {"workers": {"min": 1, "max": 2}}, "train": {"steps": 50}}
-
-
-@pytest.fixture
-def client(tmp_path):
-    settings = Settings(env="development", data_dir=tmp_path, admin_token=ADMIN,
-                        database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
-    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)

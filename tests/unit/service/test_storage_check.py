@@ -9,10 +9,8 @@ import json
 import logging
 
 import pytest
-from fastapi.testclient import TestClient
 
-from fakes import FakeBackend
-from service.api.app import create_app
+from fakes import ADMIN_H, FakeBackend
 from service.domain.reconciler import Reconciler
 from service.domain.storage_check import check_checkpoint_storage, storage_launch_env
 from service.errors import InvalidSpec
@@ -20,8 +18,6 @@ from service.settings import Settings
 from workers.spec import CheckpointSpec, parse_spec
 from workers.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 
-ADMIN = "et_admin-token-for-the-storage-tests-0123456789"
-ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 SECRET_NAME = "moto-store"
 SECRET_VARS = ("ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID", "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY")
 
@@ -61,14 +57,6 @@ def named_env(s3_server, monkeypatch):
         monkeypatch.setenv(var, s3_server["env"][name])
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def client(tmp_path):
-    settings = Settings(env="development", data_dir=tmp_path, admin_token=ADMIN,
-                        database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
-    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as c:
-        yield c
 
 
 # --- check_checkpoint_storage ------------------------------------------------------------------
