@@ -134,7 +134,7 @@ def build_trainer(spec: JobSpec, *, job_id: str):
         callbacks=[EventCallback(job_id), ReleaseStaleReservation(
             loc.uri_of(job_id, "ray_reservation"), spec.checkpoint)],
         worker_runtime_env=(warm_spares.worker_runtime_env()
-                            if warm_spares.enabled(spec.failure) else {}),
+                            if spec.failure.warm_spares else {}),
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
     policy = LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size,
@@ -207,7 +207,7 @@ def _abort_on_sigterm(spec: JobSpec) -> None:
     if not ray.is_initialized():
         # Merged by Ray with the runtime environment the job was submitted with.
         ray.init(runtime_env=(warm_spares.job_runtime_env()
-                              if warm_spares.enabled(spec.failure) else None))
+                              if spec.failure.warm_spares else None))
     signal.signal(signal.SIGTERM, on_sigterm)
 
 

@@ -37,10 +37,6 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from workers.spec import FailureSpec
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +68,6 @@ WARM_MODULES = (
     "workers.strategies.pp",
     "workers.strategies.tp",
 )
-
-
-def enabled(failure: FailureSpec) -> bool:
-    """Whether the job keeps warm spares (``failure.warm_spares``)."""
-    return failure.warm_spares
 
 
 def worker_runtime_env() -> dict:
@@ -137,18 +128,14 @@ def top_up() -> int:
             lock.close()
             return 0
         _LEADER_LOCK = lock
-        missing = len(spares_in(folder, states=(WORKER,))) - len(alive_spares())
+        spares = spares_in(folder, states=(WARMING, READY))  # ready or still importing
+        missing = len(spares_in(folder, states=(WORKER,))) - len(spares)
         if missing > 0:
             _prestart(missing)
         return max(missing, 0)
     except Exception as e:  # noqa: BLE001 - spares only make restarts faster
         log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
         return 0
-
-
-def alive_spares() -> list[int]:
-    """Pids of this job's spares on this node, ready or still importing (stale files removed)."""
-    return spares_in(_spare_dir(), states=(WARMING, READY))
 
 
 def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:

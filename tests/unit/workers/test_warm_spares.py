@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_spares_are_on_unless_the_spec_turns_them_off():
     from workers.spec import FailureSpec
 
-    assert warm_spares.enabled(FailureSpec())
-    assert not warm_spares.enabled(FailureSpec(warm_spares=False))
+    assert FailureSpec().warm_spares
+    assert not FailureSpec(warm_spares=False).warm_spares
 
 
 def test_only_running_spares_count_and_dead_ones_are_forgotten(tmp_path):
