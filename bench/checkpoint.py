@@ -51,15 +51,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers.async_checkpoint import AsyncSaver  # noqa: E402
-from workers.checkpoint import (  # noqa: E402
-    CheckpointInfo,
-    CheckpointManager,
-    ModelAndOptimizer,
-)
+from workers.checkpoint.async_save import AsyncSaver  # noqa: E402
+from workers.checkpoint.manager import CheckpointInfo, CheckpointManager  # noqa: E402
+from workers.checkpoint.state import ModelAndOptimizer  # noqa: E402
 from workers.models.config import ModelConfig, count_params  # noqa: E402
 from workers.models.llama import build_model  # noqa: E402
-from workers.storage import resolve_storage  # noqa: E402
+from workers.checkpoint.storage import resolve_storage  # noqa: E402
 
 CONFIG = ModelConfig(vocab_size=16000, dim=384, n_layers=6, n_heads=6, n_kv_heads=6,
                      ffn_hidden=1024, max_seq_len=128)

@@ -20,7 +20,7 @@ Each job goes through three events, in order:
       beyond the checkpoint the new group restored (computed twice).
 
 Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, with
-warm spare worker processes (``workers.warm_spares``), on a head started as
+warm spare worker processes (``workers.elastic.warm_spares``), on a head started as
 ``etrain serve`` starts it) and ``ray-defaults`` (Ray 2.60's values for the
 same knobs and no spares, set through the job's environment, which takes
 precedence, on a head with Ray's default GCS health checks). Each runs on its
@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 from service.backends.base import LaunchRequest, RunState  # noqa: E402
 from service.backends.embedded import EmbeddedRay  # noqa: E402
 from service.backends.ray_jobs import RayJobBackend  # noqa: E402
-from workers.telemetry_sink import TelemetrySink  # noqa: E402
-from workers.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
+from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
+from workers.elastic.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
 
 GCS_PORT, DASHBOARD_PORT = 6440, 8292
 # Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).

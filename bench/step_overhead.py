@@ -40,7 +40,9 @@ import threading
 import time
 from pathlib import Path
 
-from workers.telemetry_sink import TelemetrySink
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
 
 PATHS = ("torchrun", "etrain", "bare", "etrain-fix")
 # bare is opt-in: it differs from etrain only by the reporter and the callback,
@@ -143,7 +145,7 @@ def ray_train_fn(config: dict) -> None:
     import ray.train
     import torch
 
-    from workers.telemetry import TelemetryReporter
+    from workers.telemetry.reporter import TelemetryReporter
     from workers.train_loop import RunEnv
 
     ctx = ray.train.get_context()
@@ -242,7 +244,7 @@ def launch_ray(path: str, spec: dict, out: Path, *, report_url: str) -> tuple[fl
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from workers.events import EventCallback
+    from workers.elastic.callbacks import EventCallback
 
     etrain = path != "bare"
     job_id = f"bench-{path}-{out.name}"

@@ -1,9 +1,9 @@
 """Every strategy on 4 CPU workers (gloo), the same model and data: step time and memory vs DDP.
 
-Runs all layouts in one group of 4 processes (``workers.local_launch``), so
+Runs all layouts in one group of 4 processes (``tests.support.local_launch``), so
 they share start-up and machine state, and prints one table with ratios
 against DDP measured in the same run. Memory is what each rank reports at its
-first step (``workers.memory``): local-shard bytes of parameters, gradients
+first step (``workers.telemetry.memory``): local-shard bytes of parameters, gradients
 and optimizer state, plus activations saved for backward; the table shows the
 largest rank.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workers.local_launch import LocalJob, run_local  # noqa: E402
+from tests.support.local_launch import LocalJob, run_local  # noqa: E402
 from workers.spec import JobSpec  # noqa: E402
 
 PP = {"pipeline": {"schedule": "1f1b", "microbatches": 4}}

@@ -2,7 +2,7 @@
 
 The service knows the job's model preset, its checkpoint storage and its
 committed checkpoints; the weights are read straight from checkpoint storage
-(a mounted ``file://`` path, ``s3://`` or ``gs://``) by ``workers.export``, with
+(a mounted ``file://`` path, ``s3://`` or ``gs://``) by ``workers.checkpoint.export``, with
 the credentials of this process's environment. That module (with torch) is
 imported only when an export actually runs, so importing this one keeps the
 CLI fast.
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from service.client import EtrainClient
 
 if TYPE_CHECKING:
-    from workers.export import ExportResult
+    from workers.checkpoint.export import ExportResult
+    from workers.spec import CheckpointSpec
 
 
 class ExportFormat(str, Enum):
@@ -70,28 +71,11 @@ def job_preset(job: dict[str, Any]) -> str:
     return str(preset)
 
 
-def storage_options(job: dict[str, Any], uri: str) -> dict[str, str | None]:
-    """How to reach checkpoint ``uri`` of ``job``: its spec's ``checkpoint.s3`` fields
-    (``s3://``), or the ``checkpoint.gcs`` endpoint (``gs://``, when the spec sets one).
+def job_checkpoint_section(job: dict[str, Any]) -> CheckpointSpec:
+    """The job's ``checkpoint`` section, validated: it says how to reach the store."""
+    from workers.spec import CheckpointSpec
 
-    An object-store checkpoint must lie under the job's ``checkpoint.storage``:
-    that spec's endpoint applies there only, and this process's credentials are
-    sent nowhere else.
-    """
-    checkpoint = (job.get("spec") or {}).get("checkpoint") or {}
-    scheme = uri.partition("://")[0]
-    if scheme not in ("s3", "gs"):
-        return {}
-    storage = (checkpoint.get("storage") or "").rstrip("/")
-    if not uri.startswith(f"{storage}/"):
-        raise ExportRefused(f"checkpoint {uri} of job {job.get('id')} is not under the job's "
-                            f"checkpoint.storage ({storage or 'unset'}); export refuses to "
-                            "read it with this shell's credentials")
-    if scheme == "gs":
-        endpoint = (checkpoint.get("gcs") or {}).get("endpoint_url")
-        return {"endpoint_url": endpoint} if endpoint else {}
-    s3 = checkpoint.get("s3") or {}
-    return {k: s3.get(k) for k in ("endpoint_url", "region", "credentials_secret")}
+    return CheckpointSpec.model_validate((job.get("spec") or {}).get("checkpoint") or {})
 
 
 def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path | None,
@@ -105,14 +89,14 @@ def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path
     job = client.get_job(job_id)
     preset = job_preset(job)
     chosen = pick_checkpoint(client.get_checkpoints(job_id), job_id=job_id, step=step)
-    options = storage_options(job, chosen["uri"])
+    checkpoint = job_checkpoint_section(job)
     # torch loads here, only once there is something to export.
-    from workers.export import ExportError, export_checkpoint, open_checkpoint_dir
-    from workers.storage import quiet_storage_loggers
+    from workers.checkpoint.export import ExportError, export_checkpoint, open_checkpoint_dir
+    from workers.checkpoint.storage import quiet_storage_loggers
 
     quiet_storage_loggers()  # their DEBUG records would print signed headers
     try:
-        source = open_checkpoint_dir(chosen["uri"], **options)
+        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
         return export_checkpoint(
             source, out or Path(f"{job_id}-step{chosen['step']}"), preset=preset,
             dtype=dtype.value if dtype else None, naming=naming.value, job_id=job_id,

@@ -29,7 +29,7 @@ def run_server(*, host: str | None = None, port: int | None = None,
 
     from service.api.app import create_app
     from service.settings import Settings
-    from workers.storage import quiet_storage_loggers
+    from workers.checkpoint.storage import quiet_storage_loggers
 
     overrides = {k: v for k, v in {"host": host, "port": port, "ray_address": ray_address,
                                    "data_dir": Path(data_dir) if data_dir else None}.items()

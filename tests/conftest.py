@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
-from gcs_fixture import gcs_server  # noqa: F401 - the session-scoped GCS endpoint fixture
-from object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
-from s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
+from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the session-scoped GCS endpoint fixture
+from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
+from tests.support.postgres import postgres_server
+from tests.support.s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
 
 
 def pytest_configure(config):
@@ -33,23 +34,10 @@ def pytest_configure(config):
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
 
 
-def _on_ci() -> bool:
-    """True when the environment says this is a CI run (CI=true, CI=1, ...)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _postgres_url() -> str:
-    """Return ETRAIN_TEST_POSTGRES_URL; fail on CI and skip elsewhere when it is unset."""
-    url = os.environ.get("ETRAIN_TEST_POSTGRES_URL")
-    if url:
-        return url
-    message = (
-        "ETRAIN_TEST_POSTGRES_URL is not set; run `eval \"$(.ci/postgres.sh | tail -n 1)\"` "
-        "to start a local PostgreSQL and set it"
-    )
-    if _on_ci():
-        pytest.fail(message + " (CI must not skip the PostgreSQL tests)", pytrace=False)
-    pytest.skip(message)
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory) -> str:
+    """The session's PostgreSQL server (ETRAIN_TEST_POSTGRES_URL, else one it starts)."""
+    yield from postgres_server(tmp_path_factory.mktemp("pg"))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -62,7 +50,7 @@ def store_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'etrain.db'}"
         return
-    base = sa.make_url(_postgres_url())
+    base = sa.make_url(request.getfixturevalue("postgres_url"))
     schema = f"etrain_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(base)
     try:

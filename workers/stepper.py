@@ -16,11 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from workers.data import collate, shard_global_batch
-from workers.memory import ActivationMeter
-from workers.parallel import Coordinates
+from workers.strategies.mesh import Coordinates, total_grad_norm
+from workers.telemetry.memory import ActivationMeter
 
 
 class Pipeline(Protocol):
@@ -142,20 +141,3 @@ def _grad_sync(model: nn.Module, sync: bool):
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(sync)
     yield
-
-
-def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
-    """The L2 norm of the gradients of ``params`` (one rank's whole model), as a plain tensor.
-
-    TP and FSDP leave DTensor gradients on different meshes ((dp, tp), dp, tp)
-    next to plain replicated ones, which ``clip_grad_norm_`` cannot stack: each
-    mesh's gradients get one norm, made whole (``full_tensor``) before combining.
-    """
-    by_mesh: dict = {}
-    for p in params:
-        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
-    norms = []
-    for grads in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, foreach=False)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())

@@ -19,18 +19,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.checkpoint import CheckpointInfo, CheckpointManager, ModelAndOptimizer
+from workers.checkpoint.loop import Checkpointer
+from workers.checkpoint.manager import CheckpointManager
+from workers.checkpoint.state import ModelAndOptimizer
+from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_storage
+from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, build_dataset
-from workers.faults import maybe_kill_worker, maybe_throttle
-from workers.loop_checkpoints import Checkpointing
-from workers.memory import ActivationMeter, memory_report
+from workers.hooks import RunHooks
 from workers.models import build_model, get_model_config
-from workers.parallel import build_mesh, coordinates
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy
-from workers.storage import StorageLocation, resolve_checkpoint_storage
-from workers.telemetry import TelemetryReporter
+from workers.strategies.mesh import build_mesh, coordinates
+from workers.telemetry.memory import ActivationMeter, memory_report
+from workers.telemetry.reporter import TelemetryReporter
 
 
 @dataclass
@@ -42,14 +44,12 @@ class RunEnv:
     device: torch.device
     checkpoint_root: str | None
     reporter: TelemetryReporter | None = None
-    # Called on every rank after a committed checkpoint (Ray Train registration).
-    on_checkpoint: Callable[[CheckpointInfo | None, dict], None] | None = None
     # Stop after this step although the spec runs longer (drills, benchmarks, tests).
     stop_at: int | None = None
-    # False when Ray Train owns checkpoint retention (it deletes what it registered).
-    prune_checkpoints: bool = True
     # Called once, after this run's first step (Ray: top up warm spare workers).
     after_first_step: Callable[[], object] | None = None
+    # Installed by tests and drills (fault injection); None in production.
+    hooks: RunHooks | None = None
 
 
 @dataclass
@@ -161,12 +161,12 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
                             vocab_size=mcfg.vocab_size, seed=spec.train.seed)
     stepper, schedulers = _build(spec, env, dataset)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
-    keep = spec.checkpoint.keep_last if env.prune_checkpoints else None
-    ckpts = (CheckpointManager(checkpoint_location(spec, env.checkpoint_root), keep_last=keep,
-                               rank=env.rank, keep_every=spec.checkpoint.keep_every)
+    ckpts = (CheckpointManager(checkpoint_location(spec, env.checkpoint_root),
+                               keep_last=spec.checkpoint.keep_last, rank=env.rank,
+                               keep_every=spec.checkpoint.keep_every)
              if env.checkpoint_root else None)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
-    saving = Checkpointing(spec, env, ckpts, restored_extra=restored)
+    saving = Checkpointer(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))
     last = min(spec.train.steps, env.stop_at or spec.train.steps)
@@ -183,15 +183,15 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         stepper.zero_grad()
         for sched in schedulers:
             sched.step()
-        maybe_kill_worker(step=step, rank=env.rank)
         dt = time.perf_counter() - t0
-        maybe_throttle()  # tests only (workers.faults); after dt, so step times stay real
+        if env.hooks is not None:  # tests: injected faults, after dt so step times stay real
+            env.hooks.after_step(step=step, rank=env.rank)
         result.losses[step] = loss
         result.step_times.append(dt)
         _emit_metric(spec, env, step=step, loss=loss, dt=dt,
                      lr=stepper.optimizers[0].param_groups[0]["lr"], sampler=sampler,
                      dataset_len=len(dataset))
-        saving.after_step(step=step, loss=loss, dt=dt, due_votes=due_votes,
+        saving.after_step(step=step, dt=dt, due_votes=due_votes,
                           done_votes=done_votes, stepper=stepper,
                           extra=lambda: {"scheduler": schedulers[0].state_dict(),
                                          "sampler": sampler.state_dict(),
@@ -208,7 +208,7 @@ def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
     if env.rank == 0 and env.reporter is not None:
-        env.reporter.event("memory", "per-rank memory measured at the first step",
+        env.reporter.event(EventKind.MEMORY, "per-rank memory measured at the first step",
                            data={"ranks": ranks}, dedup_key=f"memory:{uuid.uuid4().hex[:12]}")
     return ranks
 
@@ -217,14 +217,14 @@ def _announce_start(env: RunEnv, start: int, saved_world: int | None) -> None:
     if env.rank != 0 or env.reporter is None:
         return
     nonce = uuid.uuid4().hex[:12]
-    env.reporter.event("workers_started", f"{env.world_size} workers started",
+    env.reporter.event(EventKind.WORKERS_STARTED, f"{env.world_size} workers started",
                        data={"world_size": env.world_size}, dedup_key=f"start:{nonce}")
     if start:
         # Ray Train's controller reports the resize itself ("resized 4 → 2 (node
-        # lost)", workers.scaling); this says where the new group picked up.
+        # lost)", workers.elastic.scaling); this says where the new group picked up.
         moved = (f" (saved by {saved_world} workers, now {env.world_size})"
                  if saved_world is not None and saved_world != env.world_size else "")
-        env.reporter.event("restored", f"restored from step {start}{moved}",
+        env.reporter.event(EventKind.RESTORED, f"restored from step {start}{moved}",
                            data={"step": start, "world_size": env.world_size,
                                  "saved_world_size": saved_world},
                            dedup_key=f"restore:{nonce}")
@@ -236,10 +236,7 @@ def _emit_metric(spec: JobSpec, env: RunEnv, *, step: int, loss: float, dt: floa
         return
     g = spec.train.global_batch_size
     cursor = sampler.state_dict()
-    env.reporter.metric({
-        "step": step, "ts": time.time(), "loss": loss, "lr": lr,
-        "samples_per_s": g / dt, "tokens_per_s": g * spec.data.seq_len / dt,
-        "world_size": env.world_size, "step_time_s": dt,
-        "epoch": cursor["epoch"], "epoch_position": cursor["position"],
-        "epoch_size": dataset_len,
-    })
+    env.reporter.metric(MetricPoint(
+        step=step, ts=time.time(), loss=loss, lr=lr, samples_per_s=g / dt,
+        tokens_per_s=g * spec.data.seq_len / dt, world_size=env.world_size, step_time_s=dt,
+        epoch=cursor["epoch"], epoch_position=cursor["position"], epoch_size=dataset_len))

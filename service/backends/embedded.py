@@ -14,16 +14,9 @@ from pathlib import Path
 import httpx
 
 from service.errors import BackendUnavailable
+from service.ray_head import FAST_NODE_FAILURE_ENV
 
 log = logging.getLogger(__name__)
-
-# GCS settings for the embedded head: declare a node dead after 3 failed health
-# checks 1 s apart (Ray's default: 5 checks 3 s apart, 15 s), so an elastic job
-# that lost a node restarts at the smaller size without first waiting out a
-# worker-group start on the dead node's stale resources. A slow (not dead) node
-# still has each check's full timeout to answer. bench/recovery.py measures it.
-FAST_NODE_FAILURE_ENV = {"RAY_health_check_period_ms": "1000",
-                         "RAY_health_check_failure_threshold": "3"}
 
 
 def ensure_ray_token(data_dir: Path) -> Path | None:
@@ -93,9 +86,7 @@ class EmbeddedRay:
         return self.address
 
     def _wait_ready(self, timeout: float, log_path: Path) -> None:
-        from ray._private.authentication.http_token_authentication import (
-            get_auth_headers_if_auth_enabled,
-        )
+        from workers.ray_compat import auth_headers
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,7 +97,7 @@ class EmbeddedRay:
                 # Ready means the job API answers and the head's raylet has registered
                 # (the dashboard comes up a moment before the node is listed).
                 r = httpx.get(f"{self.address}/nodes?view=summary", timeout=2,
-                              headers=get_auth_headers_if_auth_enabled({}))
+                              headers=auth_headers())
                 if r.status_code == 200 and any(
                         n.get("raylet", {}).get("state") == "ALIVE"
                         for n in r.json()["data"]["summary"]):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.errors import BackendError, BackendUnavailable
+from workers.contract import driver_command, launch_env
 
 # Ray 2.60's dashboard has no Train page (its web client routes jobs, actors, cluster,
 # serve, metrics and logs; ray/dashboard/client/build); Ray Train runs are served only by
@@ -20,7 +20,8 @@ _STATES = {"PENDING": RunState.PENDING, "RUNNING": RunState.RUNNING,
 
 
 class RayJobBackend(Backend):
-    """Runs ``python -m workers.launch`` as a Ray job through the dashboard's job API.
+    """Runs the job driver (``workers.contract.driver_command``) as a Ray job through the
+    dashboard's job API.
 
     Token auth is taken from ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN(_PATH)`` in
     this process's environment, as Ray's own clients do.
@@ -51,12 +52,10 @@ class RayJobBackend(Backend):
 
     def submit(self, req: LaunchRequest) -> str:
         """Submit the driver with the job's environment; a repeated id is not an error."""
-        # exec: the driver replaces Ray's shell, so a stop's SIGTERM reaches it (and it
-        # aborts the run cleanly) instead of the shell dying and taking it down.
-        entrypoint = f"exec {shlex.quote(self.python)} -m workers.launch"
-        env = {"ETRAIN_JOB_ID": req.job_id, "ETRAIN_JOB_SPEC": req.spec_json, **req.env}
+        env = {**launch_env(job_id=req.job_id, spec_json=req.spec_json), **req.env}
         try:
-            self._jobs().submit_job(entrypoint=entrypoint, submission_id=req.submission_id,
+            self._jobs().submit_job(entrypoint=driver_command(self.python),
+                                    submission_id=req.submission_id,
                                     runtime_env={"env_vars": env},
                                     metadata={"etrain_job_id": req.job_id})
         except RuntimeError as e:
@@ -104,13 +103,12 @@ class RayJobBackend(Backend):
     def cluster(self) -> ClusterInfo:
         """Alive nodes and their total and available resources, from the dashboard."""
         import httpx
-        from ray._private.authentication.http_token_authentication import (
-            get_auth_headers_if_auth_enabled,
-        )
 
-        headers = get_auth_headers_if_auth_enabled({})
+        from workers.ray_compat import auth_headers
+
         try:
-            r = httpx.get(f"{self.address}/nodes?view=summary", headers=headers, timeout=10)
+            r = httpx.get(f"{self.address}/nodes?view=summary", headers=auth_headers(),
+                          timeout=10)
             r.raise_for_status()
             summary = r.json()["data"]["summary"]
         except Exception as e:  # noqa: BLE001

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, get_args
 
 import yaml
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend
@@ -18,9 +18,9 @@ from service.domain.planning import ClusterSpec, plan_job
 from service.domain.states import JobStatus
 from service.domain.storage_check import check_checkpoint_storage
 from service.errors import BackendUnavailable, Forbidden, InvalidSpec
-from workers.retention import retained_steps
 from service.settings import Settings
 from service.store import JobRecord, JobStore
+from workers.contract import CheckpointRecord, EventKind, TelemetryBatch
 from workers.spec import JobSpec
 
 
@@ -71,36 +71,6 @@ def _field_errors(e: ValidationError, prefix: list) -> list[dict]:
             msg = f"unknown field {err['loc'][-1]!r}; accepted fields: {', '.join(names)}"
         items.append({"loc": [*prefix, *err["loc"]], "msg": msg, "type": err["type"]})
     return items
-
-
-class _TelemetryBatch(BaseModel):
-    """What a job's reporter posts; checked before anything is stored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    class Metric(BaseModel):
-        model_config = ConfigDict(extra="allow")
-        step: int
-        world_size: int
-
-    class Event(BaseModel):
-        kind: str
-        message: str
-        data: dict | None = None
-        dedup_key: str | None = None
-        ts: float | None = None
-
-    class Checkpoint(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        step: int
-        uri: str
-        bytes: int
-        save_s: float
-        blocking_s: float | None = None
-
-    metrics: list[Metric] = []
-    events: list[Event] = []
-    checkpoints: list[Checkpoint] = []
 
 
 def validate_spec(data: Any) -> JobSpec:
@@ -208,7 +178,7 @@ class JobService:
     def memory(self, principal: Principal, job_id: str) -> dict:
         """The newest per-rank memory report (empty ``ranks`` before the first step)."""
         self.get(principal, job_id)
-        latest = self.store.latest_event(job_id, kind="memory")
+        latest = self.store.latest_event(job_id, kind=EventKind.MEMORY.value)
         return {"ranks": latest.data["ranks"] if latest else [],
                 "measured_at": latest.ts if latest else None}
 
@@ -233,7 +203,7 @@ class JobService:
         if principal.role != "reporter" or principal.job_id != job_id:
             raise Forbidden("telemetry needs the job's own reporter token")
         try:
-            parsed = _TelemetryBatch.model_validate(batch)
+            parsed = TelemetryBatch.model_validate(batch)
         except ValidationError as e:
             raise InvalidSpec("invalid telemetry batch", _field_errors(e, ["body"])) from e
         job = self.store.get_job(job_id)
@@ -243,7 +213,7 @@ class JobService:
             if self._ingest_event(job, ev.model_dump()):
                 self.job_metrics.count_event(job_id, ev.kind)
         if parsed.checkpoints:
-            self._ingest_checkpoints(job, [ck.model_dump() for ck in parsed.checkpoints])
+            self._ingest_checkpoints(job, parsed.checkpoints)
         metrics = [m.model_dump() for m in parsed.metrics]
         if metrics:
             self._ingest_metrics(job, metrics)
@@ -261,35 +231,22 @@ class JobService:
         if latest:
             self.job_metrics.observe_point(job.id, latest)
 
-    def _ingest_checkpoints(self, job: JobRecord, checkpoints: list[dict]) -> None:
-        for ck in checkpoints:
-            self.store.upsert_checkpoint(job.id, **ck)
-        kept = self._apply_retention(job)
+    def _ingest_checkpoints(self, job: JobRecord, records: list[CheckpointRecord]) -> None:
+        """Store committed checkpoints and forget the ones the cluster's retention deleted
+        (each record lists them: the workers decide retention, the service only follows)."""
+        for record in records:
+            self.store.upsert_checkpoint(job.id, **record.model_dump(exclude={"deleted_steps"}))
+            for step in record.deleted_steps:
+                self.store.delete_checkpoint(job.id, step)
+        kept = self.store.list_checkpoints(job.id)
         if kept:
             self.job_metrics.observe_checkpoint(job.id, kept[-1]["blocking_s"])
-
-    def _apply_retention(self, job: JobRecord) -> list[dict]:
-        """Forget checkpoints the cluster deleted, by the workers' own rule
-        (``workers.retention``: the newest ``keep_last`` plus ``keep_every`` milestones).
-
-        Ray Train (``CheckpointConfig.num_to_keep``) deletes older folders once a
-        newer checkpoint is committed, so the list mirrors that rule. Returns the
-        kept ones, ascending by step.
-        """
-        ck = job.spec["checkpoint"]
-        listed = self.store.list_checkpoints(job.id)
-        keep = retained_steps([c["step"] for c in listed], keep_last=int(ck["keep_last"]),
-                              keep_every=ck.get("keep_every"))
-        for old in listed:
-            if old["step"] not in keep:
-                self.store.delete_checkpoint(job.id, old["step"])
-        return [c for c in listed if c["step"] in keep]
 
     def _ingest_event(self, job: JobRecord, ev: dict) -> bool:
         """Store one event; True when it is new (not a replay of a stored ``dedup_key``)."""
         new = self.store.add_event(job.id, kind=ev["kind"], message=ev["message"],
                                    data=ev.get("data"), dedup_key=ev.get("dedup_key"))
-        if new and ev["kind"] == "worker_failed":
+        if new and ev["kind"] == EventKind.WORKER_FAILED:
             current = self.store.get_job(job.id)
             self.store.update_job(job.id, restarts=current.restarts + 1)
         return new

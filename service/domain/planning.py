@@ -16,15 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.domain import layout_rules as rules
 from service.domain.hardware import GIB, ClusterHardware, resolve_cluster
 from service.domain.memory_model import Layout, Workload
-from workers.models import count_params, get_model_config
+from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec
 
-__all__ = ["AVAILABLE_STRATEGIES", "GIB", "ClusterSpec", "plan_job", "layout_of",
-           "workload_of"]
-
-# Strategies whose worker code this build ships (the registry in
-# workers.strategies holds the same names; a unit test keeps them equal).
-AVAILABLE_STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
+__all__ = ["GIB", "ClusterSpec", "plan_job", "layout_of", "workload_of"]
 METHOD = ("tensor-by-tensor state of this build (fp32 params and grads, AdamW 2 x fp32), "
           "saved-for-backward activations of the Llama block (flash attention), FSDP and "
           "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives")
@@ -86,13 +81,7 @@ def _per_node(spec: JobSpec, hw: ClusterHardware) -> tuple[float | None, float, 
 
 def _static_findings(spec: JobSpec, hw: ClusterHardware, layout: Layout,
                      cluster_errors: list[str]) -> list[rules.Finding]:
-    out = []
-    if spec.parallelism.strategy not in AVAILABLE_STRATEGIES:
-        out.append(rules.Finding("error", "parallelism.strategy",
-                                 f"parallelism.strategy {spec.parallelism.strategy!r} is not "
-                                 f"available in this release; use one of "
-                                 f"{list(AVAILABLE_STRATEGIES)}"))
-    out += [rules.Finding("error", "cluster", e) for e in cluster_errors]
+    out = [rules.Finding("error", "cluster", e) for e in cluster_errors]
     per_node, unit, what = _per_node(spec, hw)
     out += rules.layout_findings(layout, tp_unit=unit, per_node=per_node, what=what)
     return out

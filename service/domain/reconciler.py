@@ -15,6 +15,7 @@ from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
 from service.settings import Settings
 from service.store import JobRecord, JobStore
+from workers.spec import CheckpointSpec
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
@@ -115,7 +116,7 @@ class Reconciler:
         """
         if self.settings.backend == "kuberay":
             return {}
-        return storage_launch_env(job.spec["checkpoint"])
+        return storage_launch_env(CheckpointSpec.model_validate(job.spec["checkpoint"]))
 
     def _follow(self, job: JobRecord) -> None:
         if not job.submission_id:

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.backends.base import RunState, RunStatus
-
-# workers.launch exits with this when training itself failed (Ray Train already
-# spent failure.max_failures restarts): resubmitting would repeat the failure.
-EXIT_TRAINING_FAILED = 3
+from workers.contract import EXIT_TRAINING_FAILED
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,16 @@ directory, which it created).
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 from service.errors import InvalidSpec
-from workers.spec import CheckpointSpec
-from workers.storage import (
+from workers.checkpoint.probe import check_storage
+from workers.checkpoint.storage import (
     StorageError,
-    check_storage,
-    credential_env,
+    checkpoint_credential_env,
     resolve_checkpoint_storage,
 )
+from workers.spec import CheckpointSpec
 
 OBJECT_STORE_SCHEMES = ("s3://", "gs://")
 
@@ -44,15 +43,11 @@ def check_checkpoint_storage(checkpoint: CheckpointSpec, *,
         raise InvalidSpec(str(e), [{"loc": loc, "msg": str(e), "type": "storage"}]) from e
 
 
-def storage_launch_env(checkpoint: Mapping, *, env: Mapping[str, str] | None = None
-                       ) -> dict[str, str]:
+def storage_launch_env(checkpoint: CheckpointSpec, *,
+                       env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Credential variables of the service's environment that the job's workers need.
 
-    ``checkpoint`` is the stored spec's section (a plain mapping). Only the
-    variables the job's storage reads are returned: AWS_* for ``s3://``, or
+    Only the variables the job's storage reads are returned: AWS_* for ``s3://``, or
     ``ETRAIN_SECRET_<NAME>_*`` for ``checkpoint.s3.credentials_secret: NAME``.
     """
-    env = os.environ if env is None else env
-    storage = checkpoint.get("storage") or ""
-    secret = (checkpoint.get("s3") or {}).get("credentials_secret")
-    return credential_env(storage, credentials_secret=secret, env=env)
+    return checkpoint_credential_env(checkpoint, env=env)

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from service.backends.embedded import FAST_NODE_FAILURE_ENV
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
+from service.ray_head import FAST_NODE_FAILURE_ENV
+from workers.contract import RAY_VERSION, driver_command, launch_env
 
-RAY_VERSION = "2.60.0"
 KUBERAY_VERSION = "1.7.0"
 DEFAULT_WORKER_IMAGE = "etrain/worker:0.1.0"
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
-ENTRYPOINT = "exec python -m workers.launch"  # exec: SIGTERM on stop reaches the driver
+ENTRYPOINT = driver_command("python")  # the image's python
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -233,7 +233,7 @@ def worker_group_for_job(*, min_workers: int, max_workers: int, gpus_per_worker:
 
 def runtime_env_yaml(*, job_id: str, spec_json: str, env: Mapping[str, str]) -> str:
     """The RayJob ``runtimeEnvYAML``: the same env_vars the Ray-job-API backend sends."""
-    env_vars = {"ETRAIN_JOB_ID": job_id, "ETRAIN_JOB_SPEC": spec_json, **env}
+    env_vars = {**launch_env(job_id=job_id, spec_json=spec_json), **env}
     return yaml.safe_dump({"env_vars": env_vars}, sort_keys=True)
 
 

@@ -37,7 +37,7 @@ def _driver_of(job_id: str) -> psutil.Process | None:
 
 def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
     """An elastic job: its killed controller leaves a 180 s resource reservation behind,
-    which the resubmitted run must cancel to start at once (workers.scaling)."""
+    which the resubmitted run must cancel to start at once (workers.elastic.scaling)."""
     with served.client() as c:
         job = c.post("/v1/jobs", json=_spec("e2e-driver-kill", 400, {"min": 1, "max": 2})).json()
         waiter(lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,

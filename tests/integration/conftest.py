@@ -10,7 +10,7 @@ import pytest
 
 from service.backends.ray_jobs import RayJobBackend
 from service.backends.base import RunState
-from workers.telemetry_sink import TelemetrySink
+from tests.support.telemetry_sink import TelemetrySink
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +19,7 @@ def telemetry_sink() -> TelemetrySink:
     sink = TelemetrySink()
     yield sink
     sink.close()
+    assert sink.refused == [], f"the workers posted batches the service would refuse: {sink.refused}"
 
 
 def run_ray_job(backend: RayJobBackend, *, job_id: str, spec_json: str, env: dict,

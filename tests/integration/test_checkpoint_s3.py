@@ -9,8 +9,10 @@ import uuid
 import pytest
 import torch
 
-from object_store_fixture import ObjectStore
-from workers.checkpoint import CheckpointManager
+from tests.support.faults import FaultHooks, fault_env
+from tests.support.recording import RecordingReporter
+from tests.support.object_store_fixture import ObjectStore
+from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -27,24 +29,17 @@ def spec(store: ObjectStore, *, asynchronous: bool = False, steps: int = 9) -> J
     })
 
 
-class Recorder:
-    """A reporter that can run a callback when a step is reported."""
+class Recorder(RecordingReporter):
+    """A reporter that runs a callback when a step is reported."""
 
     def __init__(self, at_step=None, action=None):
-        self.events, self.at_step, self.action = [], at_step, action
+        super().__init__()
+        self.at_step, self.action = at_step, action
 
     def metric(self, point):
-        if point["step"] == self.at_step and self.action:
+        super().metric(point)
+        if point.step == self.at_step and self.action:
             self.action()
-
-    def event(self, kind, message, *, data=None, dedup_key=None):
-        self.events.append((kind, message))
-
-    def checkpoint(self, **kw):
-        pass
-
-    def flush(self, timeout=5.0):
-        return True
 
 
 @pytest.fixture
@@ -107,14 +102,13 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     host, port = server.get_host_and_port()
     alive, where = store_env, run_dir()
     doomed = alive.with_endpoint(f"http://{host}:{port}")
-    monkeypatch.setenv("ETRAIN_FAULT_SLOW_SAVE_STEP", "6")
-    monkeypatch.setenv("ETRAIN_FAULT_SLOW_SAVE_S", "2")
     rec = Recorder(at_step=7, action=server.stop)  # during step 6's slowed-down write
     result = run(spec(doomed, asynchronous=True, steps=8),
                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                        checkpoint_root=doomed.uri(*where), reporter=rec))
+                        checkpoint_root=doomed.uri(*where), reporter=rec,
+                        hooks=FaultHooks(slow_save_step=6, slow_save_s=2)))
     assert sorted(result.losses) == list(range(1, 9))  # training survived the outage
-    failed = [m for k, m in rec.events if k == "checkpoint_failed"]
+    failed = [m for k, m, _ in rec.kinds() if k == "checkpoint_failed"]
     assert failed and "step 6" in failed[0]
     assert [c.step for c in manager(alive, where).committed()] == [3]
     resumed = run(spec(alive, asynchronous=True, steps=8),
@@ -138,8 +132,8 @@ def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, 
     assert run_job(job_id=clean_id, spec=spec_json, extra_env=s3_env["env"]).value == "SUCCEEDED"
     marker = f"/tmp/etrain-s3-kill-{tag}"
     assert run_job(job_id=killed_id, spec=spec_json, extra_env={
-        **s3_env["env"], "ETRAIN_FAULT_KILL_STEP": "6", "ETRAIN_FAULT_KILL_RANK": "1",
-        "ETRAIN_FAULT_MARKER": marker}).value == "SUCCEEDED"
+        **s3_env["env"], **fault_env(KILL_STEP=6, KILL_RANK=1, MARKER=marker)}
+    ).value == "SUCCEEDED"
     events = telemetry_sink.items("events", killed_id)
     assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [4]
     assert telemetry_sink.losses(killed_id) == telemetry_sink.losses(clean_id)

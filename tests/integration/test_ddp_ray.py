@@ -7,6 +7,7 @@ import uuid
 import pytest
 import torch
 
+from tests.support.faults import fault_env
 from service.backends.base import RunState
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -52,9 +53,8 @@ def test_ddp_loss_per_step_matches_single_process(run_job, telemetry_sink, tmp_p
 # sync: SIGKILL rank 1 at step 6, checkpoint at 4. async: the save of step 8 is slowed
 # down and rank 1 is killed at step 10, in the middle of it: the restore must take the
 # complete checkpoint of step 4, never the partial one of step 8.
-KILLS = {"sync": {"ETRAIN_FAULT_KILL_STEP": "6"},
-         "async": {"ETRAIN_FAULT_KILL_STEP": "10", "ETRAIN_FAULT_SLOW_SAVE_STEP": "8",
-                   "ETRAIN_FAULT_SLOW_SAVE_S": "20"}}
+KILLS = {"sync": {"KILL_STEP": 6},
+         "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 20}}
 
 
 @pytest.mark.parametrize("mode", list(KILLS))
@@ -69,9 +69,8 @@ def test_kill_and_resume_equals_uninterrupted(run_job, telemetry_sink, checkpoin
     clean_id, killed_id = f"j-clean-{tag}", f"j-killed-{tag}"
     assert run_job(job_id=clean_id, spec=clean) == RunState.SUCCEEDED
     marker = tmp_path / "killed-once"
-    assert run_job(job_id=killed_id, spec=killed, extra_env={
-        **KILLS[mode], "ETRAIN_FAULT_KILL_RANK": "1",
-        "ETRAIN_FAULT_MARKER": str(marker)}) == RunState.SUCCEEDED
+    assert run_job(job_id=killed_id, spec=killed, extra_env=fault_env(
+        **KILLS[mode], KILL_RANK=1, MARKER=marker)) == RunState.SUCCEEDED
     assert marker.exists(), "the fault was never injected"
 
     events = telemetry_sink.items("events", killed_id)

@@ -3,7 +3,7 @@
 The session head has 2 CPUs; the test starts a second Ray node (2 CPUs) on this
 machine and later kills it (SIGKILL to its raylet's process group). The job
 asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2. Steps
-are slowed down (workers.faults throttle file) while the test adds and removes
+are slowed down (tests.support.faults throttle file) while the test adds and removes
 nodes, so the job cannot end before they happen, then run at full speed.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.faults import fault_env
 from service.backends.base import LaunchRequest, RunState
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -54,7 +55,7 @@ def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: P
                                      spec_json=json.dumps(spec),
                                      env={"ETRAIN_REPORT_URL": telemetry_sink.url,
                                           "ETRAIN_REPORT_TOKEN": "t",
-                                          "ETRAIN_FAULT_THROTTLE_FILE": str(throttle)}))
+                                          **fault_env(THROTTLE_FILE=throttle)}))
 
 
 def _wait(pred, timeout: float, what: str, detail=lambda: ""):

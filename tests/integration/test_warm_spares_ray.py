@@ -1,4 +1,4 @@
-"""Warm spare workers on real Ray (workers.warm_spares).
+"""Warm spare workers on real Ray (workers.elastic.warm_spares).
 
 A job keeps spare worker processes with the training stack imported; after a
 worker is killed, Ray Train's restarted group runs in them, and none of them
@@ -16,8 +16,9 @@ import uuid
 import psutil
 import pytest
 
+from tests.support.faults import fault_env
 from service.backends.base import LaunchRequest, RunState
-from workers.warm_spares import READY, SPARES_ROOT, WARMING, spares_in
+from workers.elastic.warm_spares import READY, SPARES_ROOT, WARMING, spares_in
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
     ray_backend.submit(LaunchRequest(
         job_id=job_id, submission_id=f"it-{job_id}", spec_json=json.dumps(spec),
         env={"ETRAIN_REPORT_URL": telemetry_sink.url, "ETRAIN_REPORT_TOKEN": "t",
-             "ETRAIN_FAULT_THROTTLE_FILE": str(throttle), "ETRAIN_FAULT_THROTTLE_S": "0.3"}))
+             **fault_env(THROTTLE_FILE=throttle, THROTTLE_S=0.3)}))
     try:
         # After its first step, the group's node asks for as many spares as it runs
         # workers (the workers' own processes stopped counting when they started).

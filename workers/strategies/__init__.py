@@ -2,9 +2,10 @@
 
 A strategy takes a plain model (or, under pipeline parallelism, one stage's
 part of it) and the ("pp", "dp", "tp") device mesh and returns the module the
-train loop steps. The registry maps ``parallelism.strategy`` names to them.
-The service cannot import torch, so it keeps the list of names in
-``service.domain.planning.AVAILABLE_STRATEGIES``; a unit test keeps the two equal.
+train loop steps. The registry maps ``parallelism.strategy`` names
+(``workers.contract.STRATEGIES``, which the spec and the planner also use) to
+them; it refuses to load when the two differ. :mod:`.mesh` builds the
+("pp", "dp", "tp") device mesh every strategy works on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable, Literal, Protocol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from workers.contract import STRATEGIES
 from workers.spec import ParallelismSpec
 
 
@@ -61,3 +63,7 @@ def get_strategy(name: str) -> ApplyStrategy:
 def _load_builtin() -> None:
     # Imported lazily so that registering does not depend on import order.
     from workers.strategies import ddp, fsdp, hybrid, pp, tp  # noqa: F401
+
+    if set(_REGISTRY) != set(STRATEGIES):
+        raise RuntimeError(f"strategies registered {sorted(_REGISTRY)} differ from "
+                           f"workers.contract.STRATEGIES {sorted(STRATEGIES)}")

@@ -27,8 +27,8 @@ from torch.distributed.pipelining import (
 )
 
 from workers.models.config import ModelConfig, count_params
-from workers.stepper import total_grad_norm
 from workers.strategies import StrategyConfig, register_strategy
+from workers.strategies.mesh import total_grad_norm
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved_1f1b": ScheduleInterleaved1F1B}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kustomize_cli import INSTALL_HINT, build, kustomize_path
+from tests.unit.k8s.kustomize_cli import INSTALL_HINT, build, kustomize_path
 
 
 def _on_ci() -> bool:

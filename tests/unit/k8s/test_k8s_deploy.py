@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kustomize_cli import KustomizeError
+from tests.unit.k8s.kustomize_cli import KustomizeError
 
 from service.k8s.manifests import RayClusterConfig, build_raycluster, ray_auth_env
 from service.k8s.validate import validate_objects

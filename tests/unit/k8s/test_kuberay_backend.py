@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from fake_kube import FakeCustomObjectsApi
+from tests.unit.k8s.fake_kube import FakeCustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from service.backends.base import LaunchRequest, RunState

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_kube import FakeCustomObjectsApi
+from tests.unit.k8s.fake_kube import FakeCustomObjectsApi
 from typer.testing import CliRunner
 
 from service.backends.base import LaunchRequest

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fakes import FakeBackend, dev_settings
+from tests.unit.service.fakes import FakeBackend, dev_settings
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app

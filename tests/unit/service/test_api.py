@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from service.api import goodput_routes, routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
-from fakes import FakeBackend
+from tests.unit.service.fakes import FakeBackend
 from service.domain.states import JobStatus
 from service.errors import BackendUnavailable, Unauthorized
 from service.settings import Settings
@@ -561,16 +561,24 @@ def test_telemetry_checkpoints_are_listed(client):
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "PENDING"
 
 
-def test_checkpoint_list_follows_keep_last(client):
-    """Only the newest keep_last stay listed: older folders are deleted on the cluster."""
+def test_checkpoint_list_follows_what_the_cluster_deleted(client):
+    """The workers' retention deletes old folders and says so with the next commit; the
+    list follows what they report, not a rule the service applies on its own."""
     job_id = _submit(client, checkpoint={"keep_last": 2})["id"]
     reporter = _reporter(client, job_id)
+    deleted = {10: [], 20: [], 30: [10], 40: [20]}
     for step in (10, 20, 30, 40):
-        ck = {"step": step, "uri": f"file:///c/{step}", "bytes": 1, "save_s": 0.1}
+        ck = {"step": step, "uri": f"file:///c/{step}", "bytes": 1, "save_s": 0.1,
+              "deleted_steps": deleted[step]}
         assert client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
                            json={"checkpoints": [ck]}).status_code == 200
     items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
     assert [c["step"] for c in items] == [30, 40]
+    # A milestone the cluster kept (checkpoint.keep_every) stays listed: nothing guesses.
+    ck = {"step": 50, "uri": "file:///c/50", "bytes": 1, "save_s": 0.1, "deleted_steps": [40]}
+    client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter, json={"checkpoints": [ck]})
+    items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
+    assert [c["step"] for c in items] == [30, 50]
 
 
 def test_telemetry_for_a_finished_job_is_ignored(client):

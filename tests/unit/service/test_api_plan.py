@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from fakes import FakeBackend
-from test_api import ADMIN_H, _settings
+from tests.unit.service.fakes import FakeBackend
+from tests.unit.service.test_api import ADMIN_H, _settings
 
 from service.api.app import create_app
 

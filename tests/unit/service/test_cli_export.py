@@ -18,15 +18,16 @@ from rich.console import Console
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from fakes import FakeBackend
+from tests.unit.service.fakes import FakeBackend
 from service import cli
 from service.api.app import create_app
 from service.auth import create_reporter_token
-from service.export import ExportRefused, storage_options
+from service.export import job_checkpoint_section
 from service.settings import Settings
-from workers.checkpoint import CheckpointManager
+from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
-from workers.storage import resolve_storage
+from workers.checkpoint.export import ExportError, open_checkpoint_dir
+from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
 from workers.train_loop import RunEnv, run
 
 ADMIN = "et_admin-token-for-the-export-tests-0123456789"
@@ -194,32 +195,38 @@ def test_refused_s3_credentials_name_the_fix_never_the_secret(s3_job):
 
 
 S3_JOB = {"id": "j-1", "spec": {"checkpoint": {
-    "storage": "s3://b/jobs", "s3": {"endpoint_url": "http://minio:9000", "region": "eu-west-1",
+    "storage": "s3://bkt/jobs", "s3": {"endpoint_url": "http://minio:9000", "region": "eu-west-1",
                                      "credentials_secret": "team-a"}}}}
 GS_JOB = {"id": "j-2", "spec": {"checkpoint": {
-    "storage": "gs://b/jobs", "gcs": {"endpoint_url": "http://fake-gcs:4443"}}}}
+    "storage": "gs://bkt/jobs", "gcs": {"endpoint_url": "http://fake-gcs:4443"}}}}
 
 
-@pytest.mark.parametrize(("job", "uri", "options"), [
-    (S3_JOB, "file:///ckpt/step_00000004", {}),
-    (S3_JOB, "s3://b/jobs/j-1/checkpoints/step_00000004.0123abcd",
-     {"endpoint_url": "http://minio:9000", "region": "eu-west-1",
-      "credentials_secret": "team-a"}),
-    (GS_JOB, "gs://b/jobs/j-2/checkpoints/step_00000004.0123abcd",
-     {"endpoint_url": "http://fake-gcs:4443"}),
-    ({"id": "j-3", "spec": {"checkpoint": {"storage": "gs://b/jobs"}}},
-     "gs://b/jobs/j-3/checkpoints/step_00000004.0123abcd", {}),
+TEAM_A = {"ETRAIN_SECRET_TEAM_A_ACCESS_KEY_ID": "AKIAEXAMPLE0000000001",
+          "ETRAIN_SECRET_TEAM_A_SECRET_ACCESS_KEY": "example-secret-0001"}
+
+
+@pytest.mark.parametrize(("job", "uri", "endpoint", "region"), [
+    (S3_JOB, "s3://bkt/jobs/j-1/checkpoints", "http://minio:9000", "eu-west-1"),
+    (GS_JOB, "gs://bkt/jobs/j-2/checkpoints", "http://fake-gcs:4443", None),
+    ({"id": "j-3", "spec": {"checkpoint": {"storage": "gs://bkt/jobs"}}},
+     "gs://bkt/jobs/j-3/checkpoints", None, None),
 ])
-def test_storage_options_come_from_the_job_spec(job, uri, options):
-    assert storage_options(job, uri) == options
+def test_the_store_is_reached_as_the_job_spec_says(job, uri, endpoint, region):
+    loc = resolve_checkpoint_storage(job_checkpoint_section(job), uri=uri,
+                                     env={**TEAM_A, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"})
+    assert (loc.uri, loc.endpoint_url) == (uri, endpoint)
+    assert loc.options.get("client_kwargs", {}).get("region_name") == region
+    if uri.startswith("s3://"):
+        assert "'team-a'" in loc.credentials_source
+        assert loc.options["key"] == TEAM_A["ETRAIN_SECRET_TEAM_A_ACCESS_KEY_ID"]
 
 
 @pytest.mark.parametrize("uri", ["s3://other/jobs/j-1/checkpoints/step_00000004.0123abcd",
-                                 "s3://b/jobs-x/step_00000004.0123abcd",
-                                 "gs://b/jobs/j-1/checkpoints/step_00000004.0123abcd"])
+                                 "s3://bkt/jobs-x/step_00000004.0123abcd",
+                                 "gs://bkt/jobs/j-1/checkpoints/step_00000004.0123abcd"])
 def test_object_store_checkpoints_outside_the_job_storage_are_refused(uri):
-    with pytest.raises(ExportRefused, match="is not under the job's checkpoint.storage"):
-        storage_options(S3_JOB, uri)
+    with pytest.raises(ExportError, match="is not under the job's checkpoint.storage"):
+        open_checkpoint_dir(uri, checkpoint=job_checkpoint_section(S3_JOB), env=TEAM_A)
 
 
 def test_unknown_job_and_format(api):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.unit.service.fakes import ADMIN_H, FakeBackend, dev_settings
 from service import server
 from service.api.app import create_app
 from service.backends.ray_jobs import TRAIN_RUNS_PATH, RayJobBackend

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from fakes import ADMIN_H
+from tests.unit.service.fakes import ADMIN_H
 from service.auth import create_reporter_token
 from service.domain.goodput import BREAKDOWN_KEYS, compute_goodput
 from service.domain.states import JobStatus

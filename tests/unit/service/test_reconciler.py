@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from service.auth import Principal, authenticate
-from fakes import FakeBackend
+from tests.unit.service.fakes import FakeBackend
 from service.backends.base import RunState, RunStatus
 from service.domain.jobs import JobService
 from service.domain.reconciler import Reconciler

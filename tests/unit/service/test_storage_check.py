@@ -10,13 +10,13 @@ import logging
 
 import pytest
 
-from fakes import ADMIN_H, FakeBackend
+from tests.unit.service.fakes import ADMIN_H, FakeBackend
 from service.domain.reconciler import Reconciler
 from service.domain.storage_check import check_checkpoint_storage, storage_launch_env
 from service.errors import InvalidSpec
 from service.settings import Settings
 from workers.spec import CheckpointSpec, parse_spec
-from workers.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
+from workers.checkpoint.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 
 SECRET_NAME = "moto-store"
 SECRET_VARS = ("ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID", "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY")
@@ -210,5 +210,6 @@ def test_launch_env_carries_only_the_credentials_the_storage_needs(
 
 def test_storage_launch_env_reads_the_stored_section():
     env = {**AWS, **NAMED}
-    assert storage_launch_env({"storage": "s3://b/p", "s3": None}, env=env) == AWS
-    assert storage_launch_env({"storage": None}, env=env) == {}
+    assert storage_launch_env(CheckpointSpec(storage="s3://bkt/p"), env=env) == AWS
+    assert storage_launch_env(CheckpointSpec(), env=env) == {}
+    assert storage_launch_env(CheckpointSpec(storage="gs://bkt/p"), env=env) == {}

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 import shutil
 
 import pytest
 import torch
 
-from workers.checkpoint import MANIFEST, CheckpointManager
+from tests.support.recording import RecordingReporter
+from workers.checkpoint.manager import MANIFEST, CheckpointManager
 from workers.spec import JobSpec
-from workers.telemetry import TelemetryReporter
 from workers.train_loop import RunEnv, lr_factor, run
 
 
@@ -87,25 +88,6 @@ def test_lr_warmup_then_cosine_to_floor(step, expected):
     assert lr_factor(step, train=t) == pytest.approx(expected, abs=1e-9)
 
 
-class RecordingReporter(TelemetryReporter):
-    """The real reporter interface, recording instead of sending."""
-
-    def __init__(self):
-        self.events, self.metrics = [], []
-
-    def metric(self, point):
-        self.metrics.append(point)
-
-    def event(self, kind, message, *, data=None, dedup_key=None):
-        self.events.append((kind, message, data))
-
-    def checkpoint(self, **kw):
-        pass
-
-    def flush(self, timeout=5.0):
-        return True
-
-
 def test_a_restore_at_another_world_size_says_so(tmp_path):
     run(spec(), env(tmp_path))  # world size 1, checkpoints at 3 and 6
     shutil.rmtree(tmp_path / "step_00000006")
@@ -117,9 +99,28 @@ def test_a_restore_at_another_world_size_says_so(tmp_path):
     reporter = RecordingReporter()
     run(spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
                        checkpoint_root=str(tmp_path), reporter=reporter))
-    kinds = {k: (m, d) for k, m, d in reporter.events}
+    kinds = {k: (m, d) for k, m, d in reporter.kinds()}
     assert kinds["restored"][1]["step"] == 3
     assert kinds["restored"][0] == "restored from step 3 (saved by 2 workers, now 1)"
     assert kinds["restored"][1]["saved_world_size"] == 2
-    assert [m["step"] for m in reporter.metrics] == [4, 5, 6]
-    assert all(m["world_size"] == 1 for m in reporter.metrics)
+    assert [m.step for m in reporter.metrics] == [4, 5, 6]
+    assert all(m.world_size == 1 and not m.model_extra for m in reporter.metrics)
+
+
+def test_installed_hooks_see_every_step_after_it_is_timed(tmp_path):
+    from workers.hooks import RunHooks
+
+    class Slow(RunHooks):
+        def __init__(self):
+            self.steps = []
+
+        def after_step(self, *, step, rank):
+            self.steps.append((step, rank))
+            time.sleep(0.1)  # outside the step's measured time
+
+    hooks = Slow()
+    result = run(spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
+                                checkpoint_root=None, hooks=hooks))
+    assert hooks.steps == [(s, 0) for s in range(1, 7)]
+    # Had the hook run inside the timed step, every step would take at least 0.1 s.
+    assert min(result.step_times) < 0.1

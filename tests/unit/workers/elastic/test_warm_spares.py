@@ -1,0 +1,117 @@
+"""workers.elastic.warm_spares without Ray: the switch, the spare files, the hook's gate.
+
+The real thing (spares started by the raylet, used by a restarted group, ended
+with the job) is tests/integration/test_warm_spares_ray.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from workers.contract import WARM_WORKER_ENV
+from workers.elastic import warm_spares
+
+NO_SUCH_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
+def test_spares_are_on_unless_the_spec_turns_them_off():
+    from workers.spec import FailureSpec
+
+    assert FailureSpec().warm_spares
+    assert not FailureSpec(warm_spares=False).warm_spares
+
+
+def test_only_running_spares_count_and_dead_ones_are_forgotten(tmp_path):
+    node = tmp_path / "job" / "node"
+    node.mkdir(parents=True)
+    (node / f"{os.getpid()}.ready").touch()
+    (node / f"{NO_SUCH_PID}.ready").touch()
+    (node / f"{NO_SUCH_PID}.warming").touch()
+    assert warm_spares.spares_in(tmp_path) == [os.getpid()]
+    assert not (node / f"{NO_SUCH_PID}.ready").exists()
+    assert warm_spares.spares_in(tmp_path, states=(warm_spares.WARMING,)) == []
+    assert not (node / f"{NO_SUCH_PID}.warming").exists()
+
+
+@pytest.fixture
+def imports(monkeypatch):
+    """Every module the hook imports, recorded (and really imported)."""
+    seen: list[str] = []
+
+    def record(name: str):
+        seen.append(name)
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(warm_spares, "importlib", SimpleNamespace(import_module=record))
+    return seen
+
+
+def test_the_hook_imports_nothing_outside_training_workers(monkeypatch, tmp_path, imports):
+    """The controller and Ray's helper actors run the hook too: it must stay a no-op there."""
+    monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    warm_spares.setup_hook()
+    assert imports == [] and list(tmp_path.iterdir()) == []
+
+
+def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_path, imports):
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    warm_spares.setup_hook()
+    assert imports == list(warm_spares.WARM_MODULES)
+    assert all(name in sys.modules for name in warm_spares.WARM_MODULES)
+    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}.ready"]
+    warm_spares.claim()
+    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}.worker"]
+
+
+@pytest.fixture
+def node(monkeypatch, tmp_path):
+    """This process as a worker of one node, with ``asked`` recording each spare request."""
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "_LEADER_LOCK", None)
+    asked: list[int] = []
+    monkeypatch.setattr(warm_spares, "_prestart", asked.append)
+    yield tmp_path, asked
+    if warm_spares._LEADER_LOCK is not None:
+        warm_spares._LEADER_LOCK.close()
+
+
+def test_no_spares_are_asked_for_outside_marked_workers(monkeypatch, node):
+    """Only the driver's worker_runtime_env marks workers; without it top_up asks nothing."""
+    folder, asked = node
+    (folder / f"{os.getpid()}.worker").touch()  # a worker without a spare: one is missing
+    monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
+    assert warm_spares.top_up() == 0 and asked == []
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")  # the same node, marked: the spare is asked for
+    assert warm_spares.top_up() == 1 and asked == [1]
+
+
+def test_one_worker_per_node_asks_for_the_missing_spares_and_never_raises(monkeypatch, node):
+    folder, asked = node
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    warm_spares.claim()  # this process: a worker of the node
+    (folder / f"{os.getppid()}.worker").touch()  # a second (running) worker of the node
+    assert warm_spares.top_up() == 2 and asked == [2]
+    # The node has its leader (this process holds leader.lock): nobody else asks.
+    assert warm_spares.top_up() == 0 and asked == [2]
+
+    warm_spares._LEADER_LOCK.close()  # the leader dies; the next group elects another
+    warm_spares._LEADER_LOCK = None
+    (folder / f"{os.getppid()}.ready").touch()  # one spare still alive
+    assert warm_spares.top_up() == 1 and asked == [2, 1]
+
+    warm_spares._LEADER_LOCK.close()
+    warm_spares._LEADER_LOCK = None
+
+    def refused(n):
+        raise RuntimeError("raylet unreachable")
+
+    monkeypatch.setattr(warm_spares, "_prestart", refused)
+    assert warm_spares.top_up() == 0

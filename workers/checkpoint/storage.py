@@ -1,0 +1,303 @@
+"""Checkpoint storage: ``file://``, ``s3://`` (AWS S3, MinIO, any S3-compatible store), ``gs://``.
+
+One :class:`StorageLocation` gives every consumer the same view of a store: an
+fsspec file system (DCP writers and readers, listing, pruning), the pyarrow file
+system that Ray Train's ``RunConfig(storage_path, storage_filesystem)`` takes,
+and URIs for reports. Credentials are read from the environment and live only
+in ``options``, which ``repr`` leaves out; error messages name where they come
+from, never their values:
+
+- ``s3://`` by default: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and
+  optional ``AWS_SESSION_TOKEN``), else the default AWS chain (instance role,
+  ``~/.aws``).
+- ``s3://`` with ``checkpoint.s3.credentials_secret: NAME``:
+  ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
+  (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_'. On
+  Kubernetes these are keys of the ``etrain-storage`` Secret, which the control
+  plane and every Ray pod read with ``envFrom``.
+- ``gs://``: ``GOOGLE_APPLICATION_CREDENTIALS`` (a credentials JSON file), else
+  Google's default chain (workload identity, metadata server).
+- ``gs://`` with ``checkpoint.gcs.endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, as
+  Google's clients read it): that JSON API endpoint, for both file systems. An
+  ``http://`` endpoint (an emulator) gets anonymous requests, never credentials in
+  clear text, and needs gcsfs's plain client: its default one looks up every
+  bucket's type over gRPC with TLS, which no emulator serves, so the service's and
+  the workers' environment must set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
+
+Importing this module imports neither torch nor pyarrow (the service uses it).
+:mod:`workers.checkpoint.probe` checks a location before a job runs;
+:mod:`workers.checkpoint.dcp_io` gives DCP readers and writers for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import urlsplit
+
+import fsspec
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+    from fsspec import AbstractFileSystem
+
+    from workers.spec import CheckpointSpec
+
+SCHEMES = ("file", "s3", "gs")
+AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+SECRET_ENV_PREFIX = "ETRAIN_SECRET_"
+GCS_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+GCSFS_GRPC_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+_SECRET_PARTS = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN")
+S3_OPTIONS = ("key", "secret", "token")  # s3fs's names for the three variables
+
+
+# Their DEBUG records print signed request headers (the access key id) and bodies.
+STORAGE_CLIENT_LOGGERS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google.auth",
+                          "urllib3")
+
+
+def quiet_storage_loggers() -> None:
+    """Keep the object-store client loggers at INFO or above, whatever the root level is."""
+    level = max(logging.INFO, logging.getLogger().getEffectiveLevel())
+    for name in STORAGE_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+class StorageError(ValueError):
+    """A checkpoint store that cannot be used as configured; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class StorageLocation:
+    """Where a job's checkpoints live, and the file systems that reach it.
+
+    ``root`` is the location as ``fs`` sees it: ``/abs/path`` for ``file://``,
+    ``bucket/prefix`` (no scheme) for ``s3://`` and ``gs://``. ``options`` are
+    the fsspec storage options ``fs`` was built with, credentials included:
+    they stay out of ``repr`` and ``str``. ``credentials_source`` says where those came
+    from, by variable name only.
+    """
+
+    uri: str
+    scheme: str
+    fs: AbstractFileSystem = field(repr=False, compare=False)
+    root: str
+    options: dict = field(default_factory=dict, repr=False, compare=False)
+    credentials_source: str = "none"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint override (``checkpoint.s3`` or ``checkpoint.gcs``), if any."""
+        return (self.options.get("endpoint_url")
+                or self.options.get("client_kwargs", {}).get("endpoint_url"))
+
+    def join(self, *parts: str) -> str:
+        """A path under ``root`` as ``fs`` sees it (``bucket/prefix/a/b`` or ``/abs/a/b``)."""
+        clean = [p.strip("/") for p in parts if p and p.strip("/")]
+        return posixpath.join(self.root, *clean) if clean else self.root
+
+    def uri_of(self, *parts: str) -> str:
+        """The full URI of a path under ``root`` (``s3://bucket/prefix/a/b``)."""
+        path = self.join(*parts)
+        return f"file://{path}" if self.scheme == "file" else f"{self.scheme}://{path}"
+
+    def pyarrow_fs(self) -> pyarrow.fs.FileSystem:
+        """The same store as a pyarrow file system (what Ray Train reads and writes through).
+
+        For ``gs://`` pyarrow reads Google credentials from this process's
+        environment (``GOOGLE_APPLICATION_CREDENTIALS`` or the default chain) unless
+        ``fs`` is anonymous. For AWS S3 without a region the bucket's region is looked
+        up (one request).
+        """
+        import pyarrow.fs as pafs
+
+        if self.scheme == "file":
+            return pafs.LocalFileSystem()
+        if self.scheme == "gs":
+            gcs: dict[str, Any] = {"anonymous": self.options.get("token") == "anon"}
+            if self.endpoint_url:  # pyarrow takes host:port and the scheme apart
+                url = urlsplit(self.endpoint_url)
+                gcs.update(endpoint_override=url.netloc, scheme=url.scheme)
+            return pafs.GcsFileSystem(**gcs)
+        region = self.options.get("client_kwargs", {}).get("region_name")
+        if not region and not self.endpoint_url:
+            # As Ray's own FileSystem.from_uri does: pyarrow does not follow S3's region
+            # redirects (s3fs does), so an AWS bucket outside the default region needs it.
+            try:
+                region = pafs.resolve_s3_region(self.root.split("/", 1)[0])
+            except OSError:
+                region = None  # not reachable from here: the SDK's default applies
+        kwargs: dict[str, Any] = {"endpoint_override": self.endpoint_url, "region": region,
+                                  "access_key": self.options.get("key"),
+                                  "secret_key": self.options.get("secret"),
+                                  "session_token": self.options.get("token")}
+        return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v})
+
+    def ray_storage(self) -> tuple[str, pyarrow.fs.FileSystem | None]:
+        """``(storage_path, storage_filesystem)`` for Ray Train's ``RunConfig``.
+
+        A local path goes alone (Ray resolves it); an object store goes as
+        ``bucket/prefix`` with its file system, as Ray expects when one is given.
+        """
+        if self.scheme == "file":
+            return self.root, None
+        return self.root, self.pyarrow_fs()
+
+
+def secret_env_names(name: str) -> tuple[str, str, str]:
+    """Variables holding credentials secret ``name``: access key id, secret key, session token."""
+    stem = f"{SECRET_ENV_PREFIX}{name.upper().replace('-', '_')}_"
+    return tuple(stem + part for part in _SECRET_PARTS)  # type: ignore[return-value]
+
+
+def credential_env(uri: str, *, credentials_secret: str | None = None,
+                   env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The credential variables :func:`resolve_storage` reads for ``uri`` that ``env`` sets.
+
+    This is what a worker needs in its environment to reach the store the way
+    this process does. Empty for ``file://`` and ``gs://`` (a credentials file
+    path would not exist on other machines).
+    """
+    env = os.environ if env is None else env
+    if urlsplit(uri).scheme != "s3":
+        return {}
+    names = secret_env_names(credentials_secret) if credentials_secret else AWS_ENV
+    return {name: env[name] for name in names if env.get(name)}
+
+
+def resolve_storage(uri: str, *, endpoint_url: str | None = None, region: str | None = None,
+                    credentials_secret: str | None = None,
+                    env: Mapping[str, str] | None = None) -> StorageLocation:
+    """The :class:`StorageLocation` of ``uri`` with credentials from ``env`` (default: os.environ).
+
+    ``endpoint_url`` is ``checkpoint.s3.endpoint_url`` or ``checkpoint.gcs.endpoint_url``;
+    ``region`` and ``credentials_secret`` are ``checkpoint.s3`` fields and apply to
+    ``s3://`` only. Raises :class:`StorageError` for an unknown scheme, missing
+    credentials or a gcsfs that cannot use the endpoint; it does not contact the
+    store (see :func:`check_storage`).
+    """
+    env = os.environ if env is None else env
+    url = urlsplit(uri)
+    if url.scheme not in SCHEMES:
+        raise StorageError("checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] "
+                           f"or gs://bucket[/prefix] (got scheme {url.scheme!r})")
+    if url.scheme != "s3" and (region or credentials_secret):
+        raise StorageError("checkpoint.s3 is only used with an s3:// checkpoint.storage; "
+                           "remove it or use s3://bucket[/prefix]")
+    if url.scheme == "file" and endpoint_url:
+        raise StorageError("an endpoint_url (checkpoint.s3 or checkpoint.gcs) is only used with "
+                           "s3:// or gs:// checkpoint.storage; remove it")
+    if url.scheme == "file":
+        if url.netloc or not url.path.startswith("/"):
+            raise StorageError("checkpoint.storage must be an absolute path: file:///abs/path")
+        root = posixpath.normpath(url.path)
+        return StorageLocation(uri=f"file://{root}", scheme="file",
+                               fs=fsspec.filesystem("file"), root=root,
+                               credentials_source="local files")
+    if not url.netloc or "@" in uri or ":" in url.netloc:
+        raise StorageError(f"checkpoint.storage must be {url.scheme}://bucket[/prefix], with "
+                           "no credentials in it")
+    prefix = url.path.strip("/")
+    root = f"{url.netloc}/{prefix}" if prefix else url.netloc
+    if url.scheme == "s3":
+        options, source = _s3_options(endpoint_url=endpoint_url, region=region,
+                                      credentials_secret=credentials_secret, env=env)
+    else:
+        options, source = _gs_options(endpoint_url=endpoint_url, env=env)
+    return StorageLocation(uri=f"{url.scheme}://{root}", scheme=url.scheme,
+                           fs=fsspec.filesystem(url.scheme, **options), root=root,
+                           options=options, credentials_source=source)
+
+
+def _section_options(checkpoint: CheckpointSpec, scheme: str) -> dict[str, str | None]:
+    """The ``checkpoint.s3`` / ``checkpoint.gcs`` fields that apply to a store of ``scheme``,
+    as :func:`resolve_storage` takes them: the one mapping from a spec to a store."""
+    s3 = checkpoint.s3 if scheme == "s3" else None
+    store = s3 or (checkpoint.gcs if scheme == "gs" else None)
+    return {"endpoint_url": store.endpoint_url if store else None,
+            "region": s3.region if s3 else None,
+            "credentials_secret": s3.credentials_secret if s3 else None}
+
+
+def resolve_checkpoint_storage(checkpoint: CheckpointSpec, *, uri: str | None = None,
+                               env: Mapping[str, str] | None = None) -> StorageLocation:
+    """:func:`resolve_storage` for a spec's ``checkpoint`` section.
+
+    ``uri`` (default: ``checkpoint.storage``) may be another location, such as a
+    run directory under it; the section's ``s3`` or ``gcs`` fields apply when the
+    scheme of ``uri`` is theirs.
+    """
+    uri = uri or checkpoint.storage
+    if not uri:
+        raise StorageError("checkpoint.storage must be set before launch (the service fills "
+                           "in its default)")
+    return resolve_storage(uri, **_section_options(checkpoint, urlsplit(uri).scheme), env=env)
+
+
+def checkpoint_credential_env(checkpoint: CheckpointSpec, *,
+                              env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The credential variables of ``env`` (default: this process's) that a job whose
+    ``checkpoint`` section this is needs in its workers' environment."""
+    uri = checkpoint.storage or ""
+    secret = _section_options(checkpoint, urlsplit(uri).scheme)["credentials_secret"]
+    return credential_env(uri, credentials_secret=secret, env=env)
+
+
+def _s3_options(*, endpoint_url: str | None, region: str | None,
+                credentials_secret: str | None, env: Mapping[str, str]) -> tuple[dict, str]:
+    """s3fs storage options and a description (names only) of where the keys came from."""
+    if credentials_secret:
+        names = secret_env_names(credentials_secret)
+        missing = [n for n in names[:2] if not env.get(n)]
+        if missing:
+            raise StorageError(
+                f"checkpoint.s3.credentials_secret {credentials_secret!r}: {' and '.join(missing)} "
+                f"not set in this process's environment; set {names[0]} and {names[1]} "
+                f"(optionally {names[2]}), on Kubernetes as keys of the etrain-storage Secret")
+        source = f"checkpoint.s3.credentials_secret {credentials_secret!r} ({names[0]}, ...)"
+    else:
+        names = AWS_ENV
+        if bool(env.get(names[0])) != bool(env.get(names[1])):
+            raise StorageError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                               "neither (the default AWS chain), or name a secret in "
+                               "checkpoint.s3.credentials_secret")
+        source = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" if env.get(names[0])
+                  else "the default AWS credential chain")
+    options: dict[str, Any] = {opt: env[name] for opt, name in zip(S3_OPTIONS, names)
+                               if env.get(name)}
+    client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
+    if client:
+        options["client_kwargs"] = client
+    return options, source
+
+
+def _gs_options(*, endpoint_url: str | None, env: Mapping[str, str]) -> tuple[dict, str]:
+    """gcsfs storage options and a description (names only) of the credentials' source."""
+    endpoint = endpoint_url or env.get(GCS_EMULATOR_ENV, "").rstrip("/")
+    if endpoint in ("", "default"):  # "default" means Google to Google's clients
+        endpoint = ""
+    elif "://" not in endpoint:
+        endpoint = f"http://{endpoint}"  # STORAGE_EMULATOR_HOST may be host:port
+    options: dict[str, Any] = {"endpoint_url": endpoint} if endpoint else {}
+    if endpoint.startswith("http://"):
+        import gcsfs.core
+
+        if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
+            raise StorageError(
+                f"gs:// endpoint {endpoint} (checkpoint.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
+                "gcsfs would look up the bucket's type over gRPC with TLS, which a plain-http "
+                "endpoint does not serve (each request would wait about a minute); set "
+                f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment")
+        return {**options, "token": "anon"}, "anonymous access (a plain-http endpoint)"
+    path = env.get(GCS_CREDENTIALS_ENV)
+    if path:
+        return {**options, "token": path}, GCS_CREDENTIALS_ENV
+    return options, "Google's default credential chain"

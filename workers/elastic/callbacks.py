@@ -1,0 +1,86 @@
+"""Ray Train controller callbacks: worker failures as job events, and the cluster
+reservation a killed earlier run of the job left behind."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+
+from ray.train import UserCallback
+
+from workers.contract import EventKind
+from workers.ray_compat import ControllerCallback, cancel_reservation
+from workers.telemetry.reporter import TelemetryReporter
+
+log = logging.getLogger(__name__)
+
+
+class EventCallback(UserCallback):
+    """Reports worker-group failures (and the restart that follows) to the control plane.
+
+    Runs in the Ray Train controller, not on the workers, so a worker killed
+    mid-step is still reported.
+    """
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        self._reporter: TelemetryReporter | None = None
+
+    def _get_reporter(self) -> TelemetryReporter:
+        # Created lazily on the controller: the callback object is pickled there.
+        if self._reporter is None:
+            self._reporter = TelemetryReporter.from_env(self.job_id)
+        return self._reporter
+
+    def after_exception(self, run_context, worker_exceptions: dict) -> None:
+        """Record which ranks failed and why; Ray Train then restarts the group."""
+        ranks = sorted(worker_exceptions)
+        first = worker_exceptions[ranks[0]] if ranks else None
+        # Ray's messages run to many lines of actor metadata; the first says what happened.
+        detail = str(first).strip().splitlines()[0][:200] if first else ""
+        reason = f"{type(first).__name__}: {detail}" if first else "unknown"
+        self._get_reporter().event(
+            EventKind.WORKER_FAILED, f"worker(s) {ranks} failed: {reason}",
+            data={"ranks": ranks}, dedup_key=f"fail:{time.time_ns()}",
+        )
+
+    def __getstate__(self):
+        return {"job_id": self.job_id, "_reporter": None}
+
+
+class ReleaseStaleReservation(ControllerCallback):
+    """Cancel the cluster reservation an earlier run of this job left behind.
+
+    Every Ray Train controller reserves its workers' resources with Ray's
+    AutoscalingCoordinator (requester ``train-<run id>``) and cancels the
+    reservation when it shuts down. A controller that dies with its driver
+    (driver SIGKILLed, job resubmitted) cannot, and the reservation holds the
+    resources for 180 s, so the resubmitted job would find no free workers for
+    three minutes. The requester id of each run is kept in ``marker`` (in the
+    job's storage); the next run cancels the one it finds there.
+    """
+
+    def __init__(self, marker_uri: str, checkpoint=None):
+        """``marker_uri`` in the job's storage; ``checkpoint`` (the spec's section) says how
+        to reach an object store (credentials come from the controller's environment)."""
+        self.marker_uri, self.checkpoint = marker_uri, checkpoint
+
+    def after_controller_start(self, train_run_context) -> None:
+        """Cancel the previous run's reservation, then record this run's."""
+        from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
+
+        mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
+        loc = (resolve_checkpoint_storage(self.checkpoint, uri=self.marker_uri)
+               if self.checkpoint is not None else resolve_storage(self.marker_uri))
+        try:
+            previous = loc.fs.cat_file(loc.root).decode().strip()
+        except (FileNotFoundError, OSError):
+            previous = ""
+        if previous and previous != mine:
+            try:
+                cancel_reservation(previous)
+            except Exception as e:  # noqa: BLE001 - it expires on its own after 180 s
+                log.warning("could not cancel the stale reservation %s: %s", previous, e)
+        loc.fs.makedirs(posixpath.dirname(loc.root), exist_ok=True)
+        loc.fs.pipe_file(loc.root, mine.encode())  # one small write: whole or absent

@@ -1,0 +1,114 @@
+"""Elastic scaling that keeps the parallel layout, and says why a group changed size.
+
+Ray Train's :class:`ElasticScalingPolicy` starts as many workers as the
+cluster's reserved resources allow, between ``min_workers`` and ``max_workers``.
+A tensor- or pipeline-parallel job can only use a multiple of ``tp x pp``
+workers: the mesh is ``(pp, dp, tp)`` and only ``dp`` may change. This policy
+rounds every count Ray would pick down to such a multiple (never below the
+minimum), and reports each resize, each unused worker slot and each wait for
+resources as a job event from the Ray Train controller.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ray.train import ScalingConfig
+
+from workers.contract import EventKind
+from workers.ray_compat import ElasticPolicyBase, ResizeDecision, ScalingDecision
+from workers.telemetry.reporter import TelemetryReporter
+
+
+def usable_workers(possible: int, *, unit: int, max_workers: int) -> int:
+    """The most workers a layout of ``unit`` (tp x pp) ranks per dp replica can use."""
+    n = min(possible, max_workers)
+    return n - n % unit
+
+
+def resize_message(before: int, after: int) -> str:
+    """The event text for a worker group going from ``before`` to ``after`` workers."""
+    cause = "node added" if after > before else "node lost"
+    return f"resized {before} → {after} ({cause})"
+
+
+class LayoutScalingPolicy(ElasticPolicyBase):
+    """Ray Train's elastic policy, restricted to sizes that keep ``tp x pp`` intact.
+
+    Runs inside the Ray Train controller (it is pickled there), so its events
+    go out through a reporter created lazily on that side.
+    """
+
+    def __init__(self, scaling_config: ScalingConfig, *, unit: int, job_id: str):
+        super().__init__(scaling_config)
+        self.unit, self.job_id = unit, job_id
+        self._size: int | None = None  # size of the latest group this policy started
+        self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
+        self._reporter: TelemetryReporter | None = None
+
+    def usable_workers(self, possible: int) -> int:
+        """The largest multiple of tp x pp among the ``possible`` workers (a notice if less)."""
+        usable = usable_workers(possible, unit=self.unit,
+                                max_workers=self.scaling_config.max_workers)
+        if usable != possible:
+            self._notice(("unused", possible), EventKind.LAYOUT_UNUSED,
+                         f"{possible} workers could run; using {usable}: the layout needs a "
+                         f"multiple of parallelism.tp x parallelism.pp ({self.unit})",
+                         {"possible": possible, "used": usable, "unit": self.unit})
+        return usable
+
+    def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
+        """Start (or restart after a failure) at the largest usable size, or wait.
+
+        The size comes from the reservation recomputed from the live node list: Ray's
+        coordinator refreshes its node list every 20 s, and after a node dies a restart
+        sized from that stale view asks for workers on the dead node and waits out the
+        worker-group start timeout (once per stale view: 10 s in a measured node loss).
+        A start pins workers to nodes, so it asks for a fresh view; a running group
+        keeps Ray's cheap polling.
+        """
+        self.recompute_reservation = True
+        try:
+            decision = super().make_decision_for_non_running_worker_group()
+        finally:
+            self.recompute_reservation = False
+        if isinstance(decision, ResizeDecision):
+            self._started(decision.num_workers)
+        elif self._size is not None:
+            self._notice(("waiting",), EventKind.WAITING,
+                         f"waiting for resources: fewer than resources.workers.min "
+                         f"({self.scaling_config.min_workers}) workers can run",
+                         {"min_workers": self.scaling_config.min_workers})
+        return decision
+
+    def make_decision_for_running_worker_group(self, worker_group_state,
+                                               worker_group_status) -> ScalingDecision:
+        """Grow (or shrink) a healthy group when the usable size changed."""
+        decision = super().make_decision_for_running_worker_group(worker_group_state,
+                                                                  worker_group_status)
+        if isinstance(decision, ResizeDecision):
+            self._size = worker_group_state.num_workers
+            self._started(decision.num_workers)
+        return decision
+
+    def _started(self, size: int) -> None:
+        before, self._size, self._said = self._size, size, None
+        if before is not None and before != size:
+            self._reporter_().event(
+                EventKind.RESIZED, resize_message(before, size),
+                data={"from": before, "to": size, "ts": time.time()},
+                dedup_key=f"resize:{time.time_ns()}")
+
+    def _notice(self, key: tuple, kind: EventKind, message: str, data: dict) -> None:
+        if self._said != key:
+            self._said = key
+            self._reporter_().event(kind, message, data=data,
+                                    dedup_key=f"{kind}:{time.time_ns()}")
+
+    def _reporter_(self) -> TelemetryReporter:
+        if self._reporter is None:
+            self._reporter = TelemetryReporter.from_env(self.job_id)
+        return self._reporter
+
+    def __getstate__(self):
+        return {**self.__dict__, "_reporter": None}

@@ -1,0 +1,183 @@
+"""Warm spare worker processes: a restarted worker group starts in about a second, not ten.
+
+Ray Train replaces every worker process of a group on any failure or resize. A
+new process imports torch, Ray Train and etrain (about 5 s of CPU each, 8-15 s
+of wall time when several start on a 2-core node) before it can load a
+checkpoint. Ray itself can keep processes ready for that: its raylet's
+``PrestartWorkers`` starts idle worker processes for a job and a runtime
+environment and keeps them alive, and the next actor with the same job and the
+same runtime environment is placed in one of them instead of a new process.
+
+So, per node of a running group:
+
+- the driver installs :func:`setup_hook` as the job's ``worker_process_setup_hook``
+  (public Ray API); it runs at the start of every worker process of the job and
+  imports the training stack only in processes whose environment carries
+  ``ETRAIN_WARM_WORKER=1``, which ``RunConfig.worker_runtime_env`` gives Ray
+  Train's worker actors (and so the spares started with their environment);
+- after the group's first step, one worker per node (:func:`top_up`) asks its
+  own raylet for as many spares as the node runs workers, less the spares
+  still alive; the request uses the worker's own runtime-environment string,
+  so the spares match the next group's actors exactly.
+
+A spare that becomes a worker leaves the count (:func:`claim`). Spares die with
+the job (the raylet ends a finished job's workers) or after ``KEEP_ALIVE_S``.
+Each holds the imported stack in memory (about 400 MB on CPU builds of torch);
+none touches a GPU. ``failure.warm_spares: false`` in the job spec turns this off.
+
+``PrestartWorkers`` is a raylet RPC (Ray's ``NodeManagerService``), not a public
+Python API (``workers.ray_compat.prestart_workers``); :func:`top_up` only ever logs
+its failures, and without spares a restart is as slow as Ray's default, never wrong.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from workers.contract import WARM_WORKER_ENV
+from workers.ray_compat import WORKER_MODULES, prestart_workers
+
+log = logging.getLogger(__name__)
+
+HOOK = f"{__name__}.setup_hook"
+# Long enough for any job; spares of a finished job are ended by the raylet anyway.
+KEEP_ALIVE_S = 24 * 3600
+# One file per spare, <pid>.warming while it imports, then <pid>.ready, under
+# <root>/<Ray job id>/<node id>/ (nodes on one machine share the root).
+SPARES_ROOT = Path(tempfile.gettempdir()) / "etrain-spares"
+WARMING, READY, WORKER = "warming", "ready", "worker"
+_LEADER_LOCK = None  # this node's leader.lock, while this worker is the node's leader
+# What a Ray Train worker imports before its first step after a restore: Ray's
+# worker actor module and torch backend (workers.ray_compat.WORKER_MODULES), etrain's
+# loop (checkpoints, DCP), every strategy (get_strategy loads them all), and
+# torch._dynamo, which DistributedDataParallel imports on construction (about 200
+# modules, 1-3 s).
+WARM_MODULES = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.checkpoint",
+    *WORKER_MODULES,
+    "workers.launch",
+    "workers.train_loop",
+    "workers.strategies.ddp",
+    "workers.strategies.fsdp",
+    "workers.strategies.hybrid",
+    "workers.strategies.pp",
+    "workers.strategies.tp",
+)
+
+
+def worker_runtime_env() -> dict:
+    """``RunConfig.worker_runtime_env``: marks Ray Train's worker actors (and their spares)."""
+    return {"env_vars": {WARM_WORKER_ENV: "1"}}
+
+
+def job_runtime_env() -> dict:
+    """The driver's ``ray.init(runtime_env=...)``: the hook every process of the job runs."""
+    return {"worker_process_setup_hook": HOOK}
+
+
+def setup_hook() -> None:
+    """Ray's per-process setup hook: import the training stack in worker-actor processes.
+
+    Every process of the job runs this at start; only those started with the
+    worker actors' environment (``ETRAIN_WARM_WORKER=1``) import anything, so
+    the controller and Ray's helper actors stay light.
+    """
+    if os.environ.get(WARM_WORKER_ENV) != "1":
+        return
+    warming = _spare_file(WARMING)
+    warming.touch()
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    warming.rename(_spare_file(READY))
+
+
+def claim() -> None:
+    """This process is now a training worker on its node: a worker, no longer a spare."""
+    if os.environ.get(WARM_WORKER_ENV) == "1":
+        for state in (WARMING, READY):
+            _spare_file(state).unlink(missing_ok=True)
+        _spare_file(WORKER).touch()
+
+
+def top_up() -> int:
+    """Ask this node's raylet for one spare per training worker here; return how many were
+    asked for.
+
+    Every worker calls this once all workers have claimed their processes (after
+    the first step, a collective). One per node acts: the first to lock the
+    node's ``leader.lock``, which it holds until it dies, so the next group's
+    workers elect a new one. Ray Train's local ranks cannot pick it, as they
+    group workers by IP address, not by Ray node. Never raises.
+    """
+    global _LEADER_LOCK
+    if os.environ.get(WARM_WORKER_ENV) != "1":  # the driver did not ask for spares
+        return 0
+    try:
+        folder = _spare_dir()
+        lock = open(folder / "leader.lock", "w")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            return 0
+        _LEADER_LOCK = lock
+        spares = spares_in(folder, states=(WARMING, READY))  # ready or still importing
+        missing = len(spares_in(folder, states=(WORKER,))) - len(spares)
+        if missing > 0:
+            _prestart(missing)
+        return max(missing, 0)
+    except Exception as e:  # noqa: BLE001 - spares only make restarts faster
+        log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
+        return 0
+
+
+def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:
+    """Pids of running spares under ``folder`` (recursively) in one of ``states``."""
+    spares = []
+    for state in states:
+        for path in folder.rglob(f"*.{state}"):
+            pid = int(path.name.split(".")[0])
+            if _running(pid):
+                spares.append(pid)
+            else:
+                path.unlink(missing_ok=True)
+    return spares
+
+
+def _prestart(count: int) -> None:
+    """Ask this node's raylet for ``count`` spares with this worker's runtime environment."""
+    import ray
+
+    prestart_workers(count, keep_alive_s=KEEP_ALIVE_S)
+    log.info("etrain: asked for %d warm spare worker(s) on node %s", count,
+             ray.get_runtime_context().get_node_id()[:8])
+
+
+def _spare_dir() -> Path:
+    import ray
+
+    ctx = ray.get_runtime_context()
+    path = SPARES_ROOT / ctx.get_job_id() / ctx.get_node_id()[:16]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _spare_file(state: str) -> Path:
+    return _spare_dir() / f"{os.getpid()}.{state}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,269 @@
+"""Every Ray API etrain uses that Ray does not publish, in one module.
+
+etrain pins Ray (``RAY_VERSION``) and everything here was written against that
+release. Nothing else in the project touches ``ray._private``, ``ray.core``,
+``ray.data._internal`` or ``ray.train.v2._internal``, or overrides a Ray method
+whose name starts with ``_``. :func:`check` verifies that each use below still
+finds what it needs in the installed Ray, and names the one that does not;
+``tests/unit/test_ray_compat.py`` runs it (and fails when the installed Ray is
+not the pinned one), so a Ray upgrade cannot break these silently.
+
+The uses, each with what it is for:
+
+1. :class:`ElasticPolicyBase`: Ray Train's ``ElasticScalingPolicy`` with two seams
+   on its private methods. ``_count_possible_workers`` is capped by
+   :meth:`~ElasticPolicyBase.usable_workers` (etrain keeps tp x pp intact), and
+   ``_get_reserved_resources`` can ask the AutoscalingCoordinator for a view
+   recomputed from the live node list (its ``recompute=True``), writing the
+   policy's cached ``_latest_reserved_resources`` as Ray's own code does.
+2. :func:`trainer_class`: a ``TorchTrainer`` that hands its controller another
+   scaling policy through ``_initialize_and_run_controller(scaling_policy=...)``,
+   the one seam Ray 2.60's ``DataParallelTrainer`` has for it.
+3. :data:`ControllerCallback`: Train V2's controller callback base (runs in the
+   controller at start; etrain cancels a stale reservation there).
+4. :func:`cancel_reservation`: the AutoscalingCoordinator actor's ``cancel_request``.
+5. :func:`prestart_workers`: the raylet's ``PrestartWorkers`` gRPC call (warm spares).
+6. :func:`auth_headers`: the token header Ray's own clients send to the dashboard's
+   HTTP API (``/nodes``) when token auth is on.
+7. :data:`WORKER_MODULES`: private modules a restarted Ray Train worker imports,
+   which warm spares import ahead of time.
+
+Importing this module imports Ray Train's scaling policy (not torch).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+
+import ray
+from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.scaling_policy import (
+    ElasticScalingPolicy,
+    NoopDecision,
+    ResizeDecision,
+    ScalingDecision,
+)
+from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+    AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
+)
+from ray.train.v2._internal.util import time_monotonic
+
+from workers.contract import RAY_VERSION
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RAY_VERSION", "WORKER_MODULES", "ControllerCallback", "ElasticPolicyBase",
+           "NoopDecision", "ResizeDecision", "ScalingDecision", "auth_headers",
+           "cancel_reservation", "check", "prestart_workers", "trainer_class"]
+
+# (7) What a Ray Train worker imports before its first step after a restore, beyond
+# torch and etrain: the worker actor's module and Ray Train's torch backend.
+WORKER_MODULES = ("ray.train.torch", "ray.train.v2._internal.execution.worker_group.worker")
+
+
+class ElasticPolicyBase(ElasticScalingPolicy):
+    """(1) Ray Train's elastic scaling policy with etrain's two seams.
+
+    Subclasses override :meth:`usable_workers` and set ``recompute_reservation``
+    while a worker group is about to start.
+    """
+
+    recompute_reservation = False
+
+    def usable_workers(self, possible: int) -> int:
+        """How many of the ``possible`` workers to start (default: all of them)."""
+        return possible
+
+    def _count_possible_workers(self, reserved_resources) -> int:
+        return self.usable_workers(super()._count_possible_workers(reserved_resources))
+
+    def _get_reserved_resources(self):
+        if not self.recompute_reservation:
+            return super()._get_reserved_resources()
+        try:
+            reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(
+                self._requester_id, recompute=True), timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - Ray's own polling is the fallback
+            log.warning("recomputing the cluster reservation failed (%s); using Ray's view", e)
+            return super()._get_reserved_resources()
+        self._latest_reserved_resources = reserved
+        self._latest_reserved_resources_query_time = time_monotonic()
+        return reserved
+
+
+def trainer_class():
+    """(2) ``TorchTrainer`` taking ``scaling_policy=``: None keeps the policy Ray builds."""
+    from ray.train.torch import TorchTrainer
+
+    class EtrainTrainer(TorchTrainer):
+        def __init__(self, *args, scaling_policy=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.etrain_scaling_policy = scaling_policy
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            if self.etrain_scaling_policy is not None:
+                controller_init_kwargs["scaling_policy"] = self.etrain_scaling_policy
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    return EtrainTrainer
+
+
+def cancel_reservation(requester_id: str, *, timeout_s: float = 5.0) -> None:
+    """(4) Drop ``requester_id``'s reservation in the AutoscalingCoordinator; raises on failure."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    ray.get(get_or_create_autoscaling_coordinator().cancel_request.remote(
+        requester_id=requester_id), timeout=timeout_s)
+
+
+def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) -> None:
+    """(5) Ask this process's raylet for ``count`` idle worker processes of this job, with
+    this worker's own runtime environment (so the next actors with it are placed there)."""
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import (
+        common_pb2,
+        node_manager_pb2,
+        node_manager_pb2_grpc,
+        runtime_environment_pb2,
+    )
+
+    ctx = ray.get_runtime_context()
+    node = next(n for n in ray.nodes() if n["NodeID"] == ctx.get_node_id())
+    channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", [],
+                                asynchronous=False)
+    try:
+        request = node_manager_pb2.PrestartWorkersRequest(
+            language=common_pb2.PYTHON, job_id=bytes.fromhex(ctx.get_job_id()),
+            runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(
+                serialized_runtime_env=ctx.get_runtime_env_string()),
+            keep_alive_duration_secs=keep_alive_s, num_workers=count)
+        node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
+            request, timeout=timeout_s)
+    finally:
+        channel.close()
+
+
+def auth_headers() -> dict[str, str]:
+    """(6) Headers that authenticate this process to a Ray dashboard's HTTP API (token auth
+    from ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN(_PATH)``, as Ray's clients read it)."""
+    from ray._private.authentication.http_token_authentication import (
+        get_auth_headers_if_auth_enabled,
+    )
+
+    return get_auth_headers_if_auth_enabled({})
+
+
+# --- the check ------------------------------------------------------------------------------
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _has_params(fn, *names: str) -> bool:
+    return all(n in _params(fn) for n in names)
+
+
+def _source_mentions(obj, *names: str) -> bool:
+    source = inspect.getsource(obj)
+    return all(n in source for n in names)
+
+
+def _elastic_policy() -> bool:
+    return (_has_params(ElasticScalingPolicy._count_possible_workers, "reserved_resources")
+            and _params(ElasticScalingPolicy._get_reserved_resources) == ["self"]
+            and _source_mentions(ElasticScalingPolicy.__init__, "self._latest_reserved_resources",
+                                 "self._latest_reserved_resources_query_time")
+            and _source_mentions(ElasticScalingPolicy._get_reserved_resources,
+                                 "self._autoscaling_coordinator", "self._requester_id"))
+
+
+def _coordinator_recompute() -> bool:
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        _AutoscalingCoordinatorActor,
+    )
+
+    return _has_params(_AutoscalingCoordinatorActor.get_reserved_resources, "requester_id",
+                       "recompute")
+
+
+def _trainer_seam() -> bool:
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.execution.controller import TrainController
+
+    return (_source_mentions(TorchTrainer._initialize_and_run_controller,
+                             "controller_init_kwargs")
+            and _has_params(TrainController.__init__, "scaling_policy"))
+
+
+def _controller_callback() -> bool:
+    return _params(ControllerCallback.after_controller_start) == ["self", "train_run_context"]
+
+
+def _cancel_request() -> bool:
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        _AutoscalingCoordinatorActor,
+        get_or_create_autoscaling_coordinator,
+    )
+
+    return callable(get_or_create_autoscaling_coordinator) and _has_params(
+        _AutoscalingCoordinatorActor.cancel_request, "requester_id")
+
+
+def _prestart() -> bool:
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+
+    fields = set(node_manager_pb2.PrestartWorkersRequest.DESCRIPTOR.fields_by_name)
+    return ({"language", "job_id", "runtime_env_info", "keep_alive_duration_secs",
+             "num_workers"} <= fields
+            and hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
+            and "PrestartWorkers" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
+            and _has_params(init_grpc_channel, "address", "options", "asynchronous"))
+
+
+def _auth() -> bool:
+    from ray._private.authentication.http_token_authentication import (
+        get_auth_headers_if_auth_enabled,
+    )
+
+    return len(_params(get_auth_headers_if_auth_enabled)) >= 1
+
+
+def _worker_modules() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in WORKER_MODULES)
+
+
+CHECKS: dict[str, Callable[[], bool]] = {
+    "ElasticPolicyBase: ElasticScalingPolicy._count_possible_workers(reserved_resources), "
+    "_get_reserved_resources(), _latest_reserved_resources[_query_time], "
+    "_autoscaling_coordinator, _requester_id": _elastic_policy,
+    "ElasticPolicyBase: AutoscalingCoordinator.get_reserved_resources(requester_id, "
+    "recompute=)": _coordinator_recompute,
+    "trainer_class: TorchTrainer._initialize_and_run_controller(**controller_init_kwargs) -> "
+    "TrainController(scaling_policy=)": _trainer_seam,
+    "ControllerCallback.after_controller_start(train_run_context)": _controller_callback,
+    "cancel_reservation: get_or_create_autoscaling_coordinator().cancel_request("
+    "requester_id=)": _cancel_request,
+    "prestart_workers: raylet PrestartWorkers and init_grpc_channel": _prestart,
+    "auth_headers: get_auth_headers_if_auth_enabled(headers)": _auth,
+    "WORKER_MODULES importable": _worker_modules,
+}
+
+
+def check() -> list[str]:
+    """The uses above that the installed Ray no longer supports, by name (empty: all fine)."""
+    broken = []
+    for name, probe in CHECKS.items():
+        try:
+            ok = probe()
+        except Exception as e:  # noqa: BLE001 - a missing module or attribute is the finding
+            ok, name = False, f"{name} ({type(e).__name__}: {e})"
+        if not ok:
+            broken.append(name)
+    return broken

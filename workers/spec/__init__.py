@@ -1,0 +1,279 @@
+"""The job spec: one pydantic tree that is both the REST body and the worker config.
+
+The service validates a submitted spec with :class:`JobSpec`; the job driver on
+the Ray cluster re-validates the same JSON. Every cross-field check raises a
+``ValueError`` that names the fields and says what would be accepted, so the
+API can answer 422 with a field path and a hint.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from workers.contract import STRATEGIES
+from workers.models.config import PRESETS, get_model_config
+from workers.spec.base import SECRET_SAFE, Spec
+from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
+from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
+
+__all__ = ["STRATEGIES", "CheckpointSpec", "DataSpec", "FailureSpec", "FsdpSpec", "GcsSpec",
+           "JobSpec", "ModelSpec", "ParallelismSpec", "PipelineSpec", "ResourcesSpec", "S3Spec",
+           "Spec", "TrainSpec", "WorkerRange", "parse_spec"]
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MODEL_PRESETS = tuple(PRESETS)
+
+
+class ModelSpec(Spec):
+    """Which model to train."""
+
+    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+        "gpt-tiny",
+        description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
+        "gpt-small, llama-1b, llama-7b, llama-70b.",
+    )
+
+
+class DataSpec(Spec):
+    """Where training samples come from."""
+
+    source: Literal["synthetic", "text", "jsonl"] = Field(
+        "synthetic",
+        description="synthetic (seeded random tokens), text (a UTF-8 file, byte-level "
+        "tokens) or jsonl (one JSON object per line with a 'text' field).",
+    )
+    path: str | None = Field(
+        None, description="File to read for source text or jsonl; must exist on every worker."
+    )
+    seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
+    num_samples: int = Field(
+        4096, ge=1, description="Samples per epoch for source synthetic (ignored otherwise)."
+    )
+
+    @model_validator(mode="after")
+    def _path_matches_source(self) -> "DataSpec":
+        if self.source in ("text", "jsonl") and not self.path:
+            raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        if self.source == "synthetic" and self.path:
+            raise ValueError("data.path is only used with data.source 'text' or 'jsonl'; remove it")
+        return self
+
+
+class WorkerRange(Spec):
+    """An elastic worker range: the job uses what the cluster offers between min and max."""
+
+    min: int = Field(ge=1, description="Fewest workers the job runs with.")
+    max: int = Field(ge=1, description="Most workers the job uses.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "WorkerRange":
+        if self.min > self.max:
+            raise ValueError(
+                f"resources.workers.min ({self.min}) must be <= resources.workers.max ({self.max})"
+            )
+        return self
+
+
+# Tagged so a bad range reports one error at resources.workers.range, not an extra
+# "should be a valid integer" and a loc holding pydantic's validator name.
+Workers = Annotated[
+    Union[Annotated[int, Tag("count")], Annotated[WorkerRange, Tag("range")]],
+    Discriminator(lambda v: "range" if isinstance(v, (dict, WorkerRange)) else "count"),
+]
+
+
+class ResourcesSpec(Spec):
+    """What each worker asks of the cluster."""
+
+    workers: Workers = Field(
+        2, description="Fixed worker count, or {min, max} for an elastic job."
+    )
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per worker; may be fractional.")
+
+    @field_validator("workers")
+    @classmethod
+    def _positive(cls, v: Union[int, WorkerRange]) -> Union[int, WorkerRange]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("resources.workers must be >= 1, or {min, max} with min >= 1")
+        return v
+
+    @property
+    def min_workers(self) -> int:
+        """Fewest workers the job may run with."""
+        return self.workers if isinstance(self.workers, int) else self.workers.min
+
+    @property
+    def max_workers(self) -> int:
+        """Most workers the job may use."""
+        return self.workers if isinstance(self.workers, int) else self.workers.max
+
+
+class TrainSpec(Spec):
+    """The optimisation itself."""
+
+    steps: int = Field(50, ge=1, description="Optimizer steps to run.")
+    global_batch_size: int = Field(
+        16, ge=1, description="Samples per optimizer step; invariant under elastic resizes."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward on a worker.")
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr."
+    )
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw | sgd.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (SGD) decay.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+    grad_clip: float = Field(0.0, ge=0, description="Clip the global grad norm; 0 = off.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 autocast.")
+    seed: int = Field(0, ge=0, description="Seed for init, data order and dropout.")
+
+    @model_validator(mode="after")
+    def _batch_and_warmup(self) -> "TrainSpec":
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"train.warmup_steps ({self.warmup_steps}) must be < train.steps ({self.steps})"
+            )
+        return self
+
+
+class FailureSpec(Spec):
+    """How failures are retried."""
+
+    max_failures: int = Field(
+        3, ge=-1, description="Worker-group restarts inside one Ray job; -1 = unlimited."
+    )
+    max_resubmits: int = Field(
+        2, ge=0, description="Times the service resubmits the whole Ray job when its driver "
+        "or cluster dies (resuming from the newest checkpoint).")
+    warm_spares: bool = Field(
+        True, description="Keep, on each node, one idle worker process per training worker "
+        "with torch and the training code already imported, so that a worker group restarted "
+        "after a failure or a resize starts in about a second instead of 5-15 s. Costs each "
+        "node about 0.4 GB of host memory per worker; no GPU memory.")
+
+
+class JobSpec(Spec):
+    """A training job: model, data, layout, resources, optimisation, checkpoints, failures."""
+
+    # Inputs stay out of ValidationError's text (the API omits them too): a mistyped
+    # checkpoint.storage or checkpoint.s3 value may hold a key.
+    model_config = SECRET_SAFE
+
+    name: str = Field(description="DNS-label-like job name, <= 47 characters.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallel layout."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Resources.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpoint policy."
+    )
+    failure: FailureSpec = Field(default_factory=FailureSpec, description="Failure handling.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > 47 or not NAME_RE.fullmatch(v):
+            raise ValueError(
+                "name must be 1-47 lowercase letters, digits or '-', starting and ending "
+                f"with a letter or digit (got {v!r})"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _layout_fits_workers(self) -> "JobSpec":
+        par, res = self.parallelism, self.resources
+        mp = par.model_parallel_size
+        for n in sorted({res.min_workers, res.max_workers}):
+            if n % mp:
+                raise ValueError(
+                    f"resources.workers ({n}) must be a multiple of parallelism.tp x "
+                    f"parallelism.pp ({mp})"
+                )
+        if par.dp is not None and (not isinstance(res.workers, int) or par.dp * mp != res.workers):
+            raise ValueError(
+                f"parallelism.dp ({par.dp}) x tp ({par.tp}) x pp ({par.pp}) must equal "
+                f"resources.workers ({res.workers}); omit parallelism.dp to derive it"
+            )
+        for n in range(res.min_workers, res.max_workers + 1):
+            if n % mp == 0:
+                self._check_batch_for(dp=n // mp)
+        return self
+
+    def _check_batch_for(self, *, dp: int) -> None:
+        t, par = self.train, self.parallelism
+        if par.pp > 1:
+            unit = t.micro_batch_size * dp * par.pipeline.microbatches
+            if t.global_batch_size % unit:
+                raise ValueError(
+                    f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+                    f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp}) "
+                    f"x parallelism.pipeline.microbatches ({par.pipeline.microbatches}); use a "
+                    f"global_batch_size that is a multiple of {unit}"
+                )
+            return
+        if t.global_batch_size % (t.micro_batch_size * dp):
+            raise ValueError(
+                f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp}); "
+                f"use a global_batch_size that is a multiple of {t.micro_batch_size * dp}"
+            )
+
+    @model_validator(mode="after")
+    def _layout_fits_model(self) -> "JobSpec":
+        par = self.parallelism
+        cfg = get_model_config(self.model.preset)
+        if par.tp > 1:
+            sizes = {"attention heads": cfg.n_heads, "KV heads": cfg.n_kv_heads,
+                     "hidden size": cfg.dim, "FFN hidden size": cfg.ffn_hidden}
+            bad = {k: v for k, v in sizes.items() if v % par.tp}
+            if bad:
+                raise ValueError(
+                    f"parallelism.tp ({par.tp}) must divide the {', '.join(bad)} of "
+                    f"model.preset {self.model.preset!r} ({', '.join(map(str, bad.values()))}); "
+                    f"use a tp that divides {math.gcd(*sizes.values())}")
+        stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
+        if par.pp > 1 and stages > cfg.n_layers:
+            raise ValueError(
+                f"parallelism.pp ({par.pp}) with schedule {par.pipeline.schedule!r} needs "
+                f"{stages} pipeline stages but model.preset {self.model.preset!r} has "
+                f"{cfg.n_layers} layers; reduce parallelism.pp or use a deeper preset")
+        if self.data.seq_len > cfg.max_seq_len:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) exceeds the max_seq_len of model.preset "
+                f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}")
+        return self
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel degree at a given world size."""
+        return world_size // self.parallelism.model_parallel_size
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        dp = self.data_parallel_size(world_size)
+        return self.train.global_batch_size // (self.train.micro_batch_size * dp)
+
+
+def parse_spec(data: dict) -> JobSpec:
+    """Validate a plain mapping (from JSON or YAML) into a :class:`JobSpec`."""
+    return JobSpec.model_validate(data)
+
