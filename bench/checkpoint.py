@@ -19,7 +19,7 @@ checkpoints, so a save never waits for a deletion). Per repeat:
   commit, with a training-sized matmul loop running meanwhile;
 * restore: ``CheckpointManager.load`` into a fresh model and optimizer;
 * delete: removing one committed checkpoint, what ``keep_last`` pruning adds to
-  a save outside Ray.
+  a save once the job holds more than ``keep_last`` checkpoints.
 
 Every timed step starts after an untimed :func:`settled` (page cache primed,
 ``os.sync()``), so none pays for the write-back of the one before, nor for this
@@ -212,11 +212,11 @@ ROWS = [("raw sequential write + fsync (baseline)", "raw_s"),
         ("asynchronous save: training blocked", "async_block_s"),
         ("asynchronous save: until committed", "async_total_s"),
         ("restore (DCP load)", "restore_s"),
-        ("delete one checkpoint (pruning, outside Ray)", "delete_s")]
+        ("delete one checkpoint (pruning)", "delete_s")]
 
 
 def print_table(runs: list[dict], where: str) -> None:
-    """Medians (with the range) and the two ratios the issue asks for."""
+    """Medians (with the range), the raw-write / save ratio and async blocking / sync."""
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     mb = med["bytes"] / 1e6
     print(f"\n{where}, {mb:.0f} MB of state ({count_params(CONFIG) / 1e6:.1f} M params, "

@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.domain.planning import plan_job  # noqa: E402
+from service.planner import plan_job  # noqa: E402
 from workers.spec import JobSpec  # noqa: E402
 
 GPU_CLUSTER = {"nodes": 4, "gpus_per_node": 8, "gpu": "h100", "network": "ib-ndr"}
@@ -50,8 +50,8 @@ def bench(repeats: int) -> list[dict]:
         submit_ms = _time(lambda: plan_job(JobSpec.model_validate(raw), cluster=cluster), repeats)
         rows.append({
             "spec": path.stem, "cluster": "4x8 h100" if cluster else "none (cpu)",
-            "fits": plan["fits"], "recommendation": plan["recommendation"],
-            "candidates": len(plan["candidates"]),
+            "fits": plan.fits, "recommendation": plan.recommendation,
+            "candidates": len(plan.candidates),
             "plan_ms_median": statistics.median(plan_ms),
             "plan_ms_p95": sorted(plan_ms)[int(0.95 * len(plan_ms)) - 1],
             "validate_plan_ms_median": statistics.median(submit_ms),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import Forbidden, Unauthorized
-from service.store import JobStore
+from service.store import TokenStore
 
 ADMIN_TENANT = "admin"
 TOKEN_FILE = "admin_token"
@@ -34,14 +34,14 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def authenticate(store: JobStore, authorization: str | None) -> Principal:
+def authenticate(tokens: TokenStore, authorization: str | None) -> Principal:
     """Resolve an ``Authorization: Bearer ...`` header to a principal, or raise 401."""
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     token = authorization[7:].strip()
     if not token:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    record = store.find_token(hash_token(token))
+    record = tokens.find_token(hash_token(token))
     if record is None:
         raise Unauthorized("unknown or revoked API token")
     return Principal(tenant_id=record.tenant_id, role=record.role, job_id=record.job_id)
@@ -54,13 +54,13 @@ def require_user(principal: Principal) -> Principal:
     return principal
 
 
-def ensure_admin_token(store: JobStore, *, configured: str | None, data_dir: Path) -> Path | None:
+def ensure_admin_token(tokens: TokenStore, *, configured: str | None, data_dir: Path) -> Path | None:
     """Make sure an admin token exists; return the file it was written to, if any.
 
     ``ETRAIN_ADMIN_TOKEN`` wins. Otherwise a token is generated once, written
     to ``<data_dir>/admin_token`` (mode 0600) and reused on later starts.
     """
-    tenant = store.get_tenant_by_name(ADMIN_TENANT) or store.create_tenant(ADMIN_TENANT)
+    tenant = tokens.get_tenant_by_name(ADMIN_TENANT) or tokens.create_tenant(ADMIN_TENANT)
     path = None
     if configured:
         token = configured
@@ -73,23 +73,23 @@ def ensure_admin_token(store: JobStore, *, configured: str | None, data_dir: Pat
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")
-    if store.find_token(hash_token(token)) is None:
-        store.add_token(tenant_id=tenant.id, token_hash=hash_token(token),
+    if tokens.find_token(hash_token(token)) is None:
+        tokens.add_token(tenant_id=tenant.id, token_hash=hash_token(token),
                         name="admin", role="admin")
     return path
 
 
-def create_user_token(store: JobStore, *, tenant: str, name: str) -> str:
+def create_user_token(tokens: TokenStore, *, tenant: str, name: str) -> str:
     """Create (if needed) ``tenant`` and a user token for it; return the token once."""
-    record = store.get_tenant_by_name(tenant) or store.create_tenant(tenant)
+    record = tokens.get_tenant_by_name(tenant) or tokens.create_tenant(tenant)
     token = new_token()
-    store.add_token(tenant_id=record.id, token_hash=hash_token(token), name=name, role="user")
+    tokens.add_token(tenant_id=record.id, token_hash=hash_token(token), name=name, role="user")
     return token
 
 
-def create_reporter_token(store: JobStore, *, tenant_id: str, job_id: str) -> str:
+def create_reporter_token(tokens: TokenStore, *, tenant_id: str, job_id: str) -> str:
     """A token that may only post telemetry for one job (handed to its Ray job)."""
     token = new_token()
-    store.add_token(tenant_id=tenant_id, token_hash=hash_token(token),
+    tokens.add_token(tenant_id=tenant_id, token_hash=hash_token(token),
                     name=f"reporter:{job_id}", role="reporter", job_id=job_id)
     return token

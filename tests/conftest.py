@@ -6,24 +6,30 @@ import os
 import uuid
 
 import pytest
-import sqlalchemy as sa
-from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the session-scoped GCS endpoint fixture
-from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
-from tests.support.postgres import postgres_server
-from tests.support.s3_fixture import s3_server  # noqa: F401 - the session-scoped S3 endpoint fixture
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.store import Stores, migrate
+from tests.support.fakes import FakeBackend, dev_settings
 
 
 def pytest_configure(config):
-    """One Ray auth token for the whole session, set before any test imports Ray.
+    """Session-wide environment, set before any test imports Ray or gcsfs.
 
-    A process reads RAY_AUTH_MODE and the token once (Ray caches them), so a unit
-    test that touched Ray's auth helpers before the session's Ray head existed
-    would leave every later client unauthenticated (401). Every head, job and
-    `etrain serve` started by the tests uses this token (ensure_ray_token keeps it).
+    - The tests' GCS endpoints are plain-http emulators: gcsfs must run without its
+      gRPC bucket lookup, which it decides when it is imported.
+    - One Ray auth token for the whole session. A process reads RAY_AUTH_MODE and the
+      token once (Ray caches them), so a unit test that touched Ray's auth helpers
+      before the session's Ray head existed would leave every later client
+      unauthenticated (401). Every head, job and `etrain serve` started by the tests
+      uses this token (ensure_ray_token keeps it).
     """
     import secrets
     import tempfile
 
+    from workers.checkpoint.storage import GCSFS_GRPC_ENV
+
+    os.environ.setdefault(GCSFS_GRPC_ENV, "false")
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
         os.environ["RAY_AUTH_MODE"] = "token"
         return
@@ -34,34 +40,28 @@ def pytest_configure(config):
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
 
 
-@pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory) -> str:
-    """The session's PostgreSQL server (ETRAIN_TEST_POSTGRES_URL, else one it starts)."""
-    yield from postgres_server(tmp_path_factory.mktemp("pg"))
+@pytest.fixture
+def store_url(tmp_path):
+    """A SQLAlchemy URL for an empty database: a SQLite file here; a fresh PostgreSQL
+    schema in tests/integration, whose conftest overrides this fixture."""
+    return f"sqlite:///{tmp_path / 'etrain.db'}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request, tmp_path):
-    """A SQLAlchemy URL for an empty database: a SQLite file, or a fresh PostgreSQL schema.
+@pytest.fixture
+def stores(store_url):
+    """The stores of a migrated, empty database."""
+    migrate(store_url)
+    opened = Stores.open(store_url)
+    yield opened
+    opened.close()
 
-    Each PostgreSQL test gets its own schema (made the connection's search_path
-    through the URL) and the schema is dropped afterwards, so tests never share rows.
-    """
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'etrain.db'}"
-        return
-    base = sa.make_url(request.getfixturevalue("postgres_url"))
-    schema = f"etrain_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    try:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        url = base.update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    finally:
-        admin.dispose()
+
+@pytest.fixture
+def client(tmp_path):
+    """The API on a fake backend, with ``fakes.ADMIN`` as its admin token (no reconciler)."""
+    with TestClient(create_app(dev_settings(tmp_path), backend=FakeBackend(),
+                               reconcile=False)) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

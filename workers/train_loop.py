@@ -26,7 +26,8 @@ from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_stora
 from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, build_dataset
 from workers.hooks import RunHooks
-from workers.models import build_model, get_model_config
+from workers.models.config import get_model_config
+from workers.models.llama import build_model
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy

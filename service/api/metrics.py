@@ -1,12 +1,13 @@
-"""Prometheus metrics of the control plane."""
+"""Prometheus metrics of the control plane: the registry, its counters, and the exposition."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from service.domain.job_metrics import JobMetrics
-from service.domain.states import JobStatus
-from service.store import JobStore
+from service.status import JobStatus
 
 REGISTRY = CollectorRegistry()
 SUBMITTED = Counter("etrain_jobs_submitted", "Jobs accepted by POST /v1/jobs",
@@ -19,9 +20,8 @@ JOBS = Gauge("etrain_jobs", "Jobs by status", ["status"], registry=REGISTRY)
 JOB_METRICS = JobMetrics(REGISTRY)
 
 
-def render(store: JobStore) -> bytes:
-    """Refresh the job gauges, drop ended jobs' series, and render the exposition format."""
-    for status in JobStatus:
-        JOBS.labels(status=status.value).set(store.count_jobs(statuses={status}))
-    JOB_METRICS.prune(store)
+def render(jobs_by_status: Mapping[JobStatus, int]) -> bytes:
+    """Set the job gauges from a scrape's counts and render the exposition format."""
+    for status, count in jobs_by_status.items():
+        JOBS.labels(status=status.value).set(count)
     return generate_latest(REGISTRY)

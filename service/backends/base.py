@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+from workers.spec import JobSpec
+
 
 class RunState(str, enum.Enum):
     """A backend job's state, normalised across backends."""
@@ -34,8 +36,13 @@ class LaunchRequest:
 
     job_id: str
     submission_id: str
-    spec_json: str
+    spec_json: str  # the JobSpec as the driver reads it (ETRAIN_JOB_SPEC)
     env: dict[str, str] = field(default_factory=dict)  # may hold secrets: never log it
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job spec of ``spec_json``, validated (pydantic's ValidationError if it is not)."""
+        return JobSpec.model_validate_json(self.spec_json)
 
 
 @dataclass(frozen=True)

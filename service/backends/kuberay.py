@@ -15,7 +15,6 @@ rayclusters get/list/watch, in its namespace (``deploy/base/rbac.yaml``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable
 from typing import Any, AsyncIterator
@@ -104,7 +103,7 @@ class KubeRayBackend(Backend):
     # --- building -----------------------------------------------------------------------
     def build(self, req: LaunchRequest) -> dict:
         """The RayJob for ``req``, validated (raises BackendError if KubeRay would refuse it)."""
-        cluster = None if self.cluster_name else self._cluster_for(req.spec_json)
+        cluster = None if self.cluster_name else self._cluster_for(req)
         cfg = RayJobConfig(name=rayjob_name(req.submission_id), namespace=self.namespace,
                            job_id=req.job_id, submission_id=req.submission_id, env=req.env,
                            cluster_name=self.cluster_name, cluster=cluster,
@@ -117,11 +116,10 @@ class KubeRayBackend(Backend):
             raise BackendError(f"RayJob for job {req.job_id} is invalid: {e}") from e
         return body
 
-    def _cluster_for(self, spec_json: str) -> RayClusterConfig:
-        from workers.spec import JobSpec
-
+    def _cluster_for(self, req: LaunchRequest) -> RayClusterConfig:
+        """A RayCluster of the template's image, sized from the job's resources."""
         try:
-            res = JobSpec.model_validate(json.loads(spec_json)).resources
+            res = req.spec.resources
         except ValueError as e:  # pydantic's ValidationError is a ValueError
             raise BackendError(f"cannot size a RayCluster from this spec: {e}") from e
         template = self.template.worker_groups[0]

@@ -43,13 +43,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
-if TYPE_CHECKING:
-    from service.auth import Principal
-    from service.domain.jobs import JobService
+from workers.contract import EventKind
 
-INTERRUPTIONS = frozenset({"worker_failed", "resubmitted", "resized"})
+INTERRUPTIONS = frozenset({EventKind.WORKER_FAILED, EventKind.RESUBMITTED, EventKind.RESIZED})
 BREAKDOWN_KEYS = ("startup_s", "waiting_s", "checkpoint_blocking_s", "restart_restore_s",
                   "recomputed_s", "other_s")
 _CUT_ORDER = ("waiting_s", "startup_s", "restart_restore_s", "checkpoint_blocking_s",
@@ -137,10 +135,10 @@ def _queued(events: list[_Event], start: float, end: float,
     """Intervals the job spent QUEUED (a never-admitted wait stops at the first step)."""
     spans, since = [], start
     for e in events:
-        if e.kind == "admitted" and since is not None:
+        if e.kind == EventKind.ADMITTED and since is not None:
             spans.append((since, e.ts))
             since = None
-        elif e.kind == "requeued" and since is None:
+        elif e.kind == EventKind.REQUEUED and since is None:
             since = e.ts
     if since is not None:
         spans.append((since, first if first is not None and first > since else end))
@@ -150,7 +148,7 @@ def _queued(events: list[_Event], start: float, end: float,
 def _next_run_start(t: float, events: list[_Event], steps: list[_Step], end: float) -> float:
     """When the first run after ``t`` took its first step (``end`` if none has)."""
     candidates = [s.start for s in steps if s.start >= t]
-    candidates += [e.ts for e in events if e.kind == "workers_started" and e.ts >= t]
+    candidates += [e.ts for e in events if e.kind == EventKind.WORKERS_STARTED and e.ts >= t]
     return min(candidates, default=end)
 
 
@@ -172,7 +170,7 @@ def _restart_windows(events: list[_Event], steps: list[_Step], first: float | No
 
 def _restored_in(events: list[_Event], lo: float, hi: float) -> _Event | None:
     """The first ``restored`` event with ``lo <= ts < hi``."""
-    return next((e for e in events if e.kind == "restored" and lo <= e.ts < hi), None)
+    return next((e for e in events if e.kind == EventKind.RESTORED and lo <= e.ts < hi), None)
 
 
 def _high_water(run: tuple[float, float, int], events: list[_Event], steps: list[_Step],
@@ -182,7 +180,7 @@ def _high_water(run: tuple[float, float, int], events: list[_Event], steps: list
     evidence = [(start, from_step)]
     evidence += [(s.end, s.step) for s in steps if start <= s.end < cut]
     evidence += [(e.ts, int(e.data["step"])) for e in events
-                 if e.kind == "checkpoint_saved" and "step" in e.data and start <= e.ts < cut]
+                 if e.kind == EventKind.CHECKPOINT_SAVED and "step" in e.data and start <= e.ts < cut]
     anchor_ts, anchor_step = max(evidence)
     extra = int((cut - anchor_ts) // median) if median > 0 else 0
     return max(max(step for _, step in evidence), anchor_step + extra)
@@ -224,7 +222,7 @@ def _blocking(events: list[_Event], checkpoints: Sequence[dict], notes: list[str
     fallback = statistics.median(stored.values()) if stored else 0.0
     total, seen, guessed = 0.0, set(), 0
     for e in events:
-        if e.kind != "checkpoint_saved":
+        if e.kind != EventKind.CHECKPOINT_SAVED:
             continue
         step = e.data.get("step")
         seen.add(step)
@@ -256,10 +254,10 @@ def compute_goodput(*, job: Any, events: Iterable[Any], metrics: Iterable[dict],
     end = max(start, _epoch(job.finished_at if job.finished_at is not None else now))
     evs = [e._replace(ts=min(max(e.ts, start), end)) for e in _events(events)]
     steps, median = _steps(metrics, notes)
-    starts = [s.start for s in steps] + [e.ts for e in evs if e.kind == "workers_started"]
+    starts = [s.start for s in steps] + [e.ts for e in evs if e.kind == EventKind.WORKERS_STARTED]
     first = min(starts) if starts else None
     queued = _queued(evs, start, end, first)
-    admitted = next((e.ts for e in evs if e.kind == "admitted"), start)
+    admitted = next((e.ts for e in evs if e.kind == EventKind.ADMITTED), start)
     startup = [(admitted, first if first is not None else end)]
     windows = _restart_windows(evs, steps, first, end)
     thrown, lost = (_rollbacks(evs, steps, windows, (first, end), median, notes)
@@ -291,19 +289,3 @@ def _assemble(wall: float, productive: float, parts: dict[str, float], *, steps:
                    goodput=productive / wall if wall > 0 else 0.0,
                    breakdown={k: breakdown[k] for k in BREAKDOWN_KEYS}, steps=steps,
                    recomputed_steps=recomputed, notes=notes)
-
-
-def get_goodput(jobs: JobService, principal: Principal, job_id: str, *,
-                now: datetime | None = None) -> Goodput:
-    """The goodput of a job ``principal`` may see (JobNotFound for other tenants' jobs)."""
-    job = jobs.get(principal, job_id)
-    events: list = []
-    while batch := jobs.events(principal, job_id, after_id=events[-1].id if events else 0):
-        events += batch
-    metrics: list[dict] = []
-    while batch := jobs.metrics(principal, job_id,
-                                after_step=metrics[-1]["step"] if metrics else -1):
-        metrics += batch
-    return compute_goodput(job=job, events=events, metrics=metrics,
-                           checkpoints=jobs.checkpoints(principal, job_id),
-                           now=now or datetime.now(timezone.utc))

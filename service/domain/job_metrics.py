@@ -21,21 +21,34 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from service.errors import JobNotFound
 from service.store import JobStore
+from workers.contract import EventKind, MetricPoint
 
 LABEL = "job_id"  # not "job": Prometheus' scrape config owns that label
-# Metric point key -> gauge name and help. Keys follow workers/train_loop.py.
-_POINT_GAUGES = {
-    "step": ("etrain_job_step", "Newest reported training step"),
-    "step_time_s": ("etrain_job_step_time_seconds", "Wall time of the newest reported step"),
-    "samples_per_s": ("etrain_job_samples_per_second", "Training throughput in samples"),
-    "tokens_per_s": ("etrain_job_tokens_per_second", "Training throughput in tokens"),
-    "world_size": ("etrain_job_world_size", "Train workers in the newest reported step"),
-    "loss": ("etrain_job_loss", "Training loss of the newest reported step"),
-}
+
+
+def _point_gauges(**gauges: tuple[str, str]) -> dict[str, tuple[str, str]]:
+    """Gauge name and help by MetricPoint field; a key that is no field fails at import,
+    so a field renamed in the contract cannot leave a gauge silently unset."""
+    unknown = sorted(set(gauges) - set(MetricPoint.model_fields))
+    if unknown:
+        raise TypeError(f"{unknown} are not fields of workers.contract.MetricPoint")
+    return gauges
+
+
+_POINT_GAUGES = _point_gauges(
+    step=("etrain_job_step", "Newest reported training step"),
+    step_time_s=("etrain_job_step_time_seconds", "Wall time of the newest reported step"),
+    samples_per_s=("etrain_job_samples_per_second", "Training throughput in samples"),
+    tokens_per_s=("etrain_job_tokens_per_second", "Training throughput in tokens"),
+    world_size=("etrain_job_world_size", "Train workers in the newest reported step"),
+    loss=("etrain_job_loss", "Training loss of the newest reported step"),
+)
 # Event kind -> counter name (exported with the _total suffix) and help.
 _EVENT_COUNTERS = {
-    "worker_failed": ("etrain_job_restarts", "Worker-group restarts (worker_failed events)"),
-    "resized": ("etrain_job_resizes", "Elastic resizes of the worker group (resized events)"),
+    EventKind.WORKER_FAILED.value: ("etrain_job_restarts",
+                                    "Worker-group restarts (worker_failed events)"),
+    EventKind.RESIZED.value: ("etrain_job_resizes",
+                              "Elastic resizes of the worker group (resized events)"),
 }
 
 

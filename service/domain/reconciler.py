@@ -10,12 +10,13 @@ from service.auth import create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.recovery import decide_recovery
 from service.domain.scheduler import Demand, decide_admissions
-from service.domain.states import JobStatus
+from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
 from service.settings import Settings
-from service.store import JobRecord, JobStore
-from workers.spec import CheckpointSpec
+from service.status import JobStatus
+from service.store import JobRecord, Stores
+from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV, EventKind
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
@@ -27,17 +28,19 @@ def _now() -> datetime:
 
 def demand_of(job: JobRecord) -> Demand:
     """Resources a job holds (or needs) at its minimum worker count."""
-    res = job.spec["resources"]
+    res = job.spec.resources
     return Demand.for_spec(job.id, min_workers=job.min_workers,
-                           cpus_per_worker=float(res["cpus_per_worker"]),
-                           gpus_per_worker=int(res["gpus_per_worker"]))
+                           cpus_per_worker=res.cpus_per_worker,
+                           gpus_per_worker=res.gpus_per_worker)
 
 
 class Reconciler:
     """One ``tick`` moves every job one step closer to what the cluster says."""
 
-    def __init__(self, store: JobStore, backend: Backend, settings: Settings):
-        self.store, self.backend, self.settings = store, backend, settings
+    def __init__(self, stores: Stores, backend: Backend, settings: Settings):
+        """Follow the jobs of ``stores`` on ``backend``; poll every ``reconcile_interval_s``."""
+        self.stores, self.backend, self.settings = stores, backend, settings
+        self.jobs = stores.jobs
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # submission id -> reporter token, kept across retries: a submit that timed out may
@@ -46,7 +49,7 @@ class Reconciler:
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
-        for job in self.store.list_jobs_fifo(ACTIVE):
+        for job in self.jobs.list_jobs_fifo(ACTIVE):
             try:
                 self._follow(job)
             except BackendUnavailable as e:
@@ -55,56 +58,55 @@ class Reconciler:
         self._admit()
 
     def _admit(self) -> None:
-        queued = self.store.list_jobs_fifo({JobStatus.QUEUED})
+        queued = self.jobs.list_jobs_fifo({JobStatus.QUEUED})
         if not queued:
             return
         info = self.backend.cluster()
-        held = [demand_of(j) for j in self.store.list_jobs_fifo(ACTIVE)]
+        held = [demand_of(j) for j in self.jobs.list_jobs_fifo(ACTIVE)]
         decision = decide_admissions(
             [demand_of(j) for j in queued],
             free_cpus=info.total.get("CPU", 0.0) - sum(d.cpus for d in held),
             free_gpus=info.total.get("GPU", 0.0) - sum(d.gpus for d in held))
+        by_id = {j.id: j for j in queued}
         for job_id in decision.admit:
-            job = self.store.update_job(job_id, expect_status=JobStatus.QUEUED,
-                                        status=JobStatus.PENDING,
-                                        event=("admitted", "admitted by the scheduler", None))
+            job = change_status(self.jobs, by_id[job_id], JobStatus.PENDING,
+                                event=(EventKind.ADMITTED, "admitted by the scheduler", None))
             if job is not None:
                 self._submit(job)
         waiting = [j for j in queued if j.id not in decision.admit]
         if waiting and decision.waiting_reason:
-            self.store.add_event(waiting[0].id, kind="waiting", message=decision.waiting_reason,
-                                 dedup_key="waiting")
+            self.stores.events.add_event(waiting[0].id, kind=EventKind.WAITING,
+                                         message=decision.waiting_reason, dedup_key="waiting")
 
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""
         submission_id = f"etrain-{job.id}-{job.resubmits}"
         token = self._tokens.get(submission_id) or create_reporter_token(
-            self.store, tenant_id=job.tenant_id, job_id=job.id)
+            self.stores.tokens, tenant_id=job.tenant_id, job_id=job.id)
         self._tokens[submission_id] = token
         # RAY_TRAIN_ENABLE_STATE_TRACKING: Ray Train records the run for the dashboard's
         # Train run list (Backend.dashboard_links "train_runs"); off by default in Ray 2.60.
         req = LaunchRequest(job_id=job.id, submission_id=submission_id,
-                            spec_json=_dumps(job.spec),
+                            spec_json=job.spec.model_dump_json(by_alias=True),
                             env={**self._storage_env(job),
-                                 "ETRAIN_REPORT_URL": self.settings.report_url,
-                                 "ETRAIN_REPORT_TOKEN": token,
+                                 REPORT_URL_ENV: self.settings.report_url,
+                                 REPORT_TOKEN_ENV: token,
                                  "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"})
         try:
             url = self.backend.submit(req)
         except BackendUnavailable as e:
-            self.store.update_job(job.id, expect_status=JobStatus.PENDING,
-                                  status=JobStatus.QUEUED,
-                                  event=("requeued", f"backend unavailable: {e}", None))
+            change_status(self.jobs, job, JobStatus.QUEUED,
+                          event=(EventKind.REQUEUED, f"backend unavailable: {e}", None))
             return
         except BackendError as e:
             self._tokens.pop(submission_id, None)
             self._finish(job, JobStatus.FAILED, f"submission refused: {e}")
             return
         self._tokens.pop(submission_id, None)
-        updated = self.store.update_job(
+        updated = self.jobs.update_job(
             job.id, expect_status=JobStatus.PENDING, submission_id=submission_id,
-            dashboard_url=url,
-            event=("submitted", f"submitted to Ray as {submission_id}", {"dashboard_url": url}))
+            dashboard_url=url, event=(EventKind.SUBMITTED, f"submitted to Ray as {submission_id}",
+                                      {"dashboard_url": url}))
         if updated is None:  # cancelled while we were submitting: do not leave it running
             self.backend.stop(submission_id)
 
@@ -116,22 +118,22 @@ class Reconciler:
         """
         if self.settings.backend == "kuberay":
             return {}
-        return storage_launch_env(CheckpointSpec.model_validate(job.spec["checkpoint"]))
+        return storage_launch_env(job.spec.checkpoint)
 
     def _follow(self, job: JobRecord) -> None:
+        """Move an active job to what its backend status says."""
         if not job.submission_id:
             self._submit(job)  # admitted, then the service stopped before submitting
             return
         status = self.backend.status(job.submission_id)
         if status.state == RunState.RUNNING and job.status == JobStatus.PENDING:
-            self.store.update_job(job.id, expect_status=JobStatus.PENDING,
-                                  status=JobStatus.RUNNING, started_at=job.started_at or _now(),
-                                  event=("started", "job driver running on Ray", None))
+            change_status(self.jobs, job, JobStatus.RUNNING, started_at=job.started_at or _now(),
+                          event=(EventKind.STARTED, "job driver running on Ray", None))
         elif status.state == RunState.SUCCEEDED:
             self._finish(job, JobStatus.SUCCEEDED, None)
         elif status.state in (RunState.FAILED, RunState.STOPPED, RunState.MISSING):
             decision = decide_recovery(status, resubmits=job.resubmits,
-                                       max_resubmits=job.spec["failure"]["max_resubmits"])
+                                       max_resubmits=job.spec.failure.max_resubmits)
             if decision.resubmit:
                 self._resubmit(job, decision.reason)
             else:
@@ -140,20 +142,20 @@ class Reconciler:
 
     def _resubmit(self, job: JobRecord, reason: str) -> None:
         """Start the job again under a new submission id; it resumes from its checkpoints."""
-        updated = self.store.update_job(
-            job.id, expect_status=job.status, status=JobStatus.PENDING,
-            resubmits=job.resubmits + 1, submission_id=None,
-            event=("resubmitted", reason, {"previous_submission": job.submission_id}))
-        self.store.revoke_job_tokens(job.id)
+        updated = change_status(
+            self.jobs, job, JobStatus.PENDING, resubmits=job.resubmits + 1, submission_id=None,
+            event=(EventKind.RESUBMITTED, reason, {"previous_submission": job.submission_id}))
+        self.stores.tokens.revoke_job_tokens(job.id)
         if updated is not None:
             self._submit(updated)
 
     def _finish(self, job: JobRecord, status: JobStatus, error: str | None) -> None:
-        kind = "succeeded" if status == JobStatus.SUCCEEDED else "failed"
+        """Record how the job ended and revoke its reporter tokens."""
+        kind = EventKind.SUCCEEDED if status == JobStatus.SUCCEEDED else EventKind.FAILED
         message = "training finished" if error is None else error
-        self.store.update_job(job.id, expect_status=job.status, status=status,
-                              finished_at=_now(), error=error, event=(kind, message, None))
-        self.store.revoke_job_tokens(job.id)
+        change_status(self.jobs, job, status, finished_at=_now(), error=error,
+                      event=(kind, message, None))
+        self.stores.tokens.revoke_job_tokens(job.id)
 
     def start(self) -> None:
         """Run ``tick`` every ``reconcile_interval_s`` in a daemon thread."""
@@ -172,11 +174,6 @@ class Reconciler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
-
-
-def _dumps(spec: dict) -> str:
-    import json
-    return json.dumps(spec, separators=(",", ":"))
 
 
 def _tail(message: str, limit: int = 2000) -> str:

@@ -1,29 +1,19 @@
-"""The job state machine: one enum and one transition function."""
+"""The job state machine: which status may follow which, and the one way statuses change.
+
+The statuses themselves are named in ``service.status`` (the store keeps them
+too); the rule is here. Every status change in the service goes through
+:func:`change_status`, which checks the rule and then writes with the status it
+checked as the store's compare-and-set guard.
+"""
 
 from __future__ import annotations
 
-import enum
+from typing import Any
 
 from service.errors import InvalidTransition
-
-
-class JobStatus(str, enum.Enum):
-    """Lifecycle of a job. QUEUED -> PENDING -> RUNNING -> a terminal status."""
-
-    QUEUED = "QUEUED"  # accepted and stored; waiting for the scheduler to admit it
-    PENDING = "PENDING"  # submitted to Ray; workers not yet training
-    RUNNING = "RUNNING"  # workers are training
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def terminal(self) -> bool:
-        """True once the job can never change status again."""
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+from service.status import JobStatus
+from service.store import JobRecord, JobStore
+from service.store.jobs import NewEvent
 
 _ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.PENDING, JobStatus.CANCELLED, JobStatus.FAILED}),
@@ -50,3 +40,16 @@ def transition(current: JobStatus, target: JobStatus) -> JobStatus:
     if current == target or target in _ALLOWED[current]:
         return target
     raise InvalidTransition(f"a {current.value} job cannot become {target.value}")
+
+
+def change_status(jobs: JobStore, job: JobRecord, target: JobStatus, *,
+                  event: NewEvent | None = None, **fields: Any) -> JobRecord | None:
+    """Move ``job`` (as it was read) to ``target`` with ``fields`` and ``event``, in one write.
+
+    Raises InvalidTransition, writing nothing, when the rule forbids the move.
+    Returns the updated job, or None when the stored job is no longer in the
+    status it was read in (someone else changed it first: re-read and decide again).
+    """
+    transition(job.status, target)
+    return jobs.update_job(job.id, expect_status=job.status, status=target, event=event,
+                           **fields)

@@ -19,17 +19,15 @@ from service.k8s.operator_checks import MAX_RAYJOB_NAME
 from service.ray_head import FAST_NODE_FAILURE_ENV
 from workers.contract import RAY_VERSION, driver_command, launch_env
 
-KUBERAY_VERSION = "1.7.0"
 DEFAULT_WORKER_IMAGE = "etrain/worker:0.1.0"
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
 ENTRYPOINT = driver_command("python")  # the image's python
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-# Token auth (Ray >= 2.52, KubeRay >= 1.5.1): the operator reads the token from this Secret
-# key and sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container.
+# Token auth (Ray >= 2.52, KubeRay >= 1.5.1): the operator reads the token from key
+# auth_token of this Secret and sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container.
 DEFAULT_RAY_AUTH_SECRET = "etrain-ray-token"
-RAY_AUTH_TOKEN_KEY = "auth_token"
 _DNS1035_BAD = re.compile(r"[^a-z0-9-]+")
 
 
@@ -202,13 +200,6 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
         "headGroupSpec": build_head_group(cfg),
         "workerGroupSpecs": [build_worker_group(cfg, g) for g in cfg.worker_groups],
     }
-
-
-def ray_auth_env(secret_name: str) -> list[dict]:
-    """Container env that makes Ray clients (job API, logs) authenticate with the cluster token."""
-    return [{"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": secret_name, "key": RAY_AUTH_TOKEN_KEY}}}]
 
 
 def build_raycluster(cfg: RayClusterConfig) -> dict:

@@ -146,7 +146,3 @@ def validate_objects(objects: Iterable[dict], *, kube_version: str = KUBE_VERSIO
     if errors:
         raise ManifestError(errors)
 
-
-def load_yaml_stream(text: str) -> list[dict]:
-    """The non-empty documents of a YAML stream."""
-    return [doc for doc in yaml.safe_load_all(text) if doc]

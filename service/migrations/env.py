@@ -9,7 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from service.store.models import Base, build_engine
+from service.store.database import build_engine
+from service.store.models import Base
 
 target_metadata = Base.metadata
 

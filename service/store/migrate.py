@@ -12,7 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from service.store.models import build_engine
+from service.store.database import build_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 

@@ -1,4 +1,4 @@
-"""The job store schema (SQLAlchemy 2 declarative tables) and how to connect to it.
+"""The job store schema (SQLAlchemy 2 declarative tables) and the records the stores hand out.
 
 The tables here are the *current* shape; the versioned history that creates them
 lives in ``service/migrations/versions``. A test compares the two so they cannot drift.
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from pathlib import Path
+import secrets
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
-    Engine,
     Float,
     ForeignKey,
     Index,
@@ -25,14 +24,11 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
-    create_engine,
-    event,
-    make_url,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.pool import StaticPool
 
-from service.domain.states import JobStatus
+from service.status import JobStatus
+from workers.spec import JobSpec
 
 # Explicit constraint names so migrations (and SQLite batch ALTERs) can refer to them.
 NAMING_CONVENTION = {
@@ -43,9 +39,6 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-# SQLite waits this long for another writer's lock before failing with "database is locked".
-SQLITE_BUSY_TIMEOUT_S = 30.0
-
 # Event ids grow without bound on PostgreSQL; SQLite only autoincrements INTEGER keys.
 EVENT_ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -53,6 +46,11 @@ EVENT_ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
 def utcnow() -> dt.datetime:
     """Return the current time as a timezone-aware UTC datetime."""
     return dt.datetime.now(dt.timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    """Return ``prefix`` + 12 random hex digits (e.g. ``j-3f9a0c1b2d4e``)."""
+    return prefix + secrets.token_hex(6)
 
 
 class UTCDateTime(TypeDecorator):
@@ -214,13 +212,14 @@ class TokenRecord:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobRecord:
-    """A stored job: every column of ``jobs``, with ``status`` as a JobStatus."""
+    """A stored job: every column of ``jobs``, with ``status`` as a JobStatus and ``spec``
+    as the validated JobSpec (stored as its JSON, aliases included)."""
 
     id: str
     tenant_id: str
     name: str
     status: JobStatus
-    spec: dict
+    spec: JobSpec
     min_workers: int
     world_size: int | None
     restarts: int
@@ -248,44 +247,3 @@ class EventRecord:
     message: str
     data: dict | None
     dedup_key: str | None
-
-
-def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
-    """Per-connection SQLite settings: WAL so readers never block the writer, real FKs."""
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        # WAL + NORMAL is durable across application crashes, which is what a job store needs.
-        cursor.execute("PRAGMA synchronous=NORMAL")
-    finally:
-        cursor.close()
-
-
-def build_engine(url: str) -> Engine:
-    """Create an Engine for ``url`` with the settings the store relies on.
-
-    SQLite gets WAL, a busy timeout and cross-thread use (the API and the
-    scheduler share one store); a missing parent directory is created.
-    PostgreSQL URLs without a driver use psycopg 3, and every non-SQLite engine
-    pre-pings connections so a restarted database is survived.
-    """
-    parsed = make_url(url)
-    if parsed.drivername in ("postgres", "postgresql"):
-        # psycopg (3) is the driver we ship; SQLAlchemy's bare default is psycopg2.
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
-    kwargs: dict[str, Any] = {
-        "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
-    }
-    database = parsed.database
-    if not database or database == ":memory:":
-        # Every new connection to :memory: is a new empty database; share one.
-        kwargs["poolclass"] = StaticPool
-    elif not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, **kwargs)
-    event.listen(engine, "connect", _configure_sqlite)
-    return engine

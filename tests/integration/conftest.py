@@ -1,16 +1,55 @@
-"""Real Ray for integration tests: one local head per session, jobs through Ray's job API."""
+"""What integration tests need: real Ray (one token-auth head per session, jobs through
+Ray's job API), S3 and GCS endpoints and a PostgreSQL server on loopback, kustomize."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
+import os
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from service.backends.ray_jobs import RayJobBackend
 from service.backends.base import RunState
+from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the GCS endpoint fixture
+from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
+from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
+from tests.support.postgres import postgres_server
+from tests.support.s3_fixture import s3_server  # noqa: F401 - the S3 endpoint fixture
 from tests.support.telemetry_sink import TelemetrySink
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory) -> str:
+    """The session's PostgreSQL server (ETRAIN_TEST_POSTGRES_URL, else one it starts)."""
+    yield from postgres_server(tmp_path_factory.mktemp("pg"))
+
+
+@pytest.fixture
+def store_url(postgres_url):
+    """A fresh PostgreSQL schema (the unit tests' ``store_url`` is a SQLite file).
+
+    Each test gets its own schema (made the connection's search_path through the
+    URL) and the schema is dropped afterwards, so tests never share rows.
+    """
+    base = sa.make_url(postgres_url)
+    schema = f"etrain_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        url = base.update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    finally:
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +106,22 @@ def run_job(ray_backend, telemetry_sink):
 def checkpoint_tensors():
     """Loader of a committed checkpoint's tensors."""
     return load_checkpoint_tensors
+
+
+@pytest.fixture(scope="session")
+def kustomize_build() -> Callable[[Path], list[dict]]:
+    """``kustomize build`` by the real binary (`make kustomize` installs it); a missing
+    binary fails, never skips.
+
+    Builds are cached for the session because kustomize 4.5.4 spends about a
+    second of CPU loading its OpenAPI schema on every run; each call gets a copy.
+    """
+    binary = kustomize_path()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        pytest.fail(f"no kustomize binary at {binary}; {INSTALL_HINT}", pytrace=False)
+
+    @functools.cache
+    def cached(directory: Path) -> list[dict]:
+        return build(directory, binary=binary)
+
+    return lambda directory: copy.deepcopy(cached(Path(directory).resolve()))

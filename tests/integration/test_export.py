@@ -27,7 +27,8 @@ from workers.checkpoint.export import (
 )
 from workers.models.hf_naming import from_hf_state_dict, to_hf_name
 from tests.support.local_launch import LocalJob, run_local
-from workers.models import build_model, get_model_config
+from workers.models.config import get_model_config
+from workers.models.llama import build_model
 from workers.models.llama import apply_rotary_emb
 from workers.spec import CheckpointSpec, JobSpec
 from workers.checkpoint.storage import StorageLocation, resolve_storage

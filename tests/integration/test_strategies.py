@@ -14,8 +14,8 @@ import copy
 import pytest
 import torch
 
-from service.domain.memory_model import activation_bytes, buffer_bytes, state_bytes_by_rank
-from service.domain.planning import layout_of, workload_of
+from service.planner.memory_model import activation_bytes, buffer_bytes, state_bytes_by_rank
+from service.planner.planning import layout_of, workload_of
 from tests.support.local_launch import LocalJob, run_local
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run

@@ -26,11 +26,7 @@ from http import HTTPStatus
 
 import pytest
 
-from workers.checkpoint.storage import GCSFS_GRPC_ENV
-
 BUCKET = "etrain-test"
-
-os.environ.setdefault(GCSFS_GRPC_ENV, "false")
 
 
 def _move(request, response, storage) -> None:

@@ -41,7 +41,8 @@ from workers.checkpoint.storage import (
     resolve_checkpoint_storage,
     resolve_storage,
 )
-from workers.models import build_model, get_model_config
+from workers.models.config import get_model_config
+from workers.models.llama import build_model
 from workers.models.config import ModelConfig
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
 

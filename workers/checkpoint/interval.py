@@ -6,7 +6,7 @@ when a failure rolls the job back to its newest checkpoint. With a blocking cost
 the least is Young's first-order optimum τ = √(2δM), refined by Daly's
 higher-order estimate once δ is no longer small against M.
 
-Everything here is a pure decision (house style: "decisions as values"): the
+Everything here is a pure decision, returned as a value: the
 policy only accumulates measurements and answers :class:`IntervalDecision`
 values; the train loop applies them and records each changed one as an event.
 """
@@ -144,10 +144,6 @@ class AutoIntervalPolicy:
             raise ValueError(f"blocking_s must be >= 0, got {blocking_s!r}")
         self._blocking.append(float(blocking_s))
         self.run_s += blocking_s
-
-    def observe_failure(self) -> None:
-        """Record one failure (a worker-group restart or a resubmission)."""
-        self.failures += 1
 
     def observe_steps(self, n: int, seconds: float) -> None:
         """Record that ``n`` training steps took ``seconds`` in total."""

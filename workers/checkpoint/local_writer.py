@@ -52,14 +52,16 @@ def _load_sync_file_range():
 _sync_file_range = _load_sync_file_range()
 
 
-def start_writeback(fd: int) -> None:
+def start_writeback(fd: int) -> bool:
     """Ask the kernel to start writing the file's dirty pages out now; do not wait.
 
-    A hint: where it is unsupported (not Linux, or the file system refuses) the
-    pages are written at the fsync as before.
+    A hint, so it never raises: where it is unsupported (not Linux, or the file
+    system refuses) the pages are written at the fsync as before. Returns whether
+    the kernel took it.
     """
-    if _sync_file_range is not None:
-        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # offset 0, length 0: whole file
+    if _sync_file_range is None:
+        return False
+    return _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) == 0  # 0, 0: the whole file
 
 
 class WritebackFile:

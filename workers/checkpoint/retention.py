@@ -1,9 +1,10 @@
-"""Which committed checkpoints a job keeps (torch-free: the service applies the same rule).
+"""Which committed checkpoints a job keeps: the one place this is decided.
 
 The newest ``keep_last`` are kept, and with ``keep_every`` N also every
-checkpoint whose step is a multiple of N (long-lived milestones). Pruning runs
-only after a commit, so an old checkpoint is never deleted before a newer one
-exists.
+checkpoint whose step is a multiple of N (long-lived milestones). The
+checkpoint manager applies it after each commit (so an old checkpoint is never
+deleted before a newer one exists) and reports what it deleted; the control
+plane follows that report instead of applying the rule again.
 """
 
 from __future__ import annotations

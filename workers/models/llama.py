@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.models.config import PRESETS, ModelConfig, count_params, get_model_config  # noqa: F401
+from workers.models.config import ModelConfig
 
 
 def precompute_freqs_cis(*, head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Per-step metrics and events from the cluster to the control plane, off the hot path.
 
 ``ray.train.report`` is a barrier through Ray Train's controller (about 1.8 s a
-call on a 2-core machine), so the train loop calls it only with checkpoints.
-Per-step metrics go through this reporter instead: the loop puts points on a
+call on a 2-core machine), so the train loop never calls it. Metrics, events and
+checkpoints go through this reporter instead: the loop puts points on a
 queue and a daemon thread POSTs them in batches (``workers.contract.TelemetryBatch``)
 to ``{ETRAIN_REPORT_URL}/v1/jobs/{job_id}/telemetry`` with a token scoped to the
 job. Points and events carry keys the store de-duplicates on, so a retry or a

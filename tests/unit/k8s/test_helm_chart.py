@@ -13,36 +13,19 @@ import helm_python as helm
 import pytest
 import yaml
 
-from service.k8s.manifests import (
-    RayClusterConfig,
-    WorkerGroupConfig,
-    build_raycluster,
-    ray_auth_env,
-)
+from service.k8s.manifests import RayClusterConfig, WorkerGroupConfig, build_raycluster
 from service.k8s.validate import ManifestError, object_errors, validate_objects
 from service.settings import Settings
+from tests.support.helm import by_kind as _by_kind
+from tests.support.helm import CHART, NS, render
+from tests.support.k8s_expected import ray_auth_env
 
 ROOT = Path(__file__).resolve().parents[3]
-CHART = ROOT / "helm" / "etrain"
 VALUES_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
-NS = "ml"
 
 
 def _values(name: str | None) -> dict:
     return yaml.safe_load((CHART / "ci" / name).read_text()) if name else {}
-
-
-def render(values: dict, *, release: str = "etrain") -> tuple[list[dict], str]:
-    """The chart's objects and NOTES.txt, as `helm template` would print them."""
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name=release, namespace=NS)
-    objects = [doc for name, text in sorted(out.items()) if name.endswith(".yaml")
-               for doc in yaml.safe_load_all(text) if doc]
-    return objects, out.get("etrain/templates/NOTES.txt", "")
-
-
-def _by_kind(objects: list[dict]) -> dict[tuple[str, str], dict]:
-    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
 @pytest.mark.parametrize("values_file", [None, *VALUES_FILES])
@@ -133,19 +116,6 @@ def test_per_job_mode_has_no_shared_cluster():
     kinds = _by_kind(objects)
     assert not any(kind == "RayCluster" for kind, _ in kinds)
     assert "ETRAIN_RAYCLUSTER_NAME" not in kinds[("ConfigMap", "etrain-config")]["data"]
-
-
-def test_chart_and_deploy_agree_on_the_control_plane(kustomize_build):
-    chart = _by_kind(render({})[0])
-    deploy = _by_kind(kustomize_build(ROOT / "deploy"))
-    assert chart[("Role", "etrain-control-plane")]["rules"] == \
-        deploy[("Role", "etrain-control-plane")]["rules"]
-    (a,) = chart[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
-    (b,) = deploy[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
-    for key in ("securityContext", "livenessProbe", "readinessProbe", "startupProbe", "ports"):
-        assert a[key] == b[key], key
-    assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == \
-        [e for e in b["env"] if e["name"].startswith("RAY_AUTH")]
 
 
 @pytest.mark.parametrize("values_file", [None, *VALUES_FILES])

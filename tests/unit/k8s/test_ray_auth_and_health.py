@@ -122,11 +122,3 @@ def test_docs_say_how_to_create_the_token_secret_and_why_fast_failure():
     assert TOKEN_SECRET_CMD in text
     assert text.index(TOKEN_SECRET_CMD) < text.index("kubectl apply -k my-etrain/")
     assert "RAY_health_check_period_ms" in text and "RAY_health_check_failure_threshold" in text
-
-
-def test_manifests_import_neither_ray_nor_torch():
-    code = ("import sys, service.k8s.manifests, service.backends.embedded; "
-            "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, check=True)
-    assert out.stdout.strip() == "[]"

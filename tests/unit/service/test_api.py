@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from service.api import goodput_routes, routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
-from tests.unit.service.fakes import FakeBackend
-from service.domain.states import JobStatus
+from tests.support.fakes import FakeBackend
 from service.errors import BackendUnavailable, Unauthorized
 from service.settings import Settings
+from service.status import JobStatus
 
 ADMIN = "et_admin-token-for-the-api-tests-0123456789"
 SPEC = {"name": "tiny", "resources": {"workers": 2}, "train": {"steps": 5}}
@@ -56,8 +56,8 @@ def shared(tmp_path_factory) -> tuple[TestClient, str]:
         yield test_client, _submit(test_client, name="shared")["id"]
 
 
-def _store(client: TestClient):
-    return client.app.state.runtime.store
+def _stores(client: TestClient):
+    return client.app.state.runtime.stores
 
 
 def _submit(client: TestClient, headers=ADMIN_H, **overrides) -> dict:
@@ -73,14 +73,14 @@ def _tenant_token(client: TestClient, tenant: str) -> dict[str, str]:
 
 
 def _reporter(client: TestClient, job_id: str) -> dict[str, str]:
-    store = _store(client)
-    job = store.get_job(job_id)
-    return _auth(create_reporter_token(store, tenant_id=job.tenant_id, job_id=job_id))
+    stores = _stores(client)
+    job = stores.jobs.get_job(job_id)
+    return _auth(create_reporter_token(stores.tokens, tenant_id=job.tenant_id, job_id=job_id))
 
 
 def _make_pending(client: TestClient, job_id: str, submission_id: str | None = None) -> None:
     fields = {"submission_id": submission_id} if submission_id else {}
-    assert _store(client).update_job(job_id, status=JobStatus.PENDING, **fields) is not None
+    assert _stores(client).jobs.update_job(job_id, status=JobStatus.PENDING, **fields) is not None
 
 
 def _total(client: TestClient) -> int:
@@ -144,7 +144,7 @@ def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
     assert r.status_code == 403, r.text
     assert _total(client) == 1
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "QUEUED"
-    assert _store(client).get_tenant_by_name("acme") is None
+    assert _stores(client).tokens.get_tenant_by_name("acme") is None
 
 
 # -- submit ---------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, co
     assert any(d["loc"][:len(loc)] == loc and any(t.lower() in d["msg"].lower() for t in texts)
                for d in detail), detail
     assert _total(client) == 1
-    assert _store(client).count_jobs() == 1
+    assert _stores(client).jobs.count_jobs() == 1
 
 
 def test_seq_len_beyond_the_model_is_refused(client):
@@ -321,14 +321,14 @@ def test_only_admins_create_tokens(client):
     user = _tenant_token(client, "acme")
     r = client.post("/v1/tokens", json={"tenant": "evil"}, headers=user)
     assert r.status_code == 403
-    assert _store(client).get_tenant_by_name("evil") is None
+    assert _stores(client).tokens.get_tenant_by_name("evil") is None
 
 
 def test_created_token_is_shown_once_and_works(client):
     r = client.post("/v1/tokens", json={"tenant": "acme", "name": "laptop"}, headers=ADMIN_H)
     body = r.json()
     assert body["tenant"] == "acme" and body["name"] == "laptop"
-    assert authenticate(_store(client), f"Bearer {body['token']}").role == "user"
+    assert authenticate(_stores(client).tokens, f"Bearer {body['token']}").role == "user"
 
 
 @pytest.mark.parametrize("body", [{}, {"tenant": ""}, {"tenant": "Has Spaces"},
@@ -364,7 +364,7 @@ def test_cancel_pending_job_stops_its_submission_and_revokes_reporters(client, b
     assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
     assert backend.stopped == [f"etrain-{job_id}-0"]
     with pytest.raises(Unauthorized):
-        authenticate(_store(client), reporter["Authorization"])
+        authenticate(_stores(client).tokens, reporter["Authorization"])
     r = client.post(f"/v1/jobs/{job_id}/telemetry", json={"metrics": []}, headers=reporter)
     assert r.status_code == 401
 
@@ -372,7 +372,7 @@ def test_cancel_pending_job_stops_its_submission_and_revokes_reporters(client, b
 def test_cancel_finished_job_changes_nothing(client, backend):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
-    _store(client).update_job(job_id, status=JobStatus.SUCCEEDED)
+    _stores(client).jobs.update_job(job_id, status=JobStatus.SUCCEEDED)
     r = client.post(f"/v1/jobs/{job_id}/cancel", headers=ADMIN_H)
     assert r.status_code == 200 and r.json()["status"] == "SUCCEEDED"
     assert backend.stopped == []
@@ -585,7 +585,7 @@ def test_telemetry_for_a_finished_job_is_ignored(client):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
     reporter = _reporter(client, job_id)
-    _store(client).update_job(job_id, status=JobStatus.FAILED)
+    _stores(client).jobs.update_job(job_id, status=JobStatus.FAILED)
     r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
                     json={"metrics": [_point(1)]})
     assert r.status_code == 200 and r.json() == {"accepted": 0}

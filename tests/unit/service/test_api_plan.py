@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.unit.service.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 from tests.unit.service.test_api import ADMIN_H, _settings
 
 from service.api.app import create_app

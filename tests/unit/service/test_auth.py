@@ -21,12 +21,13 @@ from service.auth import (
     require_user,
 )
 from service.errors import Forbidden, Unauthorized
-from service.store import JobStore, migrate
+from service.store import Stores, migrate
+from workers.spec import JobSpec
 
 
-def _token_rows(store: JobStore) -> list[dict]:
+def _token_rows(stores: Stores) -> list[dict]:
     """Every api_tokens row, read around the store."""
-    engine = sa.create_engine(store.url)
+    engine = sa.create_engine(stores.url)
     try:
         with engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM api_tokens"))]
@@ -34,9 +35,9 @@ def _token_rows(store: JobStore) -> list[dict]:
         engine.dispose()
 
 
-def _job(store: JobStore, tenant_id: str) -> str:
-    return store.create_job(tenant_id=tenant_id, name="tiny", spec={"name": "tiny"},
-                            min_workers=2).id
+def _job(stores: Stores, tenant_id: str) -> str:
+    return stores.jobs.create_job(tenant_id=tenant_id, name="tiny",
+                                  spec=JobSpec.model_validate({"name": "tiny"}), min_workers=2).id
 
 
 def test_hash_token_is_sha256_hex():
@@ -52,130 +53,130 @@ def test_new_tokens_are_prefixed_random_and_long():
 
 
 @pytest.fixture
-def sqlite_store(tmp_path):
-    """A SQLite store for checks that never reach the database's dialect."""
+def sqlite_stores(tmp_path):
+    """SQLite stores for checks that never reach the database's dialect."""
     url = f"sqlite:///{tmp_path / 'auth.db'}"
     migrate(url)
-    job_store = JobStore(url)
-    yield job_store
-    job_store.close()
+    opened = Stores.open(url)
+    yield opened
+    opened.close()
 
 
 @pytest.mark.parametrize("header", [
     None, "", "Bearer", "Basic dXNlcjpwYXNz", "Token abc", "bearerabc", "et_abc",
 ], ids=["missing", "empty", "scheme-only", "basic", "other-scheme", "no-space", "no-scheme"])
-def test_authenticate_rejects_missing_or_malformed_headers(sqlite_store, header):
-    token = create_user_token(sqlite_store, tenant="acme", name="ci")
+def test_authenticate_rejects_missing_or_malformed_headers(sqlite_stores, header):
+    token = create_user_token(sqlite_stores.tokens, tenant="acme", name="ci")
     for value in (header, None if header is None else header.replace("abc", token)):
         with pytest.raises(Unauthorized, match="Bearer"):
-            authenticate(sqlite_store, value)
+            authenticate(sqlite_stores.tokens, value)
 
 
-def test_authenticate_rejects_unknown_token(store):
-    create_user_token(store, tenant="acme", name="ci")
+def test_authenticate_rejects_unknown_token(stores):
+    create_user_token(stores.tokens, tenant="acme", name="ci")
     with pytest.raises(Unauthorized, match="unknown or revoked"):
-        authenticate(store, f"Bearer {new_token()}")
+        authenticate(stores.tokens, f"Bearer {new_token()}")
 
 
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
-def test_user_token_authenticates_with_any_scheme_case(store, scheme):
-    token = create_user_token(store, tenant="acme", name="ci")
-    principal = authenticate(store, f"{scheme} {token}")
-    tenant = store.get_tenant_by_name("acme")
+def test_user_token_authenticates_with_any_scheme_case(stores, scheme):
+    token = create_user_token(stores.tokens, tenant="acme", name="ci")
+    principal = authenticate(stores.tokens, f"{scheme} {token}")
+    tenant = stores.tokens.get_tenant_by_name("acme")
     assert principal == Principal(tenant_id=tenant.id, role="user", job_id=None)
     assert require_user(principal) is principal
 
 
-def test_user_tokens_share_an_existing_tenant(store):
-    a = authenticate(store, f"Bearer {create_user_token(store, tenant='acme', name='a')}")
-    b = authenticate(store, f"Bearer {create_user_token(store, tenant='acme', name='b')}")
-    c = authenticate(store, f"Bearer {create_user_token(store, tenant='globex', name='c')}")
+def test_user_tokens_share_an_existing_tenant(stores):
+    a = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='a')}")
+    b = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='b')}")
+    c = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='globex', name='c')}")
     assert a.tenant_id == b.tenant_id != c.tenant_id
 
 
-def test_reporter_token_is_scoped_to_one_job(store):
-    tenant = store.create_tenant("acme").id
-    job_id = _job(store, tenant)
-    token = create_reporter_token(store, tenant_id=tenant, job_id=job_id)
-    principal = authenticate(store, f"Bearer {token}")
+def test_reporter_token_is_scoped_to_one_job(stores):
+    tenant = stores.tokens.create_tenant("acme").id
+    job_id = _job(stores, tenant)
+    token = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=job_id)
+    principal = authenticate(stores.tokens, f"Bearer {token}")
     assert principal == Principal(tenant_id=tenant, role="reporter", job_id=job_id)
     # A reporter token may post telemetry, never call user routes.
     with pytest.raises(Forbidden):
         require_user(principal)
 
 
-def test_revoked_reporter_tokens_no_longer_authenticate(store):
-    tenant = store.create_tenant("acme").id
-    job_id, other_job = _job(store, tenant), _job(store, tenant)
-    first = create_reporter_token(store, tenant_id=tenant, job_id=job_id)
-    second = create_reporter_token(store, tenant_id=tenant, job_id=job_id)
-    other = create_reporter_token(store, tenant_id=tenant, job_id=other_job)
-    user = create_user_token(store, tenant="acme", name="ci")
+def test_revoked_reporter_tokens_no_longer_authenticate(stores):
+    tenant = stores.tokens.create_tenant("acme").id
+    job_id, other_job = _job(stores, tenant), _job(stores, tenant)
+    first = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=job_id)
+    second = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=job_id)
+    other = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=other_job)
+    user = create_user_token(stores.tokens, tenant="acme", name="ci")
 
-    assert store.revoke_job_tokens(job_id) == 2
+    assert stores.tokens.revoke_job_tokens(job_id) == 2
     for token in (first, second):
         with pytest.raises(Unauthorized, match="revoked"):
-            authenticate(store, f"Bearer {token}")
+            authenticate(stores.tokens, f"Bearer {token}")
     # Other jobs' reporters and the tenant's user tokens are untouched.
-    assert authenticate(store, f"Bearer {other}").job_id == other_job
-    assert authenticate(store, f"Bearer {user}").role == "user"
-    assert store.revoke_job_tokens(job_id) == 0
+    assert authenticate(stores.tokens, f"Bearer {other}").job_id == other_job
+    assert authenticate(stores.tokens, f"Bearer {user}").role == "user"
+    assert stores.tokens.revoke_job_tokens(job_id) == 0
 
 
-def test_configured_admin_token_is_registered_and_idempotent(store, tmp_path):
+def test_configured_admin_token_is_registered_and_idempotent(stores, tmp_path):
     secret = "et_configured-admin-token-value"
-    assert ensure_admin_token(store, configured=secret, data_dir=tmp_path) is None
-    assert ensure_admin_token(store, configured=secret, data_dir=tmp_path) is None
-    principal = authenticate(store, f"Bearer {secret}")
+    assert ensure_admin_token(stores.tokens, configured=secret, data_dir=tmp_path) is None
+    assert ensure_admin_token(stores.tokens, configured=secret, data_dir=tmp_path) is None
+    principal = authenticate(stores.tokens, f"Bearer {secret}")
     assert principal.role == "admin"
-    assert principal.tenant_id == store.get_tenant_by_name(ADMIN_TENANT).id
+    assert principal.tenant_id == stores.tokens.get_tenant_by_name(ADMIN_TENANT).id
     assert not (tmp_path / TOKEN_FILE).exists()  # nothing written when configured
-    assert len([r for r in _token_rows(store) if r["role"] == "admin"]) == 1
+    assert len([r for r in _token_rows(stores) if r["role"] == "admin"]) == 1
 
 
-def test_generated_admin_token_file_is_private_and_reused(store, tmp_path):
+def test_generated_admin_token_file_is_private_and_reused(stores, tmp_path):
     data_dir = tmp_path / "data"  # does not exist yet
-    path = ensure_admin_token(store, configured=None, data_dir=data_dir)
+    path = ensure_admin_token(stores.tokens, configured=None, data_dir=data_dir)
     assert path == data_dir / TOKEN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     token = path.read_text().strip()
     assert token.startswith("et_")
-    assert authenticate(store, f"Bearer {token}").role == "admin"
+    assert authenticate(stores.tokens, f"Bearer {token}").role == "admin"
 
-    again = ensure_admin_token(store, configured=None, data_dir=data_dir)
+    again = ensure_admin_token(stores.tokens, configured=None, data_dir=data_dir)
     assert again == path
     assert path.read_text().strip() == token
-    assert len([r for r in _token_rows(store) if r["role"] == "admin"]) == 1
+    assert len([r for r in _token_rows(stores) if r["role"] == "admin"]) == 1
 
 
-def test_generated_admin_token_survives_a_new_store_on_the_same_database(store, tmp_path):
-    token_path = ensure_admin_token(store, configured=None, data_dir=tmp_path)
+def test_generated_admin_token_survives_a_new_store_on_the_same_database(stores, tmp_path):
+    token_path = ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path)
     token = token_path.read_text().strip()
-    restarted = JobStore(store.url)
+    restarted = Stores.open(stores.url)
     try:
-        ensure_admin_token(restarted, configured=None, data_dir=tmp_path)
-        assert authenticate(restarted, f"Bearer {token}").role == "admin"
+        ensure_admin_token(restarted.tokens, configured=None, data_dir=tmp_path)
+        assert authenticate(restarted.tokens, f"Bearer {token}").role == "admin"
     finally:
         restarted.close()
 
 
-def test_no_plaintext_token_in_the_database(store, tmp_path):
+def test_no_plaintext_token_in_the_database(stores, tmp_path):
     configured = "et_plaintext-must-not-be-stored"
-    ensure_admin_token(store, configured=configured, data_dir=tmp_path)
-    generated = ensure_admin_token(store, configured=None, data_dir=tmp_path).read_text().strip()
-    user = create_user_token(store, tenant="acme", name="ci")
-    tenant = store.get_tenant_by_name("acme").id
-    reporter = create_reporter_token(store, tenant_id=tenant, job_id=_job(store, tenant))
+    ensure_admin_token(stores.tokens, configured=configured, data_dir=tmp_path)
+    generated = ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path).read_text().strip()
+    user = create_user_token(stores.tokens, tenant="acme", name="ci")
+    tenant = stores.tokens.get_tenant_by_name("acme").id
+    reporter = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=_job(stores, tenant))
 
-    rows = _token_rows(store)
+    rows = _token_rows(stores)
     dump = repr(rows)
     for token in (configured, generated, user, reporter):
         assert token not in dump
         assert hash_token(token) in {r["token_hash"] for r in rows}
 
 
-def test_empty_admin_token_file_never_makes_an_empty_token_valid(store, tmp_path):
+def test_empty_admin_token_file_never_makes_an_empty_token_valid(stores, tmp_path):
     (tmp_path / TOKEN_FILE).write_text("\n")
-    ensure_admin_token(store, configured=None, data_dir=tmp_path)
+    ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path)
     with pytest.raises(Unauthorized):
-        authenticate(store, "Bearer ")
+        authenticate(stores.tokens, "Bearer ")

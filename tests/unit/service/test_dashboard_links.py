@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.service.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
 from service import server
 from service.api.app import create_app
 from service.backends.ray_jobs import TRAIN_RUNS_PATH, RayJobBackend
-from service.domain.states import JobStatus
+from service.status import JobStatus
 
 RAY_DASHBOARD = Path(importlib.util.find_spec("ray").origin).parent / "dashboard"
 
@@ -50,7 +50,7 @@ def test_job_detail_carries_the_backends_links(tmp_path):
     with TestClient(app) as client:
         job_id = client.post("/v1/jobs", json={"name": "tiny"}, headers=ADMIN_H).json()["id"]
         assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["dashboard_links"] == {}
-        client.app.state.runtime.store.update_job(job_id, status=JobStatus.PENDING,
+        client.app.state.runtime.stores.jobs.update_job(job_id, status=JobStatus.PENDING,
                                                   submission_id=f"etrain-{job_id}-0")
         job = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
     assert job["dashboard_links"] == {

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.service.fakes import ADMIN_H
+from tests.support.fakes import ADMIN_H
 from service.auth import create_reporter_token
 from service.domain.goodput import BREAKDOWN_KEYS, compute_goodput
-from service.domain.states import JobStatus
+from service.status import JobStatus
 from service.store import EventRecord
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -210,16 +210,16 @@ def test_goodput_route_reports_a_tenants_own_job_only(client):
     r = client.post("/v1/jobs", json={"name": "tiny", "resources": {"workers": 2}}, headers=a)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    store = client.app.state.runtime.store
-    store.update_job(job_id, status=JobStatus.PENDING)
-    job = store.get_job(job_id)
+    stores = client.app.state.runtime.stores
+    stores.jobs.update_job(job_id, status=JobStatus.PENDING)
+    job = stores.jobs.get_job(job_id)
     reporter = {"Authorization": "Bearer " + create_reporter_token(
-        store, tenant_id=job.tenant_id, job_id=job_id)}
+        stores.tokens, tenant_id=job.tenant_id, job_id=job_id)}
     points = [{"step": s, "ts": time.time(), "world_size": 2, "step_time_s": 0.5}
               for s in (1, 2)]
     assert client.post(f"/v1/jobs/{job_id}/telemetry", json={"metrics": points},
                        headers=reporter).status_code == 200
-    store.update_job(job_id, finished_at=job.created_at + timedelta(seconds=100))
+    stores.jobs.update_job(job_id, finished_at=job.created_at + timedelta(seconds=100))
 
     r = client.get(f"/v1/jobs/{job_id}/goodput", headers=a)
     assert r.status_code == 200, r.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.hardware import GIB, GPUS, LINKS, cluster_from_nodes, find_gpu, resolve_cluster
+from service.planner.hardware import GIB, GPUS, LINKS, cluster_from_nodes, find_gpu, resolve_cluster
 
 
 @pytest.mark.parametrize(("name", "key", "memory_gib"), [

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.service.fakes import ADMIN_H
+from tests.support.fakes import ADMIN_H
 from service.api import metrics as prom
 from service.auth import create_reporter_token
 from service.domain.job_metrics import JobMetrics
-from service.domain.states import JobStatus
+from service.status import JobStatus
 
 SPEC = {"name": "tiny", "resources": {"workers": {"min": 1, "max": 2}}, "train": {"steps": 50}}
 
@@ -32,9 +32,9 @@ def _running_job(client: TestClient) -> tuple[str, dict]:
     r = client.post("/v1/jobs", json=SPEC, headers=ADMIN_H)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    store = client.app.state.runtime.store
-    store.update_job(job_id, status=JobStatus.PENDING, submission_id=f"etrain-{job_id}-0")
-    token = create_reporter_token(store, tenant_id=store.get_job(job_id).tenant_id,
+    stores = client.app.state.runtime.stores
+    stores.jobs.update_job(job_id, status=JobStatus.PENDING, submission_id=f"etrain-{job_id}-0")
+    token = create_reporter_token(stores.tokens, tenant_id=stores.jobs.get_job(job_id).tenant_id,
                                   job_id=job_id)
     return job_id, {"Authorization": f"Bearer {token}"}
 
@@ -128,7 +128,7 @@ def test_series_of_an_ended_job_go_after_the_grace_period(client, monkeypatch):
     _post(client, ended, rep, metrics=[_point(5, time.time())])
     _post(client, alive, rep2, metrics=[_point(7, time.time())])
     # As the reconciler finishes a job (it revokes the reporter token afterwards).
-    client.app.state.runtime.store.update_job(ended, status=JobStatus.SUCCEEDED)
+    client.app.state.runtime.stores.jobs.update_job(ended, status=JobStatus.SUCCEEDED)
 
     assert _series(client, ended)["etrain_job_step"] == 5  # first scrape after the end
     clock[0] += 119

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from service.domain.memory_model import (
+from service.planner.memory_model import (
     Layout,
     Workload,
     activation_bytes,
@@ -18,7 +18,7 @@ from service.domain.memory_model import (
     state_bytes_by_rank,
     worst_rank_memory,
 )
-from workers.models import count_params, get_model_config
+from workers.models.config import count_params, get_model_config
 
 SMALL = get_model_config("gpt-small")
 N = count_params(SMALL)

@@ -1,4 +1,4 @@
-"""Known answers of the pre-flight planner and the playbook's layout rules."""
+"""Known answers of the pre-flight planner and its layout rules."""
 
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import time
 
 import pytest
 
-from service.domain.planning import GIB, plan_job
-from workers.models import count_params, get_model_config
+from service.planner import planning
+from service.planner.planning import GIB
+from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec
+
+
+def plan_job(spec: JobSpec, **kwargs) -> dict:
+    """The plan as its JSON: what ``POST /v1/plan`` answers."""
+    return planning.plan_job(spec, **kwargs).model_dump(mode="json")
+
 
 H100_NODE = {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"}
 
@@ -177,3 +184,25 @@ def test_planning_an_example_takes_milliseconds(example):
     t0 = time.perf_counter()
     plan_job(spec, cluster=cluster)
     assert time.perf_counter() - t0 < 0.25  # typically a few ms; loose for shared CI
+
+
+ZERO1_WARNING = ("parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
+                 "optimizer-state-only mode, so gradients are sharded too (less memory than "
+                 "ZeRO-1); set zero_stage 2 to make this explicit")
+
+
+def _zero(strategy: str, stage: int) -> dict:
+    return plan_job(JobSpec.model_validate({
+        "name": "z", "parallelism": {"strategy": strategy, "fsdp": {"zero_stage": stage}}}))
+
+
+def test_zero_stage_1_is_planned_as_stage_2_and_says_so():
+    zero1, zero2 = _zero("fsdp", 1), _zero("fsdp", 2)
+    assert zero1["fits"] and zero1["errors"] == []
+    assert ZERO1_WARNING in zero1["warnings"]
+    assert zero1["per_rank"] == zero2["per_rank"]  # the memory of what actually runs
+    assert not any("zero_stage" in w for w in zero2["warnings"] + _zero("fsdp", 3)["warnings"])
+
+
+def test_zero_stage_is_not_mentioned_for_ddp_which_shards_nothing():
+    assert not any("zero_stage" in w for w in _zero("ddp", 1)["warnings"])

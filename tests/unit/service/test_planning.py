@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.planning import GIB, plan_job
-from workers.models import count_params, get_model_config
+from service.planner import planning
+from service.planner.planning import GIB
+from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec, parse_spec
+
+
+def plan_job(spec: JobSpec, **kwargs) -> dict:
+    """The plan as its JSON: what ``POST /v1/plan`` answers."""
+    return planning.plan_job(spec, **kwargs).model_dump(mode="json")
+
 
 PER_RANK_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                  "buffers_bytes", "total_bytes"}

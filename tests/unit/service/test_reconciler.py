@@ -9,15 +9,15 @@ import pytest
 import sqlalchemy as sa
 
 from service.auth import Principal, authenticate
-from tests.unit.service.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 from service.backends.base import RunState, RunStatus
-from service.domain.jobs import JobService
+from service.domain.lifecycle import Lifecycle
 from service.domain.reconciler import Reconciler
 from service.domain.recovery import EXIT_TRAINING_FAILED
-from service.domain.states import JobStatus
 from service.errors import BackendError, BackendUnavailable, Unauthorized
 from service.settings import Settings
-from service.store import JobRecord, JobStore
+from service.status import JobStatus
+from service.store import JobRecord, Stores
 from workers.spec import parse_spec
 
 
@@ -32,82 +32,81 @@ def backend() -> FakeBackend:
 
 
 @pytest.fixture
-def reconciler(store, backend, settings) -> Reconciler:
-    return Reconciler(store, backend, settings)
+def reconciler(stores, backend, settings) -> Reconciler:
+    return Reconciler(stores, backend, settings)
 
 
 @pytest.fixture
-def tenant(store) -> str:
-    return store.create_tenant("acme").id
+def tenant(stores) -> str:
+    return stores.tokens.create_tenant("acme").id
 
 
-def _job(store: JobStore, tenant: str, name: str = "tiny", **sections) -> JobRecord:
+def _job(stores: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
     spec = parse_spec({"name": name, **sections})
-    return store.create_job(tenant_id=tenant, name=name,
-                            spec=spec.model_dump(mode="json", by_alias=True),
-                            min_workers=spec.resources.min_workers)
+    return stores.jobs.create_job(tenant_id=tenant, name=name, spec=spec,
+                                  min_workers=spec.resources.min_workers)
 
 
-def _kinds(store: JobStore, job_id: str) -> list[str]:
-    return [e.kind for e in store.list_events(job_id)]
+def _kinds(stores: Stores, job_id: str) -> list[str]:
+    return [e.kind for e in stores.events.list_events(job_id)]
 
 
-def _submitted(store: JobStore, job: JobRecord) -> JobRecord:
+def _submitted(stores: Stores, job: JobRecord) -> JobRecord:
     """Put ``job`` where a first successful tick leaves it (PENDING with a submission)."""
-    return store.update_job(job.id, status=JobStatus.PENDING, submission_id=f"etrain-{job.id}-0")
+    return stores.jobs.update_job(job.id, status=JobStatus.PENDING, submission_id=f"etrain-{job.id}-0")
 
 
 # -- admission -----------------------------------------------------------------
 
-def test_fifo_admission_by_cluster_cpus(store, tenant, backend, reconciler):
-    jobs = [_job(store, tenant, f"job-{i}") for i in range(3)]  # 2 workers x 1 CPU each
+def test_fifo_admission_by_cluster_cpus(stores, tenant, backend, reconciler):
+    jobs = [_job(stores, tenant, f"job-{i}") for i in range(3)]  # 2 workers x 1 CPU each
     reconciler.tick()
 
-    first, second, third = (store.get_job(j.id) for j in jobs)
+    first, second, third = (stores.jobs.get_job(j.id) for j in jobs)
     for job in (first, second):
         assert job.status is JobStatus.PENDING
         assert job.submission_id == f"etrain-{job.id}-0"
         assert job.dashboard_url == f"http://ray.test:8265/#/jobs/etrain-{job.id}-0"
-        assert _kinds(store, job.id) == ["submitted", "admitted", "submitted"]
+        assert _kinds(stores, job.id) == ["submitted", "admitted", "submitted"]
     assert [r.submission_id for r in backend.submitted] == [first.submission_id,
                                                             second.submission_id]
     assert third.status is JobStatus.QUEUED and third.submission_id is None
-    waiting = [e for e in store.list_events(third.id) if e.kind == "waiting"]
+    waiting = [e for e in stores.events.list_events(third.id) if e.kind == "waiting"]
     assert len(waiting) == 1 and "needs 2 CPU" in waiting[0].message
 
     reconciler.tick()  # nothing changed on the cluster: nothing new happens
     assert len(backend.submitted) == 2
-    assert _kinds(store, third.id).count("waiting") == 1
-    assert store.get_job(third.id).status is JobStatus.QUEUED
+    assert _kinds(stores, third.id).count("waiting") == 1
+    assert stores.jobs.get_job(third.id).status is JobStatus.QUEUED
 
 
-def test_head_of_line_job_blocks_smaller_ones(store, tenant, backend, reconciler):
-    small = _job(store, tenant, "small")
-    big = _job(store, tenant, "big", resources={"workers": 4})
-    behind = _job(store, tenant, "behind", resources={"workers": 1},
+def test_head_of_line_job_blocks_smaller_ones(stores, tenant, backend, reconciler):
+    small = _job(stores, tenant, "small")
+    big = _job(stores, tenant, "big", resources={"workers": 4})
+    behind = _job(stores, tenant, "behind", resources={"workers": 1},
                   train={"global_batch_size": 16, "micro_batch_size": 4})
     reconciler.tick()
-    assert store.get_job(small.id).status is JobStatus.PENDING
-    assert store.get_job(big.id).status is JobStatus.QUEUED
-    assert "waiting" in _kinds(store, big.id)
+    assert stores.jobs.get_job(small.id).status is JobStatus.PENDING
+    assert stores.jobs.get_job(big.id).status is JobStatus.QUEUED
+    assert "waiting" in _kinds(stores, big.id)
     # 2 CPUs are free and "behind" needs 1, but FIFO keeps it behind the big job.
-    assert store.get_job(behind.id).status is JobStatus.QUEUED
-    assert "waiting" not in _kinds(store, behind.id)
+    assert stores.jobs.get_job(behind.id).status is JobStatus.QUEUED
+    assert "waiting" not in _kinds(stores, behind.id)
 
 
-def test_active_jobs_hold_their_resources(store, tenant, backend, reconciler):
-    running = _job(store, tenant, "running", resources={"workers": 4})
-    _submitted(store, running)
-    store.update_job(running.id, status=JobStatus.RUNNING)
-    queued = _job(store, tenant, "queued")
+def test_active_jobs_hold_their_resources(stores, tenant, backend, reconciler):
+    running = _job(stores, tenant, "running", resources={"workers": 4})
+    _submitted(stores, running)
+    stores.jobs.update_job(running.id, status=JobStatus.RUNNING)
+    queued = _job(stores, tenant, "queued")
     reconciler.tick()
-    assert store.get_job(queued.id).status is JobStatus.QUEUED
+    assert stores.jobs.get_job(queued.id).status is JobStatus.QUEUED
     assert backend.submitted == []
 
     backend.statuses[f"etrain-{running.id}-0"] = RunStatus(RunState.SUCCEEDED)
     reconciler.tick()  # the finished job frees its CPUs in the same tick
-    assert store.get_job(running.id).status is JobStatus.SUCCEEDED
-    assert store.get_job(queued.id).status is JobStatus.PENDING
+    assert stores.jobs.get_job(running.id).status is JobStatus.SUCCEEDED
+    assert stores.jobs.get_job(queued.id).status is JobStatus.PENDING
 
 
 @pytest.mark.parametrize(("resources", "admitted"), [
@@ -116,45 +115,45 @@ def test_active_jobs_hold_their_resources(store, tenant, backend, reconciler):
     ({"workers": 2, "cpus_per_worker": 1.5}, 1),
     ({"workers": 1, "gpus_per_worker": 1}, 0),               # no GPUs on the fake cluster
 ], ids=["elastic-min", "half-cpus", "one-and-a-half-cpus", "gpu-on-cpu-cluster"])
-def test_admission_counts_min_workers_times_per_worker_resources(store, tenant, backend,
+def test_admission_counts_min_workers_times_per_worker_resources(stores, tenant, backend,
                                                                  reconciler, resources, admitted):
     train = {"global_batch_size": 840, "micro_batch_size": 1}  # 840 = lcm(1..8): any dp fits
-    jobs = [_job(store, tenant, f"job-{i}", resources=resources, train=train) for i in range(5)]
+    jobs = [_job(stores, tenant, f"job-{i}", resources=resources, train=train) for i in range(5)]
     reconciler.tick()
-    statuses = [store.get_job(j.id).status for j in jobs]
+    statuses = [stores.jobs.get_job(j.id).status for j in jobs]
     assert statuses == [JobStatus.PENDING] * admitted + [JobStatus.QUEUED] * (5 - admitted)
 
 
-def test_gpu_jobs_are_admitted_on_gpu_clusters(store, tenant, settings):
+def test_gpu_jobs_are_admitted_on_gpu_clusters(stores, tenant, settings):
     backend = FakeBackend(cpus=16, gpus=2)
-    jobs = [_job(store, tenant, f"gpu-{i}", resources={"workers": 1, "gpus_per_worker": 1},
+    jobs = [_job(stores, tenant, f"gpu-{i}", resources={"workers": 1, "gpus_per_worker": 1},
                  train={"global_batch_size": 16, "micro_batch_size": 4}) for i in range(3)]
-    Reconciler(store, backend, settings).tick()
-    assert [store.get_job(j.id).status for j in jobs] == [
+    Reconciler(stores, backend, settings).tick()
+    assert [stores.jobs.get_job(j.id).status for j in jobs] == [
         JobStatus.PENDING, JobStatus.PENDING, JobStatus.QUEUED]
 
 
 # -- the launch request ----------------------------------------------------------
 
 def test_launch_request_carries_the_spec_and_a_job_scoped_reporter_token(
-        store, tenant, backend, reconciler, settings):
-    job = _job(store, tenant)
-    other = _job(store, tenant, "other")
+        stores, tenant, backend, reconciler, settings):
+    job = _job(stores, tenant)
+    other = _job(stores, tenant, "other")
     reconciler.tick()
     req = next(r for r in backend.submitted if r.job_id == job.id)
     assert req.submission_id == f"etrain-{job.id}-0"
-    assert json.loads(req.spec_json) == job.spec
+    assert json.loads(req.spec_json) == job.spec.model_dump(mode="json", by_alias=True)
     assert parse_spec(json.loads(req.spec_json)).name == "tiny"  # the worker re-validates it
     assert req.env["ETRAIN_REPORT_URL"] == settings.report_url == "http://127.0.0.1:8123"
-    principal = authenticate(store, f"Bearer {req.env['ETRAIN_REPORT_TOKEN']}")
+    principal = authenticate(stores.tokens, f"Bearer {req.env['ETRAIN_REPORT_TOKEN']}")
     assert principal == Principal(tenant_id=tenant, role="reporter", job_id=job.id)
     other_req = next(r for r in backend.submitted if r.job_id == other.id)
     assert other_req.env["ETRAIN_REPORT_TOKEN"] != req.env["ETRAIN_REPORT_TOKEN"]
 
 
-def test_drivers_record_their_train_runs_for_the_dashboard(store, tenant, backend, reconciler):
+def test_drivers_record_their_train_runs_for_the_dashboard(stores, tenant, backend, reconciler):
     """Ray's dashboard lists Train runs only for drivers with state tracking on."""
-    _job(store, tenant)
+    _job(stores, tenant)
     reconciler.tick()
     (req,) = backend.submitted
     assert req.env["RAY_TRAIN_ENABLE_STATE_TRACKING"] == "1"
@@ -174,15 +173,15 @@ FOLLOW = {
 
 @pytest.mark.parametrize(("run_status", "expected", "error"), list(FOLLOW.values()),
                          ids=list(FOLLOW))
-def test_backend_status_maps_to_job_status(store, tenant, backend, reconciler, run_status,
+def test_backend_status_maps_to_job_status(stores, tenant, backend, reconciler, run_status,
                                            expected, error):
-    job = _job(store, tenant)
+    job = _job(stores, tenant)
     reconciler.tick()
     token = backend.submitted[0].env["ETRAIN_REPORT_TOKEN"]
     backend.statuses[f"etrain-{job.id}-0"] = run_status
     reconciler.tick()
 
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is expected
     if error is None:
         assert got.error is None
@@ -190,91 +189,91 @@ def test_backend_status_maps_to_job_status(store, tenant, backend, reconciler, r
         assert error in got.error
     if expected.terminal:
         assert got.finished_at is not None
-        assert _kinds(store, job.id)[-1] == ("succeeded" if expected is JobStatus.SUCCEEDED
+        assert _kinds(stores, job.id)[-1] == ("succeeded" if expected is JobStatus.SUCCEEDED
                                              else "failed")
         with pytest.raises(Unauthorized):  # the job's reporter token died with it
-            authenticate(store, f"Bearer {token}")
+            authenticate(stores.tokens, f"Bearer {token}")
     else:
         assert got.finished_at is None
-        assert authenticate(store, f"Bearer {token}").job_id == job.id
+        assert authenticate(stores.tokens, f"Bearer {token}").job_id == job.id
     if expected is JobStatus.RUNNING:
-        assert got.started_at is not None and _kinds(store, job.id)[-1] == "started"
+        assert got.started_at is not None and _kinds(stores, job.id)[-1] == "started"
 
 
 @pytest.mark.parametrize("state", [RunState.SUCCEEDED, RunState.FAILED])
-def test_running_job_finishes(store, tenant, backend, reconciler, state):
-    job = _job(store, tenant)
+def test_running_job_finishes(stores, tenant, backend, reconciler, state):
+    job = _job(stores, tenant)
     reconciler.tick()
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
     reconciler.tick()
-    started = store.get_job(job.id).started_at
+    started = stores.jobs.get_job(job.id).started_at
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye",
                                                        exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status.value == state.value
     assert got.started_at == started and got.finished_at >= started
     reconciler.tick()  # a finished job is no longer followed
-    assert store.get_job(job.id) == got
+    assert stores.jobs.get_job(job.id) == got
 
 
-def test_long_failure_messages_keep_their_tail(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_long_failure_messages_keep_their_tail(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     reconciler.tick()
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.FAILED, "x" * 5000 + "END",
                                                        exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
-    error = store.get_job(job.id).error
+    error = stores.jobs.get_job(job.id).error
     assert len(error) == 2000 and error.endswith("END")
 
 
-def test_running_is_not_restarted_by_repeated_polls(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_running_is_not_restarted_by_repeated_polls(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     reconciler.tick()
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
     for _ in range(3):
         reconciler.tick()
-    assert _kinds(store, job.id).count("started") == 1
+    assert _kinds(stores, job.id).count("started") == 1
     assert len(backend.submitted) == 1
 
 
 # -- races and failures -----------------------------------------------------------
 
-def test_job_cancelled_during_submit_has_its_submission_stopped(store, tenant, backend,
+def test_job_cancelled_during_submit_has_its_submission_stopped(stores, tenant, backend,
                                                                 reconciler, settings):
-    job = _job(store, tenant)
-    service = JobService(store, backend, settings)
+    job = _job(stores, tenant)
+    lifecycle = Lifecycle(stores, backend)
     user = Principal(tenant_id=tenant, role="user")
-    backend.on_submit = lambda req: service.cancel(user, req.job_id)
+    backend.on_submit = lambda req: lifecycle.cancel(user, req.job_id)
     reconciler.tick()
 
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.CANCELLED
     assert backend.stopped == [f"etrain-{job.id}-0"]
     assert got.submission_id is None
     with pytest.raises(Unauthorized):
-        authenticate(store, f"Bearer {backend.submitted[0].env['ETRAIN_REPORT_TOKEN']}")
+        authenticate(stores.tokens, f"Bearer {backend.submitted[0].env['ETRAIN_REPORT_TOKEN']}")
 
 
-def test_backend_unavailable_on_submit_requeues(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_backend_unavailable_on_submit_requeues(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     backend.submit_error = BackendUnavailable("ray head unreachable")
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.QUEUED and got.submission_id is None
-    requeued = [e for e in store.list_events(job.id) if e.kind == "requeued"]
+    requeued = [e for e in stores.events.list_events(job.id) if e.kind == "requeued"]
     assert len(requeued) == 1 and "ray head unreachable" in requeued[0].message
 
     backend.submit_error = None
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.PENDING
     assert got.submission_id == f"etrain-{job.id}-0"  # the same idempotent id
 
 
-def _live_reporter_tokens(store: JobStore, job_id: str) -> int:
+def _live_reporter_tokens(stores: Stores, job_id: str) -> int:
     """Unrevoked reporter tokens of one job, counted around the store."""
-    engine = sa.create_engine(store.url)
+    engine = sa.create_engine(stores.url)
     try:
         with engine.connect() as conn:
             return conn.execute(sa.text(
@@ -284,71 +283,71 @@ def _live_reporter_tokens(store: JobStore, job_id: str) -> int:
         engine.dispose()
 
 
-def test_retried_submissions_keep_at_most_one_live_reporter_token(store, tenant, backend,
+def test_retried_submissions_keep_at_most_one_live_reporter_token(stores, tenant, backend,
                                                                   reconciler):
     # At most one, not zero: a submit that timed out may still have reached Ray, and that
     # driver (found again by its idempotent submission id) reports with the first token.
-    job = _job(store, tenant)
+    job = _job(stores, tenant)
     backend.submit_error = BackendUnavailable("ray head unreachable")
     for _ in range(3):
         reconciler.tick()
-    assert store.get_job(job.id).status is JobStatus.QUEUED
-    assert _live_reporter_tokens(store, job.id) <= 1
+    assert stores.jobs.get_job(job.id).status is JobStatus.QUEUED
+    assert _live_reporter_tokens(stores, job.id) <= 1
 
 
-def test_backend_refusing_a_submission_fails_the_job(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_backend_refusing_a_submission_fails_the_job(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     backend.submit_error = BackendError("runtime_env rejected")
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.FAILED and got.finished_at is not None
     assert "submission refused" in got.error and "runtime_env rejected" in got.error
 
 
-def test_backend_unavailable_while_following_admits_nothing(store, tenant, backend, reconciler):
-    active = _job(store, tenant, "active")
+def test_backend_unavailable_while_following_admits_nothing(stores, tenant, backend, reconciler):
+    active = _job(stores, tenant, "active")
     reconciler.tick()
-    queued = _job(store, tenant, "queued", resources={"workers": 1},
+    queued = _job(stores, tenant, "queued", resources={"workers": 1},
                   train={"global_batch_size": 16, "micro_batch_size": 4})
     backend.status_error = BackendUnavailable("down")
     reconciler.tick()
-    assert store.get_job(active.id).status is JobStatus.PENDING
-    assert store.get_job(queued.id).status is JobStatus.QUEUED
+    assert stores.jobs.get_job(active.id).status is JobStatus.PENDING
+    assert stores.jobs.get_job(queued.id).status is JobStatus.QUEUED
     assert len(backend.submitted) == 1
 
     backend.status_error = None
     reconciler.tick()
-    assert store.get_job(queued.id).status is JobStatus.PENDING
+    assert stores.jobs.get_job(queued.id).status is JobStatus.PENDING
 
 
-def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(store, tenant, backend,
+def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(stores, tenant, backend,
                                                                    reconciler):
     # The service stopped between admission (PENDING) and submission.
-    job = _job(store, tenant)
-    store.update_job(job.id, status=JobStatus.PENDING)
+    job = _job(stores, tenant)
+    stores.jobs.update_job(job.id, status=JobStatus.PENDING)
     reconciler.tick()
     assert [r.job_id for r in backend.submitted] == [job.id]
-    assert store.get_job(job.id).submission_id == f"etrain-{job.id}-0"
+    assert stores.jobs.get_job(job.id).submission_id == f"etrain-{job.id}-0"
 
 
-def test_background_loop_ticks_until_stopped(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_background_loop_ticks_until_stopped(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     reconciler.start()
     try:
         deadline = time.monotonic() + 10
-        while store.get_job(job.id).status is JobStatus.QUEUED and time.monotonic() < deadline:
+        while stores.jobs.get_job(job.id).status is JobStatus.QUEUED and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         reconciler.stop()
-    assert store.get_job(job.id).status is JobStatus.PENDING
+    assert stores.jobs.get_job(job.id).status is JobStatus.PENDING
     submitted = len(backend.submitted)
-    _job(store, tenant, "after-stop")
+    _job(stores, tenant, "after-stop")
     time.sleep(0.05)
     assert len(backend.submitted) == submitted  # no ticks after stop()
 
 
-def test_background_loop_survives_a_failing_tick(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_background_loop_survives_a_failing_tick(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     reconciler.tick()
     backend.status_error = RuntimeError("unexpected")
     reconciler.start()
@@ -357,11 +356,11 @@ def test_background_loop_survives_a_failing_tick(store, tenant, backend, reconci
         backend.status_error = None
         backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.SUCCEEDED)
         deadline = time.monotonic() + 10
-        while not store.get_job(job.id).status.terminal and time.monotonic() < deadline:
+        while not stores.jobs.get_job(job.id).status.terminal and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         reconciler.stop()
-    assert store.get_job(job.id).status is JobStatus.SUCCEEDED
+    assert stores.jobs.get_job(job.id).status is JobStatus.SUCCEEDED
 
 
 # -- job-level recovery ----------------------------------------------------------------
@@ -370,32 +369,32 @@ def test_background_loop_survives_a_failing_tick(store, tenant, backend, reconci
                                   RunStatus(RunState.FAILED, "killed", exit_code=-9),
                                   RunStatus(RunState.FAILED, "supervisor died")],
                          ids=["head-restarted", "driver-killed", "supervisor-lost"])
-def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(store, tenant, backend,
+def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(stores, tenant, backend,
                                                                 reconciler, lost):
-    job = _job(store, tenant)
+    job = _job(stores, tenant)
     reconciler.tick()
     for n in (1, 2):  # the default failure.max_resubmits is 2
         backend.statuses[f"etrain-{job.id}-{n - 1}"] = lost
         reconciler.tick()
-        got = store.get_job(job.id)
+        got = stores.jobs.get_job(job.id)
         assert got.status is JobStatus.PENDING and got.resubmits == n
         assert got.submission_id == f"etrain-{job.id}-{n}"
         assert backend.submitted[-1].submission_id == f"etrain-{job.id}-{n}"
-        assert _kinds(store, job.id)[-2:] == ["resubmitted", "submitted"]
+        assert _kinds(stores, job.id)[-2:] == ["resubmitted", "submitted"]
     backend.statuses[f"etrain-{job.id}-2"] = lost
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.FAILED and got.resubmits == 2
     assert len(backend.submitted) == 3
 
 
-def test_a_training_failure_is_not_resubmitted(store, tenant, backend, reconciler):
-    job = _job(store, tenant)
+def test_a_training_failure_is_not_resubmitted(stores, tenant, backend, reconciler):
+    job = _job(stores, tenant)
     reconciler.tick()
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(
         RunState.FAILED, "etrain: training failed: ValueError", exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
-    got = store.get_job(job.id)
+    got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.FAILED and got.resubmits == 0
     assert len(backend.submitted) == 1
 

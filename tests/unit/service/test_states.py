@@ -1,4 +1,5 @@
-"""The job state machine: every (from, to) pair against an explicit table."""
+"""The job state machine: every (from, to) pair against an explicit table, and
+``change_status``, the one way the service changes a stored job's status."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import itertools
 
 import pytest
 
-from service.domain.states import TERMINAL, JobStatus, transition
+from service.domain.states import change_status, transition
 from service.errors import InvalidTransition
+from service.status import TERMINAL, JobStatus
+from workers.spec import JobSpec
 
 Q, P, R = JobStatus.QUEUED, JobStatus.PENDING, JobStatus.RUNNING
 S, F, C = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -57,3 +60,36 @@ def test_status_values_are_the_public_names():
     assert [s.value for s in JobStatus] == [
         "QUEUED", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
     assert JobStatus("RUNNING") is R
+
+
+@pytest.fixture
+def job(stores):
+    """A QUEUED job in a real store (SQLite and PostgreSQL)."""
+    tenant = stores.tokens.create_tenant("acme").id
+    return stores.jobs.create_job(tenant_id=tenant, name="tiny", min_workers=1,
+                                  spec=JobSpec.model_validate({"name": "tiny"}))
+
+
+def test_invalid_transition_changes_nothing(stores, job):
+    with pytest.raises(InvalidTransition):
+        change_status(stores.jobs, job, S, error="x", event=("done", "m", None))
+    with pytest.raises(InvalidTransition):
+        change_status(stores.jobs, job, R)
+    assert stores.jobs.get_job(job.id) == job
+    assert [e.kind for e in stores.events.list_events(job.id)] == ["submitted"]
+
+
+def test_change_status_writes_the_fields_and_the_event_together(stores, job):
+    moved = change_status(stores.jobs, job, P, submission_id="s-1",
+                          event=("admitted", "admitted by the scheduler", {"n": 1}))
+    assert moved.status is P and moved.submission_id == "s-1"
+    assert [(e.kind, e.data) for e in stores.events.list_events(job.id)] == [
+        ("submitted", None), ("admitted", {"n": 1})]
+
+
+def test_change_status_loses_to_a_change_made_since_the_job_was_read(stores, job):
+    assert change_status(stores.jobs, job, C) is not None
+    # ``job`` is the stale QUEUED read: the compare-and-set on QUEUED loses, nothing is written.
+    assert change_status(stores.jobs, job, P, event=("admitted", "late", None)) is None
+    assert stores.jobs.get_job(job.id).status is C
+    assert [e.kind for e in stores.events.list_events(job.id)] == ["submitted"]

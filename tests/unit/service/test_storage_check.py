@@ -1,17 +1,16 @@
-"""Object storage on the service side: the write probe at submit and plan (422 with a clear
-message, never a key), specs that keep only a secret's name, and the credentials the
-reconciler forwards to the workers. Against real S3 and GCS endpoints on loopback (moto,
-gcp-storage-emulator)."""
+"""Object storage on the service side without a store: which storage is probed, and the
+credentials the reconciler forwards to the workers (tests/integration/test_storage_check.py
+probes real S3 and GCS endpoints)."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 
-from tests.unit.service.fakes import ADMIN_H, FakeBackend
+from tests.support.fakes import ADMIN_H, FakeBackend
 from service.domain.reconciler import Reconciler
+from service.domain import storage_check
 from service.domain.storage_check import check_checkpoint_storage, storage_launch_env
 from service.errors import InvalidSpec
 from service.settings import Settings
@@ -22,164 +21,40 @@ SECRET_NAME = "moto-store"
 SECRET_VARS = ("ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID", "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY")
 
 
-def _checkpoint(s3_server, *, bucket: str | None = None, secret: str | None = None) -> dict:
-    s3 = {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]}
-    if secret:
-        s3["credentials_secret"] = secret
-    return {"storage": f"s3://{bucket or s3_server['bucket']}/jobs", "s3": s3}
-
-
-def _values(s3_server) -> list[str]:
-    return [s3_server["env"]["AWS_ACCESS_KEY_ID"], s3_server["env"]["AWS_SECRET_ACCESS_KEY"]]
-
-
-@pytest.fixture
-def aws_env(s3_server, monkeypatch):
-    """The service's environment holds the moto user's keys as AWS_* variables."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, s3_server["env"][name])
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-
-
-@pytest.fixture
-def store_env(object_store, monkeypatch):
-    """The service's environment holds the credentials ``object_store`` accepts."""
-    for name, value in object_store.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    return object_store
-
-
-@pytest.fixture
-def named_env(s3_server, monkeypatch):
-    """The service's environment holds the moto user's keys as secret ``moto-store``."""
-    for var, name in zip(SECRET_VARS, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
-        monkeypatch.setenv(var, s3_server["env"][name])
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-
-
 # --- check_checkpoint_storage ------------------------------------------------------------------
 
 @pytest.mark.parametrize("storage", [None, "file:///nowhere/at/all"])
-def test_local_storage_is_not_probed(storage):
+def test_local_storage_is_not_probed(storage, monkeypatch):
+    """The service may not share the workers' file system: only object stores are probed."""
+    probed = []
+    monkeypatch.setattr(storage_check, "check_storage", probed.append)
     check_checkpoint_storage(CheckpointSpec(storage=storage), env={})
-
-
-def test_a_writable_bucket_passes(object_store):
-    ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs"))
-    check_checkpoint_storage(ckpt, env=object_store.env)
-
-
-def test_a_missing_bucket_is_a_422_naming_checkpoint_storage(object_store):
-    ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs", bucket="missing-bucket"))
-    with pytest.raises(InvalidSpec) as info:
-        check_checkpoint_storage(ckpt, env=object_store.env)
-    (err,) = info.value.errors
-    assert err["loc"] == ["body", "checkpoint", "storage"]
-    assert "'missing-bucket' does not exist" in err["msg"]
-    assert not any(v in err["msg"] for v in object_store.env.values())
-
-
-def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_server):
-    ckpt = CheckpointSpec.model_validate(_checkpoint(s3_server, secret="absent"))
-    with pytest.raises(InvalidSpec) as info:
-        check_checkpoint_storage(ckpt, env={})
-    (err,) = info.value.errors
-    assert err["loc"] == ["body", "checkpoint", "s3", "credentials_secret"]
-    assert "ETRAIN_SECRET_ABSENT_ACCESS_KEY_ID" in err["msg"]
-
-
-# --- through the API ----------------------------------------------------------------------------
-
-def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_env, caplog):
-    caplog.set_level(logging.INFO)  # the service's level (ETRAIN_LOG_LEVEL)
-    body = {"name": "store-job",
-            "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}
-    r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
-    assert r.status_code == 422, r.text
-    (err,) = r.json()["detail"]
-    assert err["loc"] == ["body", "checkpoint", "storage"]
-    assert f"checkpoint.storage {store_env.scheme}://missing-bucket/jobs" in err["msg"]
-    assert "does not exist" in err["msg"] and "create it" in err["msg"]
-    assert client.get("/v1/jobs", headers=ADMIN_H).json()["total"] == 0
-    for text in (r.text, caplog.text):
-        assert not any(v in text for v in store_env.env.values())
-
-
-def test_plan_with_a_missing_bucket_is_refused(client, store_env):
-    body = {"spec": {"name": "store-job",
-                     "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}}
-    r = client.post("/v1/plan", json=body, headers=ADMIN_H)
-    assert r.status_code == 422, r.text
-    assert "does not exist" in r.json()["detail"][0]["msg"]
-
-
-def test_submit_with_wrong_credentials_is_refused_without_echoing_them(client, s3_server,
-                                                                       monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value-000000000000000000000")
-    r = client.post("/v1/jobs", json={"name": "s3-job", "checkpoint": _checkpoint(s3_server)},
-                    headers=ADMIN_H)
-    assert r.status_code == 422, r.text
-    assert "rejected the credentials" in r.text and "InvalidAccessKeyId" in r.text
-    assert "AKIAWRONG" not in r.text and "wrong-secret-value" not in r.text
-
-
-@pytest.mark.usefixtures("named_env")
-def test_an_accepted_job_stores_the_secret_name_and_no_key_material(client, s3_server):
-    body = {"name": "s3-job", "checkpoint": _checkpoint(s3_server, secret=SECRET_NAME)}
-    r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    job = r.json()
-    assert job["spec"]["checkpoint"]["s3"] == {
-        "endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"],
-        "credentials_secret": SECRET_NAME}
-    stored = client.app.state.runtime.store.get_job(job["id"])
-    events = client.get(f"/v1/jobs/{job['id']}/events", headers=ADMIN_H).text
-    everything = json.dumps(stored.spec) + r.text + events + client.get(
-        f"/v1/jobs/{job['id']}", headers=ADMIN_H).text
-    assert not any(v in everything for v in _values(s3_server))
-    # The stored spec re-validates on the worker to the same section.
-    assert parse_spec(stored.spec).checkpoint.s3.credentials_secret == SECRET_NAME
-
-
-@pytest.mark.usefixtures("aws_env")
-def test_debug_logging_keeps_the_storage_clients_quiet(client, s3_server, caplog):
-    """``etrain serve`` at ETRAIN_LOG_LEVEL=DEBUG: botocore would log signed headers."""
-    caplog.set_level(logging.DEBUG)
-    quiet_storage_loggers()
-    try:
-        body = {"name": "s3-job", "checkpoint": _checkpoint(s3_server, bucket="missing-bucket")}
-        assert client.post("/v1/jobs", json=body, headers=ADMIN_H).status_code == 422
-    finally:
-        for name in STORAGE_CLIENT_LOGGERS:
-            logging.getLogger(name).setLevel(logging.NOTSET)
-    assert not any(v in caplog.text for v in _values(s3_server))
+    assert probed == []
+    check_checkpoint_storage(CheckpointSpec(storage="s3://bkt/p"), env={})  # the same path
+    assert [loc.uri for loc in probed] == ["s3://bkt/p"]
 
 
 # --- credentials forwarded to the workers --------------------------------------------------------
 
 def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
     """The env of the LaunchRequest a reconciler tick hands the backend for this job."""
-    from service.store import JobStore, migrate
+    from service.store import Stores, migrate
 
     store_url = f"sqlite:///{tmp_path / 'etrain.db'}"
     migrate(store_url)
-    store = JobStore(store_url)
+    stores = Stores.open(store_url)
     try:
         spec = parse_spec({"name": "s3-job", "checkpoint": checkpoint})
-        tenant = store.create_tenant("acme").id
-        store.create_job(tenant_id=tenant, name="s3-job",
-                         spec=spec.model_dump(mode="json", by_alias=True),
-                         min_workers=spec.resources.min_workers)
+        tenant = stores.tokens.create_tenant("acme").id
+        stores.jobs.create_job(tenant_id=tenant, name="s3-job", spec=spec,
+                               min_workers=spec.resources.min_workers)
         backend = FakeBackend(cpus=4)
-        Reconciler(store, backend, Settings(env="development", data_dir=tmp_path,
-                                            **settings)).tick()
+        Reconciler(stores, backend, Settings(env="development", data_dir=tmp_path,
+                                             **settings)).tick()
         (req,) = backend.submitted
         return req.env
     finally:
-        store.close()
+        stores.close()
 
 
 AWS = {"AWS_ACCESS_KEY_ID": "AKIAFORWARDED0000001", "AWS_SECRET_ACCESS_KEY": "fwd-secret",

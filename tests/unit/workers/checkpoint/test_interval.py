@@ -86,12 +86,14 @@ def test_with_no_failures_the_prior_mtbf_is_used():
 
 
 def test_observed_failures_shrink_the_mtbf_and_shorten_the_interval():
-    p = _policy()
-    p.observe_steps(100, 50.0)
-    p.observe_checkpoint(10.0)
-    before = p.decide()
-    p.observe_failure()
-    after = p.decide()
+    def measured(**kwargs):
+        p = _policy(**kwargs)
+        p.observe_steps(100, 50.0)
+        p.observe_checkpoint(10.0)
+        return p.decide()
+
+    # A restored run starts with the failures its predecessors saw (the manifest keeps them).
+    before, after = measured(), measured(observed_failures=1)
     # The prior is one pseudo-failure: M = (86400 + 60) / (1 + 1) = 43230 s.
     assert after.mtbf_s == pytest.approx(43230.0)
     assert after.seconds == pytest.approx(math.sqrt(2 * 10 * 43230))  # 929.84 s

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -40,11 +41,21 @@ def test_writeback_starts_every_so_many_bytes_and_the_bytes_are_intact(tmp_path,
     assert path.read_bytes() == b"".join(bytes([i]) * 1000 for i in range(10))
 
 
-def test_start_writeback_on_a_real_file_is_harmless(tmp_path):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_the_kernel_takes_the_writeback_hint_and_the_bytes_stay(tmp_path):
+    """The ctypes binding is right (a wrong signature would be refused with EINVAL), and a
+    descriptor the kernel refuses is a False, never an exception."""
     with open(tmp_path / "f.bin", "wb") as f:
         f.write(b"x" * 100_000)
         f.flush()
-        local_writer.start_writeback(f.fileno())
+        assert local_writer.start_writeback(f.fileno()) is True
+    assert (tmp_path / "f.bin").read_bytes() == b"x" * 100_000
+    r, w = os.pipe()  # sync_file_range refuses pipes (ESPIPE)
+    try:
+        assert local_writer.start_writeback(r) is False
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_dcp_writes_load_back_and_every_file_is_fsynced(tmp_path, monkeypatch):

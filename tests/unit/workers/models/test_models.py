@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from workers.models import PRESETS, ModelConfig, Transformer, build_model, count_params, get_model_config
+from workers.models.config import PRESETS, ModelConfig, count_params, get_model_config
+from workers.models.llama import Transformer, build_model
 
 TINY = get_model_config("gpt-tiny")
 

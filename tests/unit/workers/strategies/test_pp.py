@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from workers.models import PRESETS, build_model, count_params, get_model_config
+from workers.models.config import PRESETS, count_params, get_model_config
+from workers.models.llama import build_model
 from workers.spec import ParallelismSpec, PipelineSpec
 from workers.strategies import StrategyConfig
 from workers.strategies.pp import split_model, stage_layer_ranges

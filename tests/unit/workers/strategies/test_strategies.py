@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
 from workers.contract import STRATEGIES
-from workers.models import build_model, get_model_config
+from workers.models.config import get_model_config
+from workers.models.llama import build_model
 from workers.strategies.mesh import MESH_DIMS
 from workers.spec import FsdpSpec, ParallelismSpec
 from workers.strategies import StrategyConfig, get_strategy

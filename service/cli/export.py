@@ -4,16 +4,19 @@ The service knows the job's model preset, its checkpoint storage and its
 committed checkpoints; the weights are read straight from checkpoint storage
 (a mounted ``file://`` path, ``s3://`` or ``gs://``) by ``workers.checkpoint.export``, with
 the credentials of this process's environment. That module (with torch) is
-imported only when an export actually runs, so importing this one keeps the
-CLI fast.
+imported only inside :func:`export_job`, when an export actually runs: the one
+place the control plane's code imports torch, so every other command stays fast.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
+
+from service.cli.common import JobIdArg, client, session
 from service.client import EtrainClient
 
 if TYPE_CHECKING:
@@ -78,7 +81,7 @@ def job_checkpoint_section(job: dict[str, Any]) -> CheckpointSpec:
     return CheckpointSpec.model_validate((job.get("spec") or {}).get("checkpoint") or {})
 
 
-def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path | None,
+def export_job(api: EtrainClient, job_id: str, *, step: int | None, out: Path | None,
                dtype: ExportDtype | None, naming: ExportNaming) -> ExportResult:
     """Export ``job_id``'s checkpoint at ``step`` (default newest) into ``out``.
 
@@ -86,9 +89,9 @@ def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path
     job's storage with this process's credentials. Raises ``ClientError`` when
     the service refuses, ``ExportRefused`` when the checkpoint cannot be exported.
     """
-    job = client.get_job(job_id)
+    job = api.get_job(job_id)
     preset = job_preset(job)
-    chosen = pick_checkpoint(client.get_checkpoints(job_id), job_id=job_id, step=step)
+    chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
     checkpoint = job_checkpoint_section(job)
     # torch loads here, only once there is something to export.
     from workers.checkpoint.export import ExportError, export_checkpoint, open_checkpoint_dir
@@ -103,3 +106,40 @@ def export_job(client: EtrainClient, job_id: str, *, step: int | None, out: Path
             source_uri=chosen["uri"])
     except ExportError as e:
         raise ExportRefused(str(e)) from None
+
+
+def export(
+    ctx: typer.Context,
+    job_id: JobIdArg,
+    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: newest).")] = None,
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] = (
+        ExportFormat.safetensors),
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: ./<job id>-step<N>).")
+    ] = None,
+    dtype: Annotated[
+        ExportDtype | None, typer.Option(help="Cast weights (default: keep the checkpoint's).")
+    ] = None,
+    naming: Annotated[
+        ExportNaming, typer.Option(help="Parameter names: etrain's, or Hugging Face Llama's.")
+    ] = ExportNaming.etrain,
+) -> None:
+    """Export a job's checkpoint as one model.safetensors plus config.json (reads storage directly)."""
+    s = session(ctx)
+    with s.api_errors():
+        try:
+            result = export_job(client(ctx), job_id, step=step, out=out, dtype=dtype,
+                                naming=naming)
+        except ExportRefused as e:
+            raise s.fail(str(e)) from None
+    s.console.print(
+        f"exported job {job_id} step {result.step} ({result.preset}, {result.num_params:,} "
+        f"parameters, {result.dtype}, {result.naming} names) to {result.out_dir}: "
+        f"model.safetensors ({result.bytes:,} bytes), config.json, etrain_export.json",
+        markup=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``export`` to ``app``."""
+    app.command("export")(export)

@@ -1,36 +1,35 @@
-"""Tenants and API tokens in the job store (tokens are stored only as hashes)."""
+"""Tenants and their API tokens (tokens are stored only as hashes)."""
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 
 from sqlalchemy import insert, select, update
 
-from service.store.models import ApiToken, Tenant, TenantRecord, TokenRecord, utcnow
+from service.store.database import Database
+from service.store.models import TenantRecord, TokenRecord, new_id, utcnow
+from service.store.tables import TENANTS, TOKENS
 
-TENANTS, TOKENS = Tenant.__table__, ApiToken.__table__
 ROLES = frozenset({"admin", "user", "reporter"})
 
 
-def new_id(prefix: str) -> str:
-    """Return ``prefix`` + 12 random hex digits (e.g. ``j-3f9a0c1b2d4e``)."""
-    return prefix + secrets.token_hex(6)
+class TokenStore:
+    """The ``tenants`` and ``api_tokens`` tables. Every call is its own transaction."""
 
-
-class TenantTokenMixin:
-    """Tenant and token operations of :class:`service.store.JobStore` (needs ``_engine``)."""
+    def __init__(self, db: Database):
+        """Use the tables of ``db``."""
+        self._db = db
 
     def create_tenant(self, name: str) -> TenantRecord:
         """Create a tenant; a duplicate name raises sqlalchemy's IntegrityError."""
         record = TenantRecord(id=new_id("t-"), name=name, created_at=utcnow())
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(insert(TENANTS).values(dataclasses.asdict(record)))
         return record
 
     def get_tenant_by_name(self, name: str) -> TenantRecord | None:
         """Return the tenant called ``name``, or None."""
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(select(TENANTS).where(TENANTS.c.name == name)).first()
         return None if row is None else TenantRecord(**row._mapping)
 
@@ -46,14 +45,14 @@ class TenantTokenMixin:
             id=new_id("k-"), tenant_id=tenant_id, token_hash=token_hash, name=name,
             role=role, job_id=job_id, created_at=utcnow(), revoked_at=None,
         )
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(insert(TOKENS).values(dataclasses.asdict(record)))
         return record
 
     def find_token(self, token_hash: str) -> TokenRecord | None:
         """Return the unrevoked token with this hash, or None."""
         query = select(TOKENS).where(TOKENS.c.token_hash == token_hash, TOKENS.c.revoked_at.is_(None))
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(query).first()
         return None if row is None else TokenRecord(**row._mapping)
 
@@ -61,5 +60,5 @@ class TenantTokenMixin:
         """Revoke the reporter tokens scoped to ``job_id``; return how many."""
         stmt = (update(TOKENS).where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
                 .values(revoked_at=utcnow()))
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             return conn.execute(stmt).rowcount

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.domain.hardware import LINKS, ClusterHardware, Link
-from service.domain.memory_model import FP32, Layout, Workload
+from service.planner.hardware import LINKS, ClusterHardware, Link
+from service.planner.memory_model import FP32, Layout, Workload
 from workers.models.config import count_params
 
 MFU = 0.4  # assumed fraction of the dense peak a well-tuned step reaches
@@ -40,12 +40,6 @@ class StepEstimate:
     def comm_share(self) -> float:
         """Fraction of the step spent communicating."""
         return self.comm_s / self.step_s if self.step_s else 0.0
-
-    def as_dict(self) -> dict:
-        """JSON form for the plan response."""
-        return {"step_s": round(self.step_s, 6), "compute_s": round(self.compute_s, 6),
-                "comm_s": round(self.comm_s, 6), "comm_share": round(self.comm_share, 4),
-                "comm_s_by_group": {k: round(v, 6) for k, v in self.comm_by_group.items()}}
 
 
 def _group_link(span_ranks: int, hw: ClusterHardware, gpus_per_worker: int) -> Link | None:

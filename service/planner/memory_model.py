@@ -1,6 +1,6 @@
 """Memory per rank of a layout: state, activations, buffers, host memory. Pure Python.
 
-State follows what this build holds (``workers.memory`` measures the same):
+State follows what this build holds (``workers.telemetry.memory`` measures the same):
 parameters are fp32 under both precisions (under bf16 they are the fp32
 master weights; bf16 compute copies are transient buffers), gradients fp32,
 AdamW two fp32 moments, SGD one momentum buffer. That is 4 + 4 + 8 = 16 bytes

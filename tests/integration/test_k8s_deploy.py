@@ -7,13 +7,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.unit.k8s.kustomize_cli import KustomizeError
+from tests.support.kustomize import KustomizeError
 
-from service.k8s.manifests import RayClusterConfig, build_raycluster, ray_auth_env
+from tests.support.helm import by_kind as _by_kind
+from tests.support.helm import render
+from service.k8s.manifests import RayClusterConfig, build_raycluster
 from service.k8s.validate import validate_objects
 from service.settings import Settings
+from tests.support.k8s_expected import ray_auth_env
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 # Every buildable kustomization (deploy/, base, overlays); components only build inside one.
 KUSTOMIZATIONS = sorted(
     str(k.parent.relative_to(DEPLOY)) for k in DEPLOY.rglob("kustomization.yaml")
@@ -125,3 +129,16 @@ def test_control_plane_authenticates_with_the_rayclusters_token(base):
     env = [e for e in c["env"] if e["name"].startswith("RAY_AUTH")]
     assert env == ray_auth_env(secret)
     assert env[1]["valueFrom"]["secretKeyRef"] == {"name": "etrain-ray-token", "key": "auth_token"}
+
+
+def test_chart_and_deploy_agree_on_the_control_plane(kustomize_build):
+    chart = _by_kind(render({})[0])
+    deploy = _by_kind(kustomize_build(DEPLOY))
+    assert chart[("Role", "etrain-control-plane")]["rules"] == \
+        deploy[("Role", "etrain-control-plane")]["rules"]
+    (a,) = chart[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
+    (b,) = deploy[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
+    for key in ("securityContext", "livenessProbe", "readinessProbe", "startupProbe", "ports"):
+        assert a[key] == b[key], key
+    assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == \
+        [e for e in b["env"] if e["name"].startswith("RAY_AUTH")]

@@ -13,13 +13,23 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.domain import layout_rules as rules
-from service.domain.hardware import GIB, ClusterHardware, resolve_cluster
-from service.domain.memory_model import Layout, Workload
+import service.planner.layout_rules as rules
+from service.planner.hardware import GIB, ClusterHardware, resolve_cluster
+from service.planner.memory_model import Layout, Workload
+from service.planner.plan import (
+    Breakdown,
+    CandidateView,
+    ClusterView,
+    PerRank,
+    Plan,
+    PlanLayout,
+    RecommendedLayout,
+    StepEstimateView,
+)
 from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec
 
-__all__ = ["GIB", "ClusterSpec", "plan_job", "layout_of", "workload_of"]
+__all__ = ["GIB", "ClusterSpec", "Plan", "plan_job", "layout_of", "workload_of"]
 METHOD = ("tensor-by-tensor state of this build (fp32 params and grads, AdamW 2 x fp32), "
           "saved-for-backward activations of the Llama block (flash attention), FSDP and "
           "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives")
@@ -84,7 +94,7 @@ def _static_findings(spec: JobSpec, hw: ClusterHardware, layout: Layout,
     out = [rules.Finding("error", "cluster", e) for e in cluster_errors]
     per_node, unit, what = _per_node(spec, hw)
     out += rules.layout_findings(layout, tp_unit=unit, per_node=per_node, what=what)
-    return out
+    return out + rules.zero_stage_findings(layout)
 
 
 def _capacity_findings(spec: JobSpec, hw: ClusterHardware, job: rules.Candidate,
@@ -112,52 +122,17 @@ def _capacity_findings(spec: JobSpec, hw: ClusterHardware, job: rules.Candidate,
     return out
 
 
-def _per_rank(job: rules.Candidate) -> dict:
-    m = job.memory
-    s = m.device_state
-    per_rank = {"params_bytes": s.params, "grads_bytes": s.grads, "optimizer_bytes": s.optimizer,
-                "activations_bytes": m.activations, "buffers_bytes": m.buffers}
-    per_rank["total_bytes"] = sum(per_rank.values())
-    return per_rank
-
-
-def _breakdown(job: rules.Candidate, work: Workload, hw: ClusterHardware,
-               workers_per_node: int | None) -> dict:
-    m, n = job.memory, count_params(work.cfg)
-    return {
-        "layout": job.layout.describe(), "worst_pp_rank": m.pp_rank,
-        "state_bytes_per_param": {"params": 4, "grads": 4,
-                                  "optimizer": work.optimizer_bytes_per_param},
-        "state_bytes": m.state.total, "state_offloaded_to_host": m.offloaded,
-        "unsharded_state_bytes": n * (8 + work.optimizer_bytes_per_param),
-        "activations_checkpointed_bytes": m.activations_checkpointed,
-        "activation_checkpointing": work.activation_checkpointing,
-        "buffers": m.detail["buffers"], "host": m.detail["host"], "host_bytes": m.host,
-        "host_bytes_per_node": m.host * workers_per_node if workers_per_node else None,
-        "gpu_memory_bytes": hw.gpu_memory_bytes if work.on_gpu else None,
-        "micro_batches_per_step": work.calls_per_step(job.layout),
-    }
-
-
-def _cluster_view(hw: ClusterHardware) -> dict:
-    view = dataclasses.asdict(hw)
-    view["link"] = hw.link.name if hw.link else None
-    view["network"] = hw.network.name if hw.network else None
-    view["gpu_memory_bytes"] = hw.gpu_memory_bytes
-    return view
-
-
 def _rank_key(c: rules.Candidate) -> tuple:
     """Fitting first, then fastest (or smallest when step time is unknown)."""
     return (not c.fits, c.step.step_s if c.step else 0.0, c.memory.device_total)
 
 
-def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
+def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> Plan:
     """Plan ``spec`` on ``cluster`` (a :class:`ClusterSpec` mapping; empty: unknown hardware).
 
     The job is planned at its minimum worker count. ``fits`` is False when
     there is any error; ``recommendation`` names the strategy of the layout the
-    playbook recommends for these workers (``recommended_layout`` has the rest).
+    rules recommend for these workers (``recommended_layout`` has the rest).
     """
     hw, cluster_errors = resolve_cluster(cluster or {})
     work, world = workload_of(spec), spec.resources.min_workers
@@ -181,27 +156,24 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> dict:
         findings += rules.accumulation_finding(job, work)
     findings += _capacity_findings(spec, hw, job, workers_per_node)
     errors = [f.message for f in findings if f.level == "error"]
+    return Plan(
+        fits=not errors, num_params=count_params(work.cfg), per_rank=PerRank.of(job),
+        breakdown=Breakdown.of(job, work, hw, workers_per_node),
+        layout=PlanLayout(strategy=spec.parallelism.strategy, workers=spec.resources.workers,
+                          dp=layout.dp, tp=layout.tp, pp=layout.pp,
+                          grad_accum_steps=spec.grad_accum_steps(world)),
+        step_estimate=StepEstimateView.of(job.step) if job.step else None,
+        cluster=ClusterView.of(hw),
+        candidates=[CandidateView.of(c) for c in sorted(cands, key=_rank_key)],
+        warnings=[f.message for f in findings if f.level == "warning"], errors=errors,
+        notes=_notes(work, hw), recommendation=rec.candidate.layout.strategy if rec else None,
+        recommended_layout=RecommendedLayout.of(rec) if rec else None, method=METHOD)
+
+
+def _notes(work: Workload, hw: ClusterHardware) -> list[str]:
+    """What the numbers cannot vouch for."""
     notes = [ACTIVATIONS_NOTE]
     if work.on_gpu and hw.gpu_memory_bytes is None:
         notes.append("GPU memory unknown: set cluster.gpu or cluster.gpu_memory_gb to check "
                      "that the job fits")
-    return {
-        "fits": not errors, "num_params": count_params(work.cfg), "per_rank": _per_rank(job),
-        "breakdown": _breakdown(job, work, hw, workers_per_node),
-        "layout": {"strategy": spec.parallelism.strategy,
-                   "workers": spec.resources.model_dump()["workers"], "dp": layout.dp,
-                   "tp": layout.tp, "pp": layout.pp, "grad_accum_steps": spec.grad_accum_steps(world)},
-        "step_estimate": job.step.as_dict() if job.step else None,
-        "cluster": _cluster_view(hw),
-        "candidates": [c.summary() for c in sorted(cands, key=_rank_key)],
-        "warnings": [f.message for f in findings if f.level == "warning"], "errors": errors,
-        "notes": notes,
-        "recommendation": rec.candidate.layout.strategy if rec else None,
-        "recommended_layout": ({**rec.candidate.summary(), "reason": rec.reason,
-                                "zero_stage": rec.candidate.layout.zero_stage
-                                if rec.candidate.layout.fsdp else None,
-                                "cpu_offload": rec.candidate.layout.cpu_offload,
-                                "microbatches": rec.candidate.layout.microbatches
-                                if rec.candidate.layout.pp > 1 else None} if rec else None),
-        "method": METHOD,
-    }
+    return notes

@@ -1,0 +1,245 @@
+"""Response bodies of the REST API, as typed models: ``/openapi.json`` documents each.
+
+Each model's ``of`` builds it from what the domain returned; the routes return
+the model and FastAPI serializes it (timestamps as ISO 8601 UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.backends.base import ClusterInfo
+from service.domain.goodput import Goodput
+from service.domain.queries import JobDetail as Detail
+from service.domain.queries import MemoryReport
+from service.status import JobStatus
+from service.store import EventRecord, JobRecord
+from workers.contract import MetricPoint
+from workers.spec import JobSpec
+
+
+class JobPublic(BaseModel):
+    """A job as its tenant sees it (never a token, never its tenant id)."""
+
+    id: str
+    name: str
+    status: JobStatus
+    spec: JobSpec = Field(description="The validated spec, checkpoint storage filled in.")
+    min_workers: int
+    world_size: int | None = Field(description="Workers in the newest reported step.")
+    restarts: int = Field(description="Worker-group restarts inside the Ray job.")
+    resubmits: int = Field(description="Times the whole Ray job was resubmitted.")
+    step: int = Field(description="Newest reported step.")
+    submission_id: str | None
+    dashboard_url: str | None
+    error: str | None
+    warnings: list[str] | None = Field(description="The plan's warnings at submission.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    metrics: MetricPoint | None = Field(description="The newest reported step's metrics.")
+
+    @classmethod
+    def fields_of(cls, job: JobRecord) -> dict[str, Any]:
+        """The public fields of a stored job."""
+        return {"id": job.id, "name": job.name, "status": job.status, "spec": job.spec,
+                "min_workers": job.min_workers, "world_size": job.world_size,
+                "restarts": job.restarts, "resubmits": job.resubmits, "step": job.step,
+                "submission_id": job.submission_id, "dashboard_url": job.dashboard_url,
+                "error": job.error, "warnings": job.warnings, "created_at": job.created_at,
+                "started_at": job.started_at, "finished_at": job.finished_at,
+                "updated_at": job.updated_at, "metrics": job.latest_metrics}
+
+    @classmethod
+    def of(cls, job: JobRecord) -> JobPublic:
+        """The public view of ``job``."""
+        return cls(**cls.fields_of(job))
+
+
+class JobDetail(JobPublic):
+    """A job with links to its pages in the Ray dashboard."""
+
+    dashboard_links: dict[str, str] = Field(
+        description="By name: job (the Ray job page), train_runs (Ray Train's run list); "
+        "empty before the job reaches Ray.")
+
+    @classmethod
+    def of_detail(cls, detail: Detail) -> JobDetail:
+        """The public view of a job and its links."""
+        return cls(**cls.fields_of(detail.job), dashboard_links=detail.dashboard_links)
+
+
+class JobPage(BaseModel):
+    """One page of jobs, newest first, and how many match in all."""
+
+    items: list[JobPublic]
+    total: int
+
+
+class EventPublic(BaseModel):
+    """A lifecycle event of a job."""
+
+    id: int = Field(description="Increasing; page with ?after_id=.")
+    job_id: str
+    ts: datetime
+    kind: str = Field(description="A workers.contract.EventKind value.")
+    message: str
+    data: dict[str, Any] | None
+    dedup_key: str | None
+
+    @classmethod
+    def of(cls, event: EventRecord) -> EventPublic:
+        """The public view of a stored event."""
+        return cls(id=event.id, job_id=event.job_id, ts=event.ts, kind=event.kind,
+                   message=event.message, data=event.data, dedup_key=event.dedup_key)
+
+
+class EventPage(BaseModel):
+    """Events in order."""
+
+    items: list[EventPublic]
+
+
+class StoredMetricPoint(MetricPoint):
+    """A stored training step: as the workers reported it, with ``ts`` as a time."""
+
+    ts: datetime = Field(description="When the step ended.")
+    world_size: int | None = Field(None, description="Workers in the group that ran the step.")
+
+
+class MetricPage(BaseModel):
+    """Per-step metrics, ascending by step."""
+
+    items: list[StoredMetricPoint]
+
+
+class CheckpointPublic(BaseModel):
+    """A committed checkpoint."""
+
+    job_id: str
+    step: int
+    uri: str
+    bytes: int
+    save_s: float = Field(description="Older name of total_s.")
+    blocking_s: float | None = Field(description="Seconds the training loop was held.")
+    created_at: datetime
+    total_s: float = Field(description="Seconds from the start of the save to its commit.")
+
+
+class CheckpointPage(BaseModel):
+    """Committed checkpoints, ascending by step."""
+
+    items: list[CheckpointPublic]
+
+
+class MemoryPublic(BaseModel):
+    """Per-rank memory the workers measured at their latest start."""
+
+    ranks: list[dict[str, Any]] = Field(
+        description="One per rank: bytes of params, grads, optimizer state, activations, "
+        "gathered params and the peak, by name (``*_bytes``).")
+    measured_at: datetime | None
+
+    @classmethod
+    def of(cls, report: MemoryReport) -> MemoryPublic:
+        """The public view of a memory report."""
+        return cls(ranks=report.ranks, measured_at=report.measured_at)
+
+
+class GoodputBreakdown(BaseModel):
+    """Seconds of the wall time that were not productive, by cause."""
+
+    startup_s: float
+    waiting_s: float
+    checkpoint_blocking_s: float
+    restart_restore_s: float
+    recomputed_s: float
+    other_s: float
+
+
+class GoodputPublic(BaseModel):
+    """Productive training time over wall time, and where the rest went."""
+
+    wall_s: float
+    productive_s: float
+    goodput: float = Field(description="productive_s / wall_s.")
+    breakdown: GoodputBreakdown
+    steps: int
+    recomputed_steps: int
+    notes: list[str] = Field(description="Which parts are estimates.")
+
+    @classmethod
+    def of(cls, g: Goodput) -> GoodputPublic:
+        """The public view of a computed goodput."""
+        return cls(wall_s=g.wall_s, productive_s=g.productive_s, goodput=g.goodput,
+                   breakdown=GoodputBreakdown(**g.breakdown), steps=g.steps,
+                   recomputed_steps=g.recomputed_steps, notes=list(g.notes))
+
+
+class NodePublic(BaseModel):
+    """A node of the cluster and its resources."""
+
+    node_id: str | None
+    ip: str | None
+    is_head: bool
+    resources: dict[str, float]
+
+
+class ClusterPublic(BaseModel):
+    """Nodes and resources of the connected cluster."""
+
+    nodes: list[NodePublic]
+    total: dict[str, float]
+    available: dict[str, float]
+    dashboard_url: str | None
+
+    @classmethod
+    def of(cls, info: ClusterInfo) -> ClusterPublic:
+        """The public view of the backend's cluster."""
+        return cls(nodes=[NodePublic(**n) for n in info.nodes], total=info.total,
+                   available=info.available, dashboard_url=info.dashboard_url)
+
+
+class TokenRequest(BaseModel):
+    """A new user token for a tenant."""
+
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][-a-z0-9]*$",
+                        description="Tenant name (created if new).")
+    name: str = Field("token", max_length=64, description="A label for the token.")
+
+
+class TokenPublic(BaseModel):
+    """A new API token; shown only in this answer."""
+
+    tenant: str
+    name: str
+    token: str
+
+
+class TelemetryAccepted(BaseModel):
+    """What a telemetry post stored."""
+
+    accepted: int = Field(description="Metric points stored (0 once the job ended).")
+
+
+class Health(BaseModel):
+    """The process answers."""
+
+    status: str = "ok"
+
+
+class Ready(BaseModel):
+    """The store and the backend answer."""
+
+    status: str = "ready"
+
+
+class NotReady(BaseModel):
+    """The store or the backend does not answer."""
+
+    status: str = "unavailable"
+    reason: str = Field(description="The failure's type name.")

@@ -1,0 +1,237 @@
+"""``etrain serve``, ``submit``, ``jobs``, ``status``, ``logs``, ``cancel``: running and watching jobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column, Table
+
+from service.cli.common import (
+    EXIT_INTERRUPTED,
+    JobIdArg,
+    Session,
+    SpecArg,
+    client,
+    content_type,
+    event_line,
+    fmt,
+    session,
+    total_steps,
+)
+from service.client import EtrainClient
+from service.status import TERMINAL
+
+TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+
+
+def _print_final(s: Session, job: dict[str, Any]) -> int:
+    """Print the outcome of a finished job and return its exit code."""
+    metrics = job.get("metrics") or {}
+    s.console.print(
+        f"job {job['id']} {job['status']} at step {job.get('step')}, "
+        f"loss {fmt(metrics.get('loss'))}",
+        markup=False,
+    )
+    if job.get("error"):
+        s.err_console.print(f"error: {job['error']}", markup=False)
+    return 0 if job["status"] == "SUCCEEDED" else 1
+
+
+def _progress_fields(job: dict[str, Any]) -> dict[str, Any]:
+    """The columns of the follow progress bar for one job snapshot."""
+    metrics = job.get("metrics") or {}
+    return {
+        "completed": job.get("step") or 0,
+        "description": job.get("status", "?"),
+        "loss": fmt(metrics.get("loss")),
+        "tps": fmt(metrics.get("tokens_per_s"), ",.0f"),
+        "ws": fmt(job.get("world_size") or metrics.get("world_size")),
+    }
+
+
+def _follow(s: Session, api: EtrainClient, job: dict[str, Any]) -> int:
+    """Poll a job, printing new events above a progress bar, until it is terminal."""
+    job_id, last_event = job["id"], None
+    progress = Progress(
+        TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("world {task.fields[ws]}"), TextColumn("ETA"), TimeRemainingColumn(),
+        console=s.console,
+    )
+    try:
+        with progress:
+            fields = _progress_fields(job)
+            task = progress.add_task(fields.pop("description"), total=total_steps(job), **fields)
+            while True:
+                job = api.get_job(job_id)
+                for event in api.get_events(job_id, after_id=last_event):
+                    progress.console.print(event_line(event), markup=False)
+                    last_event = event.get("id", last_event)
+                progress.update(task, total=total_steps(job), **_progress_fields(job))
+                if job.get("status") in TERMINAL_NAMES:
+                    break
+                s.pause()
+    except KeyboardInterrupt:
+        s.err_console.print(
+            f"stopped following; job {job_id} keeps running. Resume with "
+            f"`etrain status {job_id}` or `etrain logs {job_id} -f`.",
+            markup=False,
+        )
+        return EXIT_INTERRUPTED
+    return _print_final(s, job)
+
+
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (ETRAIN_HOST, default 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to bind (ETRAIN_PORT, default 8000).")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Existing Ray cluster (default: start a local one).")
+    ] = None,
+    data_dir: Annotated[
+        str | None, typer.Option(help="Data directory (default ~/.etrain).")
+    ] = None,
+) -> None:
+    """Run the etrain control plane (REST API, scheduler, local Ray head unless --ray-address)."""
+    # Imported here: the server pulls in FastAPI and Ray, which would slow every other command.
+    from service.server import run_server
+
+    run_server(host=host, port=port, ray_address=ray_address, data_dir=data_dir)
+
+
+def submit(
+    ctx: typer.Context,
+    spec: SpecArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Follow progress until the job ends.")
+    ] = False,
+    name: Annotated[str | None, typer.Option(help="Override the spec's name.")] = None,
+) -> None:
+    """Submit a job spec; with --follow, show progress and events until it finishes."""
+    s, api = session(ctx), client(ctx)
+    with s.api_errors():
+        if name is None:
+            # Sent as-is so the server's errors point at the user's own file.
+            job = api.submit_job(spec.read_bytes(), content_type(spec))
+        else:
+            body = s.load_file(spec)
+            if not isinstance(body, dict):
+                raise s.fail(f"{spec} is not a mapping")
+            job = api.submit_job({**body, "name": name})
+        s.console.print(
+            f"submitted job {job['id']} ({job.get('name')}): {job.get('status')}", markup=False
+        )
+        for warning in job.get("warnings") or []:
+            s.err_console.print(f"warning: {warning}", markup=False)
+        if follow:
+            raise typer.Exit(_follow(s, api, job))
+
+
+def jobs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this status.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many jobs.")] = None,
+) -> None:
+    """List jobs as a table (filter by --status, cap with --limit)."""
+    s = session(ctx)
+    with s.api_errors():
+        page = client(ctx).list_jobs(status=status.upper() if status else None, limit=limit)
+    table = Table("name", "status", "step", "loss", "world", "created")
+    # Ids must stay copyable whole, so they get a column rich may not fold or cut.
+    table.columns.insert(0, Column("id", no_wrap=True, min_width=14))
+    for job in page.get("items", []):
+        total = total_steps(job)
+        table.add_row(
+            job["id"], job.get("name") or "", job.get("status") or "",
+            f"{job.get('step') or 0}/{total if total is not None else '?'}",
+            fmt((job.get("metrics") or {}).get("loss")), fmt(job.get("world_size")),
+            str(job.get("created_at") or "")[:19].replace("T", " "),
+        )
+    s.console.print(table)
+    s.console.print(f"{len(page.get('items', []))} of {page.get('total', '?')} jobs", markup=False)
+
+
+def _print_summary(s: Session, job: dict[str, Any]) -> None:
+    """The human view of one job object."""
+    total = total_steps(job)
+    rows = [
+        ("id", job.get("id")), ("name", job.get("name")), ("status", job.get("status")),
+        ("step", f"{job.get('step') or 0}/{total if total is not None else '?'}"),
+        ("world size", job.get("world_size")), ("restarts", job.get("restarts")),
+        ("dashboard", job.get("dashboard_url")), ("created", job.get("created_at")),
+        ("started", job.get("started_at")), ("finished", job.get("finished_at")),
+    ]
+    metrics = job.get("metrics")
+    if metrics:
+        rows.append(("metrics", "  ".join(f"{k}={fmt(v)}" for k, v in metrics.items())))
+    rows += [("warning", w) for w in job.get("warnings") or []]
+    if job.get("error"):
+        rows.append(("error", job["error"]))
+    for key, value in rows:
+        s.console.print(f"{key:<11}{'-' if value is None else value}", markup=False)
+
+
+def status(
+    ctx: typer.Context,
+    job_id: JobIdArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw job JSON.")] = False,
+) -> None:
+    """Show one job: status, progress, latest metrics, and its last 10 events."""
+    s, api = session(ctx), client(ctx)
+    with s.api_errors():
+        job = api.get_job(job_id)
+        if as_json:
+            typer.echo(json.dumps(job, indent=2))
+            return
+        events = api.get_events(job_id)
+    _print_summary(s, job)
+    if events:
+        s.console.print("events:")
+        for event in events[-10:]:
+            s.console.print(f"  {event_line(event)}", markup=False)
+
+
+def logs(
+    ctx: typer.Context,
+    job_id: JobIdArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream until the job ends.")
+    ] = False,
+) -> None:
+    """Print a job's driver and worker logs; -f streams them as they arrive."""
+    s, api = session(ctx), client(ctx)
+    with s.api_errors():
+        if not follow:
+            typer.echo(api.get_logs(job_id), nl=False)
+            return
+        try:
+            for chunk in api.stream_logs(job_id):
+                typer.echo(chunk, nl=False)
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def cancel(ctx: typer.Context, job_id: JobIdArg) -> None:
+    """Cancel a job (a no-op for a job that already finished)."""
+    s = session(ctx)
+    with s.api_errors():
+        job = client(ctx).cancel_job(job_id)
+    s.console.print(f"job {job.get('id', job_id)}: {job.get('status')}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``."""
+    for command in (serve, submit, jobs, status, logs, cancel):
+        app.command()(command)

@@ -1,0 +1,94 @@
+"""The database every store shares: one engine, chosen by URL, and the SQL that differs by dialect."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.pool import StaticPool
+
+# SQLite waits this long for another writer's lock before failing with "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
+    """Per-connection SQLite settings: WAL so readers never block the writer, real FKs."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        # WAL + NORMAL is durable across application crashes, which is what a job store needs.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def build_engine(url: str) -> Engine:
+    """Create an Engine for ``url`` with the settings the store relies on.
+
+    SQLite gets WAL, a busy timeout and cross-thread use (the API and the
+    scheduler share one store); a missing parent directory is created.
+    PostgreSQL URLs without a driver use psycopg 3, and every non-SQLite engine
+    pre-pings connections so a restarted database is survived.
+    """
+    parsed = make_url(url)
+    if parsed.drivername in ("postgres", "postgresql"):
+        # psycopg (3) is the driver we ship; SQLAlchemy's bare default is psycopg2.
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, pool_pre_ping=True)
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
+    }
+    database = parsed.database
+    if not database or database == ":memory:":
+        # Every new connection to :memory: is a new empty database; share one.
+        kwargs["poolclass"] = StaticPool
+    elif not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+    event.listen(engine, "connect", _configure_sqlite)
+    return engine
+
+
+class Database:
+    """One connection pool on SQLite (default) or PostgreSQL, chosen by URL.
+
+    The schema must exist: run ``service.store.migrate.migrate(url)`` first.
+    Safe to share between threads; each ``begin`` is its own transaction.
+    """
+
+    def __init__(self, url: str):
+        """Connect to ``url`` (a SQLAlchemy URL; nothing is queried yet)."""
+        self.url = url
+        self._engine = build_engine(url)
+        self._dialect = self._engine.dialect.name
+
+    def begin(self) -> AbstractContextManager[Connection]:
+        """A connection in a transaction that commits on exit (rolls back on an error)."""
+        return self._engine.begin()
+
+    def connect(self) -> AbstractContextManager[Connection]:
+        """A connection for reads."""
+        return self._engine.connect()
+
+    def insert(self, table: Any) -> Any:
+        """The dialect's INSERT, which supports ON CONFLICT on both backends."""
+        if self._dialect == "postgresql":
+            return postgresql.insert(table)
+        if self._dialect == "sqlite":
+            return sqlite.insert(table)
+        raise NotImplementedError(f"unsupported database {self._dialect!r}; use sqlite or postgresql")
+
+    def ping(self) -> None:
+        """Run ``SELECT 1``; raises the driver's error when the database is unreachable."""
+        with self._engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def close(self) -> None:
+        """Close every pooled connection; the stores on it must not be used afterwards."""
+        self._engine.dispose()
