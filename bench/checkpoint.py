@@ -54,12 +54,13 @@ sys.path.insert(0, str(ROOT))
 from workers.checkpoint.async_save import AsyncSaver  # noqa: E402
 from workers.checkpoint.manager import CheckpointInfo, CheckpointManager  # noqa: E402
 from workers.checkpoint.state import ModelAndOptimizer  # noqa: E402
+from workers.checkpoint.storage import resolve_storage  # noqa: E402
 from workers.models.config import ModelConfig, count_params  # noqa: E402
 from workers.models.llama import build_model  # noqa: E402
-from workers.checkpoint.storage import resolve_storage  # noqa: E402
 
-CONFIG = ModelConfig(vocab_size=16000, dim=384, n_layers=6, n_heads=6, n_kv_heads=6,
-                     ffn_hidden=1024, max_seq_len=128)
+CONFIG = ModelConfig(
+    vocab_size=16000, dim=384, n_layers=6, n_heads=6, n_kv_heads=6, ffn_hidden=1024, max_seq_len=128
+)
 
 
 def build_state() -> ModelAndOptimizer:
@@ -106,9 +107,17 @@ class S3Endpoint:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")),
-                                      "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("moto_server")),
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
         deadline = time.monotonic() + 60
         while True:
@@ -116,17 +125,19 @@ class S3Endpoint:
                 import boto3
 
                 boto3.client("s3", endpoint_url=self.url, region_name="us-east-1").create_bucket(
-                    Bucket="bench")
+                    Bucket="bench"
+                )
                 return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
 
     def location(self):
         """A fresh prefix in the bucket."""
-        return resolve_storage(f"s3://bench/{uuid.uuid4().hex[:8]}", endpoint_url=self.url,
-                               region="us-east-1")
+        return resolve_storage(
+            f"s3://bench/{uuid.uuid4().hex[:8]}", endpoint_url=self.url, region="us-east-1"
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -162,8 +173,15 @@ def warm_up(work: Path, state: ModelAndOptimizer) -> int:
     return nbytes
 
 
-def raw_and_sync(work: Path, manager: CheckpointManager, state: ModelAndOptimizer, *,
-                 step: int, nbytes: int, raw_first: bool) -> tuple[float, float, CheckpointInfo]:
+def raw_and_sync(
+    work: Path,
+    manager: CheckpointManager,
+    state: ModelAndOptimizer,
+    *,
+    step: int,
+    nbytes: int,
+    raw_first: bool,
+) -> tuple[float, float, CheckpointInfo]:
     """Seconds of a raw write of ``nbytes`` and of a sync save, back to back."""
     raw_s = raw_write_s(work / "raw.bin", nbytes) if raw_first else None
     t0 = settled(work, nbytes)
@@ -174,8 +192,15 @@ def raw_and_sync(work: Path, manager: CheckpointManager, state: ModelAndOptimize
     return raw_s, sync_s, info
 
 
-def one_repeat(work: Path, state: ModelAndOptimizer, step: int, *, s3: S3Endpoint | None,
-               nbytes: int, raw_first: bool) -> dict:
+def one_repeat(
+    work: Path,
+    state: ModelAndOptimizer,
+    step: int,
+    *,
+    s3: S3Endpoint | None,
+    nbytes: int,
+    raw_first: bool,
+) -> dict:
     """Raw, sync, async, restore and delete timings for one repeat (S3 when ``s3`` is given)."""
     root = s3.location() if s3 else work / "ckpt"
     manager = CheckpointManager(root, keep_last=None, rank=0)
@@ -184,8 +209,9 @@ def one_repeat(work: Path, state: ModelAndOptimizer, step: int, *, s3: S3Endpoin
         info = manager.save(step=step, app_state=state, extra={})
         raw_s, sync_s = float("nan"), time.perf_counter() - t0
     else:
-        raw_s, sync_s, info = raw_and_sync(work, manager, state, step=step, nbytes=nbytes,
-                                           raw_first=raw_first)
+        raw_s, sync_s, info = raw_and_sync(
+            work, manager, state, step=step, nbytes=nbytes, raw_first=raw_first
+        )
     saver = AsyncSaver(manager)
     t0 = settled(work, nbytes)
     saver.start(step=step + 1, app_state=state, extra={}, loss=0.0)
@@ -202,41 +228,58 @@ def one_repeat(work: Path, state: ModelAndOptimizer, step: int, *, s3: S3Endpoin
     manager.fs.rm(info.path, recursive=True)
     delete_s = time.perf_counter() - t0
     manager.fs.rm(outcome.info.path, recursive=True)
-    return {"bytes": info.bytes, "raw_s": raw_s, "sync_s": sync_s, "ratio": raw_s / sync_s,
-            "async_block_s": blocking_s, "async_total_s": total_s, "restore_s": restore_s,
-            "delete_s": delete_s}
+    return {
+        "bytes": info.bytes,
+        "raw_s": raw_s,
+        "sync_s": sync_s,
+        "ratio": raw_s / sync_s,
+        "async_block_s": blocking_s,
+        "async_total_s": total_s,
+        "restore_s": restore_s,
+        "delete_s": delete_s,
+    }
 
 
-ROWS = [("raw sequential write + fsync (baseline)", "raw_s"),
-        ("synchronous save (DCP + commit)", "sync_s"),
-        ("asynchronous save: training blocked", "async_block_s"),
-        ("asynchronous save: until committed", "async_total_s"),
-        ("restore (DCP load)", "restore_s"),
-        ("delete one checkpoint (pruning)", "delete_s")]
+ROWS = [
+    ("raw sequential write + fsync (baseline)", "raw_s"),
+    ("synchronous save (DCP + commit)", "sync_s"),
+    ("asynchronous save: training blocked", "async_block_s"),
+    ("asynchronous save: until committed", "async_total_s"),
+    ("restore (DCP load)", "restore_s"),
+    ("delete one checkpoint (pruning)", "delete_s"),
+]
 
 
 def print_table(runs: list[dict], where: str) -> None:
     """Medians (with the range), the raw-write / save ratio and async blocking / sync."""
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     mb = med["bytes"] / 1e6
-    print(f"\n{where}, {mb:.0f} MB of state ({count_params(CONFIG) / 1e6:.1f} M params, "
-          f"AdamW), median of {len(runs)}\n")
+    print(
+        f"\n{where}, {mb:.0f} MB of state ({count_params(CONFIG) / 1e6:.1f} M params, "
+        f"AdamW), median of {len(runs)}\n"
+    )
     print(f"{'measurement':<48}{'seconds':>9}{'range':>15}{'MB/s':>7}")
     for label, key in ROWS:
         if med[key] == med[key]:  # not NaN
             lo, hi = min(r[key] for r in runs), max(r[key] for r in runs)
             print(f"{label:<48}{med[key]:>9.3f}{f'{lo:.2f}-{hi:.2f}':>15}{mb / med[key]:>7.0f}")
     loads = sorted(r["load"] for r in runs)
-    print(f"(load average, 1 min, after each repeat: median {med['load']:.1f}, range "
-          f"{loads[0]:.1f}-{loads[-1]:.1f}; the bench is about 1, more is other work: noise)")
+    print(
+        f"(load average, 1 min, after each repeat: median {med['load']:.1f}, range "
+        f"{loads[0]:.1f}-{loads[-1]:.1f}; the bench is about 1, more is other work: noise)"
+    )
     if med["raw_s"] == med["raw_s"]:
         ratios = sorted(r["ratio"] for r in runs)
-        print(f"\n(a) raw time / sync save time, per repeat = {med['ratio']:.2f} median "
-              f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}; ratio of the medians "
-              f"{med['raw_s'] / med['sync_s']:.2f})   (target >= 0.7)")
+        print(
+            f"\n(a) raw time / sync save time, per repeat = {med['ratio']:.2f} median "
+            f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}; ratio of the medians "
+            f"{med['raw_s'] / med['sync_s']:.2f})   (target >= 0.7)"
+        )
     target = "target <= 0.1" if where.startswith("S3") else "local disk: report only"
-    print(f"(b) async blocking / sync save time     = "
-          f"{med['async_block_s'] / med['sync_s']:.2f}   ({target})")
+    print(
+        f"(b) async blocking / sync save time     = "
+        f"{med['async_block_s'] / med['sync_s']:.2f}   ({target})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,11 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         # against 0.28 s run on their own (medians of 7).
         for t in targets:
             for r in range(args.s3_repeats if t == "s3" else args.repeats):
-                run = one_repeat(work, state, step=10 * (r + 1), s3=s3 if t == "s3" else None,
-                                 nbytes=nbytes, raw_first=r % 2 == 0)
+                run = one_repeat(
+                    work,
+                    state,
+                    step=10 * (r + 1),
+                    s3=s3 if t == "s3" else None,
+                    nbytes=nbytes,
+                    raw_first=r % 2 == 0,
+                )
                 runs[t].append({**run, "load": os.getloadavg()[0]})
-                print(f"{t} repeat {r + 1}: " + ", ".join(
-                    f"{k} {v:.3f}" for k, v in runs[t][-1].items() if k != "bytes"), flush=True)
+                print(
+                    f"{t} repeat {r + 1}: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in runs[t][-1].items() if k != "bytes"),
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if s3 is not None:

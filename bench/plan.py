@@ -46,16 +46,23 @@ def bench(repeats: int) -> list[dict]:
         spec = JobSpec.model_validate(raw)
         cluster = GPU_CLUSTER if spec.resources.gpus_per_worker else None
         plan = plan_job(spec, cluster=cluster)
-        plan_ms = _time(lambda: plan_job(spec, cluster=cluster), repeats)
-        submit_ms = _time(lambda: plan_job(JobSpec.model_validate(raw), cluster=cluster), repeats)
-        rows.append({
-            "spec": path.stem, "cluster": "4x8 h100" if cluster else "none (cpu)",
-            "fits": plan.fits, "recommendation": plan.recommendation,
-            "candidates": len(plan.candidates),
-            "plan_ms_median": statistics.median(plan_ms),
-            "plan_ms_p95": sorted(plan_ms)[int(0.95 * len(plan_ms)) - 1],
-            "validate_plan_ms_median": statistics.median(submit_ms),
-        })
+        plan_ms = _time(lambda spec=spec, cluster=cluster: plan_job(spec, cluster=cluster), repeats)
+        submit_ms = _time(
+            lambda raw=raw, cluster=cluster: plan_job(JobSpec.model_validate(raw), cluster=cluster),
+            repeats,
+        )
+        rows.append(
+            {
+                "spec": path.stem,
+                "cluster": "4x8 h100" if cluster else "none (cpu)",
+                "fits": plan.fits,
+                "recommendation": plan.recommendation,
+                "candidates": len(plan.candidates),
+                "plan_ms_median": statistics.median(plan_ms),
+                "plan_ms_p95": sorted(plan_ms)[int(0.95 * len(plan_ms)) - 1],
+                "validate_plan_ms_median": statistics.median(submit_ms),
+            }
+        )
     return rows
 
 
@@ -66,14 +73,24 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = bench(args.repeats)
-    header = ("spec", "cluster", "fits", "recommendation", "candidates", "plan ms (median)",
-              "plan ms (p95)", "validate+plan ms (median)")
+    header = (
+        "spec",
+        "cluster",
+        "fits",
+        "recommendation",
+        "candidates",
+        "plan ms (median)",
+        "plan ms (p95)",
+        "validate+plan ms (median)",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
-        print(f"| {r['spec']} | {r['cluster']} | {r['fits']} | {r['recommendation']} | "
-              f"{r['candidates']} | {r['plan_ms_median']:.2f} | {r['plan_ms_p95']:.2f} | "
-              f"{r['validate_plan_ms_median']:.2f} |")
+        print(
+            f"| {r['spec']} | {r['cluster']} | {r['fits']} | {r['recommendation']} | "
+            f"{r['candidates']} | {r['plan_ms_median']:.2f} | {r['plan_ms_p95']:.2f} | "
+            f"{r['validate_plan_ms_median']:.2f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

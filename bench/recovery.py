@@ -40,7 +40,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,9 +49,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.backends.base import LaunchRequest, RunState  # noqa: E402
+from service.backends.base import RunState  # noqa: E402
 from service.backends.embedded import EmbeddedRay  # noqa: E402
 from service.backends.ray_jobs import RayJobBackend  # noqa: E402
+from tests.support.ray_cluster import start_node, submit_job  # noqa: E402
 from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
 from workers.elastic.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
 
@@ -75,7 +75,8 @@ FAST_NODE_FAILURE = {"etrain": True, "ray-defaults": False}
 def job_spec(storage: Path, *, every: int, spares: bool) -> dict:
     """The elastic benchmark job: runs until the script stops it."""
     return {
-        "name": "bench-recovery", "model": {"preset": "gpt-tiny"},
+        "name": "bench-recovery",
+        "model": {"preset": "gpt-tiny"},
         "data": {"source": "synthetic", "seq_len": 32, "num_samples": 100_000},
         "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
         "train": {"steps": 1_000_000, "global_batch_size": 24, "micro_batch_size": 2},
@@ -94,13 +95,19 @@ class Observed:
         return sorted(self.sink.items("metrics", self.job_id), key=lambda m: m["ts"])
 
     def events(self, kind: str, after: float = 0.0) -> list[dict]:
-        return sorted((e for e in self.sink.items("events", self.job_id)
-                       if e["kind"] == kind and e["ts"] > after), key=lambda e: e["ts"])
+        return sorted(
+            (
+                e
+                for e in self.sink.items("events", self.job_id)
+                if e["kind"] == kind and e["ts"] > after
+            ),
+            key=lambda e: e["ts"],
+        )
 
     def wait(self, pred, timeout: float, what: str):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (value := pred()):
+            if value := pred():
                 return value
             time.sleep(0.2)
         tail = [(e["kind"], e["message"][:100]) for e in self.sink.items("events", self.job_id)]
@@ -108,24 +115,31 @@ class Observed:
 
     def steps_after(self, n: int, *, world: int, timeout: float) -> None:
         start = len(self.metrics())
-        self.wait(lambda: len(self.metrics()) >= start + n
-                  and self.metrics()[-1]["world_size"] == world, timeout,
-                  f"{n} steps at {world} workers")
+        self.wait(
+            lambda: len(self.metrics()) >= start + n and self.metrics()[-1]["world_size"] == world,
+            timeout,
+            f"{n} steps at {world} workers",
+        )
 
     def recovery(self, t_kill: float, *, timeout: float) -> dict:
         """Seconds from ``t_kill`` to the restored group's first step, and steps redone."""
-        restored = self.wait(lambda: self.events("restored", after=t_kill), timeout,
-                             "a restore")[0]
-        first = self.wait(lambda: [m for m in self.metrics() if m["ts"] > restored["ts"]],
-                          timeout, "a step after the restore")[0]
+        restored = self.wait(lambda: self.events("restored", after=t_kill), timeout, "a restore")[0]
+        first = self.wait(
+            lambda: [m for m in self.metrics() if m["ts"] > restored["ts"]],
+            timeout,
+            "a step after the restore",
+        )[0]
         old = [m["step"] for m in self.metrics() if m["ts"] < restored["ts"]]
         failed = self.events("worker_failed", after=t_kill - 1)
         detect = failed[0]["ts"] - t_kill if failed else float("nan")
-        return {"s": first["ts"] - t_kill, "detect_s": detect,
-                "restart_s": restored["ts"] - t_kill - max(detect, 0.0),
-                "first_step_s": first["ts"] - restored["ts"],
-                "lost_steps": max(old) - restored["data"]["step"],
-                "world": first["world_size"]}
+        return {
+            "s": first["ts"] - t_kill,
+            "detect_s": detect,
+            "restart_s": restored["ts"] - t_kill - max(detect, 0.0),
+            "first_step_s": first["ts"] - restored["ts"],
+            "lost_steps": max(old) - restored["data"]["step"],
+            "world": first["world_size"],
+        }
 
 
 def settle(*, spares: int, timeout: float = 120) -> None:
@@ -138,19 +152,13 @@ def settle(*, spares: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while len(spares_in(SPARES_ROOT)) < spares:
         if time.monotonic() > deadline:
-            print(f"  (only {len(spares_in(SPARES_ROOT))} of {spares} warm spares ready "
-                  f"after {timeout:.0f}s; measuring anyway)", flush=True)
+            print(
+                f"  (only {len(spares_in(SPARES_ROOT))} of {spares} warm spares ready "
+                f"after {timeout:.0f}s; measuring anyway)",
+                flush=True,
+            )
             return
         time.sleep(0.5)
-
-
-def start_node(cpus: int) -> subprocess.Popen:
-    """A second Ray node on this machine, in its own process group."""
-    ray = str(Path(sys.executable).with_name("ray"))
-    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{GCS_PORT}",
-                             f"--num-cpus={cpus}", "--block", "--disable-usage-stats"],
-                            start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
 
 
 def kill_a_worker() -> float:
@@ -166,14 +174,15 @@ def kill_a_worker() -> float:
     raise RuntimeError("no Ray Train worker process found")
 
 
-def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
-             every: int, *, spares: bool) -> dict:
+def run_once(
+    backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path, every: int, *, spares: bool
+) -> dict:
     """One job through (ii), (i) and (iii); returns the measurements."""
     job_id = f"bench-rec-{uuid.uuid4().hex[:6]}"
     spec = job_spec(work / job_id, every=every, spares=spares)
-    backend.submit(LaunchRequest(job_id=job_id, submission_id=job_id, spec_json=json.dumps(spec),
-                                 env={"ETRAIN_REPORT_URL": sink.url, "ETRAIN_REPORT_TOKEN": "b",
-                                      **env}))
+    submit_job(
+        backend, job_id=job_id, spec=spec, report_url=sink.url, env=env, submission_id=job_id
+    )
     job = Observed(sink, job_id)
     node = None
     try:
@@ -182,12 +191,15 @@ def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
         job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
-        node = start_node(2)
-        t_alive = job.wait(lambda: len(backend.cluster().nodes) == 2 and time.time(), 120,
-                           "the new node ALIVE")
-        first4 = job.wait(lambda: [m for m in job.metrics()
-                                   if m["world_size"] == 4 and m["ts"] > t_alive], 300,
-                          "a step at 4 workers")[0]
+        node = start_node(gcs_port=GCS_PORT, cpus=2)
+        t_alive = job.wait(
+            lambda: len(backend.cluster().nodes) == 2 and time.time(), 120, "the new node ALIVE"
+        )
+        first4 = job.wait(
+            lambda: [m for m in job.metrics() if m["world_size"] == 4 and m["ts"] > t_alive],
+            300,
+            "a step at 4 workers",
+        )[0]
         out["added_s"] = first4["ts"] - t_alive
         job.steps_after(2 * every + 3, world=4, timeout=300)
         settle(spares=4 if spares else 0)
@@ -204,8 +216,10 @@ def run_once(backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path,
             node.wait()
         backend.stop(job_id)
         deadline = time.monotonic() + 60
-        while backend.status(job_id).state in (RunState.PENDING, RunState.RUNNING) \
-                and time.monotonic() < deadline:
+        while (
+            backend.status(job_id).state in (RunState.PENDING, RunState.RUNNING)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
 
 
@@ -258,13 +272,19 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {name: [] for name in args.configs.split(",")}
     try:
         for name in results:
-            head = EmbeddedRay(data_dir=work, num_cpus=2, dashboard_port=DASHBOARD_PORT,
-                               gcs_port=GCS_PORT, fast_node_failure=FAST_NODE_FAILURE[name])
+            head = EmbeddedRay(
+                data_dir=work,
+                num_cpus=2,
+                dashboard_port=DASHBOARD_PORT,
+                gcs_port=GCS_PORT,
+                fast_node_failure=FAST_NODE_FAILURE[name],
+            )
             backend = RayJobBackend(head.start(), python=sys.executable)
             try:
                 for r in range(args.repeats):
-                    run = run_once(backend, sink, CONFIGS[name], work, args.every,
-                                   spares=WARM_SPARES[name])
+                    run = run_once(
+                        backend, sink, CONFIGS[name], work, args.every, spares=WARM_SPARES[name]
+                    )
                     results[name].append(run)
                     print(f"{name} run {r + 1}: {json.dumps(run)}", flush=True)
             finally:

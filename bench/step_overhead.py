@@ -42,28 +42,38 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
+from tests.support.telemetry_sink import TelemetrySink
 
 PATHS = ("torchrun", "etrain", "bare", "etrain-fix")
 # bare is opt-in: it differs from etrain only by the reporter and the callback,
 # and a fourth path pushes a 3-repeat run past 5 minutes on 2 cores.
 DEFAULT_PATHS = ("torchrun", "etrain", "etrain-fix")
-LABELS = {"torchrun": "torchrun", "etrain": "etrain (Ray)", "bare": "bare Ray Train",
-          "etrain-fix": "etrain + fix"}
+LABELS = {
+    "torchrun": "torchrun",
+    "etrain": "etrain (Ray)",
+    "bare": "bare Ray Train",
+    "etrain-fix": "etrain + fix",
+}
 GCS_PORT, DASHBOARD_PORT = 6420, 8290
 
 
 # ---------------------------------------------------------------- worker side
 
+
 def build_spec_dict(*, steps: int, seq_len: int, global_batch: int, micro: int) -> dict:
     """The benchmark job as spec JSON: gpt-tiny, synthetic, DDP on 2 CPU workers."""
     return {
-        "name": "bench-step-overhead", "model": {"preset": "gpt-tiny"},
+        "name": "bench-step-overhead",
+        "model": {"preset": "gpt-tiny"},
         "data": {"source": "synthetic", "seq_len": seq_len},
         "parallelism": {"strategy": "ddp"},
         "resources": {"workers": 2, "cpus_per_worker": 1},
-        "train": {"steps": steps, "global_batch_size": global_batch,
-                  "micro_batch_size": micro, "optimizer": "adamw"},
+        "train": {
+            "steps": steps,
+            "global_batch_size": global_batch,
+            "micro_batch_size": micro,
+            "optimizer": "adamw",
+        },
         "checkpoint": {"every_steps": None},
     }
 
@@ -82,14 +92,16 @@ def _busy_jiffies() -> int:
 
 
 def _probe(torch) -> dict:
-    return {"torch_threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(),
-            "omp_env": os.environ.get("OMP_NUM_THREADS"),
-            "main_thread": threading.current_thread() is threading.main_thread(),
-            "py_threads": threading.active_count(),
-            "os_threads": len(os.listdir("/proc/self/task")),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "omp_env": os.environ.get("OMP_NUM_THREADS"),
+        "main_thread": threading.current_thread() is threading.main_thread(),
+        "py_threads": threading.active_count(),
+        "os_threads": len(os.listdir("/proc/self/task")),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    }
 
 
 def timed_run(spec_dict: dict, env, out_dir: str) -> None:
@@ -114,13 +126,19 @@ def timed_run(spec_dict: dict, env, out_dir: str) -> None:
     t_cpu, t_thread, j0, w0 = os.times(), time.thread_time(), _busy_jiffies(), time.time()
     result = train_loop.run(spec, env)
     t_end, j1, t_cpu1 = time.time(), _busy_jiffies(), os.times()
-    rec = {"rank": env.rank, "step_times": result.step_times, "reduce_s": reduce_s,
-           # the end of step 1, from the end of the run minus the later steps
-           "first_step_end": t_end - sum(result.step_times[1:]),
-           "wall_s": t_end - w0, "before": before, "during": _probe(torch),
-           "proc_cpu_s": (t_cpu1.user + t_cpu1.system) - (t_cpu.user + t_cpu.system),
-           "thread_cpu_s": time.thread_time() - t_thread,
-           "machine_busy_s": (j1 - j0) / os.sysconf("SC_CLK_TCK")}
+    rec = {
+        "rank": env.rank,
+        "step_times": result.step_times,
+        "reduce_s": reduce_s,
+        # the end of step 1, from the end of the run minus the later steps
+        "first_step_end": t_end - sum(result.step_times[1:]),
+        "wall_s": t_end - w0,
+        "before": before,
+        "during": _probe(torch),
+        "proc_cpu_s": (t_cpu1.user + t_cpu1.system) - (t_cpu.user + t_cpu.system),
+        "thread_cpu_s": time.thread_time() - t_thread,
+        "machine_busy_s": (j1 - j0) / os.sysconf("SC_CLK_TCK"),
+    }
     Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(rec))
 
 
@@ -133,8 +151,12 @@ def torchrun_worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     try:
-        env = RunEnv(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                     device=torch.device("cpu"), checkpoint_root=None)
+        env = RunEnv(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            device=torch.device("cpu"),
+            checkpoint_root=None,
+        )
         timed_run(json.loads(args.spec), env, args.out)
     finally:
         dist.destroy_process_group()
@@ -152,10 +174,14 @@ def ray_train_fn(config: dict) -> None:
     rank = ctx.get_world_rank()
     reporter = None
     if config["report_url"] and rank == 0:  # etrain: rank 0 reports per-step metrics
-        reporter = TelemetryReporter(url=config["report_url"], token=None,
-                                     job_id=config["job_id"])
-    env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=torch.device("cpu"),
-                 checkpoint_root=None, reporter=reporter)
+        reporter = TelemetryReporter(url=config["report_url"], token=None, job_id=config["job_id"])
+    env = RunEnv(
+        rank=rank,
+        world_size=ctx.get_world_size(),
+        device=torch.device("cpu"),
+        checkpoint_root=None,
+        reporter=reporter,
+    )
     try:
         timed_run(config["spec"], env, config["out"])
     finally:
@@ -164,6 +190,7 @@ def ray_train_fn(config: dict) -> None:
 
 
 # ---------------------------------------------------------------- driver side
+
 
 class LocalRay:
     """A private ``ray start --head --block`` child with token auth; stop() takes it all down."""
@@ -180,17 +207,30 @@ class LocalRay:
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
         ray_bin = str(Path(sys.executable).with_name("ray"))
         # Ports away from the defaults so a concurrent `etrain serve` head is not disturbed.
-        cmd = [ray_bin, "start", "--head", "--block", f"--port={GCS_PORT}",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={DASHBOARD_PORT}", f"--temp-dir={self.temp_dir}",
-               "--ray-client-server-port=10421", "--dashboard-agent-listen-port=52421",
-               "--min-worker-port=21000", "--max-worker-port=21999", "--disable-usage-stats"]
-        log = open(self.work / "ray-head.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        cmd = [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={GCS_PORT}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={DASHBOARD_PORT}",
+            f"--temp-dir={self.temp_dir}",
+            "--ray-client-server-port=10421",
+            "--dashboard-agent-listen-port=52421",
+            "--min-worker-port=21000",
+            "--max-worker-port=21999",
+            "--disable-usage-stats",
+        ]
+        # The child keeps its own copy of the log's descriptor; ours is closed after the start.
+        with open(self.work / "ray-head.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         import ray
-
         from ray._private.services import get_node_ip_address
+
         address = f"{get_node_ip_address()}:{GCS_PORT}"
         deadline = time.monotonic() + 120
         while True:
@@ -199,7 +239,7 @@ class LocalRay:
             try:
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False)
                 return address
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
@@ -229,9 +269,23 @@ def _read_ranks(out: Path) -> list[dict]:
 
 def launch_torchrun(spec: dict, out: Path) -> tuple[float, list[dict]]:
     """Run torchrun; return the launch wall time and both ranks' records."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           os.path.abspath(__file__), "--worker", "--out", str(out), "--spec", json.dumps(spec)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        os.path.abspath(__file__),
+        "--worker",
+        "--out",
+        str(out),
+        "--spec",
+        json.dumps(spec),
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
@@ -248,17 +302,26 @@ def launch_ray(path: str, spec: dict, out: Path, *, report_url: str) -> tuple[fl
 
     etrain = path != "bare"
     job_id = f"bench-{path}-{out.name}"
-    config = {"spec": spec, "out": str(out), "job_id": job_id,
-              "report_url": report_url if etrain else None}
+    config = {
+        "spec": spec,
+        "out": str(out),
+        "job_id": job_id,
+        "report_url": report_url if etrain else None,
+    }
     scaling = ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1})
     run_kw = {"name": job_id, "storage_path": str(out.parent / "ray-storage")}
     if etrain:  # what workers.launch.build_trainer adds
-        run_kw.update(failure_config=FailureConfig(max_failures=3),
-                      callbacks=[EventCallback(job_id)])
+        run_kw.update(
+            failure_config=FailureConfig(max_failures=3), callbacks=[EventCallback(job_id)]
+        )
     if path == "etrain-fix":
         run_kw["worker_runtime_env"] = FIX_WORKER_RUNTIME_ENV
-    trainer = TorchTrainer(ray_train_fn, train_loop_config=config, scaling_config=scaling,
-                           run_config=RunConfig(**run_kw))
+    trainer = TorchTrainer(
+        ray_train_fn,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=RunConfig(**run_kw),
+    )
     t0 = time.time()
     trainer.fit()
     return t0, _read_ranks(out)
@@ -266,18 +329,22 @@ def launch_ray(path: str, spec: dict, out: Path, *, report_url: str) -> tuple[fl
 
 def summarize(t0: float, ranks: list[dict], warmup: int) -> dict:
     """One run's numbers: per-step median/mean (slowest rank decides), start-up, CPU use."""
-    steps = [max(a, b) for a, b in zip(ranks[0]["step_times"], ranks[1]["step_times"])]
+    steps = [max(a, b) for a, b in zip(ranks[0]["step_times"], ranks[1]["step_times"], strict=True)]
     kept = steps[warmup:]
     r0 = ranks[0]
     others = r0["machine_busy_s"] - sum(r["proc_cpu_s"] for r in ranks)
-    return {"median_ms": 1e3 * statistics.median(kept), "mean_ms": 1e3 * statistics.mean(kept),
-            "startup_s": max(r["first_step_end"] for r in ranks) - t0,
-            "reduce_median_ms": 1e3 * statistics.median(r0["reduce_s"][warmup:]),
-            "thread_cpu_per_step_ms": 1e3 * r0["thread_cpu_s"] / len(steps),
-            "proc_cpu_per_step_ms": 1e3 * r0["proc_cpu_s"] / len(steps),
-            "other_cores_busy": others / r0["wall_s"],
-            "threads": {f"rank{r['rank']}": {"before": r["before"], "during": r["during"]}
-                        for r in ranks}}
+    return {
+        "median_ms": 1e3 * statistics.median(kept),
+        "mean_ms": 1e3 * statistics.mean(kept),
+        "startup_s": max(r["first_step_end"] for r in ranks) - t0,
+        "reduce_median_ms": 1e3 * statistics.median(r0["reduce_s"][warmup:]),
+        "thread_cpu_per_step_ms": 1e3 * r0["thread_cpu_s"] / len(steps),
+        "proc_cpu_per_step_ms": 1e3 * r0["proc_cpu_s"] / len(steps),
+        "other_cores_busy": others / r0["wall_s"],
+        "threads": {
+            f"rank{r['rank']}": {"before": r["before"], "during": r["during"]} for r in ranks
+        },
+    }
 
 
 def _median_of(runs: list[dict], key: str) -> float:
@@ -287,32 +354,42 @@ def _median_of(runs: list[dict], key: str) -> float:
 def print_table(results: dict[str, list[dict]]) -> None:
     """The comparison table: medians over repeats, ratios against torchrun."""
     base = results.get("torchrun")
-    head = (f"{'path':<16}{'start-up s':>11}{'step median ms':>16}{'step mean ms':>14}"
-            f"{'ratio vs torchrun (median)':>28}{'ratio (mean)':>14}")
+    head = (
+        f"{'path':<16}{'start-up s':>11}{'step median ms':>16}{'step mean ms':>14}"
+        f"{'ratio vs torchrun (median)':>28}{'ratio (mean)':>14}"
+    )
     print(head)
     print("-" * len(head))
     for path, runs in results.items():
         med, mean = _median_of(runs, "median_ms"), _median_of(runs, "mean_ms")
         ratio = f"{med / _median_of(base, 'median_ms'):.3f}" if base else "-"
         ratio_mean = f"{mean / _median_of(base, 'mean_ms'):.3f}" if base else "-"
-        print(f"{LABELS[path]:<16}{_median_of(runs, 'startup_s'):>11.2f}{med:>16.2f}"
-              f"{mean:>14.2f}{ratio:>28}{ratio_mean:>14}")
+        print(
+            f"{LABELS[path]:<16}{_median_of(runs, 'startup_s'):>11.2f}{med:>16.2f}"
+            f"{mean:>14.2f}{ratio:>28}{ratio_mean:>14}"
+        )
     print()
-    print(f"{'path':<16}{'per-repeat step medians ms':>30}{'loss all_reduce ms':>20}"
-          f"{'train-thread CPU ms/step':>26}{'other cores busy':>18}")
+    print(
+        f"{'path':<16}{'per-repeat step medians ms':>30}{'loss all_reduce ms':>20}"
+        f"{'train-thread CPU ms/step':>26}{'other cores busy':>18}"
+    )
     for path, runs in results.items():
         meds = " ".join(f"{r['median_ms']:.1f}" for r in runs)
-        print(f"{LABELS[path]:<16}{meds:>30}{_median_of(runs, 'reduce_median_ms'):>20.2f}"
-              f"{_median_of(runs, 'thread_cpu_per_step_ms'):>26.2f}"
-              f"{_median_of(runs, 'other_cores_busy'):>18.2f}")
+        print(
+            f"{LABELS[path]:<16}{meds:>30}{_median_of(runs, 'reduce_median_ms'):>20.2f}"
+            f"{_median_of(runs, 'thread_cpu_per_step_ms'):>26.2f}"
+            f"{_median_of(runs, 'other_cores_busy'):>18.2f}"
+        )
     print()
     for path, runs in results.items():
         t = runs[-1]["threads"]["rank0"]
-        print(f"{LABELS[path]:<16} rank0 before run(): torch threads "
-              f"{t['before']['torch_threads']}, interop {t['before']['interop_threads']}, "
-              f"OMP_NUM_THREADS={t['before']['omp_env']}, main thread {t['before']['main_thread']}"
-              f"; during: torch threads {t['during']['torch_threads']}, "
-              f"OS threads {t['during']['os_threads']}, nice {t['during']['nice']}")
+        print(
+            f"{LABELS[path]:<16} rank0 before run(): torch threads "
+            f"{t['before']['torch_threads']}, interop {t['before']['interop_threads']}, "
+            f"OMP_NUM_THREADS={t['before']['omp_env']}, main thread {t['before']['main_thread']}"
+            f"; during: torch threads {t['during']['torch_threads']}, "
+            f"OS threads {t['during']['os_threads']}, nice {t['during']['nice']}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -320,8 +397,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=5, help="leading steps left out of the stats")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the paths")
-    p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
-                   help=f"comma-separated subset of {','.join(PATHS)}")
+    p.add_argument(
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"comma-separated subset of {','.join(PATHS)}",
+    )
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--micro", type=int, default=4)
@@ -340,8 +420,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     """Interleave the paths ``repeats`` times (rotating the order); return runs per path."""
-    spec = build_spec_dict(steps=args.steps, seq_len=args.seq_len,
-                           global_batch=args.global_batch, micro=args.micro)
+    spec = build_spec_dict(
+        steps=args.steps, seq_len=args.seq_len, global_batch=args.global_batch, micro=args.micro
+    )
     paths = [p for p in PATHS if p in args.paths.split(",")]
     results: dict[str, list[dict]] = {p: [] for p in paths}
     ray_head = LocalRay(work) if any(p != "torchrun" for p in paths) else None
@@ -362,9 +443,12 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
                     t0, ranks = launch_ray(path, spec, out, report_url=url)
                 s = summarize(t0, ranks, args.warmup)
                 results[path].append(s)
-                print(f"[{rep + 1}/{args.repeats}] {LABELS[path]:<15} median "
-                      f"{s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
-                      f"start-up {s['startup_s']:.1f}s", flush=True)
+                print(
+                    f"[{rep + 1}/{args.repeats}] {LABELS[path]:<15} median "
+                    f"{s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
+                    f"start-up {s['startup_s']:.1f}s",
+                    flush=True,
+                )
     finally:
         if ray_head is not None:
             ray_head.stop()
@@ -383,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="etrain-bench-") as tmp:
         t = time.time()
         results = bench(args, Path(tmp))
-        print(f"\n{args.steps} steps, warm-up {args.warmup}, {args.repeats} repeats, "
-              f"total {time.time() - t:.0f}s; medians over repeats\n")
+        print(
+            f"\n{args.steps} steps, warm-up {args.warmup}, {args.repeats} repeats, "
+            f"total {time.time() - t:.0f}s; medians over repeats\n"
+        )
         print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.local_launch import LocalJob, run_local  # noqa: E402
-from workers.spec import JobSpec  # noqa: E402
+from tests.support.local_launch import LocalJob, run_local
+from workers.spec import JobSpec
 
 PP = {"pipeline": {"schedule": "1f1b", "microbatches": 4}}
 LAYOUTS = {
@@ -41,13 +41,22 @@ KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "
 
 def make_spec(name: str, par: dict, *, steps: int, preset: str) -> dict:
     """The shared job with one layout."""
-    return JobSpec.model_validate({
-        "name": name.replace(" ", "-"), "model": {"preset": preset},
-        "data": {"seq_len": 128, "num_samples": 1024},
-        "parallelism": par, "resources": {"workers": 4, "cpus_per_worker": 0.5},
-        "train": {"steps": steps, "global_batch_size": 16, "micro_batch_size": 2,
-                  "lr": 1e-3, "optimizer": "adamw"},
-    }).model_dump(mode="json", by_alias=True)
+    return JobSpec.model_validate(
+        {
+            "name": name.replace(" ", "-"),
+            "model": {"preset": preset},
+            "data": {"seq_len": 128, "num_samples": 1024},
+            "parallelism": par,
+            "resources": {"workers": 4, "cpus_per_worker": 0.5},
+            "train": {
+                "steps": steps,
+                "global_batch_size": 16,
+                "micro_batch_size": 2,
+                "lr": 1e-3,
+                "optimizer": "adamw",
+            },
+        }
+    ).model_dump(mode="json", by_alias=True)
 
 
 def summarise(results: dict, warmup: int) -> list[dict]:
@@ -58,8 +67,11 @@ def summarise(results: dict, warmup: int) -> list[dict]:
         if res.error:
             rows.append({"layout": name, "error": res.error.strip().splitlines()[-1]})
             continue
-        row = {"layout": name, "step_ms": 1e3 * statistics.median(res.step_times[warmup:]),
-               "final_loss": res.losses[max(res.losses)]}
+        row = {
+            "layout": name,
+            "step_ms": 1e3 * statistics.median(res.step_times[warmup:]),
+            "final_loss": res.losses[max(res.losses)],
+        }
         for key in KEYS:
             row[key] = max(r[key] for r in res.memory)
         rows.append(row)
@@ -70,17 +82,21 @@ def print_table(rows: list[dict]) -> None:
     """Print absolute numbers and ratios against the DDP row."""
     base = next(r for r in rows if r["layout"] == "ddp")
     mib = 1024**2
-    print(f"{'layout':20} {'step ms':>8} {'x ddp':>6} {'params MiB':>10} {'grads MiB':>9} "
-          f"{'optim MiB':>9} {'activ MiB':>9} {'peak MiB':>8} {'x ddp':>6} {'loss':>7}")
+    print(
+        f"{'layout':20} {'step ms':>8} {'x ddp':>6} {'params MiB':>10} {'grads MiB':>9} "
+        f"{'optim MiB':>9} {'activ MiB':>9} {'peak MiB':>8} {'x ddp':>6} {'loss':>7}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['layout']:20} failed: {r['error'][:90]}")
             continue
-        print(f"{r['layout']:20} {r['step_ms']:8.1f} {r['step_ms'] / base['step_ms']:6.2f} "
-              f"{r['params_bytes'] / mib:10.2f} {r['grads_bytes'] / mib:9.2f} "
-              f"{r['optimizer_bytes'] / mib:9.2f} {r['activations_bytes'] / mib:9.2f} "
-              f"{r['peak_bytes'] / mib:8.2f} {r['peak_bytes'] / base['peak_bytes']:6.2f} "
-              f"{r['final_loss']:7.4f}")
+        print(
+            f"{r['layout']:20} {r['step_ms']:8.1f} {r['step_ms'] / base['step_ms']:6.2f} "
+            f"{r['params_bytes'] / mib:10.2f} {r['grads_bytes'] / mib:9.2f} "
+            f"{r['optimizer_bytes'] / mib:9.2f} {r['activations_bytes'] / mib:9.2f} "
+            f"{r['peak_bytes'] / mib:8.2f} {r['peak_bytes'] / base['peak_bytes']:6.2f} "
+            f"{r['final_loss']:7.4f}"
+        )
 
 
 def main() -> int:
@@ -91,11 +107,15 @@ def main() -> int:
     ap.add_argument("--preset", default="gpt-small")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    jobs = [LocalJob(name, make_spec(name, par, steps=args.steps, preset=args.preset))
-            for name, par in LAYOUTS.items()]
+    jobs = [
+        LocalJob(name, make_spec(name, par, steps=args.steps, preset=args.preset))
+        for name, par in LAYOUTS.items()
+    ]
     rows = summarise(run_local(jobs, world_size=4), args.warmup)
-    print(f"{args.preset}, 4 CPU workers (gloo), seq 128, global batch 16, micro 2, AdamW, "
-          f"{args.steps} steps (first {args.warmup} not timed); memory: largest rank")
+    print(
+        f"{args.preset}, 4 CPU workers (gloo), seq 128, global batch 16, micro 2, AdamW, "
+        f"{args.steps} steps (first {args.warmup} not timed); memory: largest rank"
+    )
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -63,8 +63,10 @@ def kill_one_worker(client: httpx.Client, total_steps: int, done: threading.Even
             workers = train_workers()
             if workers:
                 victim = max(workers, key=lambda p: p.create_time())
-                print(f"\ndemo: step {items[0]['step']}: SIGKILL training worker pid "
-                      f"{victim.pid}\n", flush=True)
+                print(
+                    f"\ndemo: step {items[0]['step']}: SIGKILL training worker pid {victim.pid}\n",
+                    flush=True,
+                )
                 victim.send_signal(signal.SIGKILL)
                 return
         time.sleep(0.3)
@@ -73,13 +75,19 @@ def kill_one_worker(client: httpx.Client, total_steps: int, done: threading.Even
 def main() -> int:
     """Run the demo end to end; exit non-zero unless the job succeeded after the restart."""
     shutil.rmtree(DATA_DIR, ignore_errors=True)
-    env = {**os.environ, "ETRAIN_DATA_DIR": str(DATA_DIR), "ETRAIN_PORT": str(PORT),
-           "ETRAIN_RAY_DASHBOARD_PORT": os.environ.get("DEMO_DASHBOARD_PORT", "8865"),
-           "ETRAIN_RAY_GCS_PORT": os.environ.get("DEMO_GCS_PORT", "6390")}
+    env = {
+        **os.environ,
+        "ETRAIN_DATA_DIR": str(DATA_DIR),
+        "ETRAIN_PORT": str(PORT),
+        "ETRAIN_RAY_DASHBOARD_PORT": os.environ.get("DEMO_DASHBOARD_PORT", "8865"),
+        "ETRAIN_RAY_GCS_PORT": os.environ.get("DEMO_GCS_PORT", "6390"),
+    }
     env.pop("ETRAIN_RAY_ADDRESS", None)
-    serve = subprocess.Popen([str(BIN / "etrain"), "serve"], env=env,
-                             stdout=open(DATA_DIR.with_suffix(".log"), "w"),
-                             stderr=subprocess.STDOUT)
+    # The child keeps its own copy of the log's descriptor; ours is closed after the start.
+    with open(DATA_DIR.with_suffix(".log"), "w") as log:
+        serve = subprocess.Popen(
+            [str(BIN / "etrain"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         return run_job(serve, env)
     finally:
@@ -99,6 +107,7 @@ def run_job(serve: subprocess.Popen, env: dict) -> int:
         client.headers["Authorization"] = f"Bearer {token}"
         env = {**env, "ETRAIN_URL": URL, "ETRAIN_TOKEN": token}
         import yaml
+
         steps = yaml.safe_load(SPEC.read_text())["train"]["steps"]
         done = threading.Event()
         killer = threading.Thread(target=kill_one_worker, args=(client, steps, done), daemon=True)

@@ -54,7 +54,9 @@ def require_user(principal: Principal) -> Principal:
     return principal
 
 
-def ensure_admin_token(tokens: TokenStore, *, configured: str | None, data_dir: Path) -> Path | None:
+def ensure_admin_token(
+    tokens: TokenStore, *, configured: str | None, data_dir: Path
+) -> Path | None:
     """Make sure an admin token exists; return the file it was written to, if any.
 
     ``ETRAIN_ADMIN_TOKEN`` wins. Otherwise a token is generated once, written
@@ -74,8 +76,9 @@ def ensure_admin_token(tokens: TokenStore, *, configured: str | None, data_dir: 
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")
     if tokens.find_token(hash_token(token)) is None:
-        tokens.add_token(tenant_id=tenant.id, token_hash=hash_token(token),
-                        name="admin", role="admin")
+        tokens.add_token(
+            tenant_id=tenant.id, token_hash=hash_token(token), name="admin", role="admin"
+        )
     return path
 
 
@@ -90,6 +93,11 @@ def create_user_token(tokens: TokenStore, *, tenant: str, name: str) -> str:
 def create_reporter_token(tokens: TokenStore, *, tenant_id: str, job_id: str) -> str:
     """A token that may only post telemetry for one job (handed to its Ray job)."""
     token = new_token()
-    tokens.add_token(tenant_id=tenant_id, token_hash=hash_token(token),
-                    name=f"reporter:{job_id}", role="reporter", job_id=job_id)
+    tokens.add_token(
+        tenant_id=tenant_id,
+        token_hash=hash_token(token),
+        name=f"reporter:{job_id}",
+        role="reporter",
+        job_id=job_id,
+    )
     return token

@@ -7,5 +7,7 @@ from __future__ import annotations
 # the smaller size without first waiting out a worker-group start on the dead node's
 # stale resources. A slow (not dead) node still has each check's full timeout to
 # answer. bench/recovery.py measures it.
-FAST_NODE_FAILURE_ENV = {"RAY_health_check_period_ms": "1000",
-                         "RAY_health_check_failure_threshold": "3"}
+FAST_NODE_FAILURE_ENV = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}

@@ -14,16 +14,24 @@ if TYPE_CHECKING:
 def describe_ray(settings: Settings) -> str:
     """Where jobs will run, as ``build_backend`` will decide it from ``settings``."""
     if settings.backend == "kuberay":
-        where = (f"on RayCluster {settings.raycluster_name}" if settings.raycluster_name
-                 else "each on a RayCluster of its own")
+        where = (
+            f"on RayCluster {settings.raycluster_name}"
+            if settings.raycluster_name
+            else "each on a RayCluster of its own"
+        )
         return f"KubeRay RayJobs in namespace {settings.k8s_namespace}, {where}"
     if settings.ray_address:
         return f"the Ray job API at {settings.ray_address}"
     return "an embedded local Ray head (starting)"
 
 
-def run_server(*, host: str | None = None, port: int | None = None,
-               ray_address: str | None = None, data_dir: str | None = None) -> None:
+def run_server(
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    ray_address: str | None = None,
+    data_dir: str | None = None,
+) -> None:
     """Start the control plane in the foreground until interrupted."""
     import uvicorn
 
@@ -31,16 +39,33 @@ def run_server(*, host: str | None = None, port: int | None = None,
     from service.settings import Settings
     from workers.checkpoint.storage import quiet_storage_loggers
 
-    overrides = {k: v for k, v in {"host": host, "port": port, "ray_address": ray_address,
-                                   "data_dir": Path(data_dir) if data_dir else None}.items()
-                 if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "ray_address": ray_address,
+            "data_dir": Path(data_dir) if data_dir else None,
+        }.items()
+        if v is not None
+    }
     settings = Settings(**overrides)
-    logging.basicConfig(level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     quiet_storage_loggers()  # even at DEBUG: botocore would log signed request headers
     print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
     if settings.admin_token is None:
-        print(f"etrain: admin token in {settings.data_path / 'admin_token'} "
-              "(export ETRAIN_TOKEN=$(cat that file))", flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="info", timeout_graceful_shutdown=10)
+        print(
+            f"etrain: admin token in {settings.data_path / 'admin_token'} "
+            "(export ETRAIN_TOKEN=$(cat that file))",
+            flush=True,
+        )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=10,
+    )

@@ -15,56 +15,78 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ETRAIN_", extra="ignore")
 
     env: Literal["development", "production"] = Field(
-        "development", description="production refuses unsafe defaults.")
+        "development", description="production refuses unsafe defaults."
+    )
     data_dir: Path = Field(Path("~/.etrain"), description="SQLite file, checkpoints, tokens.")
     database_url: str | None = Field(
-        None, description="SQLAlchemy URL; default sqlite under data_dir.")
+        None, description="SQLAlchemy URL; default sqlite under data_dir."
+    )
     ray_address: str | None = Field(
-        None, description="Ray job API (dashboard) URL, e.g. http://head:8265; "
-        "unset = start an embedded local Ray head.")
+        None,
+        description="Ray job API (dashboard) URL, e.g. http://head:8265; "
+        "unset = start an embedded local Ray head.",
+    )
     admin_token: SecretStr | None = Field(
-        None, description="First admin API token; generated under data_dir when unset.")
+        None, description="First admin API token; generated under data_dir when unset."
+    )
     host: str = Field("127.0.0.1", description="Bind address of the API.")
     port: int = Field(8000, description="Port of the API.")
     public_url: str | None = Field(
-        None, description="URL at which Ray workers reach this API (telemetry); "
-        "default http://127.0.0.1:<port>.")
+        None,
+        description="URL at which Ray workers reach this API (telemetry); "
+        "default http://127.0.0.1:<port>.",
+    )
     worker_python: str | None = Field(
-        None, description="Python on the cluster for the job driver; default: this "
-        "interpreter for the embedded Ray, 'python' for an external cluster.")
+        None,
+        description="Python on the cluster for the job driver; default: this "
+        "interpreter for the embedded Ray, 'python' for an external cluster.",
+    )
     ray_num_cpus: int | None = Field(None, description="CPUs of the embedded Ray head.")
     ray_dashboard_port: int = Field(8265, description="Embedded Ray dashboard port.")
     ray_gcs_port: int = Field(6379, description="Embedded Ray GCS port.")
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
     backend: Literal["ray-jobs", "kuberay"] = Field(
-        "ray-jobs", description="ray-jobs: Ray's job API (embedded head, or ETRAIN_RAY_ADDRESS, "
-        "e.g. a KubeRay head service); kuberay: one ray.io/v1 RayJob per submission.")
+        "ray-jobs",
+        description="ray-jobs: Ray's job API (embedded head, or ETRAIN_RAY_ADDRESS, "
+        "e.g. a KubeRay head service); kuberay: one ray.io/v1 RayJob per submission.",
+    )
     k8s_namespace: str = Field("etrain", description="Namespace of the RayJobs (kuberay).")
     raycluster_name: str | None = Field(
-        None, description="Run RayJobs on this existing RayCluster (clusterSelector); unset = "
-        "a RayCluster per job, sized from its resources (kuberay).")
+        None,
+        description="Run RayJobs on this existing RayCluster (clusterSelector); unset = "
+        "a RayCluster per job, sized from its resources (kuberay).",
+    )
     ray_dashboard_url: str | None = Field(
-        None, description="Ray dashboard URL for job links, e.g. http://localhost:8265 behind "
-        "kubectl port-forward (kuberay; default: the head service).")
+        None,
+        description="Ray dashboard URL for job links, e.g. http://localhost:8265 behind "
+        "kubectl port-forward (kuberay; default: the head service).",
+    )
     k8s_worker_image: str = Field(
-        "etrain/worker:0.1.0", description="Ray image of per-job clusters (kuberay).")
+        "etrain/worker:0.1.0", description="Ray image of per-job clusters (kuberay)."
+    )
     k8s_checkpoint_claim: str | None = Field(
-        "etrain-checkpoints", description="RWX PVC mounted at /var/lib/etrain/checkpoints on "
-        "per-job Ray pods (kuberay).")
+        "etrain-checkpoints",
+        description="RWX PVC mounted at /var/lib/etrain/checkpoints on per-job Ray pods (kuberay).",
+    )
     k8s_gpu_type: str | None = Field(
-        None, description="nvidia.com/gpu.product node label for per-job GPU pods (kuberay).")
+        None, description="nvidia.com/gpu.product node label for per-job GPU pods (kuberay)."
+    )
     k8s_job_ttl_s: int = Field(
-        3600, ge=0, description="Seconds a per-job cluster is kept after its job ends (kuberay).")
+        3600, ge=0, description="Seconds a per-job cluster is kept after its job ends (kuberay)."
+    )
     k8s_active_deadline_s: int | None = Field(
-        None, gt=0, description="RayJob activeDeadlineSeconds; unset = no deadline (kuberay).")
+        None, gt=0, description="RayJob activeDeadlineSeconds; unset = no deadline (kuberay)."
+    )
     k8s_ray_auth_secret: str | None = Field(
-        "etrain-ray-token", description="Existing Secret (key auth_token) with the Ray token of "
-        "per-job clusters (authOptions); '' = no token auth (kuberay).")
+        "etrain-ray-token",
+        description="Existing Secret (key auth_token) with the Ray token of "
+        "per-job clusters (authOptions); '' = no token auth (kuberay).",
+    )
     k8s_max_gpus: float = Field(8, ge=0, description="GPUs one per-job cluster may use (kuberay).")
     k8s_max_cpus: float = Field(64, gt=0, description="CPUs one per-job cluster may use (kuberay).")
 
     @model_validator(mode="after")
-    def _safe_outside_development(self) -> "Settings":
+    def _safe_outside_development(self) -> Settings:
         if self.env == "production" and self.admin_token is None:
             raise ValueError("ETRAIN_ADMIN_TOKEN must be set when ETRAIN_ENV=production")
         if self.env == "production" and (self.database_url or "").startswith("sqlite"):

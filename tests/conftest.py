@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 from fastapi.testclient import TestClient
@@ -59,8 +58,9 @@ def stores(store_url):
 @pytest.fixture
 def client(tmp_path):
     """The API on a fake backend, with ``fakes.ADMIN`` as its admin token (no reconciler)."""
-    with TestClient(create_app(dev_settings(tmp_path), backend=FakeBackend(),
-                               reconcile=False)) as c:
+    with TestClient(
+        create_app(dev_settings(tmp_path), backend=FakeBackend(), reconcile=False)
+    ) as c:
         yield c
 
 
@@ -77,8 +77,9 @@ def ray_backend(tmp_path_factory):
     from service.backends.embedded import EmbeddedRay
     from service.backends.ray_jobs import RayJobBackend
 
-    head = EmbeddedRay(data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2,
-                       dashboard_port=8310, gcs_port=6510)
+    head = EmbeddedRay(
+        data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2, dashboard_port=8310, gcs_port=6510
+    )
     backend = RayJobBackend(head.start(), python=sys.executable)
     yield backend
     head.stop()

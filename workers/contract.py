@@ -144,8 +144,10 @@ class CheckpointRecord(BaseModel):
     save_s: float = Field(description="Seconds from the start of the save to its commit.")
     blocking_s: float | None = Field(None, description="Seconds training was held by the save.")
     deleted_steps: list[int] = Field(
-        default_factory=list, description="Committed checkpoints the retention rule deleted "
-        "after this one committed (checkpoint.keep_last, checkpoint.keep_every).")
+        default_factory=list,
+        description="Committed checkpoints the retention rule deleted "
+        "after this one committed (checkpoint.keep_last, checkpoint.keep_every).",
+    )
 
 
 class TelemetryBatch(BaseModel):

@@ -41,17 +41,23 @@ def train_fn(config: dict) -> None:
     rank = ctx.get_world_rank()
     if spec.resources.gpus_per_worker > 0:
         import ray.train.torch as rtt
+
         device = rtt.get_device()
     else:
         device = torch.device("cpu")
     _check_placement(spec, node_rank=ctx.get_node_rank())
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
-    env = RunEnv(rank=rank, world_size=ctx.get_world_size(), device=device,
-                 checkpoint_root=job_storage(spec).uri_of(config["job_id"], "checkpoints"),
-                 reporter=reporter, hooks=load_hooks(),
-                 # After the first step every worker has claimed its process, so each
-                 # node's spares can be counted and topped up for the next restart.
-                 after_first_step=warm_spares.top_up)
+    env = RunEnv(
+        rank=rank,
+        world_size=ctx.get_world_size(),
+        device=device,
+        checkpoint_root=job_storage(spec).uri_of(config["job_id"], "checkpoints"),
+        reporter=reporter,
+        hooks=load_hooks(),
+        # After the first step every worker has claimed its process, so each
+        # node's spares can be counted and topped up for the next restart.
+        after_first_step=warm_spares.top_up,
+    )
     try:
         run(spec, env)
     finally:
@@ -94,23 +100,36 @@ def build_trainer(spec: JobSpec, *, job_id: str):
     elastic = res.min_workers != res.max_workers
     scaling = ScalingConfig(
         num_workers=(res.min_workers, res.max_workers) if elastic else res.min_workers,
-        use_gpu=res.gpus_per_worker > 0, resources_per_worker=per_worker,
-        elastic_resize_monitor_interval_s=resize_monitor_interval_s())
+        use_gpu=res.gpus_per_worker > 0,
+        resources_per_worker=per_worker,
+        elastic_resize_monitor_interval_s=resize_monitor_interval_s(),
+    )
     loc = job_storage(spec)
     ray_path, ray_fs = loc.ray_storage()
     run_config = RunConfig(
-        name=job_id, storage_path=ray_path, storage_filesystem=ray_fs,
+        name=job_id,
+        storage_path=ray_path,
+        storage_filesystem=ray_fs,
         failure_config=FailureConfig(max_failures=spec.failure.max_failures),
-        callbacks=[EventCallback(job_id), ReleaseStaleReservation(
-            loc.uri_of(job_id, "ray_reservation"), spec.checkpoint)],
-        worker_runtime_env=(warm_spares.worker_runtime_env()
-                            if spec.failure.warm_spares else {}),
+        callbacks=[
+            EventCallback(job_id),
+            ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.checkpoint),
+        ],
+        worker_runtime_env=(warm_spares.worker_runtime_env() if spec.failure.warm_spares else {}),
     )
     config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
-    policy = LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size,
-                                 job_id=job_id) if elastic else None
-    return trainer_class()(train_fn, train_loop_config=config, scaling_config=scaling,
-                           run_config=run_config, scaling_policy=policy)
+    policy = (
+        LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size, job_id=job_id)
+        if elastic
+        else None
+    )
+    return trainer_class()(
+        train_fn,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=run_config,
+        scaling_policy=policy,
+    )
 
 
 def _die_with_parent() -> None:
@@ -155,8 +174,7 @@ def _abort_on_sigterm(spec: JobSpec) -> None:
 
     if not ray.is_initialized():
         # Merged by Ray with the runtime environment the job was submitted with.
-        ray.init(runtime_env=(warm_spares.job_runtime_env()
-                              if spec.failure.warm_spares else None))
+        ray.init(runtime_env=(warm_spares.job_runtime_env() if spec.failure.warm_spares else None))
     signal.signal(signal.SIGTERM, on_sigterm)
 
 

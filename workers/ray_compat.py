@@ -54,9 +54,20 @@ from workers.contract import RAY_VERSION
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RAY_VERSION", "WORKER_MODULES", "ControllerCallback", "ElasticPolicyBase",
-           "NoopDecision", "ResizeDecision", "ScalingDecision", "auth_headers",
-           "cancel_reservation", "check", "prestart_workers", "trainer_class"]
+__all__ = [
+    "RAY_VERSION",
+    "WORKER_MODULES",
+    "ControllerCallback",
+    "ElasticPolicyBase",
+    "NoopDecision",
+    "ResizeDecision",
+    "ScalingDecision",
+    "auth_headers",
+    "cancel_reservation",
+    "check",
+    "prestart_workers",
+    "trainer_class",
+]
 
 # (7) What a Ray Train worker imports before its first step after a restore, beyond
 # torch and etrain: the worker actor's module and Ray Train's torch backend.
@@ -83,8 +94,12 @@ class ElasticPolicyBase(ElasticScalingPolicy):
         if not self.recompute_reservation:
             return super()._get_reserved_resources()
         try:
-            reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(
-                self._requester_id, recompute=True), timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
+            reserved = ray.get(
+                self._autoscaling_coordinator.get_reserved_resources.remote(
+                    self._requester_id, recompute=True
+                ),
+                timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
+            )
         except Exception as e:  # noqa: BLE001 - Ray's own polling is the fallback
             log.warning("recomputing the cluster reservation failed (%s); using Ray's view", e)
             return super()._get_reserved_resources()
@@ -116,8 +131,10 @@ def cancel_reservation(requester_id: str, *, timeout_s: float = 5.0) -> None:
         get_or_create_autoscaling_coordinator,
     )
 
-    ray.get(get_or_create_autoscaling_coordinator().cancel_request.remote(
-        requester_id=requester_id), timeout=timeout_s)
+    ray.get(
+        get_or_create_autoscaling_coordinator().cancel_request.remote(requester_id=requester_id),
+        timeout=timeout_s,
+    )
 
 
 def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) -> None:
@@ -133,16 +150,22 @@ def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) 
 
     ctx = ray.get_runtime_context()
     node = next(n for n in ray.nodes() if n["NodeID"] == ctx.get_node_id())
-    channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", [],
-                                asynchronous=False)
+    channel = init_grpc_channel(
+        f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", [], asynchronous=False
+    )
     try:
         request = node_manager_pb2.PrestartWorkersRequest(
-            language=common_pb2.PYTHON, job_id=bytes.fromhex(ctx.get_job_id()),
+            language=common_pb2.PYTHON,
+            job_id=bytes.fromhex(ctx.get_job_id()),
             runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(
-                serialized_runtime_env=ctx.get_runtime_env_string()),
-            keep_alive_duration_secs=keep_alive_s, num_workers=count)
+                serialized_runtime_env=ctx.get_runtime_env_string()
+            ),
+            keep_alive_duration_secs=keep_alive_s,
+            num_workers=count,
+        )
         node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
-            request, timeout=timeout_s)
+            request, timeout=timeout_s
+        )
     finally:
         channel.close()
 
@@ -159,6 +182,7 @@ def auth_headers() -> dict[str, str]:
 
 # --- the check ------------------------------------------------------------------------------
 
+
 def _params(fn) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
@@ -173,12 +197,20 @@ def _source_mentions(obj, *names: str) -> bool:
 
 
 def _elastic_policy() -> bool:
-    return (_has_params(ElasticScalingPolicy._count_possible_workers, "reserved_resources")
-            and _params(ElasticScalingPolicy._get_reserved_resources) == ["self"]
-            and _source_mentions(ElasticScalingPolicy.__init__, "self._latest_reserved_resources",
-                                 "self._latest_reserved_resources_query_time")
-            and _source_mentions(ElasticScalingPolicy._get_reserved_resources,
-                                 "self._autoscaling_coordinator", "self._requester_id"))
+    return (
+        _has_params(ElasticScalingPolicy._count_possible_workers, "reserved_resources")
+        and _params(ElasticScalingPolicy._get_reserved_resources) == ["self"]
+        and _source_mentions(
+            ElasticScalingPolicy.__init__,
+            "self._latest_reserved_resources",
+            "self._latest_reserved_resources_query_time",
+        )
+        and _source_mentions(
+            ElasticScalingPolicy._get_reserved_resources,
+            "self._autoscaling_coordinator",
+            "self._requester_id",
+        )
+    )
 
 
 def _coordinator_recompute() -> bool:
@@ -186,17 +218,18 @@ def _coordinator_recompute() -> bool:
         _AutoscalingCoordinatorActor,
     )
 
-    return _has_params(_AutoscalingCoordinatorActor.get_reserved_resources, "requester_id",
-                       "recompute")
+    return _has_params(
+        _AutoscalingCoordinatorActor.get_reserved_resources, "requester_id", "recompute"
+    )
 
 
 def _trainer_seam() -> bool:
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.execution.controller import TrainController
 
-    return (_source_mentions(TorchTrainer._initialize_and_run_controller,
-                             "controller_init_kwargs")
-            and _has_params(TrainController.__init__, "scaling_policy"))
+    return _source_mentions(
+        TorchTrainer._initialize_and_run_controller, "controller_init_kwargs"
+    ) and _has_params(TrainController.__init__, "scaling_policy")
 
 
 def _controller_callback() -> bool:
@@ -210,7 +243,8 @@ def _cancel_request() -> bool:
     )
 
     return callable(get_or_create_autoscaling_coordinator) and _has_params(
-        _AutoscalingCoordinatorActor.cancel_request, "requester_id")
+        _AutoscalingCoordinatorActor.cancel_request, "requester_id"
+    )
 
 
 def _prestart() -> bool:
@@ -218,11 +252,13 @@ def _prestart() -> bool:
     from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
 
     fields = set(node_manager_pb2.PrestartWorkersRequest.DESCRIPTOR.fields_by_name)
-    return ({"language", "job_id", "runtime_env_info", "keep_alive_duration_secs",
-             "num_workers"} <= fields
-            and hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
-            and "PrestartWorkers" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
-            and _has_params(init_grpc_channel, "address", "options", "asynchronous"))
+    return (
+        {"language", "job_id", "runtime_env_info", "keep_alive_duration_secs", "num_workers"}
+        <= fields
+        and hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
+        and "PrestartWorkers" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
+        and _has_params(init_grpc_channel, "address", "options", "asynchronous")
+    )
 
 
 def _auth() -> bool:

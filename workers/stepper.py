@@ -49,10 +49,20 @@ class Stepper:
     extra cost.
     """
 
-    def __init__(self, *, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
-                 dataset, coords: Coordinates, device: torch.device, micro_batch_size: int,
-                 microbatches: int, precision: str, grad_clip: float,
-                 pipeline: Pipeline | None = None):
+    def __init__(
+        self,
+        *,
+        parts: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        dataset,
+        coords: Coordinates,
+        device: torch.device,
+        micro_batch_size: int,
+        microbatches: int,
+        precision: str,
+        grad_clip: float,
+        pipeline: Pipeline | None = None,
+    ):
         self.parts, self.optimizers, self.dataset = parts, optimizers, dataset
         self.coords, self.device, self.pipeline = coords, device, pipeline
         self.micro_batch_size, self.grad_clip = micro_batch_size, grad_clip
@@ -60,8 +70,9 @@ class Stepper:
         self.per_call = micro_batch_size * (microbatches if pipeline is not None else 1)
         self.holds_loss = pipeline is None or pipeline.has_last
         self.holders = coords.dp_size * coords.tp_size
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16,
-                                       enabled=precision == "bf16")
+        self.autocast = torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
+        )
         self.meter: ActivationMeter | None = None
 
     def step(self, batch: list, *, votes: tuple[bool, ...] = ()) -> tuple[float, tuple[int, ...]]:
@@ -69,14 +80,21 @@ class Stepper:
 
         Returns the global mean loss and, per vote, how many ranks voted yes.
         """
-        calls = shard_global_batch(batch, dp_rank=self.coords.dp_rank,
-                                   dp_size=self.coords.dp_size, micro_batch_size=self.per_call)
+        calls = shard_global_batch(
+            batch,
+            dp_rank=self.coords.dp_rank,
+            dp_size=self.coords.dp_size,
+            micro_batch_size=self.per_call,
+        )
         local = torch.zeros((), dtype=torch.float64)
         for i, items in enumerate(calls):
             x, y = (t.to(self.device, non_blocking=True) for t in collate(self.dataset, items))
             last = i == len(calls) - 1
-            loss = (self._pipeline_call(x, y, len(calls)) if self.pipeline is not None
-                    else self._micro_step(x, y, len(calls), sync=last))
+            loss = (
+                self._pipeline_call(x, y, len(calls))
+                if self.pipeline is not None
+                else self._micro_step(x, y, len(calls), sync=last)
+            )
             if loss is not None:
                 local += loss / len(calls)
         self._clip()
@@ -91,7 +109,7 @@ class Stepper:
 
     def _micro_step(self, x, y, n_calls: int, *, sync: bool) -> float:
         model = self.parts[0]
-        with _grad_sync(model, sync), (self.meter or contextlib.nullcontext()):
+        with _grad_sync(model, sync), self.meter or contextlib.nullcontext():
             with self.autocast:
                 logits = model(x)
             if self.meter is not None:
@@ -104,9 +122,10 @@ class Stepper:
         # The pipeline's loss function divides by the number of calls per step
         # (fixed when it is built), so gradients summed over calls are the mean.
         del n_calls
-        with self.autocast, (self.meter or contextlib.nullcontext()):
-            return self.pipeline.run(x if self.pipeline.has_first else None,
-                                     y if self.pipeline.has_last else None)
+        with self.autocast, self.meter or contextlib.nullcontext():
+            return self.pipeline.run(
+                x if self.pipeline.has_first else None, y if self.pipeline.has_last else None
+            )
 
     def _clip(self) -> None:
         if self.grad_clip <= 0:
@@ -117,18 +136,21 @@ class Stepper:
             return
         params = [p for part in self.parts for p in part.parameters() if p.grad is not None]
         # foreach=False: one fused multiply cannot mix DTensors of different meshes.
-        torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total_grad_norm(params),
-                                             foreach=False)
+        torch.nn.utils.clip_grads_with_norm_(
+            params, self.grad_clip, total_grad_norm(params), foreach=False
+        )
 
-    def _reduce(self, local: torch.Tensor,
-                votes: tuple[bool, ...]) -> tuple[float, tuple[int, ...]]:
+    def _reduce(
+        self, local: torch.Tensor, votes: tuple[bool, ...]
+    ) -> tuple[float, tuple[int, ...]]:
         if not dist.is_initialized():
             return float(local), tuple(int(v) for v in votes)
         share = local / self.holders if self.holds_loss else torch.zeros_like(local)
-        buf = torch.cat([share.reshape(1), torch.tensor([float(v) for v in votes],
-                                                        dtype=torch.float64)])
+        buf = torch.cat(
+            [share.reshape(1), torch.tensor([float(v) for v in votes], dtype=torch.float64)]
+        )
         dist.all_reduce(buf)
-        return float(buf[0]), tuple(int(round(float(v))) for v in buf[1:])
+        return float(buf[0]), tuple(round(float(v)) for v in buf[1:])
 
 
 @contextlib.contextmanager

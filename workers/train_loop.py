@@ -12,8 +12,8 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -73,10 +73,12 @@ def build_optimizer(model: nn.Module, *, train: TrainSpec) -> torch.optim.Optimi
     """AdamW or SGD over the model's parameters, as the spec says."""
     params = [p for p in model.parameters() if p.requires_grad]
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay,
-                                 foreach=False)
-    return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum,
-                           weight_decay=train.weight_decay, foreach=False)
+        return torch.optim.AdamW(
+            params, lr=train.lr, weight_decay=train.weight_decay, foreach=False
+        )
+    return torch.optim.SGD(
+        params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay, foreach=False
+    )
 
 
 def lr_factor(step: int, *, train: TrainSpec) -> float:
@@ -103,10 +105,17 @@ def _split_and_apply(spec: JobSpec, env: RunEnv, model: nn.Module, mesh):
         return [apply(model, mesh=mesh, cfg=cfg)], None
     from workers.strategies.pp import build_pipeline, split_model
 
-    stages = [(i, apply(part, mesh=mesh, cfg=cfg))
-              for i, part in split_model(model, mesh=mesh, cfg=cfg)]
-    pipeline = build_pipeline(stages, mesh=mesh, cfg=cfg, loss_fn=loss_fn, device=env.device,
-                              calls_per_step=pipeline_calls(spec, env.world_size))
+    stages = [
+        (i, apply(part, mesh=mesh, cfg=cfg)) for i, part in split_model(model, mesh=mesh, cfg=cfg)
+    ]
+    pipeline = build_pipeline(
+        stages,
+        mesh=mesh,
+        cfg=cfg,
+        loss_fn=loss_fn,
+        device=env.device,
+        calls_per_step=pipeline_calls(spec, env.world_size),
+    )
     return [part for _, part in stages], pipeline
 
 
@@ -118,19 +127,28 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
 
 def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     torch.manual_seed(spec.train.seed)
-    model = build_model(get_model_config(spec.model.preset), seed=spec.train.seed,
-                        device=str(env.device))
+    model = build_model(
+        get_model_config(spec.model.preset), seed=spec.train.seed, device=str(env.device)
+    )
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
     parts, pipeline = _split_and_apply(spec, env, model, mesh)
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]
-    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))
-                  for o in optimizers]
-    stepper = Stepper(parts=parts, optimizers=optimizers, dataset=dataset,
-                      coords=coordinates(mesh), device=env.device,
-                      micro_batch_size=spec.train.micro_batch_size,
-                      microbatches=spec.parallelism.pipeline.microbatches,
-                      precision=spec.train.precision, grad_clip=spec.train.grad_clip,
-                      pipeline=pipeline)
+    schedulers = [
+        torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))
+        for o in optimizers
+    ]
+    stepper = Stepper(
+        parts=parts,
+        optimizers=optimizers,
+        dataset=dataset,
+        coords=coordinates(mesh),
+        device=env.device,
+        micro_batch_size=spec.train.micro_batch_size,
+        microbatches=spec.parallelism.pipeline.microbatches,
+        precision=spec.train.precision,
+        grad_clip=spec.train.grad_clip,
+        pipeline=pipeline,
+    )
     return stepper, schedulers
 
 
@@ -140,8 +158,9 @@ def checkpoint_location(spec: JobSpec, root: str) -> StorageLocation:
     return resolve_checkpoint_storage(spec.checkpoint, uri=uri)
 
 
-def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,
-             sampler) -> tuple[int, dict | None]:
+def _restore(
+    ckpts: CheckpointManager, stepper: Stepper, schedulers, sampler
+) -> tuple[int, dict | None]:
     """Load the newest committed checkpoint, if any; (step to start at, its manifest extra)."""
     info = ckpts.latest()
     if info is None:
@@ -153,19 +172,37 @@ def _restore(ckpts: CheckpointManager, stepper: Stepper, schedulers,
     return info.step, extra
 
 
+def _dataset(spec: JobSpec):
+    """The job's dataset (its items depend on the spec alone, never on the world size)."""
+    return build_dataset(
+        source=spec.data.source,
+        path=spec.data.path,
+        seq_len=spec.data.seq_len,
+        num_samples=spec.data.num_samples,
+        vocab_size=get_model_config(spec.model.preset).vocab_size,
+        seed=spec.train.seed,
+    )
+
+
+def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
+    """This rank's manager of the run's checkpoints, with the job's retention rule."""
+    if not env.checkpoint_root:
+        return None
+    return CheckpointManager(
+        checkpoint_location(spec, env.checkpoint_root),
+        keep_last=spec.checkpoint.keep_last,
+        rank=env.rank,
+        keep_every=spec.checkpoint.keep_every,
+    )
+
+
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    mcfg = get_model_config(spec.model.preset)
-    dataset = build_dataset(source=spec.data.source, path=spec.data.path,
-                            seq_len=spec.data.seq_len, num_samples=spec.data.num_samples,
-                            vocab_size=mcfg.vocab_size, seed=spec.train.seed)
+    dataset = _dataset(spec)
     stepper, schedulers = _build(spec, env, dataset)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
-    ckpts = (CheckpointManager(checkpoint_location(spec, env.checkpoint_root),
-                               keep_last=spec.checkpoint.keep_last, rank=env.rank,
-                               keep_every=spec.checkpoint.keep_every)
-             if env.checkpoint_root else None)
+    ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
     saving = Checkpointer(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
@@ -189,14 +226,29 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
             env.hooks.after_step(step=step, rank=env.rank)
         result.losses[step] = loss
         result.step_times.append(dt)
-        _emit_metric(spec, env, step=step, loss=loss, dt=dt,
-                     lr=stepper.optimizers[0].param_groups[0]["lr"], sampler=sampler,
-                     dataset_len=len(dataset))
-        saving.after_step(step=step, dt=dt, due_votes=due_votes,
-                          done_votes=done_votes, stepper=stepper,
-                          extra=lambda: {"scheduler": schedulers[0].state_dict(),
-                                         "sampler": sampler.state_dict(),
-                                         "world_size": env.world_size, **saving.extra_state()})
+        _emit_metric(
+            spec,
+            env,
+            step=step,
+            loss=loss,
+            dt=dt,
+            lr=stepper.optimizers[0].param_groups[0]["lr"],
+            sampler=sampler,
+            dataset_len=len(dataset),
+        )
+        saving.after_step(
+            step=step,
+            dt=dt,
+            due_votes=due_votes,
+            done_votes=done_votes,
+            stepper=stepper,
+            extra=lambda: {
+                "scheduler": schedulers[0].state_dict(),
+                "sampler": sampler.state_dict(),
+                "world_size": env.world_size,
+                **saving.extra_state(),
+            },
+        )
     saving.close()
     return result
 
@@ -209,8 +261,12 @@ def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
     if env.rank == 0 and env.reporter is not None:
-        env.reporter.event(EventKind.MEMORY, "per-rank memory measured at the first step",
-                           data={"ranks": ranks}, dedup_key=f"memory:{uuid.uuid4().hex[:12]}")
+        env.reporter.event(
+            EventKind.MEMORY,
+            "per-rank memory measured at the first step",
+            data={"ranks": ranks},
+            dedup_key=f"memory:{uuid.uuid4().hex[:12]}",
+        )
     return ranks
 
 
@@ -218,26 +274,55 @@ def _announce_start(env: RunEnv, start: int, saved_world: int | None) -> None:
     if env.rank != 0 or env.reporter is None:
         return
     nonce = uuid.uuid4().hex[:12]
-    env.reporter.event(EventKind.WORKERS_STARTED, f"{env.world_size} workers started",
-                       data={"world_size": env.world_size}, dedup_key=f"start:{nonce}")
+    env.reporter.event(
+        EventKind.WORKERS_STARTED,
+        f"{env.world_size} workers started",
+        data={"world_size": env.world_size},
+        dedup_key=f"start:{nonce}",
+    )
     if start:
         # Ray Train's controller reports the resize itself ("resized 4 → 2 (node
         # lost)", workers.elastic.scaling); this says where the new group picked up.
-        moved = (f" (saved by {saved_world} workers, now {env.world_size})"
-                 if saved_world is not None and saved_world != env.world_size else "")
-        env.reporter.event(EventKind.RESTORED, f"restored from step {start}{moved}",
-                           data={"step": start, "world_size": env.world_size,
-                                 "saved_world_size": saved_world},
-                           dedup_key=f"restore:{nonce}")
+        moved = (
+            f" (saved by {saved_world} workers, now {env.world_size})"
+            if saved_world is not None and saved_world != env.world_size
+            else ""
+        )
+        env.reporter.event(
+            EventKind.RESTORED,
+            f"restored from step {start}{moved}",
+            data={"step": start, "world_size": env.world_size, "saved_world_size": saved_world},
+            dedup_key=f"restore:{nonce}",
+        )
 
 
-def _emit_metric(spec: JobSpec, env: RunEnv, *, step: int, loss: float, dt: float, lr: float,
-                 sampler: GlobalBatchSampler, dataset_len: int) -> None:
+def _emit_metric(
+    spec: JobSpec,
+    env: RunEnv,
+    *,
+    step: int,
+    loss: float,
+    dt: float,
+    lr: float,
+    sampler: GlobalBatchSampler,
+    dataset_len: int,
+) -> None:
     if env.rank != 0 or env.reporter is None:
         return
     g = spec.train.global_batch_size
     cursor = sampler.state_dict()
-    env.reporter.metric(MetricPoint(
-        step=step, ts=time.time(), loss=loss, lr=lr, samples_per_s=g / dt,
-        tokens_per_s=g * spec.data.seq_len / dt, world_size=env.world_size, step_time_s=dt,
-        epoch=cursor["epoch"], epoch_position=cursor["position"], epoch_size=dataset_len))
+    env.reporter.metric(
+        MetricPoint(
+            step=step,
+            ts=time.time(),
+            loss=loss,
+            lr=lr,
+            samples_per_s=g / dt,
+            tokens_per_s=g * spec.data.seq_len / dt,
+            world_size=env.world_size,
+            step_time_s=dt,
+            epoch=cursor["epoch"],
+            epoch_position=cursor["position"],
+            epoch_size=dataset_len,
+        )
+    )

@@ -32,23 +32,30 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
     token_file = ensure_admin_token(
         stores.tokens,
         configured=settings.admin_token.get_secret_value() if settings.admin_token else None,
-        data_dir=settings.data_path)
+        data_dir=settings.data_path,
+    )
     if backend is None:
         from service.backends.factory import build_backend
+
         backend, embedded = build_backend(settings)
         embedded_box.append(embedded)
     return Runtime(
-        settings=settings, stores=stores, backend=backend,
+        settings=settings,
+        stores=stores,
+        backend=backend,
         submission=Submission(stores.jobs, backend, settings),
-        queries=JobQueries(stores, backend), lifecycle=Lifecycle(stores, backend),
+        queries=JobQueries(stores, backend),
+        lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
         monitoring=Monitoring(stores, backend, JOB_METRICS),
         reconciler=Reconciler(stores, backend, settings),
-        admin_token_file=str(token_file) if token_file else None)
+        admin_token_file=str(token_file) if token_file else None,
+    )
 
 
-def create_app(settings: Settings | None = None, *, backend: Backend | None = None,
-               reconcile: bool = True) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, backend: Backend | None = None, reconcile: bool = True
+) -> FastAPI:
     """Build the app. With no ``backend`` one is built from settings (maybe embedded Ray)."""
     settings = settings or Settings()
 
@@ -69,8 +76,12 @@ def create_app(settings: Settings | None = None, *, backend: Backend | None = No
                     embedded.stop()
             runtime.stores.close()
 
-    app = FastAPI(title="etrain", version="0.1.0", lifespan=lifespan,
-                  description="Elastic cluster training service on Ray Train.")
+    app = FastAPI(
+        title="etrain",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Elastic cluster training service on Ray Train.",
+    )
 
     @app.exception_handler(EtrainError)
     async def _domain_error(request: Request, exc: EtrainError) -> JSONResponse:

@@ -40,8 +40,9 @@ def runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def get_principal(request: Request,
-                  authorization: Annotated[str | None, Header()] = None) -> Principal:
+def get_principal(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
     """Any valid token (user, admin or a job's reporter)."""
     return authenticate(runtime(request).stores.tokens, authorization)
 

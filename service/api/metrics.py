@@ -10,10 +10,10 @@ from service.domain.job_metrics import JobMetrics
 from service.status import JobStatus
 
 REGISTRY = CollectorRegistry()
-SUBMITTED = Counter("etrain_jobs_submitted", "Jobs accepted by POST /v1/jobs",
-                    registry=REGISTRY)
-TELEMETRY_POINTS = Counter("etrain_telemetry_points", "Per-step metric points ingested",
-                           registry=REGISTRY)
+SUBMITTED = Counter("etrain_jobs_submitted", "Jobs accepted by POST /v1/jobs", registry=REGISTRY)
+TELEMETRY_POINTS = Counter(
+    "etrain_telemetry_points", "Per-step metric points ingested", registry=REGISTRY
+)
 JOBS = Gauge("etrain_jobs", "Jobs by status", ["status"], registry=REGISTRY)
 # Per-job series (step time, throughput, world size, loss, restarts, resizes, checkpoint
 # blocking), set by the domain as it stores telemetry.

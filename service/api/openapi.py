@@ -24,8 +24,9 @@ def body(schema: dict, *, yaml: bool = True) -> dict:
     """``openapi_extra`` of a route whose required body is JSON of ``schema`` (or YAML)."""
     content = {"application/json": {"schema": schema}}
     if yaml:
-        content["application/yaml"] = {"schema": {"type": "string",
-                                                  "description": "The same object as YAML."}}
+        content["application/yaml"] = {
+            "schema": {"type": "string", "description": "The same object as YAML."}
+        }
     return {"requestBody": {"required": True, "content": content}}
 
 

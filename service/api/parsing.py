@@ -20,6 +20,7 @@ def parse_body(raw: bytes, content_type: str | None) -> Any:
             return yaml.safe_load(raw.decode("utf-8"))
         return json.loads(raw)
     except (ValueError, yaml.YAMLError) as e:
-        raise InvalidSpec(f"request body is not valid {ct}: {e}",
-                          [{"loc": ["body"], "msg": f"malformed {ct}: {e}",
-                            "type": "parse_error"}]) from e
+        raise InvalidSpec(
+            f"request body is not valid {ct}: {e}",
+            [{"loc": ["body"], "msg": f"malformed {ct}: {e}", "type": "parse_error"}],
+        ) from e

@@ -44,15 +44,21 @@ v1 = APIRouter(prefix="/v1")
 _V1 = v1.prefix
 # Bodies the routes decode themselves (JSON, or YAML); app.create_app documents them.
 BODY_MODELS = (JobSpec, ClusterSpec, TelemetryBatch)
-_PLAN_REQUEST = {"type": "object", "required": ["spec"], "properties": {
-    "spec": openapi.ref(JobSpec),
-    "cluster": {**openapi.ref(ClusterSpec), "description": "Default: the connected cluster."}}}
+_PLAN_REQUEST = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": openapi.ref(JobSpec),
+        "cluster": {**openapi.ref(ClusterSpec), "description": "Default: the connected cluster."},
+    },
+}
 
 
 def _text(media_type: str, description: str) -> dict:
     """OpenAPI for a 200 answered as text of ``media_type``."""
-    return {200: {"description": description,
-                  "content": {media_type: {"schema": {"type": "string"}}}}}
+    return {
+        200: {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}
+    }
 
 
 @probes.get("/healthz")
@@ -70,12 +76,16 @@ def readyz(request: Request) -> Ready | JSONResponse:
     return Ready()
 
 
-@probes.get("/metrics", response_class=Response,
-            responses=_text(CONTENT_TYPE_LATEST, "The Prometheus text exposition format."))
+@probes.get(
+    "/metrics",
+    response_class=Response,
+    responses=_text(CONTENT_TYPE_LATEST, "The Prometheus text exposition format."),
+)
 def read_prometheus_metrics(request: Request) -> Response:
     """Prometheus metrics of the control plane."""
-    return Response(prom.render(runtime(request).monitoring.scrape()),
-                    media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        prom.render(runtime(request).monitoring.scrape()), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 @v1.post("/jobs", status_code=201, openapi_extra=openapi.body(openapi.ref(JobSpec)))
@@ -89,9 +99,13 @@ async def create_job(request: Request, user: User, submission: Submissions) -> J
 
 
 @v1.get("/jobs")
-def read_jobs(user: User, queries: Queries, status: JobStatus | None = None,
-              limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0)] = 0) -> JobPage:
+def read_jobs(
+    user: User,
+    queries: Queries,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobPage:
     """List the caller's jobs, newest first."""
     items, total = queries.list(user, status=status, limit=limit, offset=offset)
     return JobPage(items=[JobPublic.of(j) for j in items], total=total)
@@ -109,10 +123,12 @@ def cancel_job(job_id: str, user: User, lifecycle: Lifecycles) -> JobPublic:
     return JobPublic.of(lifecycle.cancel(user, job_id))
 
 
-@v1.get("/jobs/{job_id}/logs", response_class=PlainTextResponse,
-        responses=_text("text/plain", "Logs so far, or streamed with ?follow=true."))
-def read_job_logs(job_id: str, user: User, queries: Queries,
-                  follow: bool = False) -> Response:
+@v1.get(
+    "/jobs/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses=_text("text/plain", "Logs so far, or streamed with ?follow=true."),
+)
+def read_job_logs(job_id: str, user: User, queries: Queries, follow: bool = False) -> Response:
     """Driver and worker logs; ``?follow=true`` streams until the job ends."""
     if follow:
         return StreamingResponse(queries.follow_logs(user, job_id), media_type="text/plain")
@@ -128,8 +144,9 @@ def read_job_metrics(job_id: str, user: User, queries: Queries, after_step: int 
 @v1.get("/jobs/{job_id}/events")
 def read_job_events(job_id: str, user: User, queries: Queries, after_id: int = 0) -> EventPage:
     """Lifecycle events in order."""
-    return EventPage(items=[EventPublic.of(e)
-                            for e in queries.events(user, job_id, after_id=after_id)])
+    return EventPage(
+        items=[EventPublic.of(e) for e in queries.events(user, job_id, after_id=after_id)]
+    )
 
 
 @v1.get("/jobs/{job_id}/checkpoints")
@@ -144,10 +161,13 @@ def read_job_memory(job_id: str, user: User, queries: Queries) -> MemoryPublic:
     return MemoryPublic.of(queries.memory(user, job_id))
 
 
-@v1.post(TELEMETRY_ROUTE.removeprefix(_V1),
-         openapi_extra=openapi.body(openapi.ref(TelemetryBatch), yaml=False))
-async def create_job_telemetry(job_id: str, request: Request, principal: Caller,
-                               ingest: Ingest) -> TelemetryAccepted:
+@v1.post(
+    TELEMETRY_ROUTE.removeprefix(_V1),
+    openapi_extra=openapi.body(openapi.ref(TelemetryBatch), yaml=False),
+)
+async def create_job_telemetry(
+    job_id: str, request: Request, principal: Caller, ingest: Ingest
+) -> TelemetryAccepted:
     """Metrics, events and checkpoints from a job's workers (its reporter token only)."""
     data = parse_body(await request.body(), "application/json")
     accepted = ingest.ingest(principal, job_id, data)

@@ -46,13 +46,26 @@ class JobPublic(BaseModel):
     @classmethod
     def fields_of(cls, job: JobRecord) -> dict[str, Any]:
         """The public fields of a stored job."""
-        return {"id": job.id, "name": job.name, "status": job.status, "spec": job.spec,
-                "min_workers": job.min_workers, "world_size": job.world_size,
-                "restarts": job.restarts, "resubmits": job.resubmits, "step": job.step,
-                "submission_id": job.submission_id, "dashboard_url": job.dashboard_url,
-                "error": job.error, "warnings": job.warnings, "created_at": job.created_at,
-                "started_at": job.started_at, "finished_at": job.finished_at,
-                "updated_at": job.updated_at, "metrics": job.latest_metrics}
+        return {
+            "id": job.id,
+            "name": job.name,
+            "status": job.status,
+            "spec": job.spec,
+            "min_workers": job.min_workers,
+            "world_size": job.world_size,
+            "restarts": job.restarts,
+            "resubmits": job.resubmits,
+            "step": job.step,
+            "submission_id": job.submission_id,
+            "dashboard_url": job.dashboard_url,
+            "error": job.error,
+            "warnings": job.warnings,
+            "created_at": job.created_at,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "updated_at": job.updated_at,
+            "metrics": job.latest_metrics,
+        }
 
     @classmethod
     def of(cls, job: JobRecord) -> JobPublic:
@@ -65,7 +78,8 @@ class JobDetail(JobPublic):
 
     dashboard_links: dict[str, str] = Field(
         description="By name: job (the Ray job page), train_runs (Ray Train's run list); "
-        "empty before the job reaches Ray.")
+        "empty before the job reaches Ray."
+    )
 
     @classmethod
     def of_detail(cls, detail: Detail) -> JobDetail:
@@ -94,8 +108,15 @@ class EventPublic(BaseModel):
     @classmethod
     def of(cls, event: EventRecord) -> EventPublic:
         """The public view of a stored event."""
-        return cls(id=event.id, job_id=event.job_id, ts=event.ts, kind=event.kind,
-                   message=event.message, data=event.data, dedup_key=event.dedup_key)
+        return cls(
+            id=event.id,
+            job_id=event.job_id,
+            ts=event.ts,
+            kind=event.kind,
+            message=event.message,
+            data=event.data,
+            dedup_key=event.dedup_key,
+        )
 
 
 class EventPage(BaseModel):
@@ -141,7 +162,8 @@ class MemoryPublic(BaseModel):
 
     ranks: list[dict[str, Any]] = Field(
         description="One per rank: bytes of params, grads, optimizer state, activations, "
-        "gathered params and the peak, by name (``*_bytes``).")
+        "gathered params and the peak, by name (``*_bytes``)."
+    )
     measured_at: datetime | None
 
     @classmethod
@@ -175,9 +197,15 @@ class GoodputPublic(BaseModel):
     @classmethod
     def of(cls, g: Goodput) -> GoodputPublic:
         """The public view of a computed goodput."""
-        return cls(wall_s=g.wall_s, productive_s=g.productive_s, goodput=g.goodput,
-                   breakdown=GoodputBreakdown(**g.breakdown), steps=g.steps,
-                   recomputed_steps=g.recomputed_steps, notes=list(g.notes))
+        return cls(
+            wall_s=g.wall_s,
+            productive_s=g.productive_s,
+            goodput=g.goodput,
+            breakdown=GoodputBreakdown(**g.breakdown),
+            steps=g.steps,
+            recomputed_steps=g.recomputed_steps,
+            notes=list(g.notes),
+        )
 
 
 class NodePublic(BaseModel):
@@ -200,15 +228,23 @@ class ClusterPublic(BaseModel):
     @classmethod
     def of(cls, info: ClusterInfo) -> ClusterPublic:
         """The public view of the backend's cluster."""
-        return cls(nodes=[NodePublic(**n) for n in info.nodes], total=info.total,
-                   available=info.available, dashboard_url=info.dashboard_url)
+        return cls(
+            nodes=[NodePublic(**n) for n in info.nodes],
+            total=info.total,
+            available=info.available,
+            dashboard_url=info.dashboard_url,
+        )
 
 
 class TokenRequest(BaseModel):
     """A new user token for a tenant."""
 
-    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][-a-z0-9]*$",
-                        description="Tenant name (created if new).")
+    tenant: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[a-z0-9][-a-z0-9]*$",
+        description="Tenant name (created if new).",
+    )
     name: str = Field("token", max_length=64, description="A label for the token.")
 
 

@@ -51,9 +51,15 @@ class EmbeddedRay:
     child takes the whole local cluster (raylet, GCS, dashboard) down with it.
     """
 
-    def __init__(self, *, data_dir: Path, num_cpus: int | None = None,
-                 dashboard_port: int = 8265, gcs_port: int = 6379,
-                 fast_node_failure: bool = True):
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        num_cpus: int | None = None,
+        dashboard_port: int = 8265,
+        gcs_port: int = 6379,
+        fast_node_failure: bool = True,
+    ):
         self.data_dir = data_dir
         self.gcs_env = FAST_NODE_FAILURE_ENV if fast_node_failure else {}
         self.num_cpus = num_cpus
@@ -72,16 +78,29 @@ class EmbeddedRay:
         """Start the head and wait until its job API answers; return its address."""
         ensure_ray_token(self.data_dir)
         ray_bin = str(Path(sys.executable).with_name("ray"))
-        cmd = [ray_bin, "start", "--head", "--block", f"--port={self.gcs_port}",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
-               "--disable-usage-stats"]
+        cmd = [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={self.gcs_port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]
         if self.num_cpus is not None:
             cmd.append(f"--num-cpus={self.num_cpus}")
         log_path = self.data_dir / "ray-head.log"
         with open(log_path, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, **self.gcs_env})
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.gcs_env},
+            )
         self._wait_ready(timeout, log_path)
         return self.address
 
@@ -92,21 +111,25 @@ class EmbeddedRay:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BackendUnavailable(
-                    f"embedded Ray head exited with {self.proc.returncode}; see {log_path}")
+                    f"embedded Ray head exited with {self.proc.returncode}; see {log_path}"
+                )
             try:
                 # Ready means the job API answers and the head's raylet has registered
                 # (the dashboard comes up a moment before the node is listed).
-                r = httpx.get(f"{self.address}/nodes?view=summary", timeout=2,
-                              headers=auth_headers())
+                r = httpx.get(
+                    f"{self.address}/nodes?view=summary", timeout=2, headers=auth_headers()
+                )
                 if r.status_code == 200 and any(
-                        n.get("raylet", {}).get("state") == "ALIVE"
-                        for n in r.json()["data"]["summary"]):
+                    n.get("raylet", {}).get("state") == "ALIVE" for n in r.json()["data"]["summary"]
+                ):
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.5)
         self.stop()
-        raise BackendUnavailable(f"embedded Ray head not ready after {timeout:.0f}s; see {log_path}")
+        raise BackendUnavailable(
+            f"embedded Ray head not ready after {timeout:.0f}s; see {log_path}"
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the head and everything it started."""

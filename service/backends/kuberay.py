@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.backends.ray_jobs import RayJobBackend, dashboard_links_at
@@ -32,8 +32,12 @@ from service.k8s.manifests import (
 from service.k8s.validate import ManifestError, validate_objects
 
 GROUP, VERSION = "ray.io", "v1"
-_JOB_STATES = {"SUCCEEDED": RunState.SUCCEEDED, "FAILED": RunState.FAILED,
-               "STOPPED": RunState.STOPPED, "RUNNING": RunState.RUNNING}
+_JOB_STATES = {
+    "SUCCEEDED": RunState.SUCCEEDED,
+    "FAILED": RunState.FAILED,
+    "STOPPED": RunState.STOPPED,
+    "RUNNING": RunState.RUNNING,
+}
 _FAILED_DEPLOYMENTS = {"Failed", "ValidationFailed"}
 
 
@@ -48,7 +52,8 @@ def load_custom_objects_api():
             config.load_kube_config()
         except (config.ConfigException, OSError) as e:
             raise BackendUnavailable(
-                f"no Kubernetes credentials: run in a pod or set KUBECONFIG ({e})") from e
+                f"no Kubernetes credentials: run in a pod or set KUBECONFIG ({e})"
+            ) from e
     return client.CustomObjectsApi()
 
 
@@ -69,12 +74,18 @@ def map_rayjob_status(status: dict) -> RunStatus:
 class KubeRayBackend(Backend):
     """Runs each submission as a RayJob in one namespace through the Kubernetes API."""
 
-    def __init__(self, *, namespace: str, cluster_name: str | None = None,
-                 cluster_template: RayClusterConfig | None = None,
-                 dashboard_url: str | None = None, ttl_seconds_after_finished: int = 3600,
-                 active_deadline_seconds: int | None = None,
-                 quota: dict[str, float] | None = None,
-                 api_factory: Callable[[], Any] = load_custom_objects_api):
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        cluster_name: str | None = None,
+        cluster_template: RayClusterConfig | None = None,
+        dashboard_url: str | None = None,
+        ttl_seconds_after_finished: int = 3600,
+        active_deadline_seconds: int | None = None,
+        quota: dict[str, float] | None = None,
+        api_factory: Callable[[], Any] = load_custom_objects_api,
+    ):
         self.namespace = namespace
         self.cluster_name = cluster_name
         self.template = cluster_template or RayClusterConfig(namespace=namespace)
@@ -97,18 +108,24 @@ class KubeRayBackend(Backend):
             return fn()
         except ApiException:
             raise
-        except Exception as e:  # noqa: BLE001 - urllib3/SSL/config errors all mean unreachable
+        except Exception as e:
             raise BackendUnavailable(f"Kubernetes API unreachable ({what}): {e}") from e
 
     # --- building -----------------------------------------------------------------------
     def build(self, req: LaunchRequest) -> dict:
         """The RayJob for ``req``, validated (raises BackendError if KubeRay would refuse it)."""
         cluster = None if self.cluster_name else self._cluster_for(req)
-        cfg = RayJobConfig(name=rayjob_name(req.submission_id), namespace=self.namespace,
-                           job_id=req.job_id, submission_id=req.submission_id, env=req.env,
-                           cluster_name=self.cluster_name, cluster=cluster,
-                           ttl_seconds_after_finished=self.ttl,
-                           active_deadline_seconds=self.active_deadline)
+        cfg = RayJobConfig(
+            name=rayjob_name(req.submission_id),
+            namespace=self.namespace,
+            job_id=req.job_id,
+            submission_id=req.submission_id,
+            env=req.env,
+            cluster_name=self.cluster_name,
+            cluster=cluster,
+            ttl_seconds_after_finished=self.ttl,
+            active_deadline_seconds=self.active_deadline,
+        )
         body = build_rayjob(cfg, spec_json=req.spec_json)
         try:
             validate_objects([body])
@@ -123,11 +140,14 @@ class KubeRayBackend(Backend):
         except ValueError as e:  # pydantic's ValidationError is a ValueError
             raise BackendError(f"cannot size a RayCluster from this spec: {e}") from e
         template = self.template.worker_groups[0]
-        group = worker_group_for_job(min_workers=res.min_workers, max_workers=res.max_workers,
-                                     gpus_per_worker=res.gpus_per_worker,
-                                     cpus_per_worker=res.cpus_per_worker, template=template)
-        return dataclasses.replace(self.template, namespace=self.namespace,
-                                   worker_groups=(group,))
+        group = worker_group_for_job(
+            min_workers=res.min_workers,
+            max_workers=res.max_workers,
+            gpus_per_worker=res.gpus_per_worker,
+            cpus_per_worker=res.cpus_per_worker,
+            template=template,
+        )
+        return dataclasses.replace(self.template, namespace=self.namespace, worker_groups=(group,))
 
     def dashboard_job_url(self, submission_id: str) -> str:
         """Link to the job's page in the Ray dashboard (``kuberay://`` when none is known)."""
@@ -155,8 +175,12 @@ class KubeRayBackend(Backend):
 
         body = self.build(req)
         try:
-            self._call("create rayjob", lambda: self._api().create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "rayjobs", body))
+            self._call(
+                "create rayjob",
+                lambda: self._api().create_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "rayjobs", body
+                ),
+            )
         except ApiException as e:
             if e.status != 409:
                 raise _translate(e, f"create RayJob {body['metadata']['name']}") from e
@@ -167,8 +191,12 @@ class KubeRayBackend(Backend):
 
         name = rayjob_name(submission_id)
         try:
-            return self._call("get rayjob", lambda: self._api().get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "rayjobs", name))
+            return self._call(
+                "get rayjob",
+                lambda: self._api().get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "rayjobs", name
+                ),
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -178,8 +206,10 @@ class KubeRayBackend(Backend):
         """Follow ``.status.jobStatus`` / ``.status.jobDeploymentStatus``; MISSING if gone."""
         obj = self._get_rayjob(submission_id)
         if obj is None:
-            return RunStatus(RunState.MISSING, f"RayJob {rayjob_name(submission_id)} not found "
-                             f"in namespace {self.namespace}")
+            return RunStatus(
+                RunState.MISSING,
+                f"RayJob {rayjob_name(submission_id)} not found in namespace {self.namespace}",
+            )
         return map_rayjob_status(obj.get("status") or {})
 
     def stop(self, submission_id: str) -> None:
@@ -188,9 +218,12 @@ class KubeRayBackend(Backend):
 
         name = rayjob_name(submission_id)
         try:
-            self._call("delete rayjob", lambda: self._api().delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "rayjobs", name,
-                propagation_policy="Foreground"))
+            self._call(
+                "delete rayjob",
+                lambda: self._api().delete_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "rayjobs", name, propagation_policy="Foreground"
+                ),
+            )
         except ApiException as e:
             if e.status != 404:
                 raise _translate(e, f"delete RayJob {name}") from e
@@ -215,26 +248,42 @@ class KubeRayBackend(Backend):
             yield chunk
 
     def cluster(self) -> ClusterInfo:
-        """Capacity at full scale-out: the shared RayCluster's groups at maxReplicas, or the quota."""
+        """Capacity at full scale-out: the shared RayCluster's groups at maxReplicas, or the
+        quota."""
         if not self.cluster_name:
-            node = {"node_id": "kuberay-per-job", "ip": None, "is_head": False,
-                    "resources": dict(self.quota)}
-            return ClusterInfo(nodes=[node], total=dict(self.quota),
-                               available=dict(self.quota), dashboard_url=self.dashboard_url)
-        return raycluster_capacity(self._get_raycluster(),
-                                   dashboard_url=self.dashboard_url or self._cluster_dashboard())
+            node = {
+                "node_id": "kuberay-per-job",
+                "ip": None,
+                "is_head": False,
+                "resources": dict(self.quota),
+            }
+            return ClusterInfo(
+                nodes=[node],
+                total=dict(self.quota),
+                available=dict(self.quota),
+                dashboard_url=self.dashboard_url,
+            )
+        return raycluster_capacity(
+            self._get_raycluster(), dashboard_url=self.dashboard_url or self._cluster_dashboard()
+        )
 
     def _get_raycluster(self) -> dict:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self._call("get raycluster", lambda: self._api().get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "rayclusters", self.cluster_name))
+            return self._call(
+                "get raycluster",
+                lambda: self._api().get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "rayclusters", self.cluster_name
+                ),
+            )
         except ApiException as e:
             if e.status == 404:
-                raise BackendUnavailable(f"RayCluster {self.cluster_name} not found in namespace "
-                                         f"{self.namespace}: apply deploy/ or set "
-                                         "ETRAIN_RAYCLUSTER_NAME") from e
+                raise BackendUnavailable(
+                    f"RayCluster {self.cluster_name} not found in namespace "
+                    f"{self.namespace}: apply deploy/ or set "
+                    "ETRAIN_RAYCLUSTER_NAME"
+                ) from e
             raise _translate(e, f"read RayCluster {self.cluster_name}") from e
 
     def ping(self) -> None:
@@ -245,8 +294,12 @@ class KubeRayBackend(Backend):
             self._get_raycluster()
             return
         try:
-            self._call("list rayjobs", lambda: self._api().list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "rayjobs", limit=1))
+            self._call(
+                "list rayjobs",
+                lambda: self._api().list_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "rayjobs", limit=1
+                ),
+            )
         except ApiException as e:
             raise _translate(e, "list RayJobs") from e
 
@@ -279,14 +332,25 @@ def _group_resources(group: dict) -> dict[str, float]:
 def raycluster_capacity(obj: dict, *, dashboard_url: str | None) -> ClusterInfo:
     """What a RayCluster holds when every worker group is at maxReplicas."""
     spec = obj.get("spec") or {}
-    nodes = [{"node_id": "head", "ip": None, "is_head": True,
-              "resources": _group_resources(spec.get("headGroupSpec") or {})}]
+    nodes = [
+        {
+            "node_id": "head",
+            "ip": None,
+            "is_head": True,
+            "resources": _group_resources(spec.get("headGroupSpec") or {}),
+        }
+    ]
     for group in spec.get("workerGroupSpecs") or []:
         res = _group_resources(group)
         hosts = group.get("numOfHosts", 1)
         for i in range(group.get("maxReplicas", 0) * hosts):
-            nodes.append({"node_id": f"{group.get('groupName')}-{i}", "ip": None,
-                          "is_head": False, "resources": dict(res)})
+            nodes.append(
+                {
+                    "node_id": f"{group.get('groupName')}-{i}",
+                    "ip": None,
+                    "is_head": False,
+                    "resources": dict(res),
+                }
+            )
     total = {k: sum(n["resources"][k] for n in nodes) for k in ("CPU", "GPU")}
-    return ClusterInfo(nodes=nodes, total=total, available=dict(total),
-                       dashboard_url=dashboard_url)
+    return ClusterInfo(nodes=nodes, total=total, available=dict(total), dashboard_url=dashboard_url)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.errors import BackendError, BackendUnavailable
@@ -14,9 +14,13 @@ from workers.contract import driver_command, launch_env
 # with attempts and workers. It answers once a driver ran with
 # RAY_TRAIN_ENABLE_STATE_TRACKING=1 (the reconciler sets it); there is no per-run URL.
 TRAIN_RUNS_PATH = "/api/train/v2/runs/v1"
-_STATES = {"PENDING": RunState.PENDING, "RUNNING": RunState.RUNNING,
-           "SUCCEEDED": RunState.SUCCEEDED, "FAILED": RunState.FAILED,
-           "STOPPED": RunState.STOPPED}
+_STATES = {
+    "PENDING": RunState.PENDING,
+    "RUNNING": RunState.RUNNING,
+    "SUCCEEDED": RunState.SUCCEEDED,
+    "FAILED": RunState.FAILED,
+    "STOPPED": RunState.STOPPED,
+}
 
 
 class RayJobBackend(Backend):
@@ -38,7 +42,7 @@ class RayJobBackend(Backend):
         if self._client is None:
             try:
                 self._client = JobSubmissionClient(self.address)
-            except Exception as e:  # noqa: BLE001 - translate every vendor error
+            except Exception as e:
                 raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
         return self._client
 
@@ -54,14 +58,16 @@ class RayJobBackend(Backend):
         """Submit the driver with the job's environment; a repeated id is not an error."""
         env = {**launch_env(job_id=req.job_id, spec_json=req.spec_json), **req.env}
         try:
-            self._jobs().submit_job(entrypoint=driver_command(self.python),
-                                    submission_id=req.submission_id,
-                                    runtime_env={"env_vars": env},
-                                    metadata={"etrain_job_id": req.job_id})
+            self._jobs().submit_job(
+                entrypoint=driver_command(self.python),
+                submission_id=req.submission_id,
+                runtime_env={"env_vars": env},
+                metadata={"etrain_job_id": req.job_id},
+            )
         except RuntimeError as e:
             if "already exists" not in str(e):
                 raise BackendError(f"Ray refused job {req.job_id}: {e}") from e
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise BackendUnavailable(f"cannot submit to Ray at {self.address}: {e}") from e
         return self.dashboard_job_url(req.submission_id)
 
@@ -73,10 +79,13 @@ class RayJobBackend(Backend):
             if "does not exist" in str(e) or "404" in str(e):
                 return RunStatus(RunState.MISSING, str(e))
             raise BackendUnavailable(f"Ray job status failed: {e}") from e
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
-        return RunStatus(_STATES[str(info.status.value)], info.message or "",
-                         exit_code=getattr(info, "driver_exit_code", None))
+        return RunStatus(
+            _STATES[str(info.status.value)],
+            info.message or "",
+            exit_code=getattr(info, "driver_exit_code", None),
+        )
 
     def stop(self, submission_id: str) -> None:
         """Stop the Ray job (its workers go with the driver)."""
@@ -85,14 +94,14 @@ class RayJobBackend(Backend):
         except RuntimeError as e:
             if "does not exist" not in str(e):
                 raise BackendError(f"Ray could not stop {submission_id}: {e}") from e
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
 
     def logs(self, submission_id: str) -> str:
         """The driver log, which carries the workers' output (log_to_driver)."""
         try:
             return self._jobs().get_job_logs(submission_id)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise BackendUnavailable(f"cannot read logs of {submission_id}: {e}") from e
 
     async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
@@ -107,11 +116,10 @@ class RayJobBackend(Backend):
         from workers.ray_compat import auth_headers
 
         try:
-            r = httpx.get(f"{self.address}/nodes?view=summary", headers=auth_headers(),
-                          timeout=10)
+            r = httpx.get(f"{self.address}/nodes?view=summary", headers=auth_headers(), timeout=10)
             r.raise_for_status()
             summary = r.json()["data"]["summary"]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise BackendUnavailable(f"cannot read cluster state from {self.address}: {e}") from e
         return _cluster_from_summary(summary, self.address)
 
@@ -134,8 +142,14 @@ def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:
             continue
         res_total = raylet.get("resourcesTotal", {})
         res_avail = raylet.get("resourcesAvailable", res_total)
-        nodes.append({"node_id": raylet.get("nodeId"), "ip": node.get("ip"),
-                      "is_head": raylet.get("isHeadNode", False), "resources": res_total})
+        nodes.append(
+            {
+                "node_id": raylet.get("nodeId"),
+                "ip": node.get("ip"),
+                "is_head": raylet.get("isHeadNode", False),
+                "resources": res_total,
+            }
+        )
         for key in ("CPU", "GPU", "memory"):
             total[key] = total.get(key, 0.0) + float(res_total.get(key, 0.0))
             available[key] = available.get(key, 0.0) + float(res_avail.get(key, 0.0))

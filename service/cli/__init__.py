@@ -46,14 +46,19 @@ def main(
     ctx: typer.Context,
     url: Annotated[str, typer.Option(envvar="ETRAIN_URL", help="Service URL.")] = DEFAULT_URL,
     token: Annotated[
-        str | None,
-        typer.Option(envvar="ETRAIN_TOKEN", help="API token.", show_default=False),
+        str | None, typer.Option(envvar="ETRAIN_TOKEN", help="API token.", show_default=False)
     ] = None,
 ) -> None:
     """Talk to an etrain service (ETRAIN_URL, ETRAIN_TOKEN)."""
     # Module globals are read here, per invocation, so a test that replaces them is heard.
-    ctx.obj = Session(url=url, token=token, transport=_transport, console=console,
-                      err_console=err_console, pause=_pause)
+    ctx.obj = Session(
+        url=url,
+        token=token,
+        transport=_transport,
+        console=console,
+        err_console=err_console,
+        pause=_pause,
+    )
 
 
 manifests.register(app)

@@ -49,19 +49,24 @@ class ExportRefused(Exception):
     """The export cannot run as asked; the message says what to change."""
 
 
-def pick_checkpoint(checkpoints: list[dict[str, Any]], *, job_id: str,
-                    step: int | None) -> dict[str, Any]:
+def pick_checkpoint(
+    checkpoints: list[dict[str, Any]], *, job_id: str, step: int | None
+) -> dict[str, Any]:
     """The checkpoint at ``step``, or the newest one when ``step`` is None."""
     if not checkpoints:
-        raise ExportRefused(f"job {job_id} has no committed checkpoints yet; export after "
-                            "its first checkpoint (checkpoint.every_steps) is saved")
+        raise ExportRefused(
+            f"job {job_id} has no committed checkpoints yet; export after "
+            "its first checkpoint (checkpoint.every_steps) is saved"
+        )
     by_step = {int(c["step"]): c for c in checkpoints}
     if step is None:
         return by_step[max(by_step)]
     if step not in by_step:
         steps = ", ".join(str(s) for s in sorted(by_step))
-        raise ExportRefused(f"job {job_id} has no checkpoint at step {step}; "
-                            f"available steps: {steps} (pass one with --step)")
+        raise ExportRefused(
+            f"job {job_id} has no checkpoint at step {step}; "
+            f"available steps: {steps} (pass one with --step)"
+        )
     return by_step[step]
 
 
@@ -69,8 +74,10 @@ def job_preset(job: dict[str, Any]) -> str:
     """The model preset in a job's spec (what the checkpoint's weights are shaped by)."""
     preset = ((job.get("spec") or {}).get("model") or {}).get("preset")
     if not preset:
-        raise ExportRefused(f"job {job.get('id')} has no spec.model.preset; export supports "
-                            "jobs that train a built-in preset")
+        raise ExportRefused(
+            f"job {job.get('id')} has no spec.model.preset; export supports "
+            "jobs that train a built-in preset"
+        )
     return str(preset)
 
 
@@ -81,8 +88,15 @@ def job_checkpoint_section(job: dict[str, Any]) -> CheckpointSpec:
     return CheckpointSpec.model_validate((job.get("spec") or {}).get("checkpoint") or {})
 
 
-def export_job(api: EtrainClient, job_id: str, *, step: int | None, out: Path | None,
-               dtype: ExportDtype | None, naming: ExportNaming) -> ExportResult:
+def export_job(
+    api: EtrainClient,
+    job_id: str,
+    *,
+    step: int | None,
+    out: Path | None,
+    dtype: ExportDtype | None,
+    naming: ExportNaming,
+) -> ExportResult:
     """Export ``job_id``'s checkpoint at ``step`` (default newest) into ``out``.
 
     ``out`` defaults to ``./<job id>-step<N>``; the checkpoint is read from the
@@ -101,9 +115,14 @@ def export_job(api: EtrainClient, job_id: str, *, step: int | None, out: Path | 
     try:
         source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
         return export_checkpoint(
-            source, out or Path(f"{job_id}-step{chosen['step']}"), preset=preset,
-            dtype=dtype.value if dtype else None, naming=naming.value, job_id=job_id,
-            source_uri=chosen["uri"])
+            source,
+            out or Path(f"{job_id}-step{chosen['step']}"),
+            preset=preset,
+            dtype=dtype.value if dtype else None,
+            naming=naming.value,
+            job_id=job_id,
+            source_uri=chosen["uri"],
+        )
     except ExportError as e:
         raise ExportRefused(str(e)) from None
 
@@ -113,7 +132,8 @@ def export(
     job_id: JobIdArg,
     step: Annotated[int | None, typer.Option(help="Checkpoint step (default: newest).")] = None,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] = (
-        ExportFormat.safetensors),
+        ExportFormat.safetensors
+    ),
     out: Annotated[
         Path | None, typer.Option(help="Output folder (default: ./<job id>-step<N>).")
     ] = None,
@@ -124,12 +144,12 @@ def export(
         ExportNaming, typer.Option(help="Parameter names: etrain's, or Hugging Face Llama's.")
     ] = ExportNaming.etrain,
 ) -> None:
-    """Export a job's checkpoint as one model.safetensors plus config.json (reads storage directly)."""
+    """Export a job's checkpoint as one model.safetensors plus config.json (reads storage
+    directly)."""
     s = session(ctx)
     with s.api_errors():
         try:
-            result = export_job(client(ctx), job_id, step=step, out=out, dtype=dtype,
-                                naming=naming)
+            result = export_job(client(ctx), job_id, step=step, out=out, dtype=dtype, naming=naming)
         except ExportRefused as e:
             raise s.fail(str(e)) from None
     s.console.print(

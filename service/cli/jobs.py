@@ -1,4 +1,5 @@
-"""``etrain serve``, ``submit``, ``jobs``, ``status``, ``logs``, ``cancel``: running and watching jobs."""
+"""``etrain serve``, ``submit``, ``jobs``, ``status``, ``logs``, ``cancel``: running and
+watching jobs."""
 
 from __future__ import annotations
 
@@ -6,13 +7,7 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
 from service.cli.common import (
@@ -62,9 +57,14 @@ def _follow(s: Session, api: EtrainClient, job: dict[str, Any]) -> int:
     """Poll a job, printing new events above a progress bar, until it is terminal."""
     job_id, last_event = job["id"], None
     progress = Progress(
-        TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-        TextColumn("world {task.fields[ws]}"), TextColumn("ETA"), TimeRemainingColumn(),
+        TextColumn("{task.description:<9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("world {task.fields[ws]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=s.console,
     )
     try:
@@ -154,9 +154,12 @@ def jobs(
     for job in page.get("items", []):
         total = total_steps(job)
         table.add_row(
-            job["id"], job.get("name") or "", job.get("status") or "",
+            job["id"],
+            job.get("name") or "",
+            job.get("status") or "",
             f"{job.get('step') or 0}/{total if total is not None else '?'}",
-            fmt((job.get("metrics") or {}).get("loss")), fmt(job.get("world_size")),
+            fmt((job.get("metrics") or {}).get("loss")),
+            fmt(job.get("world_size")),
             str(job.get("created_at") or "")[:19].replace("T", " "),
         )
     s.console.print(table)
@@ -167,11 +170,16 @@ def _print_summary(s: Session, job: dict[str, Any]) -> None:
     """The human view of one job object."""
     total = total_steps(job)
     rows = [
-        ("id", job.get("id")), ("name", job.get("name")), ("status", job.get("status")),
+        ("id", job.get("id")),
+        ("name", job.get("name")),
+        ("status", job.get("status")),
         ("step", f"{job.get('step') or 0}/{total if total is not None else '?'}"),
-        ("world size", job.get("world_size")), ("restarts", job.get("restarts")),
-        ("dashboard", job.get("dashboard_url")), ("created", job.get("created_at")),
-        ("started", job.get("started_at")), ("finished", job.get("finished_at")),
+        ("world size", job.get("world_size")),
+        ("restarts", job.get("restarts")),
+        ("dashboard", job.get("dashboard_url")),
+        ("created", job.get("created_at")),
+        ("started", job.get("started_at")),
+        ("finished", job.get("finished_at")),
     ]
     metrics = job.get("metrics")
     if metrics:

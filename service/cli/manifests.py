@@ -30,8 +30,7 @@ from service.k8s.manifests import (
 )
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
 
-manifests_app = typer.Typer(help="Generate KubeRay RayCluster / RayJob YAML.",
-                            no_args_is_help=True)
+manifests_app = typer.Typer(help="Generate KubeRay RayCluster / RayJob YAML.", no_args_is_help=True)
 
 NameOpt = Annotated[str, typer.Option(help="metadata.name of the object.")]
 NamespaceOpt = Annotated[str, typer.Option(help="metadata.namespace of the object.")]
@@ -42,8 +41,10 @@ ClaimOpt = Annotated[
 ]
 AuthSecretOpt = Annotated[
     str,
-    typer.Option(help="Existing Secret with the Ray token under key auth_token: the cluster runs "
-                      "with token auth (authOptions) ('' = no token auth)."),
+    typer.Option(
+        help="Existing Secret with the Ray token under key auth_token: the cluster runs "
+        "with token auth (authOptions) ('' = no token auth)."
+    ),
 ]
 
 
@@ -73,28 +74,43 @@ def raycluster(
     image: ImageOpt = DEFAULT_WORKER_IMAGE,
     gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per worker pod.")] = 8,
     gpu_workers: Annotated[
-        str, typer.Option(help="Worker pods MIN:MAX (autoscaled), or N fixed.")] = "0:4",
+        str, typer.Option(help="Worker pods MIN:MAX (autoscaled), or N fixed.")
+    ] = "0:4",
     cpus_per_node: Annotated[int, typer.Option(min=1, help="CPUs per worker pod.")] = 32,
     memory_per_node: Annotated[str, typer.Option(help="Memory per worker pod.")] = "256Gi",
     gpu_type: Annotated[
-        str | None, typer.Option(help="nvidia.com/gpu.product node label, e.g. "
-                                      "NVIDIA-H100-80GB-HBM3.")] = None,
+        str | None,
+        typer.Option(help="nvidia.com/gpu.product node label, e.g. NVIDIA-H100-80GB-HBM3."),
+    ] = None,
     head_cpus: Annotated[int, typer.Option(min=1, help="CPUs of the head pod.")] = 4,
     head_memory: Annotated[str, typer.Option(help="Memory of the head pod.")] = "16Gi",
     idle_timeout: Annotated[
-        int, typer.Option(min=0, help="Seconds before the autoscaler removes an idle pod.")] = 60,
+        int, typer.Option(min=0, help="Seconds before the autoscaler removes an idle pod.")
+    ] = 60,
     checkpoint_claim: ClaimOpt = "etrain-checkpoints",
     auth_secret: AuthSecretOpt = DEFAULT_RAY_AUTH_SECRET,
 ) -> None:
     """A RayCluster: CPU head (num-cpus 0), one autoscaled GPU worker group, autoscaler v2."""
     low, high = _range(gpu_workers)
-    group = WorkerGroupConfig(min_replicas=low, max_replicas=high, gpus=gpus_per_node,
-                              cpus=cpus_per_node, memory=memory_per_node, gpu_type=gpu_type)
-    cfg = RayClusterConfig(name=name, namespace=namespace, image=image, head_cpus=head_cpus,
-                           head_memory=head_memory, worker_groups=(group,),
-                           idle_timeout_seconds=idle_timeout,
-                           checkpoint_claim=checkpoint_claim or None,
-                           auth_secret=auth_secret or None)
+    group = WorkerGroupConfig(
+        min_replicas=low,
+        max_replicas=high,
+        gpus=gpus_per_node,
+        cpus=cpus_per_node,
+        memory=memory_per_node,
+        gpu_type=gpu_type,
+    )
+    cfg = RayClusterConfig(
+        name=name,
+        namespace=namespace,
+        image=image,
+        head_cpus=head_cpus,
+        head_memory=head_memory,
+        worker_groups=(group,),
+        idle_timeout_seconds=idle_timeout,
+        checkpoint_claim=checkpoint_claim or None,
+        auth_secret=auth_secret or None,
+    )
     _emit(build_raycluster(cfg))
 
 
@@ -110,47 +126,80 @@ def _load_spec(path: Path, checkpoint_storage: str):
         typer.echo(f"error: {path}: {e}", err=True)
         raise typer.Exit(1) from None
     if spec.checkpoint.storage is None:
-        spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
-            update={"storage": checkpoint_storage})})
+        spec = spec.model_copy(
+            update={
+                "checkpoint": spec.checkpoint.model_copy(update={"storage": checkpoint_storage})
+            }
+        )
     return spec
+
+
+def _worker_group(spec, gpu_type: str | None) -> WorkerGroupConfig:
+    """The worker group of a cluster of the job's own, sized from its resources."""
+    res = spec.resources
+    return worker_group_for_job(
+        min_workers=res.min_workers,
+        max_workers=res.max_workers,
+        gpus_per_worker=res.gpus_per_worker,
+        cpus_per_worker=res.cpus_per_worker,
+        template=WorkerGroupConfig(gpu_type=gpu_type),
+    )
 
 
 @manifests_app.command("rayjob")
 def rayjob(
-    spec_path: Annotated[Path, typer.Argument(
-        exists=True, dir_okay=False, readable=True, metavar="SPEC", help="Job spec file.")],
+    spec_path: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, readable=True, metavar="SPEC", help="Job spec file."
+        ),
+    ],
     cluster: Annotated[
-        str | None, typer.Option(help="Run on this RayCluster (clusterSelector); default: a "
-                                      "cluster of its own sized from the spec.")] = None,
+        str | None,
+        typer.Option(
+            help="Run on this RayCluster (clusterSelector); default: a "
+            "cluster of its own sized from the spec."
+        ),
+    ] = None,
     namespace: NamespaceOpt = "etrain",
     image: ImageOpt = DEFAULT_WORKER_IMAGE,
     gpu_type: Annotated[
-        str | None, typer.Option(help="nvidia.com/gpu.product label for its GPU pods.")] = None,
+        str | None, typer.Option(help="nvidia.com/gpu.product label for its GPU pods.")
+    ] = None,
     checkpoint_claim: ClaimOpt = "etrain-checkpoints",
     auth_secret: AuthSecretOpt = DEFAULT_RAY_AUTH_SECRET,
-    checkpoint_storage: Annotated[str, typer.Option(
-        help="checkpoint.storage when the spec names none.")] = f"file://{CHECKPOINT_MOUNT}",
-    ttl: Annotated[int, typer.Option(
-        min=0, help="Seconds a cluster of its own lives after the job.")] = 3600,
+    checkpoint_storage: Annotated[
+        str, typer.Option(help="checkpoint.storage when the spec names none.")
+    ] = f"file://{CHECKPOINT_MOUNT}",
+    ttl: Annotated[
+        int, typer.Option(min=0, help="Seconds a cluster of its own lives after the job.")
+    ] = 3600,
     active_deadline: Annotated[
-        int | None, typer.Option(min=1, help="activeDeadlineSeconds.")] = None,
+        int | None, typer.Option(min=1, help="activeDeadlineSeconds.")
+    ] = None,
 ) -> None:
     """A RayJob running SPEC with `python -m workers.launch`, as the KubeRay backend makes it."""
     spec = _load_spec(spec_path, checkpoint_storage)
     own = None
     if cluster is None:
-        res = spec.resources
-        group = worker_group_for_job(
-            min_workers=res.min_workers, max_workers=res.max_workers,
-            gpus_per_worker=res.gpus_per_worker, cpus_per_worker=res.cpus_per_worker,
-            template=WorkerGroupConfig(gpu_type=gpu_type))
-        own = RayClusterConfig(namespace=namespace, image=image, worker_groups=(group,),
-                               checkpoint_claim=checkpoint_claim or None,
-                               auth_secret=auth_secret or None)
-    cfg = RayJobConfig(name=dns1035_name(spec.name, max_len=MAX_RAYJOB_NAME),
-                       namespace=namespace, job_id=spec.name, submission_id=spec.name, env={},
-                       cluster_name=cluster, cluster=own, ttl_seconds_after_finished=ttl,
-                       active_deadline_seconds=active_deadline)
+        own = RayClusterConfig(
+            namespace=namespace,
+            image=image,
+            worker_groups=(_worker_group(spec, gpu_type),),
+            checkpoint_claim=checkpoint_claim or None,
+            auth_secret=auth_secret or None,
+        )
+    cfg = RayJobConfig(
+        name=dns1035_name(spec.name, max_len=MAX_RAYJOB_NAME),
+        namespace=namespace,
+        job_id=spec.name,
+        submission_id=spec.name,
+        env={},
+        cluster_name=cluster,
+        cluster=own,
+        ttl_seconds_after_finished=ttl,
+        active_deadline_seconds=active_deadline,
+    )
     _emit(build_rayjob(cfg, spec_json=spec.model_dump_json(by_alias=True)))
 
 

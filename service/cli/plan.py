@@ -69,23 +69,32 @@ def _print_estimates(s: Session, plan: dict[str, Any]) -> None:
     """The job's estimated step and the best candidate layouts, when a GPU model is known."""
     step = plan.get("step_estimate")
     if isinstance(step, dict):
-        s.console.print(f"estimated step: {step['step_s']:.3g} s, {step['comm_share']:.0%} "
-                        "communicating", markup=False)
+        s.console.print(
+            f"estimated step: {step['step_s']:.3g} s, {step['comm_share']:.0%} communicating",
+            markup=False,
+        )
     cands = [c for c in plan.get("candidates") or [] if isinstance(c, dict)]
     if not cands or not any("step_s" in c for c in cands):
         return
     table = Table("layout", "GiB/rank", "fits", "step s", "comm")
     for c in cands[:8]:
-        table.add_row(str(c.get("layout")), fmt(c.get("total_gib")),
-                      "yes" if c.get("fits") else "no", fmt(c.get("step_s")),
-                      f"{c['comm_share']:.0%}" if "comm_share" in c else "-")
+        table.add_row(
+            str(c.get("layout")),
+            fmt(c.get("total_gib")),
+            "yes" if c.get("fits") else "no",
+            fmt(c.get("step_s")),
+            f"{c['comm_share']:.0%}" if "comm_share" in c else "-",
+        )
     s.console.print(table)
 
 
 def _cluster_options(base: dict[str, Any] | None, **given: Any) -> dict[str, Any] | None:
     """The cluster file's mapping with the command-line options laid over it."""
-    given = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in given.items()
-             if v not in (None, [])}
+    given = {
+        k: (v[0] if isinstance(v, list) and len(v) == 1 else v)
+        for k, v in given.items()
+        if v not in (None, [])
+    }
     if base is None and not given:
         return None
     return {**(base or {}), **given}
@@ -97,22 +106,34 @@ def plan(
     cluster: Annotated[
         Path | None,
         typer.Option(
-            exists=True, dir_okay=False,
+            exists=True,
+            dir_okay=False,
             help="Cluster description (YAML); default: the connected cluster.",
         ),
     ] = None,
     nodes: Annotated[int | None, typer.Option(help="Nodes.")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node.")] = None,
-    gpu: Annotated[list[str] | None, typer.Option(
-        help="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); repeat for a mix.")] = None,
-    gpu_memory_gb: Annotated[list[float] | None, typer.Option(
-        help="GPU memory in GiB (overrides the model's); repeat for GPUs of different sizes.")] = None,
-    interconnect: Annotated[str | None, typer.Option(
-        help="Link inside a node: nvlink3/4/5, pcie3/4/5.")] = None,
-    network: Annotated[str | None, typer.Option(
-        help="Link between nodes: ib-hdr, ib-ndr, ethernet-100g, ...")] = None,
-    host_memory_gb: Annotated[float | None, typer.Option(
-        help="Host memory per node in GiB.")] = None,
+    gpu: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); repeat for a mix."
+        ),
+    ] = None,
+    gpu_memory_gb: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="GPU memory in GiB (overrides the model's); repeat for GPUs of different sizes."
+        ),
+    ] = None,
+    interconnect: Annotated[
+        str | None, typer.Option(help="Link inside a node: nvlink3/4/5, pcie3/4/5.")
+    ] = None,
+    network: Annotated[
+        str | None, typer.Option(help="Link between nodes: ib-hdr, ib-ndr, ethernet-100g, ...")
+    ] = None,
+    host_memory_gb: Annotated[
+        float | None, typer.Option(help="Host memory per node in GiB.")
+    ] = None,
 ) -> None:
     """Dry-run a spec: memory per rank, parallel layout, warnings. Exits 1 if it does not fit.
 
@@ -122,9 +143,15 @@ def plan(
     s = session(ctx)
     body = s.load_file(spec)
     cluster_body = _cluster_options(
-        s.load_file(cluster) if cluster is not None else None, nodes=nodes,
-        gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory_gb=gpu_memory_gb,
-        interconnect=interconnect, network=network, host_memory_gb=host_memory_gb)
+        s.load_file(cluster) if cluster is not None else None,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        gpu=gpu,
+        gpu_memory_gb=gpu_memory_gb,
+        interconnect=interconnect,
+        network=network,
+        host_memory_gb=host_memory_gb,
+    )
     with s.api_errors():
         result = client(ctx).plan(body, cluster_body)
     _print_plan(s, result)

@@ -41,17 +41,29 @@ checkpoint blocking, recomputed; ``other_s`` is what remains, never negative.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, NamedTuple, Sequence
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 from workers.contract import EventKind
 
 INTERRUPTIONS = frozenset({EventKind.WORKER_FAILED, EventKind.RESUBMITTED, EventKind.RESIZED})
-BREAKDOWN_KEYS = ("startup_s", "waiting_s", "checkpoint_blocking_s", "restart_restore_s",
-                  "recomputed_s", "other_s")
-_CUT_ORDER = ("waiting_s", "startup_s", "restart_restore_s", "checkpoint_blocking_s",
-              "recomputed_s")
+BREAKDOWN_KEYS = (
+    "startup_s",
+    "waiting_s",
+    "checkpoint_blocking_s",
+    "restart_restore_s",
+    "recomputed_s",
+    "other_s",
+)
+_CUT_ORDER = (
+    "waiting_s",
+    "startup_s",
+    "restart_restore_s",
+    "checkpoint_blocking_s",
+    "recomputed_s",
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class _Step(NamedTuple):
 
 def _epoch(value: datetime | float | int) -> float:
     if isinstance(value, datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        aware = value if value.tzinfo else value.replace(tzinfo=UTC)
         return aware.timestamp()
     return float(value)
 
@@ -105,8 +117,10 @@ def _steps(metrics: Iterable[dict], notes: list[str]) -> tuple[list[_Step], floa
     known = [float(m["step_time_s"]) for m in points if m.get("step_time_s")]
     median = statistics.median(known) if known else 0.0
     if len(known) < len(points):
-        notes.append(f"{len(points) - len(known)} step(s) report no step_time_s; "
-                     f"counted at the median {median:.3f} s")
+        notes.append(
+            f"{len(points) - len(known)} step(s) report no step_time_s; "
+            f"counted at the median {median:.3f} s"
+        )
     steps = []
     for m in points:
         end = _epoch(m["ts"])
@@ -130,8 +144,9 @@ def _only(intervals: list[tuple[float, float]], taken: list[tuple[float, float]]
     return _union(intervals + taken) - _union(taken)
 
 
-def _queued(events: list[_Event], start: float, end: float,
-            first: float | None) -> list[tuple[float, float]]:
+def _queued(
+    events: list[_Event], start: float, end: float, first: float | None
+) -> list[tuple[float, float]]:
     """Intervals the job spent QUEUED (a never-admitted wait stops at the first step)."""
     spans, since = [], start
     for e in events:
@@ -152,8 +167,9 @@ def _next_run_start(t: float, events: list[_Event], steps: list[_Step], end: flo
     return min(candidates, default=end)
 
 
-def _restart_windows(events: list[_Event], steps: list[_Step], first: float | None,
-                     end: float) -> list[tuple[float, float]]:
+def _restart_windows(
+    events: list[_Event], steps: list[_Step], first: float | None, end: float
+) -> list[tuple[float, float]]:
     """Merged [interruption, next first step] windows after the first step."""
     if first is None:
         return []
@@ -173,22 +189,31 @@ def _restored_in(events: list[_Event], lo: float, hi: float) -> _Event | None:
     return next((e for e in events if e.kind == EventKind.RESTORED and lo <= e.ts < hi), None)
 
 
-def _high_water(run: tuple[float, float, int], events: list[_Event], steps: list[_Step],
-                median: float) -> int:
+def _high_water(
+    run: tuple[float, float, int], events: list[_Event], steps: list[_Step], median: float
+) -> int:
     """Highest step the run (start, interrupted at, restored-from step) reached, estimated."""
     start, cut, from_step = run
     evidence = [(start, from_step)]
     evidence += [(s.end, s.step) for s in steps if start <= s.end < cut]
-    evidence += [(e.ts, int(e.data["step"])) for e in events
-                 if e.kind == EventKind.CHECKPOINT_SAVED and "step" in e.data and start <= e.ts < cut]
+    evidence += [
+        (e.ts, int(e.data["step"]))
+        for e in events
+        if e.kind == EventKind.CHECKPOINT_SAVED and "step" in e.data and start <= e.ts < cut
+    ]
     anchor_ts, anchor_step = max(evidence)
     extra = int((cut - anchor_ts) // median) if median > 0 else 0
     return max(max(step for _, step in evidence), anchor_step + extra)
 
 
-def _rollbacks(events: list[_Event], steps: list[_Step], windows: list[tuple[float, float]],
-               span: tuple[float, float], median: float,
-               notes: list[str]) -> tuple[int, set[_Step]]:
+def _rollbacks(
+    events: list[_Event],
+    steps: list[_Step],
+    windows: list[tuple[float, float]],
+    span: tuple[float, float],
+    median: float,
+    notes: list[str],
+) -> tuple[int, set[_Step]]:
     """Steps thrown away by restores, and the stored steps among them (not yet redone).
 
     ``span`` is (first step start, end of the wall window); each window in
@@ -210,15 +235,20 @@ def _rollbacks(events: list[_Event], steps: list[_Step], windows: list[tuple[flo
             lost |= {s for s in steps if run_start <= s.end < cut and new_from < s.step <= high}
         run_start, run_from = resumed, restored
     if estimated:
-        notes.append(f"recomputed steps after {estimated} restore(s) estimated from "
-                     "timestamps (restored events carry no reported_step)")
+        notes.append(
+            f"recomputed steps after {estimated} restore(s) estimated from "
+            "timestamps (restored events carry no reported_step)"
+        )
     return thrown, lost
 
 
 def _blocking(events: list[_Event], checkpoints: Sequence[dict], notes: list[str]) -> float:
     """Seconds checkpoint saves blocked training (see the module docstring)."""
-    stored = {int(c["step"]): float(c["blocking_s"]) for c in checkpoints
-              if c.get("blocking_s") is not None}
+    stored = {
+        int(c["step"]): float(c["blocking_s"])
+        for c in checkpoints
+        if c.get("blocking_s") is not None
+    }
     fallback = statistics.median(stored.values()) if stored else 0.0
     total, seen, guessed = 0.0, set(), 0
     for e in events:
@@ -235,13 +265,20 @@ def _blocking(events: list[_Event], checkpoints: Sequence[dict], notes: list[str
             total += fallback
     total += sum(b for step, b in stored.items() if step not in seen)
     if guessed:
-        notes.append(f"blocking of {guessed} save(s) no longer stored taken as the median "
-                     f"{fallback:.3f} s")
+        notes.append(
+            f"blocking of {guessed} save(s) no longer stored taken as the median {fallback:.3f} s"
+        )
     return total
 
 
-def compute_goodput(*, job: Any, events: Iterable[Any], metrics: Iterable[dict],
-                    checkpoints: Sequence[dict], now: datetime | float) -> Goodput:
+def compute_goodput(
+    *,
+    job: Any,
+    events: Iterable[Any],
+    metrics: Iterable[dict],
+    checkpoints: Sequence[dict],
+    now: datetime | float,
+) -> Goodput:
     """Split a job's wall time into productive time and a breakdown of the rest.
 
     ``job`` needs ``created_at`` and ``finished_at`` (a JobRecord); ``events`` are
@@ -260,8 +297,9 @@ def compute_goodput(*, job: Any, events: Iterable[Any], metrics: Iterable[dict],
     admitted = next((e.ts for e in evs if e.kind == EventKind.ADMITTED), start)
     startup = [(admitted, first if first is not None else end)]
     windows = _restart_windows(evs, steps, first, end)
-    thrown, lost = (_rollbacks(evs, steps, windows, (first, end), median, notes)
-                    if windows else (0, set()))
+    thrown, lost = (
+        _rollbacks(evs, steps, windows, (first, end), median, notes) if windows else (0, set())
+    )
     parts = {
         "waiting_s": _union(queued),
         "startup_s": _only(startup, queued),
@@ -270,12 +308,20 @@ def compute_goodput(*, job: Any, events: Iterable[Any], metrics: Iterable[dict],
         "recomputed_s": thrown * median,
     }
     productive = sum(s.end - s.start for s in steps if s not in lost)
-    return _assemble(end - start, productive, parts, steps=len(steps), recomputed=thrown,
-                     notes=tuple(notes))
+    return _assemble(
+        end - start, productive, parts, steps=len(steps), recomputed=thrown, notes=tuple(notes)
+    )
 
 
-def _assemble(wall: float, productive: float, parts: dict[str, float], *, steps: int,
-              recomputed: int, notes: tuple[str, ...]) -> Goodput:
+def _assemble(
+    wall: float,
+    productive: float,
+    parts: dict[str, float],
+    *,
+    steps: int,
+    recomputed: int,
+    notes: tuple[str, ...],
+) -> Goodput:
     """Cut the parts to fit ``wall`` (in ``_CUT_ORDER``) and put the rest in ``other_s``."""
     left = wall
     productive = min(max(productive, 0.0), left)
@@ -285,7 +331,12 @@ def _assemble(wall: float, productive: float, parts: dict[str, float], *, steps:
         breakdown[key] = min(max(parts[key], 0.0), left)
         left -= breakdown[key]
     breakdown["other_s"] = max(left, 0.0)
-    return Goodput(wall_s=wall, productive_s=productive,
-                   goodput=productive / wall if wall > 0 else 0.0,
-                   breakdown={k: breakdown[k] for k in BREAKDOWN_KEYS}, steps=steps,
-                   recomputed_steps=recomputed, notes=notes)
+    return Goodput(
+        wall_s=wall,
+        productive_s=productive,
+        goodput=productive / wall if wall > 0 else 0.0,
+        breakdown={k: breakdown[k] for k in BREAKDOWN_KEYS},
+        steps=steps,
+        recomputed_steps=recomputed,
+        notes=notes,
+    )

@@ -8,7 +8,7 @@ follow what the store holds afterwards, so a replayed batch changes no counter.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,8 +44,9 @@ class TelemetryIngest:
         try:
             batch = TelemetryBatch.model_validate(data)
         except ValidationError as e:
-            raise InvalidSpec("invalid telemetry batch",
-                              field_errors(e, ["body"], root=TelemetryBatch)) from e
+            raise InvalidSpec(
+                "invalid telemetry batch", field_errors(e, ["body"], root=TelemetryBatch)
+            ) from e
         job = self.stores.jobs.get_job(job_id)
         if job.status.terminal:
             return 0
@@ -64,9 +65,13 @@ class TelemetryIngest:
         fields: dict[str, Any] = {"world_size": points[-1].world_size}
         if job.status == JobStatus.PENDING:
             updated = change_status(
-                self.stores.jobs, job, JobStatus.RUNNING,
-                started_at=job.started_at or datetime.now(timezone.utc),
-                event=(EventKind.STARTED, "workers are training", None), **fields)
+                self.stores.jobs,
+                job,
+                JobStatus.RUNNING,
+                started_at=job.started_at or datetime.now(UTC),
+                event=(EventKind.STARTED, "workers are training", None),
+                **fields,
+            )
         else:
             updated = self.stores.jobs.update_job(job.id, expect_status=job.status, **fields)
         # The store keeps the newest point by time, so an old replayed batch leaves it be.
@@ -88,8 +93,13 @@ class TelemetryIngest:
 
     def _event(self, job: JobRecord, event: TelemetryEvent) -> bool:
         """Store one event; True when it is new (not a replay of a stored ``dedup_key``)."""
-        new = self.stores.events.add_event(job.id, kind=event.kind, message=event.message,
-                                           data=event.data, dedup_key=event.dedup_key)
+        new = self.stores.events.add_event(
+            job.id,
+            kind=event.kind,
+            message=event.message,
+            data=event.data,
+            dedup_key=event.dedup_key,
+        )
         if new and event.kind == EventKind.WORKER_FAILED:
             current = self.stores.jobs.get_job(job.id)
             self.stores.jobs.update_job(job.id, restarts=current.restarts + 1)

@@ -45,28 +45,43 @@ _POINT_GAUGES = _point_gauges(
 )
 # Event kind -> counter name (exported with the _total suffix) and help.
 _EVENT_COUNTERS = {
-    EventKind.WORKER_FAILED.value: ("etrain_job_restarts",
-                                    "Worker-group restarts (worker_failed events)"),
-    EventKind.RESIZED.value: ("etrain_job_resizes",
-                              "Elastic resizes of the worker group (resized events)"),
+    EventKind.WORKER_FAILED.value: (
+        "etrain_job_restarts",
+        "Worker-group restarts (worker_failed events)",
+    ),
+    EventKind.RESIZED.value: (
+        "etrain_job_resizes",
+        "Elastic resizes of the worker group (resized events)",
+    ),
 }
 
 
 class JobMetrics:
     """Gauges and counters labelled by job id, registered on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry, *, ended_grace_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        ended_grace_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.ended_grace_s = ended_grace_s
         self._clock = clock
-        self._gauges = {key: Gauge(name, text, [LABEL], registry=registry)
-                        for key, (name, text) in _POINT_GAUGES.items()}
-        self._counters = {kind: Counter(name, text, [LABEL], registry=registry)
-                          for kind, (name, text) in _EVENT_COUNTERS.items()}
+        self._gauges = {
+            key: Gauge(name, text, [LABEL], registry=registry)
+            for key, (name, text) in _POINT_GAUGES.items()
+        }
+        self._counters = {
+            kind: Counter(name, text, [LABEL], registry=registry)
+            for kind, (name, text) in _EVENT_COUNTERS.items()
+        }
         self._checkpoint_blocking = Gauge(
             "etrain_job_checkpoint_blocking_seconds",
-            "Seconds training waited for the newest committed checkpoint", [LABEL],
-            registry=registry)
+            "Seconds training waited for the newest committed checkpoint",
+            [LABEL],
+            registry=registry,
+        )
         self._lock = threading.Lock()
         self._jobs: set[str] = set()
         self._ended_since: dict[str, float] = {}
@@ -109,8 +124,7 @@ class JobMetrics:
         with self._lock:
             self._jobs.discard(job_id)
             self._ended_since.pop(job_id, None)
-        for metric in (*self._gauges.values(), *self._counters.values(),
-                       self._checkpoint_blocking):
+        for metric in (*self._gauges.values(), *self._counters.values(), self._checkpoint_blocking):
             metric.remove(job_id)
 
     def prune(self, store: JobStore) -> list[str]:

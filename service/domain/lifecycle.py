@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from service.auth import Principal
 from service.backends.base import Backend
@@ -33,8 +33,12 @@ class Lifecycle:
             if job.submission_id:
                 self.backend.stop(job.submission_id)
             updated = change_status(
-                jobs, job, JobStatus.CANCELLED, finished_at=datetime.now(timezone.utc),
-                event=(EventKind.CANCELLED, "cancelled by user", None))
+                jobs,
+                job,
+                JobStatus.CANCELLED,
+                finished_at=datetime.now(UTC),
+                event=(EventKind.CANCELLED, "cancelled by user", None),
+            )
             if updated is not None:
                 self.stores.tokens.revoke_job_tokens(job_id)
                 return updated

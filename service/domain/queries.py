@@ -6,9 +6,9 @@ and another tenant's job reads as absent (404), so ids cannot be probed.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import AsyncIterator
+from datetime import UTC, datetime
 
 from service.auth import Principal
 from service.backends.base import Backend
@@ -62,13 +62,16 @@ class JobQueries:
         links = self.backend.dashboard_links(job.submission_id) if job.submission_id else {}
         return JobDetail(job, links)
 
-    def list(self, principal: Principal, *, status: JobStatus | None, limit: int,
-             offset: int) -> tuple[list[JobRecord], int]:
+    def list(
+        self, principal: Principal, *, status: JobStatus | None, limit: int, offset: int
+    ) -> tuple[list[JobRecord], int]:
         """A page of the caller's jobs, newest first, and the total count."""
         tenant, statuses = scope(principal), ({status} if status else None)
         jobs = self.stores.jobs
-        return (jobs.list_jobs(tenant_id=tenant, statuses=statuses, limit=limit, offset=offset),
-                jobs.count_jobs(tenant_id=tenant, statuses=statuses))
+        return (
+            jobs.list_jobs(tenant_id=tenant, statuses=statuses, limit=limit, offset=offset),
+            jobs.count_jobs(tenant_id=tenant, statuses=statuses),
+        )
 
     def events(self, principal: Principal, job_id: str, *, after_id: int) -> list[EventRecord]:
         """Lifecycle events after ``after_id``."""
@@ -84,8 +87,7 @@ class JobQueries:
         """Committed checkpoints: step, uri, bytes, ``blocking_s`` (the training loop was
         held) and ``total_s`` (start to commit; ``save_s``, its older name, kept)."""
         self.get(principal, job_id)
-        return [{**c, "total_s": c["save_s"]}
-                for c in self.stores.metrics.list_checkpoints(job_id)]
+        return [{**c, "total_s": c["save_s"]} for c in self.stores.metrics.list_checkpoints(job_id)]
 
     def memory(self, principal: Principal, job_id: str) -> MemoryReport:
         """The newest per-rank memory report (empty ``ranks`` before the first step)."""
@@ -110,18 +112,23 @@ class JobQueries:
             async for chunk in self.backend.tail_logs(submission_id):
                 yield chunk
 
-    def goodput(self, principal: Principal, job_id: str, *,
-                now: datetime | None = None) -> Goodput:
+    def goodput(self, principal: Principal, job_id: str, *, now: datetime | None = None) -> Goodput:
         """The goodput of a job ``principal`` may see, from everything it stored."""
         job = self.get(principal, job_id)
         events: list[EventRecord] = []
         while batch := self.stores.events.list_events(
-                job_id, after_id=events[-1].id if events else 0):
+            job_id, after_id=events[-1].id if events else 0
+        ):
             events += batch
         metrics: list[dict] = []
         while batch := self.stores.metrics.list_metrics(
-                job_id, after_step=metrics[-1]["step"] if metrics else -1):
+            job_id, after_step=metrics[-1]["step"] if metrics else -1
+        ):
             metrics += batch
-        return compute_goodput(job=job, events=events, metrics=metrics,
-                               checkpoints=self.stores.metrics.list_checkpoints(job_id),
-                               now=now or datetime.now(timezone.utc))
+        return compute_goodput(
+            job=job,
+            events=events,
+            metrics=metrics,
+            checkpoints=self.stores.metrics.list_checkpoints(job_id),
+            now=now or datetime.now(UTC),
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from service.auth import create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
@@ -23,15 +23,18 @@ ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def demand_of(job: JobRecord) -> Demand:
     """Resources a job holds (or needs) at its minimum worker count."""
     res = job.spec.resources
-    return Demand.for_spec(job.id, min_workers=job.min_workers,
-                           cpus_per_worker=res.cpus_per_worker,
-                           gpus_per_worker=res.gpus_per_worker)
+    return Demand.for_spec(
+        job.id,
+        min_workers=job.min_workers,
+        cpus_per_worker=res.cpus_per_worker,
+        gpus_per_worker=res.gpus_per_worker,
+    )
 
 
 class Reconciler:
@@ -66,37 +69,56 @@ class Reconciler:
         decision = decide_admissions(
             [demand_of(j) for j in queued],
             free_cpus=info.total.get("CPU", 0.0) - sum(d.cpus for d in held),
-            free_gpus=info.total.get("GPU", 0.0) - sum(d.gpus for d in held))
+            free_gpus=info.total.get("GPU", 0.0) - sum(d.gpus for d in held),
+        )
         by_id = {j.id: j for j in queued}
         for job_id in decision.admit:
-            job = change_status(self.jobs, by_id[job_id], JobStatus.PENDING,
-                                event=(EventKind.ADMITTED, "admitted by the scheduler", None))
+            job = change_status(
+                self.jobs,
+                by_id[job_id],
+                JobStatus.PENDING,
+                event=(EventKind.ADMITTED, "admitted by the scheduler", None),
+            )
             if job is not None:
                 self._submit(job)
         waiting = [j for j in queued if j.id not in decision.admit]
         if waiting and decision.waiting_reason:
-            self.stores.events.add_event(waiting[0].id, kind=EventKind.WAITING,
-                                         message=decision.waiting_reason, dedup_key="waiting")
+            self.stores.events.add_event(
+                waiting[0].id,
+                kind=EventKind.WAITING,
+                message=decision.waiting_reason,
+                dedup_key="waiting",
+            )
 
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""
         submission_id = f"etrain-{job.id}-{job.resubmits}"
         token = self._tokens.get(submission_id) or create_reporter_token(
-            self.stores.tokens, tenant_id=job.tenant_id, job_id=job.id)
+            self.stores.tokens, tenant_id=job.tenant_id, job_id=job.id
+        )
         self._tokens[submission_id] = token
         # RAY_TRAIN_ENABLE_STATE_TRACKING: Ray Train records the run for the dashboard's
         # Train run list (Backend.dashboard_links "train_runs"); off by default in Ray 2.60.
-        req = LaunchRequest(job_id=job.id, submission_id=submission_id,
-                            spec_json=job.spec.model_dump_json(by_alias=True),
-                            env={**self._storage_env(job),
-                                 REPORT_URL_ENV: self.settings.report_url,
-                                 REPORT_TOKEN_ENV: token,
-                                 "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"})
+        req = LaunchRequest(
+            job_id=job.id,
+            submission_id=submission_id,
+            spec_json=job.spec.model_dump_json(by_alias=True),
+            env={
+                **self._storage_env(job),
+                REPORT_URL_ENV: self.settings.report_url,
+                REPORT_TOKEN_ENV: token,
+                "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
+            },
+        )
         try:
             url = self.backend.submit(req)
         except BackendUnavailable as e:
-            change_status(self.jobs, job, JobStatus.QUEUED,
-                          event=(EventKind.REQUEUED, f"backend unavailable: {e}", None))
+            change_status(
+                self.jobs,
+                job,
+                JobStatus.QUEUED,
+                event=(EventKind.REQUEUED, f"backend unavailable: {e}", None),
+            )
             return
         except BackendError as e:
             self._tokens.pop(submission_id, None)
@@ -104,9 +126,16 @@ class Reconciler:
             return
         self._tokens.pop(submission_id, None)
         updated = self.jobs.update_job(
-            job.id, expect_status=JobStatus.PENDING, submission_id=submission_id,
-            dashboard_url=url, event=(EventKind.SUBMITTED, f"submitted to Ray as {submission_id}",
-                                      {"dashboard_url": url}))
+            job.id,
+            expect_status=JobStatus.PENDING,
+            submission_id=submission_id,
+            dashboard_url=url,
+            event=(
+                EventKind.SUBMITTED,
+                f"submitted to Ray as {submission_id}",
+                {"dashboard_url": url},
+            ),
+        )
         if updated is None:  # cancelled while we were submitting: do not leave it running
             self.backend.stop(submission_id)
 
@@ -127,24 +156,34 @@ class Reconciler:
             return
         status = self.backend.status(job.submission_id)
         if status.state == RunState.RUNNING and job.status == JobStatus.PENDING:
-            change_status(self.jobs, job, JobStatus.RUNNING, started_at=job.started_at or _now(),
-                          event=(EventKind.STARTED, "job driver running on Ray", None))
+            change_status(
+                self.jobs,
+                job,
+                JobStatus.RUNNING,
+                started_at=job.started_at or _now(),
+                event=(EventKind.STARTED, "job driver running on Ray", None),
+            )
         elif status.state == RunState.SUCCEEDED:
             self._finish(job, JobStatus.SUCCEEDED, None)
         elif status.state in (RunState.FAILED, RunState.STOPPED, RunState.MISSING):
-            decision = decide_recovery(status, resubmits=job.resubmits,
-                                       max_resubmits=job.spec.failure.max_resubmits)
+            decision = decide_recovery(
+                status, resubmits=job.resubmits, max_resubmits=job.spec.failure.max_resubmits
+            )
             if decision.resubmit:
                 self._resubmit(job, decision.reason)
             else:
-                self._finish(job, JobStatus.FAILED,
-                             _tail(status.message) or decision.reason)
+                self._finish(job, JobStatus.FAILED, _tail(status.message) or decision.reason)
 
     def _resubmit(self, job: JobRecord, reason: str) -> None:
         """Start the job again under a new submission id; it resumes from its checkpoints."""
         updated = change_status(
-            self.jobs, job, JobStatus.PENDING, resubmits=job.resubmits + 1, submission_id=None,
-            event=(EventKind.RESUBMITTED, reason, {"previous_submission": job.submission_id}))
+            self.jobs,
+            job,
+            JobStatus.PENDING,
+            resubmits=job.resubmits + 1,
+            submission_id=None,
+            event=(EventKind.RESUBMITTED, reason, {"previous_submission": job.submission_id}),
+        )
         self.stores.tokens.revoke_job_tokens(job.id)
         if updated is not None:
             self._submit(updated)
@@ -153,8 +192,9 @@ class Reconciler:
         """Record how the job ended and revoke its reporter tokens."""
         kind = EventKind.SUCCEEDED if status == JobStatus.SUCCEEDED else EventKind.FAILED
         message = "training finished" if error is None else error
-        change_status(self.jobs, job, status, finished_at=_now(), error=error,
-                      event=(kind, message, None))
+        change_status(
+            self.jobs, job, status, finished_at=_now(), error=error, event=(kind, message, None)
+        )
         self.stores.tokens.revoke_job_tokens(job.id)
 
     def start(self) -> None:
@@ -166,7 +206,7 @@ class Reconciler:
         while not self._stop.wait(self.settings.reconcile_interval_s):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - one bad tick must not stop reconciling
+            except Exception:
                 log.exception("reconciler tick failed; retrying next interval")
 
     def stop(self) -> None:

@@ -27,9 +27,13 @@ def decide_recovery(status: RunStatus, *, resubmits: int, max_resubmits: int) ->
         return RecoveryDecision(False, "the Ray job was stopped outside etrain")
     if status.state == RunState.FAILED and status.exit_code == EXIT_TRAINING_FAILED:
         return RecoveryDecision(False, status.message or "training failed")
-    cause = ("the Ray cluster lost the job" if status.state == RunState.MISSING
-             else f"the job driver died (exit code {status.exit_code})")
+    cause = (
+        "the Ray cluster lost the job"
+        if status.state == RunState.MISSING
+        else f"the job driver died (exit code {status.exit_code})"
+    )
     if resubmits >= max_resubmits:
-        return RecoveryDecision(False, f"{cause}; failure.max_resubmits ({max_resubmits}) "
-                                       "already used")
+        return RecoveryDecision(
+            False, f"{cause}; failure.max_resubmits ({max_resubmits}) already used"
+        )
     return RecoveryDecision(True, f"{cause}; resubmitting ({resubmits + 1}/{max_resubmits})")

@@ -19,8 +19,13 @@ _ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.PENDING, JobStatus.CANCELLED, JobStatus.FAILED}),
     # PENDING -> QUEUED: the backend refused the submission for lack of room; try later.
     JobStatus.PENDING: frozenset(
-        {JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.FAILED,
-         JobStatus.CANCELLED}
+        {
+            JobStatus.RUNNING,
+            JobStatus.QUEUED,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+        }
     ),
     # RUNNING -> PENDING: the Ray job is being resubmitted after a cluster-level loss.
     JobStatus.RUNNING: frozenset(
@@ -42,8 +47,14 @@ def transition(current: JobStatus, target: JobStatus) -> JobStatus:
     raise InvalidTransition(f"a {current.value} job cannot become {target.value}")
 
 
-def change_status(jobs: JobStore, job: JobRecord, target: JobStatus, *,
-                  event: NewEvent | None = None, **fields: Any) -> JobRecord | None:
+def change_status(
+    jobs: JobStore,
+    job: JobRecord,
+    target: JobStatus,
+    *,
+    event: NewEvent | None = None,
+    **fields: Any,
+) -> JobRecord | None:
     """Move ``job`` (as it was read) to ``target`` with ``fields`` and ``event``, in one write.
 
     Raises InvalidTransition, writing nothing, when the rule forbids the move.
@@ -51,5 +62,4 @@ def change_status(jobs: JobStore, job: JobRecord, target: JobStatus, *,
     status it was read in (someone else changed it first: re-read and decide again).
     """
     transition(job.status, target)
-    return jobs.update_job(job.id, expect_status=job.status, status=target, event=event,
-                           **fields)
+    return jobs.update_job(job.id, expect_status=job.status, status=target, event=event, **fields)

@@ -11,7 +11,7 @@ directory, which it created).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from service.errors import InvalidSpec
 from workers.checkpoint.probe import check_storage
@@ -25,8 +25,9 @@ from workers.spec import CheckpointSpec
 OBJECT_STORE_SCHEMES = ("s3://", "gs://")
 
 
-def check_checkpoint_storage(checkpoint: CheckpointSpec, *,
-                             env: Mapping[str, str] | None = None) -> None:
+def check_checkpoint_storage(
+    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
+) -> None:
     """Raise InvalidSpec (422) unless an object-store ``checkpoint.storage`` can be written.
 
     Credentials come from ``env`` (default: the service's environment); the
@@ -37,14 +38,18 @@ def check_checkpoint_storage(checkpoint: CheckpointSpec, *,
     try:
         check_storage(resolve_checkpoint_storage(checkpoint, env=env))
     except StorageError as e:
-        where = (["s3", "credentials_secret"]
-                 if str(e).startswith("checkpoint.s3.credentials_secret") else ["storage"])
+        where = (
+            ["s3", "credentials_secret"]
+            if str(e).startswith("checkpoint.s3.credentials_secret")
+            else ["storage"]
+        )
         loc = ["body", "checkpoint", *where]
         raise InvalidSpec(str(e), [{"loc": loc, "msg": str(e), "type": "storage"}]) from e
 
 
-def storage_launch_env(checkpoint: CheckpointSpec, *,
-                       env: Mapping[str, str] | None = None) -> dict[str, str]:
+def storage_launch_env(
+    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Credential variables of the service's environment that the job's workers need.
 
     Only the variables the job's storage reads are returned: AWS_* for ``s3://``, or

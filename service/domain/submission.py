@@ -34,19 +34,26 @@ class Submission:
         spec = self._with_default_storage(validate_spec(data))
         plan = plan_job(spec, cluster=self.cluster_shape())
         if plan.errors or not plan.fits:
-            raise InvalidSpec("the plan for this job has errors",
-                              [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors])
+            raise InvalidSpec(
+                "the plan for this job has errors",
+                [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors],
+            )
         check_checkpoint_storage(spec.checkpoint)  # s3:// and gs:// only: a write probe
-        return self.jobs.create_job(tenant_id=principal.tenant_id, name=spec.name, spec=spec,
-                                    min_workers=spec.resources.min_workers,
-                                    warnings=plan.warnings)
+        return self.jobs.create_job(
+            tenant_id=principal.tenant_id,
+            name=spec.name,
+            spec=spec,
+            min_workers=spec.resources.min_workers,
+            warnings=plan.warnings,
+        )
 
     def _with_default_storage(self, spec: JobSpec) -> JobSpec:
         """``spec`` with the service's checkpoint storage when it names none."""
         if spec.checkpoint.storage is not None:
             return spec
         checkpoint = spec.checkpoint.model_copy(
-            update={"storage": self.settings.default_checkpoint_storage})
+            update={"storage": self.settings.default_checkpoint_storage}
+        )
         return spec.model_copy(update={"checkpoint": checkpoint})
 
     def plan(self, data: Any) -> Plan:
@@ -55,18 +62,21 @@ class Submission:
         Without ``cluster`` the plan is for the connected cluster.
         """
         if not isinstance(data, dict) or "spec" not in data:
-            raise InvalidSpec("body must be {\"spec\": JobSpec, \"cluster\": {...}}",
-                              [{"loc": ["body", "spec"], "msg": "field required",
-                                "type": "missing"}])
+            raise InvalidSpec(
+                'body must be {"spec": JobSpec, "cluster": {...}}',
+                [{"loc": ["body", "spec"], "msg": "field required", "type": "missing"}],
+            )
         spec = validate_spec(data["spec"])
         check_checkpoint_storage(spec.checkpoint)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
-            raise InvalidSpec("invalid cluster",
-                              field_errors(e, ["body", "cluster"], root=ClusterSpec)) from e
-        shape = (cluster.model_dump(exclude_none=True) if data.get("cluster")
-                 else self.cluster_shape())
+            raise InvalidSpec(
+                "invalid cluster", field_errors(e, ["body", "cluster"], root=ClusterSpec)
+            ) from e
+        shape = (
+            cluster.model_dump(exclude_none=True) if data.get("cluster") else self.cluster_shape()
+        )
         return plan_job(spec, cluster=shape)
 
     def cluster_shape(self) -> dict:

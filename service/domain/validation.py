@@ -30,7 +30,9 @@ def _accepted_fields(root: type[BaseModel], loc: tuple) -> list[str] | None:
     return sorted(f.alias or name for name, f in model.model_fields.items())
 
 
-def field_errors(e: ValidationError, prefix: list, *, root: type[BaseModel] = JobSpec) -> list[dict]:
+def field_errors(
+    e: ValidationError, prefix: list, *, root: type[BaseModel] = JobSpec
+) -> list[dict]:
     """pydantic's errors of validating ``root`` as 422 items (loc, msg, type); an unknown
     field's item also lists the fields accepted there."""
     items = []
@@ -45,8 +47,10 @@ def field_errors(e: ValidationError, prefix: list, *, root: type[BaseModel] = Jo
 def validate_spec(data: Any) -> JobSpec:
     """Validate a spec mapping; InvalidSpec carries pydantic's field errors."""
     if not isinstance(data, dict):
-        raise InvalidSpec("the job spec must be a mapping",
-                          [{"loc": ["body"], "msg": "expected a JSON/YAML object", "type": "type"}])
+        raise InvalidSpec(
+            "the job spec must be a mapping",
+            [{"loc": ["body"], "msg": "expected a JSON/YAML object", "type": "type"}],
+        )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:

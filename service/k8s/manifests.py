@@ -83,21 +83,26 @@ class RayJobConfig:
 
 
 def _labels(component: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "etrain", "app.kubernetes.io/component": component,
-            **(extra or {})}
+    return {
+        "app.kubernetes.io/name": "etrain",
+        "app.kubernetes.io/component": component,
+        **(extra or {}),
+    }
 
 
-def _ray_container(cfg: RayClusterConfig, *, name: str, cpus: int, memory: str,
-                   gpus: int, ports: list[dict]) -> dict:
+def _ray_container(
+    cfg: RayClusterConfig, *, name: str, cpus: int, memory: str, gpus: int, ports: list[dict]
+) -> dict:
     limits: dict = {"cpu": str(cpus), "memory": memory}
     if gpus:
         limits["nvidia.com/gpu"] = str(gpus)
     container = {
-        "name": name, "image": cfg.image, "imagePullPolicy": "IfNotPresent",
+        "name": name,
+        "image": cfg.image,
+        "imagePullPolicy": "IfNotPresent",
         "resources": {"requests": {"cpu": str(cpus), "memory": memory}, "limits": limits},
         "ports": ports,
-        "securityContext": {"allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
     }
     if cfg.checkpoint_claim:
@@ -107,18 +112,28 @@ def _ray_container(cfg: RayClusterConfig, *, name: str, cpus: int, memory: str,
     return container
 
 
-def _pod_spec(cfg: RayClusterConfig, container: dict, *, shm_size: str,
-              node_selector: Mapping[str, str] | None = None,
-              tolerations: Iterable[Mapping] = ()) -> dict:
-    volumes: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory",
-                                                       "sizeLimit": shm_size}}]
+def _pod_spec(
+    cfg: RayClusterConfig,
+    container: dict,
+    *,
+    shm_size: str,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Iterable[Mapping] = (),
+) -> dict:
+    volumes: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
     if cfg.checkpoint_claim:
-        volumes.append({"name": "checkpoints",
-                        "persistentVolumeClaim": {"claimName": cfg.checkpoint_claim}})
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": cfg.checkpoint_claim}}
+        )
     spec: dict = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RAY_UID, "runAsGroup": RAY_GID,
-                            "fsGroup": RAY_GID},
-        "containers": [container], "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RAY_UID,
+            "runAsGroup": RAY_GID,
+            "fsGroup": RAY_GID,
+        },
+        "containers": [container],
+        "volumes": volumes,
     }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
@@ -130,36 +145,50 @@ def _pod_spec(cfg: RayClusterConfig, container: dict, *, shm_size: str,
 
 def _pod_metadata(cfg: RayClusterConfig, component: str) -> dict:
     # Annotation-based scraping: each Ray node exports metrics on metrics_port.
-    return {"labels": _labels(component),
-            "annotations": {"prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(cfg.metrics_port),
-                            "prometheus.io/path": "/metrics"}}
+    return {
+        "labels": _labels(component),
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(cfg.metrics_port),
+            "prometheus.io/path": "/metrics",
+        },
+    }
 
 
 def build_head_group(cfg: RayClusterConfig) -> dict:
-    """The head group: dashboard, GCS and the job drivers; ``num-cpus: "0"`` keeps training off it."""
-    ports = [{"name": "gcs-server", "containerPort": 6379},
-             {"name": "dashboard", "containerPort": 8265},
-             {"name": "client", "containerPort": 10001},
-             {"name": "metrics", "containerPort": cfg.metrics_port}]
-    container = _ray_container(cfg, name="ray-head", cpus=cfg.head_cpus,
-                               memory=cfg.head_memory, gpus=0, ports=ports)
+    """The head group: dashboard, GCS and the job drivers; ``num-cpus: "0"`` keeps training
+    off it."""
+    ports = [
+        {"name": "gcs-server", "containerPort": 6379},
+        {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001},
+        {"name": "metrics", "containerPort": cfg.metrics_port},
+    ]
+    container = _ray_container(
+        cfg, name="ray-head", cpus=cfg.head_cpus, memory=cfg.head_memory, gpus=0, ports=ports
+    )
     # GCS settings: the GCS runs in the head pod, so only the head needs them.
     container["env"] = [{"name": k, "value": v} for k, v in sorted(FAST_NODE_FAILURE_ENV.items())]
     return {
         "serviceType": "ClusterIP",
-        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0",
-                           "metrics-export-port": str(cfg.metrics_port)},
-        "template": {"metadata": _pod_metadata(cfg, "ray-head"),
-                     "spec": _pod_spec(cfg, container, shm_size="2Gi")},
+        "rayStartParams": {
+            "num-cpus": "0",
+            "dashboard-host": "0.0.0.0",
+            "metrics-export-port": str(cfg.metrics_port),
+        },
+        "template": {
+            "metadata": _pod_metadata(cfg, "ray-head"),
+            "spec": _pod_spec(cfg, container, shm_size="2Gi"),
+        },
     }
 
 
 def build_worker_group(cfg: RayClusterConfig, group: WorkerGroupConfig) -> dict:
     """One worker group; GPU groups get the GPU limit, toleration and product selector."""
     ports = [{"name": "metrics", "containerPort": cfg.metrics_port}]
-    container = _ray_container(cfg, name="ray-worker", cpus=group.cpus, memory=group.memory,
-                               gpus=group.gpus, ports=ports)
+    container = _ray_container(
+        cfg, name="ray-worker", cpus=group.cpus, memory=group.memory, gpus=group.gpus, ports=ports
+    )
     selector = dict(group.node_selector)
     if group.gpu_type:
         selector[GPU_PRODUCT_LABEL] = group.gpu_type
@@ -170,12 +199,21 @@ def build_worker_group(cfg: RayClusterConfig, group: WorkerGroupConfig) -> dict:
     if group.gpus:
         params["num-gpus"] = str(group.gpus)
     return {
-        "groupName": group.name, "replicas": group.min_replicas,
-        "minReplicas": group.min_replicas, "maxReplicas": group.max_replicas,
+        "groupName": group.name,
+        "replicas": group.min_replicas,
+        "minReplicas": group.min_replicas,
+        "maxReplicas": group.max_replicas,
         "rayStartParams": params,
-        "template": {"metadata": _pod_metadata(cfg, "ray-worker"),
-                     "spec": _pod_spec(cfg, container, shm_size=group.shm_size,
-                                       node_selector=selector, tolerations=tolerations)},
+        "template": {
+            "metadata": _pod_metadata(cfg, "ray-worker"),
+            "spec": _pod_spec(
+                cfg,
+                container,
+                shm_size=group.shm_size,
+                node_selector=selector,
+                tolerations=tolerations,
+            ),
+        },
     }
 
 
@@ -192,10 +230,13 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
     return spec | {
         "enableInTreeAutoscaling": True,
         "autoscalerOptions": {
-            "version": "v2", "upscalingMode": cfg.upscaling_mode,
+            "version": "v2",
+            "upscalingMode": cfg.upscaling_mode,
             "idleTimeoutSeconds": cfg.idle_timeout_seconds,
-            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
-                          "limits": {"cpu": "500m", "memory": "512Mi"}},
+            "resources": {
+                "requests": {"cpu": "500m", "memory": "512Mi"},
+                "limits": {"cpu": "500m", "memory": "512Mi"},
+            },
         },
         "headGroupSpec": build_head_group(cfg),
         "workerGroupSpecs": [build_worker_group(cfg, g) for g in cfg.worker_groups],
@@ -204,22 +245,39 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
 
 def build_raycluster(cfg: RayClusterConfig) -> dict:
     """A complete ray.io/v1 RayCluster object."""
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-            "metadata": {"name": cfg.name, "namespace": cfg.namespace,
-                         "labels": _labels("ray-cluster")},
-            "spec": build_raycluster_spec(cfg)}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": cfg.name,
+            "namespace": cfg.namespace,
+            "labels": _labels("ray-cluster"),
+        },
+        "spec": build_raycluster_spec(cfg),
+    }
 
 
-def worker_group_for_job(*, min_workers: int, max_workers: int, gpus_per_worker: int,
-                         cpus_per_worker: float, template: WorkerGroupConfig) -> WorkerGroupConfig:
+def worker_group_for_job(
+    *,
+    min_workers: int,
+    max_workers: int,
+    gpus_per_worker: int,
+    cpus_per_worker: float,
+    template: WorkerGroupConfig,
+) -> WorkerGroupConfig:
     """A group of one-Train-worker pods sized from a job's resources (for a per-job cluster)."""
     return WorkerGroupConfig(
-        name="gpu" if gpus_per_worker else "cpu", min_replicas=min_workers,
-        max_replicas=max_workers, gpus=gpus_per_worker,
-        cpus=max(1, math.ceil(cpus_per_worker)), memory=template.memory,
+        name="gpu" if gpus_per_worker else "cpu",
+        min_replicas=min_workers,
+        max_replicas=max_workers,
+        gpus=gpus_per_worker,
+        cpus=max(1, math.ceil(cpus_per_worker)),
+        memory=template.memory,
         gpu_type=template.gpu_type if gpus_per_worker else None,
-        node_selector=template.node_selector, tolerations=template.tolerations,
-        shm_size=template.shm_size)
+        node_selector=template.node_selector,
+        tolerations=template.tolerations,
+        shm_size=template.shm_size,
+    )
 
 
 def runtime_env_yaml(*, job_id: str, spec_json: str, env: Mapping[str, str]) -> str:
@@ -231,12 +289,13 @@ def runtime_env_yaml(*, job_id: str, spec_json: str, env: Mapping[str, str]) -> 
 def build_rayjob(cfg: RayJobConfig, *, spec_json: str) -> dict:
     """A ray.io/v1 RayJob on an existing cluster (clusterSelector) or its own (rayClusterSpec)."""
     if (cfg.cluster_name is None) == (cfg.cluster is None):
-        raise ValueError("set exactly one of cluster_name (clusterSelector) and cluster "
-                         "(rayClusterSpec)")
+        raise ValueError(
+            "set exactly one of cluster_name (clusterSelector) and cluster (rayClusterSpec)"
+        )
     spec: dict = {
-        "entrypoint": cfg.entrypoint, "jobId": cfg.submission_id,
-        "runtimeEnvYAML": runtime_env_yaml(job_id=cfg.job_id, spec_json=spec_json,
-                                           env=cfg.env),
+        "entrypoint": cfg.entrypoint,
+        "jobId": cfg.submission_id,
+        "runtimeEnvYAML": runtime_env_yaml(job_id=cfg.job_id, spec_json=spec_json, env=cfg.env),
         "submissionMode": "K8sJobMode",
         "backoffLimit": 0,  # etrain resubmits whole jobs itself (failure.max_resubmits)
     }
@@ -250,12 +309,20 @@ def build_rayjob(cfg: RayJobConfig, *, spec_json: str) -> dict:
         spec["rayClusterSpec"] = build_raycluster_spec(cfg.cluster)
         spec["shutdownAfterJobFinishes"] = True
         spec["ttlSecondsAfterFinished"] = cfg.ttl_seconds_after_finished
-    labels = _labels("ray-job", {"app.kubernetes.io/managed-by": "etrain",
-                                 "etrain.io/job-id": label_value(cfg.job_id),
-                                 "etrain.io/submission-id": label_value(cfg.submission_id)})
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
-            "metadata": {"name": cfg.name, "namespace": cfg.namespace, "labels": labels},
-            "spec": spec}
+    labels = _labels(
+        "ray-job",
+        {
+            "app.kubernetes.io/managed-by": "etrain",
+            "etrain.io/job-id": label_value(cfg.job_id),
+            "etrain.io/submission-id": label_value(cfg.submission_id),
+        },
+    )
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": cfg.name, "namespace": cfg.namespace, "labels": labels},
+        "spec": spec,
+    }
 
 
 def dns1035_name(text: str, *, max_len: int) -> str:
@@ -266,7 +333,7 @@ def dns1035_name(text: str, *, max_len: int) -> str:
     if len(name) <= max_len:
         return name
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return f"{name[:max_len - 9].rstrip('-')}-{digest}"
+    return f"{name[: max_len - 9].rstrip('-')}-{digest}"
 
 
 def rayjob_name(submission_id: str) -> str:

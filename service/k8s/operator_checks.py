@@ -31,8 +31,10 @@ def metadata_errors(obj: dict) -> list[str]:
     if not name:
         errors.append("metadata.name: required")
     elif len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
-        errors.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain "
-                      "(lowercase letters, digits, '-' and '.', at most 253)")
+        errors.append(
+            f"metadata.name: {name!r} is not a DNS-1123 subdomain "
+            "(lowercase letters, digits, '-' and '.', at most 253)"
+        )
     for key, value in (meta.get("labels") or {}).items():
         errors += [f"metadata.labels.{key}: {e}" for e in _label_errors(key, value)]
     return errors
@@ -46,8 +48,10 @@ def _label_errors(key: str, value: str) -> list[str]:
     if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         errors.append(f"label key name {name!r} must be 1-63 alphanumerics, '-', '_' or '.'")
     if value and (len(str(value)) > 63 or not _LABEL_NAME.fullmatch(str(value))):
-        errors.append(f"label value {value!r} must be at most 63 alphanumerics, '-', '_' or "
-                      "'.', starting and ending with an alphanumeric")
+        errors.append(
+            f"label value {value!r} must be at most 63 alphanumerics, '-', '_' or "
+            "'.', starting and ending with an alphanumeric"
+        )
     return errors
 
 
@@ -56,8 +60,10 @@ def _name_errors(name: str | None, *, kind: str, limit: int) -> list[str]:
         return []  # metadata_errors reports it
     errors = []
     if len(name) > limit:
-        errors.append(f"metadata.name: {kind} name should be no more than {limit} characters "
-                      f"(got {len(name)})")
+        errors.append(
+            f"metadata.name: {kind} name should be no more than {limit} characters "
+            f"(got {len(name)})"
+        )
     if not _DNS1035.fullmatch(name):
         errors.append(f"metadata.name: {kind} name {name!r} should be a valid DNS-1035 label")
     return errors
@@ -68,11 +74,13 @@ def operator_errors(obj: dict) -> list[str]:
     kind, meta = obj.get("kind"), obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     if kind == "RayCluster":
-        return (_name_errors(meta.get("name"), kind=kind, limit=MAX_RAYCLUSTER_NAME)
-                + raycluster_spec_errors(spec, prefix="spec"))
+        return _name_errors(
+            meta.get("name"), kind=kind, limit=MAX_RAYCLUSTER_NAME
+        ) + raycluster_spec_errors(spec, prefix="spec")
     if kind == "RayJob":
-        return (_name_errors(meta.get("name"), kind=kind, limit=MAX_RAYJOB_NAME)
-                + rayjob_spec_errors(spec))
+        return _name_errors(
+            meta.get("name"), kind=kind, limit=MAX_RAYJOB_NAME
+        ) + rayjob_spec_errors(spec)
     return []
 
 
@@ -95,8 +103,9 @@ def _group_errors(group: dict, where: str, *, autoscaler_v2: bool) -> list[str]:
         errors.append(f"{where}.rayStartParams.labels: not supported; use {where}.labels")
     policy = ((group.get("template") or {}).get("spec") or {}).get("restartPolicy")
     if autoscaler_v2 and policy not in (None, "", "Never"):
-        errors.append(f"{where}.template.spec.restartPolicy: must be Never or unset with "
-                      "autoscaler v2")
+        errors.append(
+            f"{where}.template.spec.restartPolicy: must be Never or unset with autoscaler v2"
+        )
     return errors
 
 
@@ -109,8 +118,10 @@ def _replica_errors(group: dict, where: str) -> list[str]:
         errors.append(f"{where}.minReplicas ({low}) must be >= 0")
     replicas = group.get("replicas")
     if replicas is not None and low <= high and not low <= replicas <= high:
-        errors.append(f"{where}.replicas ({replicas}) must be within [minReplicas, maxReplicas]"
-                      f" = [{low}, {high}]")
+        errors.append(
+            f"{where}.replicas ({replicas}) must be within [minReplicas, maxReplicas]"
+            f" = [{low}, {high}]"
+        )
     return errors
 
 
@@ -120,12 +131,16 @@ def _autoscaler_errors(spec: dict, prefix: str) -> list[str]:
     errors = []
     enabled = bool(spec.get("enableInTreeAutoscaling"))
     if not enabled and head_env.get(_AUTOSCALER_V2_ENV) in ("1", "true"):
-        errors.append(f"{prefix}.enableInTreeAutoscaling: must be true when the head sets "
-                      f"{_AUTOSCALER_V2_ENV}")
+        errors.append(
+            f"{prefix}.enableInTreeAutoscaling: must be true when the head sets "
+            f"{_AUTOSCALER_V2_ENV}"
+        )
     version = (spec.get("autoscalerOptions") or {}).get("version")
     if enabled and version and _AUTOSCALER_V2_ENV in head_env:
-        errors.append(f"{prefix}.autoscalerOptions.version: set it or the head env "
-                      f"{_AUTOSCALER_V2_ENV}, not both")
+        errors.append(
+            f"{prefix}.autoscalerOptions.version: set it or the head env "
+            f"{_AUTOSCALER_V2_ENV}, not both"
+        )
     return errors
 
 
@@ -134,15 +149,17 @@ def _autoscaler_v2(spec: dict) -> bool:
         return False
     head = _containers(spec.get("headGroupSpec") or {})
     env = _env(head[0]) if head else {}
-    return ((spec.get("autoscalerOptions") or {}).get("version") == "v2"
-            or env.get(_AUTOSCALER_V2_ENV) in ("1", "true"))
+    return (spec.get("autoscalerOptions") or {}).get("version") == "v2" or env.get(
+        _AUTOSCALER_V2_ENV
+    ) in ("1", "true")
 
 
 def raycluster_spec_errors(spec: dict, *, prefix: str) -> list[str]:
     """KubeRay's RayCluster spec checks (also applied to a RayJob's rayClusterSpec)."""
     v2 = _autoscaler_v2(spec)
-    errors = _group_errors(spec.get("headGroupSpec") or {}, f"{prefix}.headGroupSpec",
-                           autoscaler_v2=v2)
+    errors = _group_errors(
+        spec.get("headGroupSpec") or {}, f"{prefix}.headGroupSpec", autoscaler_v2=v2
+    )
     names: set[str] = set()
     for i, group in enumerate(spec.get("workerGroupSpecs") or []):
         where = f"{prefix}.workerGroupSpecs[{i}]"
@@ -151,8 +168,9 @@ def raycluster_spec_errors(spec: dict, *, prefix: str) -> list[str]:
             errors.append(f"{where}.groupName: {group.get('groupName')!r} is used twice")
         names.add(group.get("groupName"))
         if v2 and group.get("suspend"):
-            errors.append(f"{where}.suspend: a worker group cannot be suspended with the "
-                          "autoscaler enabled")
+            errors.append(
+                f"{where}.suspend: a worker group cannot be suspended with the autoscaler enabled"
+            )
     errors += _autoscaler_errors(spec, prefix)
     if (spec.get("authOptions") or {}).get("mode") == "token":
         errors += _auth_errors(spec.get("rayVersion"), prefix)
@@ -209,7 +227,6 @@ def _runtime_env_errors(text: str | None) -> list[str]:
     if not isinstance(parsed, dict):
         return ["spec.runtimeEnvYAML: must be a YAML mapping"]
     env_vars = parsed.get("env_vars", {})
-    if not isinstance(env_vars, dict) or not all(
-            isinstance(v, str) for v in env_vars.values()):
+    if not isinstance(env_vars, dict) or not all(isinstance(v, str) for v in env_vars.values()):
         return ["spec.runtimeEnvYAML.env_vars: must map names to strings"]
     return []

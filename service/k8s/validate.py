@@ -63,8 +63,11 @@ def strict_schema(schema: dict) -> dict:
             continue
         if not isinstance(node, dict):
             continue
-        if ("properties" in node and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         stack.extend(v for v in node.values() if isinstance(v, dict | list))
     return schema
@@ -79,7 +82,7 @@ def crd_validator(kind: str):
         raise ManifestError([f"{kind}: no ray.io/v1 schema here (known: {sorted(CRD_FILES)})"])
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(CRD_DIR / CRD_FILES[kind]) as f:
-        crd = yaml.load(f, Loader=loader)  # noqa: S506 - a safe loader
+        crd = yaml.load(f, Loader=loader)
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = strict_schema(version["schema"]["openAPIV3Schema"])
     schema["properties"]["metadata"] = {"$ref": f"{_defs_id()}#/$defs/{_OBJECT_META}"}
@@ -91,7 +94,8 @@ def _k8s_definitions() -> dict:
     from kubernetes_validate.utils import schema_contents
 
     return schema_contents(
-        f"kubernetes-json-schema/v{KUBE_VERSION}-local-strict/_definitions.json", KUBE_VERSION)
+        f"kubernetes-json-schema/v{KUBE_VERSION}-local-strict/_definitions.json", KUBE_VERSION
+    )
 
 
 def _defs_id() -> str:
@@ -145,4 +149,3 @@ def validate_objects(objects: Iterable[dict], *, kube_version: str = KUBE_VERSIO
     errors = [e for obj in objects for e in object_errors(obj, kube_version=kube_version)]
     if errors:
         raise ManifestError(errors)
-

@@ -39,40 +39,67 @@ class Link:
 
 
 # Intra-node GPU-to-GPU links.
-LINKS: dict[str, Link] = {link.name: link for link in (
-    Link("pcie3", 16.0), Link("pcie4", 32.0), Link("pcie5", 64.0),
-    Link("nvlink3", 600.0), Link("nvlink4", 900.0), Link("nvlink5", 1800.0),
-)}
+LINKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        Link("pcie3", 16.0),
+        Link("pcie4", 32.0),
+        Link("pcie5", 64.0),
+        Link("nvlink3", 600.0),
+        Link("nvlink4", 900.0),
+        Link("nvlink5", 1800.0),
+    )
+}
 LINK_ALIASES = {"pcie": "pcie4", "nvlink": "nvlink4", "nvswitch": "nvlink4"}
 # Inter-node networks, per GPU (rail-optimised clusters give each GPU its own NIC).
-NETWORKS: dict[str, Link] = {link.name: link for link in (
-    Link("ethernet-10g", 1.25), Link("ethernet-25g", 3.125), Link("ethernet-100g", 12.5),
-    Link("ethernet-400g", 50.0), Link("ib-hdr", 25.0), Link("ib-ndr", 50.0),
-    Link("ib-xdr", 100.0),
-)}
+NETWORKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        Link("ethernet-10g", 1.25),
+        Link("ethernet-25g", 3.125),
+        Link("ethernet-100g", 12.5),
+        Link("ethernet-400g", 50.0),
+        Link("ib-hdr", 25.0),
+        Link("ib-ndr", 50.0),
+        Link("ib-xdr", 100.0),
+    )
+}
 NETWORK_ALIASES = {"ethernet": "ethernet-100g", "infiniband": "ib-ndr", "ib": "ib-ndr"}
 
-GPUS: dict[str, GpuModel] = {g.name: g for g in (
-    GpuModel("h100", 80, 989.0, "nvlink4", "ib-ndr"),
-    GpuModel("h100-pcie", 80, 756.0, "pcie5", "ethernet-100g"),
-    GpuModel("h200", 141, 989.0, "nvlink4", "ib-ndr"),
-    GpuModel("b200", 180, 2250.0, "nvlink5", "ib-xdr"),
-    GpuModel("a100", 80, 312.0, "nvlink3", "ib-hdr"),
-    GpuModel("a100-40gb", 40, 312.0, "nvlink3", "ib-hdr"),
-    GpuModel("l40s", 48, 362.0, "pcie4", "ethernet-100g"),
-    GpuModel("a10g", 24, 125.0, "pcie4", "ethernet-25g"),
-    GpuModel("l4", 24, 121.0, "pcie4", "ethernet-25g"),
-    GpuModel("rtx4090", 24, 165.0, "pcie4", "ethernet-10g"),
-    GpuModel("rtx3090", 24, 71.0, "pcie4", "ethernet-10g"),
-    GpuModel("rtx3060", 12, 25.6, "pcie4", "ethernet-10g"),
-)}
+GPUS: dict[str, GpuModel] = {
+    g.name: g
+    for g in (
+        GpuModel("h100", 80, 989.0, "nvlink4", "ib-ndr"),
+        GpuModel("h100-pcie", 80, 756.0, "pcie5", "ethernet-100g"),
+        GpuModel("h200", 141, 989.0, "nvlink4", "ib-ndr"),
+        GpuModel("b200", 180, 2250.0, "nvlink5", "ib-xdr"),
+        GpuModel("a100", 80, 312.0, "nvlink3", "ib-hdr"),
+        GpuModel("a100-40gb", 40, 312.0, "nvlink3", "ib-hdr"),
+        GpuModel("l40s", 48, 362.0, "pcie4", "ethernet-100g"),
+        GpuModel("a10g", 24, 125.0, "pcie4", "ethernet-25g"),
+        GpuModel("l4", 24, 121.0, "pcie4", "ethernet-25g"),
+        GpuModel("rtx4090", 24, 165.0, "pcie4", "ethernet-10g"),
+        GpuModel("rtx3090", 24, 71.0, "pcie4", "ethernet-10g"),
+        GpuModel("rtx3060", 12, 25.6, "pcie4", "ethernet-10g"),
+    )
+}
 # Normalised spellings (lowercase, letters and digits only) -> table key. Ray
 # reports accelerator types such as "H100", "A100-80G", "A10G", "L4".
 _GPU_ALIASES = {
-    "h10080gb": "h100", "h100sxm": "h100", "h100sxm5": "h100", "h100pcie": "h100-pcie",
-    "h200141gb": "h200", "a10080gb": "a100", "a10080g": "a100", "a100sxm": "a100",
-    "a10040gb": "a100-40gb", "a10040g": "a100-40gb", "geforcertx4090": "rtx4090",
-    "geforcertx3090": "rtx3090", "geforcertx3060": "rtx3060", "nvidial40s": "l40s",
+    "h10080gb": "h100",
+    "h100sxm": "h100",
+    "h100sxm5": "h100",
+    "h100pcie": "h100-pcie",
+    "h200141gb": "h200",
+    "a10080gb": "a100",
+    "a10080g": "a100",
+    "a100sxm": "a100",
+    "a10040gb": "a100-40gb",
+    "a10040g": "a100-40gb",
+    "geforcertx4090": "rtx4090",
+    "geforcertx3090": "rtx3090",
+    "geforcertx3060": "rtx3060",
+    "nvidial40s": "l40s",
 }
 _TFLOPS_FP32_FACTOR = 0.5  # TF32 tensor cores: half the bf16 rate on these parts
 
@@ -131,14 +158,14 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _resolve_link(name: str | None, table: dict[str, Link], aliases: dict[str, str],
-                  field: str, errors: list[str]) -> Link | None:
+def _resolve_link(
+    name: str | None, table: dict[str, Link], aliases: dict[str, str], field: str, errors: list[str]
+) -> Link | None:
     if name is None:
         return None
     key = aliases.get(name.lower(), name.lower())
     if key not in table:
-        errors.append(f"{field} {name!r} is unknown; use one of "
-                      f"{sorted(table) + sorted(aliases)}")
+        errors.append(f"{field} {name!r} is unknown; use one of {sorted(table) + sorted(aliases)}")
         return None
     return table[key]
 
@@ -156,29 +183,37 @@ def resolve_cluster(cluster: dict) -> tuple[ClusterHardware, list[str]]:
     for name in _as_list(cluster.get("gpu")):
         gpu = find_gpu(str(name))
         if gpu is None:
-            errors.append(f"cluster.gpu {name!r} is unknown; use one of {sorted(GPUS)} or "
-                          "give cluster.gpu_memory_gb")
+            errors.append(
+                f"cluster.gpu {name!r} is unknown; use one of {sorted(GPUS)} or "
+                "give cluster.gpu_memory_gb"
+            )
         else:
             gpus.append(gpu)
     sizes = [int(float(gb) * GIB) for gb in _as_list(cluster.get("gpu_memory_gb"))]
     if not sizes:
         sizes = [int(g.memory_gib * GIB) for g in gpus]
-    link = _resolve_link(cluster.get("interconnect"), LINKS, LINK_ALIASES,
-                         "cluster.interconnect", errors)
-    network = _resolve_link(cluster.get("network"), NETWORKS, NETWORK_ALIASES,
-                            "cluster.network", errors)
+    link = _resolve_link(
+        cluster.get("interconnect"), LINKS, LINK_ALIASES, "cluster.interconnect", errors
+    )
+    network = _resolve_link(
+        cluster.get("network"), NETWORKS, NETWORK_ALIASES, "cluster.network", errors
+    )
     if gpus:
         slowest = min(gpus, key=lambda g: g.bf16_tflops)
         link = link or LINKS[slowest.link]
         network = network or NETWORKS[slowest.network]
     host = cluster.get("host_memory_gb")
     return ClusterHardware(
-        nodes=cluster.get("nodes"), gpus_per_node=cluster.get("gpus_per_node"),
+        nodes=cluster.get("nodes"),
+        gpus_per_node=cluster.get("gpus_per_node"),
         cpus_per_node=cluster.get("cpus_per_node"),
-        gpu_names=tuple(g.name for g in gpus), gpu_memory_sizes=tuple(sizes),
+        gpu_names=tuple(g.name for g in gpus),
+        gpu_memory_sizes=tuple(sizes),
         bf16_tflops=min((g.bf16_tflops for g in gpus), default=None),
-        link=link, network=network,
-        host_memory_bytes=int(host * GIB) if host else None), errors
+        link=link,
+        network=network,
+        host_memory_bytes=int(host * GIB) if host else None,
+    ), errors
 
 
 def cluster_from_nodes(nodes: list[dict]) -> dict:
@@ -193,12 +228,20 @@ def cluster_from_nodes(nodes: list[dict]) -> dict:
     res = [n.get("resources", {}) for n in nodes]
     gpus = [int(r.get("GPU", 0)) for r in res]
     cpus = [float(r.get("CPU", 0)) for r in res]
-    kinds = sorted({k.split(":", 1)[1] for r in res for k in r
-                    if k.startswith("accelerator_type:")})
+    kinds = sorted(
+        {k.split(":", 1)[1] for r in res for k in r if k.startswith("accelerator_type:")}
+    )
     known = [k for k in kinds if find_gpu(k) is not None]
-    host = [float(r["memory"]) for r, g in zip(res, gpus) if "memory" in r and (g or not any(gpus))]
-    shape: dict = {"nodes": len(nodes), "cpus_per_node": max(cpus, default=0) or None,
-                   "gpus_per_node": max(gpus, default=0)}
+    host = [
+        float(r["memory"])
+        for r, g in zip(res, gpus, strict=True)
+        if "memory" in r and (g or not any(gpus))
+    ]
+    shape: dict = {
+        "nodes": len(nodes),
+        "cpus_per_node": max(cpus, default=0) or None,
+        "gpus_per_node": max(gpus, default=0),
+    }
     if known:
         shape["gpu"] = known[0] if len(known) == 1 else known
     if host:

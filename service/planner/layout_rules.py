@@ -18,9 +18,11 @@ from service.planner.memory_model import Layout, RankMemory, Workload, worst_ran
 from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
 
 HEADROOM = 0.9  # warn above this share of GPU memory (allocator fragmentation, CUDA context)
-ZERO1_AS_ZERO2 = ("parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
-                  "optimizer-state-only mode, so gradients are sharded too (less memory than "
-                  "ZeRO-1); set zero_stage 2 to make this explicit")
+ZERO1_AS_ZERO2 = (
+    "parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
+    "optimizer-state-only mode, so gradients are sharded too (less memory than "
+    "ZeRO-1); set zero_stage 2 to make this explicit"
+)
 
 
 @dataclass(frozen=True)
@@ -90,35 +92,41 @@ def candidate_layouts(work: Workload, world: int, *, max_tp: int) -> list[Layout
         out += [Layout("fsdp", dp=world, zero_stage=3), Layout("fsdp", dp=world, zero_stage=2)]
         if work.on_gpu:
             out.append(Layout("fsdp", dp=world, zero_stage=3, cpu_offload=True))
-    for tp in [1] + tp_degrees(work, world, max_tp):
+    for tp in [1, *tp_degrees(work, world, max_tp)]:
         rest = world // tp
         for pp in [p for p in range(1, rest + 1) if rest % p == 0]:
             if tp == pp == 1:
                 continue
             strategy = "tp" if pp == 1 else ("pp" if tp == 1 else "hybrid")
-            layout = (Layout(strategy, dp=rest, tp=tp) if pp == 1 else
-                      _pp_layout(work, strategy=strategy, dp=rest // pp, tp=tp, pp=pp))
+            layout = (
+                Layout(strategy, dp=rest, tp=tp)
+                if pp == 1
+                else _pp_layout(work, strategy=strategy, dp=rest // pp, tp=tp, pp=pp)
+            )
             if layout is not None:
                 out.append(layout)
     return [layout for layout in out if batch_fits(work, layout)]
 
 
-def evaluate(work: Workload, layout: Layout, hw: ClusterHardware, *,
-             gpus_per_worker: int) -> Candidate:
+def evaluate(
+    work: Workload, layout: Layout, hw: ClusterHardware, *, gpus_per_worker: int
+) -> Candidate:
     """Size and time one layout on ``hw`` (fits is True when GPU memory is unknown)."""
     memory = worst_rank_memory(work, layout)
     budget = hw.gpu_memory_bytes if work.on_gpu else None
     fits = budget is None or memory.device_total <= budget
-    return Candidate(layout, memory, fits,
-                     estimate_step(work, layout, hw, gpus_per_worker=gpus_per_worker))
+    return Candidate(
+        layout, memory, fits, estimate_step(work, layout, hw, gpus_per_worker=gpus_per_worker)
+    )
 
 
 def _fastest(cands: list[Candidate]) -> Candidate:
     return min(cands, key=lambda c: (c.step.step_s if c.step else 0.0, c.memory.device_total))
 
 
-def fits_one_node(cands: list[Candidate], hw: ClusterHardware,
-                  *, workers_per_node: int | None) -> bool:
+def fits_one_node(
+    cands: list[Candidate], hw: ClusterHardware, *, workers_per_node: int | None
+) -> bool:
     """Whether the model state sharded over one node's GPUs, plus activations, fits a GPU."""
     ddp = next((c for c in cands if c.layout.strategy == "ddp"), None)
     budget = hw.gpu_memory_bytes
@@ -128,46 +136,62 @@ def fits_one_node(cands: list[Candidate], hw: ClusterHardware,
     return m.state.total / workers_per_node + m.activations <= budget
 
 
-def recommend(cands: list[Candidate], hw: ClusterHardware,
-              *, workers_per_node: int | None) -> Recommendation | None:
+def recommend(
+    cands: list[Candidate], hw: ClusterHardware, *, workers_per_node: int | None
+) -> Recommendation | None:
     """The recommended layout among fitting candidates, or None when none fits."""
     fitting = [c for c in cands if c.fits]
     if not fitting:
         return None
     ddp = [c for c in fitting if c.layout.strategy == "ddp"]
     if ddp:
-        return Recommendation(ddp[0], "parameters, gradients and optimizer state fit one GPU: "
-                              "plain DDP, no sharding")
+        return Recommendation(
+            ddp[0], "parameters, gradients and optimizer state fit one GPU: plain DDP, no sharding"
+        )
     fsdp = [c for c in fitting if c.layout.strategy == "fsdp" and not c.layout.cpu_offload]
     if fsdp and fits_one_node(cands, hw, workers_per_node=workers_per_node):
-        return Recommendation(_fastest(fsdp), "the model state fits one node's GPUs when "
-                              "sharded: FSDP (ZeRO) over data parallelism")
+        return Recommendation(
+            _fastest(fsdp),
+            "the model state fits one node's GPUs when sharded: FSDP (ZeRO) over data parallelism",
+        )
     nvlink = hw.link is not None and hw.link.is_nvlink
     if nvlink:
         tp_max = max((c.layout.tp for c in fitting), default=1)
         widest = [c for c in fitting if c.layout.tp == tp_max and c.layout.tp > 1]
         if widest:
-            return Recommendation(_fastest(widest), f"TP {tp_max} inside each node over NVLink, "
-                                  "PP or FSDP across nodes, data parallel on top")
+            return Recommendation(
+                _fastest(widest),
+                f"TP {tp_max} inside each node over NVLink, "
+                "PP or FSDP across nodes, data parallel on top",
+            )
     flat = [c for c in fitting if c.layout.tp == 1]
     if flat and not nvlink:
-        return Recommendation(_fastest(flat), "no NVLink: data parallel with ZeRO sharding "
-                              "or pipeline stages, no tensor parallelism")
+        return Recommendation(
+            _fastest(flat),
+            "no NVLink: data parallel with ZeRO sharding or pipeline stages, no tensor parallelism",
+        )
     return Recommendation(_fastest(fitting), "the fastest layout that fits")
 
 
 # -- findings about the job's own layout -------------------------------------
 
-def layout_findings(layout: Layout, *, tp_unit: float, per_node: float | None,
-                    what: str) -> list[Finding]:
+
+def layout_findings(
+    layout: Layout, *, tp_unit: float, per_node: float | None, what: str
+) -> list[Finding]:
     """TP groups must stay inside one node (consecutive ranks share a node's link)."""
     if layout.tp == 1 or per_node is None or layout.tp * tp_unit <= per_node + 1e-9:
         return []
-    return [Finding("error", "parallelism.tp",
-                    f"parallelism.tp ({layout.tp}) x {what.lower()} per worker ({tp_unit:g}) = "
-                    f"{layout.tp * tp_unit:g} {what} would span nodes of {per_node:g} {what}; TP "
-                    f"must stay inside one node: reduce parallelism.tp to <= "
-                    f"{int(per_node // tp_unit)}")]
+    return [
+        Finding(
+            "error",
+            "parallelism.tp",
+            f"parallelism.tp ({layout.tp}) x {what.lower()} per worker ({tp_unit:g}) = "
+            f"{layout.tp * tp_unit:g} {what} would span nodes of {per_node:g} {what}; TP "
+            f"must stay inside one node: reduce parallelism.tp to <= "
+            f"{int(per_node // tp_unit)}",
+        )
+    ]
 
 
 def zero_stage_findings(layout: Layout) -> list[Finding]:
@@ -177,8 +201,13 @@ def zero_stage_findings(layout: Layout) -> list[Finding]:
     return [Finding("warning", "parallelism.fsdp.zero_stage", ZERO1_AS_ZERO2)]
 
 
-def fit_findings(job: Candidate, rec: Recommendation | None, hw: ClusterHardware,
-                 *, smaller_batch: Candidate | None) -> list[Finding]:
+def fit_findings(
+    job: Candidate,
+    rec: Recommendation | None,
+    hw: ClusterHardware,
+    *,
+    smaller_batch: Candidate | None,
+) -> list[Finding]:
     """Errors when the job does not fit its GPU; warnings when it barely does."""
     budget = hw.gpu_memory_bytes
     if budget is None:
@@ -187,57 +216,93 @@ def fit_findings(job: Candidate, rec: Recommendation | None, hw: ClusterHardware
     total = m.device_total
     if total > budget:
         s = m.device_state
-        parts = (f"model state {gib(s.total)} (params {gib(s.params)}, grads {gib(s.grads)}, "
-                 f"optimizer {gib(s.optimizer)}) + activations {gib(m.activations)} + buffers "
-                 f"{gib(m.buffers)}")
-        head = (f"{job.layout.describe()} needs {gib(total)} per rank: {parts}, but the "
-                f"smallest GPU has {gib(budget)}")
+        parts = (
+            f"model state {gib(s.total)} (params {gib(s.params)}, grads {gib(s.grads)}, "
+            f"optimizer {gib(s.optimizer)}) + activations {gib(m.activations)} + buffers "
+            f"{gib(m.buffers)}"
+        )
+        head = (
+            f"{job.layout.describe()} needs {gib(total)} per rank: {parts}, but the "
+            f"smallest GPU has {gib(budget)}"
+        )
         if rec is not None:
             lay = rec.candidate.layout
-            fix = (f"set parallelism.strategy {lay.strategy!r}, tp {lay.tp}, pp {lay.pp} "
-                   f"(dp {lay.dp}" + (f", fsdp.zero_stage {lay.zero_stage}" if lay.fsdp else "")
-                   + (", fsdp.cpu_offload true" if lay.cpu_offload else "")
-                   + (f", pipeline 1f1b x {lay.microbatches}" if lay.pp > 1 else "")
-                   + f"): {gib(rec.candidate.memory.device_total)} per rank")
+            fix = (
+                f"set parallelism.strategy {lay.strategy!r}, tp {lay.tp}, pp {lay.pp} "
+                f"(dp {lay.dp}"
+                + (f", fsdp.zero_stage {lay.zero_stage}" if lay.fsdp else "")
+                + (", fsdp.cpu_offload true" if lay.cpu_offload else "")
+                + (f", pipeline 1f1b x {lay.microbatches}" if lay.pp > 1 else "")
+                + f"): {gib(rec.candidate.memory.device_total)} per rank"
+            )
         elif smaller_batch is not None and smaller_batch.fits:
-            fix = (f"reduce train.micro_batch_size to 1 ({gib(smaller_batch.memory.device_total)}"
-                   " per rank)")
+            fix = (
+                f"reduce train.micro_batch_size to 1 ({gib(smaller_batch.memory.device_total)}"
+                " per rank)"
+            )
         else:
-            fix = (f"no layout of {job.layout.world} workers fits: reduce train.micro_batch_size "
-                   f"or data.seq_len, add workers, or use a smaller model.preset (with activation "
-                   f"checkpointing, not in this build, activations would be "
-                   f"{gib(m.activations_checkpointed)})")
+            fix = (
+                f"no layout of {job.layout.world} workers fits: reduce train.micro_batch_size "
+                f"or data.seq_len, add workers, or use a smaller model.preset (with activation "
+                f"checkpointing, not in this build, activations would be "
+                f"{gib(m.activations_checkpointed)})"
+            )
         return [Finding("error", "parallelism", f"{head}; {fix}")]
     if total > HEADROOM * budget:
-        return [Finding("warning", "train.micro_batch_size",
-                        f"{job.layout.describe()} uses {gib(total)} of {gib(budget)} per GPU "
-                        f"(> {HEADROOM:.0%}); the allocator and CUDA context need headroom: "
-                        "reduce train.micro_batch_size or shard more")]
+        return [
+            Finding(
+                "warning",
+                "train.micro_batch_size",
+                f"{job.layout.describe()} uses {gib(total)} of {gib(budget)} per GPU "
+                f"(> {HEADROOM:.0%}); the allocator and CUDA context need headroom: "
+                "reduce train.micro_batch_size or shard more",
+            )
+        ]
     return []
 
 
-def waste_findings(job: Candidate, cands: list[Candidate], hw: ClusterHardware,
-                   *, workers_per_node: int | None) -> list[Finding]:
+def waste_findings(
+    job: Candidate, cands: list[Candidate], hw: ClusterHardware, *, workers_per_node: int | None
+) -> list[Finding]:
     """Warnings for parallelism a fitting job does not need."""
     lay = job.layout
     ddp = next((c for c in cands if c.layout.strategy == "ddp"), None)
     out = []
     if lay.strategy != "ddp" and ddp is not None and ddp.fits and hw.gpu_memory_bytes:
-        faster = (f" (estimated step {ddp.step.step_s:.3g} s instead of {job.step.step_s:.3g} s)"
-                  if ddp.step and job.step else "")
-        out.append(Finding("warning", "parallelism.strategy",
-                           f"parallelism.strategy {lay.strategy!r} is not needed: parameters, "
-                           f"gradients and optimizer state ({gib(ddp.memory.state.total)}) plus "
-                           f"activations fit one GPU ({gib(ddp.memory.device_total)} of "
-                           f"{gib(hw.gpu_memory_bytes)}); set parallelism.strategy 'ddp'{faster}"))
+        faster = (
+            f" (estimated step {ddp.step.step_s:.3g} s instead of {job.step.step_s:.3g} s)"
+            if ddp.step and job.step
+            else ""
+        )
+        out.append(
+            Finding(
+                "warning",
+                "parallelism.strategy",
+                f"parallelism.strategy {lay.strategy!r} is not needed: parameters, "
+                f"gradients and optimizer state ({gib(ddp.memory.state.total)}) plus "
+                f"activations fit one GPU ({gib(ddp.memory.device_total)} of "
+                f"{gib(hw.gpu_memory_bytes)}); set parallelism.strategy 'ddp'{faster}",
+            )
+        )
     elif lay.tp * lay.pp > 1 and hw.gpu_memory_bytes:
-        fsdp = next((c for c in cands if c.layout.strategy == "fsdp" and c.fits
-                     and not c.layout.cpu_offload), None)
+        fsdp = next(
+            (
+                c
+                for c in cands
+                if c.layout.strategy == "fsdp" and c.fits and not c.layout.cpu_offload
+            ),
+            None,
+        )
         if fsdp is not None and fits_one_node(cands, hw, workers_per_node=workers_per_node):
-            out.append(Finding("warning", "parallelism.strategy",
-                               f"parallelism tp {lay.tp} x pp {lay.pp} is not needed: the model "
-                               f"fits one node sharded with FSDP ({gib(fsdp.memory.device_total)}"
-                               " per rank); set parallelism.strategy 'fsdp', tp 1, pp 1"))
+            out.append(
+                Finding(
+                    "warning",
+                    "parallelism.strategy",
+                    f"parallelism tp {lay.tp} x pp {lay.pp} is not needed: the model "
+                    f"fits one node sharded with FSDP ({gib(fsdp.memory.device_total)}"
+                    " per rank); set parallelism.strategy 'fsdp', tp 1, pp 1",
+                )
+            )
     return out
 
 
@@ -246,25 +311,40 @@ def hardware_findings(job: Candidate, hw: ClusterHardware) -> list[Finding]:
     out, lay = [], job.layout
     if lay.tp > 1 and hw.link is not None and not hw.link.is_nvlink:
         share = job.step.comm_by_group.get("tp", 0) / job.step.step_s if job.step else None
-        out.append(Finding("warning", "parallelism.tp",
-                           f"parallelism.tp ({lay.tp}) without NVLink: TP all-reduces every "
-                           f"layer over {hw.link.name} ({hw.link.gbps:g} GB/s)"
-                           + (f", about {share:.0%} of the step" if share is not None else "")
-                           + "; prefer data parallelism or ZeRO: set parallelism.strategy "
-                           "'fsdp' and tp 1"))
+        out.append(
+            Finding(
+                "warning",
+                "parallelism.tp",
+                f"parallelism.tp ({lay.tp}) without NVLink: TP all-reduces every "
+                f"layer over {hw.link.name} ({hw.link.gbps:g} GB/s)"
+                + (f", about {share:.0%} of the step" if share is not None else "")
+                + "; prefer data parallelism or ZeRO: set parallelism.strategy "
+                "'fsdp' and tp 1",
+            )
+        )
     if hw.heterogeneous:
         sizes = sorted({s / GIB for s in hw.gpu_memory_sizes})
-        out.append(Finding("warning", "resources.gpus_per_worker",
-                           f"GPUs of different memory ({', '.join(f'{s:g}' for s in sizes)} GiB): "
-                           f"every rank is planned at the smallest ({sizes[0]:g} GiB), so "
-                           f"{sizes[-1] - sizes[0]:g} GiB of the larger GPUs stay unused; run on "
-                           "one GPU model to use them"))
+        out.append(
+            Finding(
+                "warning",
+                "resources.gpus_per_worker",
+                f"GPUs of different memory ({', '.join(f'{s:g}' for s in sizes)} GiB): "
+                f"every rank is planned at the smallest ({sizes[0]:g} GiB), so "
+                f"{sizes[-1] - sizes[0]:g} GiB of the larger GPUs stay unused; run on "
+                "one GPU model to use them",
+            )
+        )
     if job.step and job.step.comm_share > COMM_DOMINATES:
         worst = max(job.step.comm_by_group, key=job.step.comm_by_group.get)
-        out.append(Finding("warning", f"parallelism.{worst}",
-                           f"communication dominates: an estimated {job.step.comm_share:.0%} of "
-                           f"the {job.step.step_s:.3g} s step, most of it in the {worst} group; "
-                           "reduce parallelism." + worst + " or raise train.micro_batch_size"))
+        out.append(
+            Finding(
+                "warning",
+                f"parallelism.{worst}",
+                f"communication dominates: an estimated {job.step.comm_share:.0%} of "
+                f"the {job.step.step_s:.3g} s step, most of it in the {worst} group; "
+                "reduce parallelism." + worst + " or raise train.micro_batch_size",
+            )
+        )
     return out
 
 
@@ -276,8 +356,13 @@ def accumulation_finding(job: Candidate, work: Workload) -> list[Finding]:
     lay, calls = job.layout, work.calls_per_step(job.layout)
     per_call = work.micro_batch_size * (lay.microbatches if lay.pp > 1 else 1)
     workers = work.global_batch_size // per_call * lay.tp * lay.pp
-    return [Finding("warning", "resources.workers",
-                    f"FSDP with {calls} micro-batches per step keeps unsharded gradients "
-                    f"({gib(held)} per rank) until the last one; set resources.workers to "
-                    f"{workers} (one micro-batch per step per rank), or use a layout with "
-                    "dp 1 (tp x pp = workers), which holds no unsharded gradients")]
+    return [
+        Finding(
+            "warning",
+            "resources.workers",
+            f"FSDP with {calls} micro-batches per step keeps unsharded gradients "
+            f"({gib(held)} per rank) until the last one; set resources.workers to "
+            f"{workers} (one micro-batch per step per rank), or use a layout with "
+            "dp 1 (tp x pp = workers), which holds no unsharded gradients",
+        )
+    ]

@@ -60,7 +60,7 @@ class Layout:
             parts.append(f"zero{self.zero_stage}" + (" offload" if self.cpu_offload else ""))
         parts += [f"tp={self.tp}"] if self.tp > 1 else []
         parts += [f"pp={self.pp} {self.schedule} m={self.microbatches}"] if self.pp > 1 else []
-        return " ".join(parts + [f"dp={self.dp}"])
+        return " ".join([*parts, f"dp={self.dp}"])
 
 
 @dataclass(frozen=True)
@@ -136,12 +136,22 @@ class RankMemory:
 
 # -- parameters ----------------------------------------------------------------
 
+
 def _block_tensors(cfg: ModelConfig) -> list[tuple[tuple[int, ...], str]]:
     """(shape, TP split) of one decoder block's parameters, as nn.Linear stores them."""
     h, q, f = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.ffn_hidden
     kv = cfg.n_kv_heads * cfg.head_dim
-    return [((q, h), "col"), ((kv, h), "col"), ((kv, h), "col"), ((h, q), "row"),
-            ((f, h), "col"), ((f, h), "col"), ((h, f), "row"), ((h,), "rep"), ((h,), "rep")]
+    return [
+        ((q, h), "col"),
+        ((kv, h), "col"),
+        ((kv, h), "col"),
+        ((h, q), "row"),
+        ((f, h), "col"),
+        ((f, h), "col"),
+        ((h, f), "row"),
+        ((h,), "rep"),
+        ((h,), "rep"),
+    ]
 
 
 def _embed_tensors(cfg: ModelConfig) -> list[tuple[tuple[int, ...], str]]:
@@ -209,8 +219,16 @@ def _rank_part(cfg: ModelConfig, layout: Layout, pp_rank: int) -> _Part:
     return _Part(sum(counts[s] for s in mine), 0 in mine, n_stages - 1 in mine, len(mine))
 
 
-def _part_numel(cfg: ModelConfig, part: _Part, *, tp: int, dp: int = 1, dp_rank: int = 0,
-                fsdp: bool = False, linear_only: bool = False) -> int:
+def _part_numel(
+    cfg: ModelConfig,
+    part: _Part,
+    *,
+    tp: int,
+    dp: int = 1,
+    dp_rank: int = 0,
+    fsdp: bool = False,
+    linear_only: bool = False,
+) -> int:
     """Parameters of a pp rank's part on one rank (``linear_only``: nn.Linear weights only)."""
     kw = {"tp": tp, "dp": dp, "dp_rank": dp_rank, "fsdp": fsdp}
 
@@ -222,22 +240,27 @@ def _part_numel(cfg: ModelConfig, part: _Part, *, tp: int, dp: int = 1, dp_rank:
     return n + (_local_numel(keep(_head_tensors(cfg)), **kw) if part.last else 0)
 
 
-def state_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0,
-                dp_rank: int = 0) -> StateBytes:
+def state_bytes(
+    work: Workload, layout: Layout, *, pp_rank: int = 0, dp_rank: int = 0
+) -> StateBytes:
     """Parameter, gradient and optimizer bytes of the rank at (pp_rank, dp_rank)."""
     part = _rank_part(work.cfg, layout, pp_rank)
-    n = _part_numel(work.cfg, part, tp=layout.tp, dp=layout.dp, dp_rank=dp_rank,
-                    fsdp=layout.fsdp)
+    n = _part_numel(work.cfg, part, tp=layout.tp, dp=layout.dp, dp_rank=dp_rank, fsdp=layout.fsdp)
     return StateBytes(FP32 * n, FP32 * n, work.optimizer_bytes_per_param * n)
 
 
 def state_bytes_by_rank(work: Workload, layout: Layout) -> list[StateBytes]:
     """State of every world rank, in rank order (mesh ("pp", "dp", "tp"), tp innermost)."""
-    return [state_bytes(work, layout, pp_rank=r // (layout.dp * layout.tp),
-                        dp_rank=(r // layout.tp) % layout.dp) for r in range(layout.world)]
+    return [
+        state_bytes(
+            work, layout, pp_rank=r // (layout.dp * layout.tp), dp_rank=(r // layout.tp) % layout.dp
+        )
+        for r in range(layout.world)
+    ]
 
 
 # -- activations -------------------------------------------------------------
+
 
 def layer_activation_bytes_per_token(cfg: ModelConfig, *, tp: int, precision: str) -> int:
     """Bytes one decoder block saves for backward per token (Korthikanti-style, this block).
@@ -285,8 +308,9 @@ def in_flight(layout: Layout, pp_rank: int) -> float:
     return min(v * m, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1) / v
 
 
-def activation_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0,
-                     checkpointed: bool = False) -> int:
+def activation_bytes(
+    work: Workload, layout: Layout, *, pp_rank: int = 0, checkpointed: bool = False
+) -> int:
     """Activations one rank holds at its peak, with or without full activation checkpointing.
 
     Checkpointing keeps each block's fp32 input and recomputes one block at a
@@ -308,6 +332,7 @@ def activation_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0,
 
 
 # -- buffers and host ------------------------------------------------------------
+
 
 def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[str, int]:
     """Device bytes beyond state and activations, by cause (peak, per rank)."""
@@ -355,14 +380,21 @@ def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemo
     ac = work.activation_checkpointing
     act = activation_bytes(work, layout, pp_rank=pp_rank, checkpointed=ac)
     act_ckpt = activation_bytes(work, layout, pp_rank=pp_rank, checkpointed=True)
-    return RankMemory(pp_rank=pp_rank, state=state, activations=act,
-                      activations_checkpointed=act_ckpt, buffers=sum(buffers.values()),
-                      host=sum(host.values()),
-                      offloaded=work.on_gpu and layout.fsdp and layout.cpu_offload,
-                      detail={"buffers": buffers, "host": host})
+    return RankMemory(
+        pp_rank=pp_rank,
+        state=state,
+        activations=act,
+        activations_checkpointed=act_ckpt,
+        buffers=sum(buffers.values()),
+        host=sum(host.values()),
+        offloaded=work.on_gpu and layout.fsdp and layout.cpu_offload,
+        detail={"buffers": buffers, "host": host},
+    )
 
 
 def worst_rank_memory(work: Workload, layout: Layout) -> RankMemory:
     """The rank with the most device memory (pipeline stages differ; dp and tp ranks do not)."""
-    return max((rank_memory(work, layout, pp_rank=r) for r in range(layout.pp)),
-               key=lambda m: (m.device_total, m.host))
+    return max(
+        (rank_memory(work, layout, pp_rank=r) for r in range(layout.pp)),
+        key=lambda m: (m.device_total, m.host),
+    )

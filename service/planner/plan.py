@@ -38,8 +38,13 @@ class PerRank(BaseModel):
     def of(cls, job: Candidate) -> PerRank:
         """The per-rank bytes of ``job`` (state on the host under CPU offload is not counted)."""
         m, s = job.memory, job.memory.device_state
-        parts = {"params_bytes": s.params, "grads_bytes": s.grads, "optimizer_bytes": s.optimizer,
-                 "activations_bytes": m.activations, "buffers_bytes": m.buffers}
+        parts = {
+            "params_bytes": s.params,
+            "grads_bytes": s.grads,
+            "optimizer_bytes": s.optimizer,
+            "activations_bytes": m.activations,
+            "buffers_bytes": m.buffers,
+        }
         return cls(**parts, total_bytes=sum(parts.values()))
 
 
@@ -61,7 +66,8 @@ class Breakdown(BaseModel):
     state_offloaded_to_host: bool
     unsharded_state_bytes: int = Field(description="State of the whole model on one rank.")
     activations_checkpointed_bytes: int = Field(
-        description="Activations with full activation checkpointing.")
+        description="Activations with full activation checkpointing."
+    )
     activation_checkpointing: bool
     buffers: dict[str, int] = Field(description="Buffer bytes by cause.")
     host: dict[str, int] = Field(description="Host bytes per rank by cause.")
@@ -71,22 +77,29 @@ class Breakdown(BaseModel):
     micro_batches_per_step: int
 
     @classmethod
-    def of(cls, job: Candidate, work: Workload, hw: ClusterHardware,
-           workers_per_node: int | None) -> Breakdown:
+    def of(
+        cls, job: Candidate, work: Workload, hw: ClusterHardware, workers_per_node: int | None
+    ) -> Breakdown:
         """The breakdown of ``job`` on ``hw``."""
         m, n = job.memory, count_params(work.cfg)
         return cls(
-            layout=job.layout.describe(), worst_pp_rank=m.pp_rank,
+            layout=job.layout.describe(),
+            worst_pp_rank=m.pp_rank,
             state_bytes_per_param=StateBytesPerParam(
-                params=FP32, grads=FP32, optimizer=work.optimizer_bytes_per_param),
-            state_bytes=m.state.total, state_offloaded_to_host=m.offloaded,
+                params=FP32, grads=FP32, optimizer=work.optimizer_bytes_per_param
+            ),
+            state_bytes=m.state.total,
+            state_offloaded_to_host=m.offloaded,
             unsharded_state_bytes=n * (2 * FP32 + work.optimizer_bytes_per_param),
             activations_checkpointed_bytes=m.activations_checkpointed,
             activation_checkpointing=work.activation_checkpointing,
-            buffers=m.detail["buffers"], host=m.detail["host"], host_bytes=m.host,
+            buffers=m.detail["buffers"],
+            host=m.detail["host"],
+            host_bytes=m.host,
             host_bytes_per_node=m.host * workers_per_node if workers_per_node else None,
             gpu_memory_bytes=hw.gpu_memory_bytes if work.on_gpu else None,
-            micro_batches_per_step=work.calls_per_step(job.layout))
+            micro_batches_per_step=work.calls_per_step(job.layout),
+        )
 
 
 class PlanLayout(BaseModel):
@@ -112,9 +125,13 @@ class StepEstimateView(BaseModel):
     @classmethod
     def of(cls, est: StepEstimate) -> StepEstimateView:
         """The rounded view of ``est``."""
-        return cls(step_s=round(est.step_s, 6), compute_s=round(est.compute_s, 6),
-                   comm_s=round(est.comm_s, 6), comm_share=round(est.comm_share, 4),
-                   comm_s_by_group={k: round(v, 6) for k, v in est.comm_by_group.items()})
+        return cls(
+            step_s=round(est.step_s, 6),
+            compute_s=round(est.compute_s, 6),
+            comm_s=round(est.comm_s, 6),
+            comm_share=round(est.comm_share, 4),
+            comm_s_by_group={k: round(v, 6) for k, v in est.comm_by_group.items()},
+        )
 
 
 class ClusterView(BaseModel):
@@ -135,9 +152,14 @@ class ClusterView(BaseModel):
     def of(cls, hw: ClusterHardware) -> ClusterView:
         """The view of resolved hardware (links by name)."""
         fields = {f.name: getattr(hw, f.name) for f in dataclasses.fields(hw)}
-        return cls(**{**fields, "link": hw.link.name if hw.link else None,
-                      "network": hw.network.name if hw.network else None,
-                      "gpu_memory_bytes": hw.gpu_memory_bytes})
+        return cls(
+            **{
+                **fields,
+                "link": hw.link.name if hw.link else None,
+                "network": hw.network.name if hw.network else None,
+                "gpu_memory_bytes": hw.gpu_memory_bytes,
+            }
+        )
 
 
 class CandidateView(BaseModel):
@@ -160,9 +182,16 @@ class CandidateView(BaseModel):
     def fields_of(cls, c: Candidate) -> dict:
         """The candidate fields of ``c``."""
         step = StepEstimateView.of(c.step).model_dump() if c.step else {}
-        return {"layout": c.layout.describe(), "strategy": c.layout.strategy,
-                "dp": c.layout.dp, "tp": c.layout.tp, "pp": c.layout.pp,
-                "total_gib": round(c.memory.device_total / GIB, 2), "fits": c.fits, **step}
+        return {
+            "layout": c.layout.describe(),
+            "strategy": c.layout.strategy,
+            "dp": c.layout.dp,
+            "tp": c.layout.tp,
+            "pp": c.layout.pp,
+            "total_gib": round(c.memory.device_total / GIB, 2),
+            "fits": c.fits,
+            **step,
+        }
 
     @classmethod
     def of(cls, c: Candidate) -> CandidateView:
@@ -182,9 +211,13 @@ class RecommendedLayout(CandidateView):
     def of(cls, rec: Recommendation) -> RecommendedLayout:
         """The view of ``rec``."""
         lay = rec.candidate.layout
-        return cls(**cls.fields_of(rec.candidate), reason=rec.reason,
-                   zero_stage=lay.zero_stage if lay.fsdp else None, cpu_offload=lay.cpu_offload,
-                   microbatches=lay.microbatches if lay.pp > 1 else None)
+        return cls(
+            **cls.fields_of(rec.candidate),
+            reason=rec.reason,
+            zero_stage=lay.zero_stage if lay.fsdp else None,
+            cpu_offload=lay.cpu_offload,
+            microbatches=lay.microbatches if lay.pp > 1 else None,
+        )
 
 
 class Plan(BaseModel):

@@ -29,13 +29,17 @@ from service.planner.plan import (
 from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec
 
-__all__ = ["GIB", "ClusterSpec", "Plan", "plan_job", "layout_of", "workload_of"]
-METHOD = ("tensor-by-tensor state of this build (fp32 params and grads, AdamW 2 x fp32), "
-          "saved-for-backward activations of the Llama block (flash attention), FSDP and "
-          "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives")
-ACTIVATIONS_NOTE = ("activation estimates match autograd's saved tensors on CPU for ddp, fsdp "
-                    "and tp; pipeline schedules (CPU meter 1.1-1.8x higher) and every GPU "
-                    "number are unverified")
+__all__ = ["GIB", "ClusterSpec", "Plan", "layout_of", "plan_job", "workload_of"]
+METHOD = (
+    "tensor-by-tensor state of this build (fp32 params and grads, AdamW 2 x fp32), "
+    "saved-for-backward activations of the Llama block (flash attention), FSDP and "
+    "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives"
+)
+ACTIVATIONS_NOTE = (
+    "activation estimates match autograd's saved tensors on CPU for ddp, fsdp "
+    "and tp; pipeline schedules (CPU meter 1.1-1.8x higher) and every GPU "
+    "number are unverified"
+)
 
 
 class ClusterSpec(BaseModel):
@@ -46,17 +50,25 @@ class ClusterSpec(BaseModel):
     nodes: int | None = Field(None, ge=1, description="Nodes.")
     gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
     gpu: str | list[str] | None = Field(
-        None, description="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); a list "
-        "for a cluster with several kinds.")
+        None,
+        description="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); a list "
+        "for a cluster with several kinds.",
+    )
     gpu_memory_gb: float | list[float] | None = Field(
-        None, description="Memory of one GPU in GiB (overrides the table); a list for GPUs of "
-        "different sizes: the plan uses the smallest.")
+        None,
+        description="Memory of one GPU in GiB (overrides the table); a list for GPUs of "
+        "different sizes: the plan uses the smallest.",
+    )
     interconnect: str | None = Field(
-        None, description="GPU link inside a node: nvlink3, nvlink4, nvlink5, pcie3, pcie4, "
-        "pcie5 (nvlink = nvlink4, pcie = pcie4); default: the GPU model's usual link.")
+        None,
+        description="GPU link inside a node: nvlink3, nvlink4, nvlink5, pcie3, pcie4, "
+        "pcie5 (nvlink = nvlink4, pcie = pcie4); default: the GPU model's usual link.",
+    )
     network: str | None = Field(
-        None, description="Link between nodes: ib-hdr, ib-ndr, ib-xdr, ethernet-10g/25g/100g/"
-        "400g; default: the GPU model's usual network.")
+        None,
+        description="Link between nodes: ib-hdr, ib-ndr, ib-xdr, ethernet-10g/25g/100g/"
+        "400g; default: the GPU model's usual network.",
+    )
     cpus_per_node: float | None = Field(None, gt=0, description="CPUs per node.")
     host_memory_gb: float | None = Field(None, gt=0, description="Host memory per node in GiB.")
 
@@ -64,21 +76,33 @@ class ClusterSpec(BaseModel):
 def workload_of(spec: JobSpec) -> Workload:
     """The slice of ``spec`` memory and step time depend on."""
     t = spec.train
-    return Workload(cfg=get_model_config(spec.model.preset), seq_len=spec.data.seq_len,
-                    micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
-                    precision=t.precision, optimizer=t.optimizer, momentum=t.momentum,
-                    on_gpu=spec.resources.gpus_per_worker > 0,
-                    activation_checkpointing=bool(getattr(spec.model, "activation_checkpointing",
-                                                          False)),
-                    async_checkpoint=spec.checkpoint.async_)
+    return Workload(
+        cfg=get_model_config(spec.model.preset),
+        seq_len=spec.data.seq_len,
+        micro_batch_size=t.micro_batch_size,
+        global_batch_size=t.global_batch_size,
+        precision=t.precision,
+        optimizer=t.optimizer,
+        momentum=t.momentum,
+        on_gpu=spec.resources.gpus_per_worker > 0,
+        activation_checkpointing=bool(getattr(spec.model, "activation_checkpointing", False)),
+        async_checkpoint=spec.checkpoint.async_,
+    )
 
 
 def layout_of(spec: JobSpec, world: int) -> Layout:
     """The job's own layout at ``world`` workers."""
     par = spec.parallelism
-    return Layout(par.strategy, dp=spec.data_parallel_size(world), tp=par.tp, pp=par.pp,
-                  zero_stage=par.fsdp.zero_stage, cpu_offload=par.fsdp.cpu_offload,
-                  schedule=par.pipeline.schedule, microbatches=par.pipeline.microbatches)
+    return Layout(
+        par.strategy,
+        dp=spec.data_parallel_size(world),
+        tp=par.tp,
+        pp=par.pp,
+        zero_stage=par.fsdp.zero_stage,
+        cpu_offload=par.fsdp.cpu_offload,
+        schedule=par.pipeline.schedule,
+        microbatches=par.pipeline.microbatches,
+    )
 
 
 def _per_node(spec: JobSpec, hw: ClusterHardware) -> tuple[float | None, float, str]:
@@ -89,36 +113,48 @@ def _per_node(spec: JobSpec, hw: ClusterHardware) -> tuple[float | None, float, 
     return hw.cpus_per_node, res.cpus_per_worker, "CPUs"
 
 
-def _static_findings(spec: JobSpec, hw: ClusterHardware, layout: Layout,
-                     cluster_errors: list[str]) -> list[rules.Finding]:
+def _static_findings(
+    spec: JobSpec, hw: ClusterHardware, layout: Layout, cluster_errors: list[str]
+) -> list[rules.Finding]:
     out = [rules.Finding("error", "cluster", e) for e in cluster_errors]
     per_node, unit, what = _per_node(spec, hw)
     out += rules.layout_findings(layout, tp_unit=unit, per_node=per_node, what=what)
     return out + rules.zero_stage_findings(layout)
 
 
-def _capacity_findings(spec: JobSpec, hw: ClusterHardware, job: rules.Candidate,
-                       workers_per_node: int | None) -> list[rules.Finding]:
+def _capacity_findings(
+    spec: JobSpec, hw: ClusterHardware, job: rules.Candidate, workers_per_node: int | None
+) -> list[rules.Finding]:
     """Host memory per node (offload, async staging) and GPUs the cluster does not have."""
     out = []
     if job.memory.host and hw.host_memory_bytes and workers_per_node:
         need = job.memory.host * workers_per_node
         if need > hw.host_memory_bytes:
             causes = " and ".join(job.memory.detail["host"])
-            out.append(rules.Finding(
-                "error", "parallelism.fsdp.cpu_offload",
-                f"{causes} need {rules.gib(need)} of host memory per node ({rules.gib(job.memory.host)}"
-                f" per rank x {workers_per_node} ranks) but nodes have "
-                f"{rules.gib(hw.host_memory_bytes)}; set parallelism.fsdp.cpu_offload false or "
-                "checkpoint.async false, or spread the workers over more nodes"))
+            out.append(
+                rules.Finding(
+                    "error",
+                    "parallelism.fsdp.cpu_offload",
+                    f"{causes} need {rules.gib(need)} of host memory per node "
+                    f"({rules.gib(job.memory.host)} per rank x {workers_per_node} ranks) but "
+                    "nodes have "
+                    f"{rules.gib(hw.host_memory_bytes)}; set parallelism.fsdp.cpu_offload false or "
+                    "checkpoint.async false, or spread the workers over more nodes",
+                )
+            )
     gpus = spec.resources.min_workers * spec.resources.gpus_per_worker
     have = (hw.nodes or 0) * (hw.gpus_per_node or 0)
     if gpus and hw.nodes and hw.gpus_per_node is not None and gpus > have:
-        out.append(rules.Finding("warning", "resources.workers",
-                                 f"the job needs {gpus} GPUs but the cluster has {have} "
-                                 f"({hw.nodes} nodes x {hw.gpus_per_node}); it waits until the "
-                                 f"cluster grows, or set resources.workers to <= "
-                                 f"{have // spec.resources.gpus_per_worker}"))
+        out.append(
+            rules.Finding(
+                "warning",
+                "resources.workers",
+                f"the job needs {gpus} GPUs but the cluster has {have} "
+                f"({hw.nodes} nodes x {hw.gpus_per_node}); it waits until the "
+                f"cluster grows, or set resources.workers to <= "
+                f"{have // spec.resources.gpus_per_worker}",
+            )
+        )
     return out
 
 
@@ -141,39 +177,78 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> Plan:
     workers_per_node = int(per_node // unit) if per_node else None
     gpw = spec.resources.gpus_per_worker
     job = rules.evaluate(work, layout, hw, gpus_per_worker=gpw)
-    cands = [c for c in (rules.evaluate(work, lay, hw, gpus_per_worker=gpw) for lay in
-                         rules.candidate_layouts(work, world, max_tp=workers_per_node or world))
-             if c.layout != layout] + [job]
+    cands = [
+        c
+        for c in (
+            rules.evaluate(work, lay, hw, gpus_per_worker=gpw)
+            for lay in rules.candidate_layouts(work, world, max_tp=workers_per_node or world)
+        )
+        if c.layout != layout
+    ] + [job]
     rec = rules.recommend(cands, hw, workers_per_node=workers_per_node)
-    smaller = (rules.evaluate(dataclasses.replace(work, micro_batch_size=1), layout, hw,
-                              gpus_per_worker=gpw) if work.micro_batch_size > 1 else None)
-    findings = _static_findings(spec, hw, layout, cluster_errors)
-    findings += rules.fit_findings(job, rec, hw if work.on_gpu else ClusterHardware(),
-                                   smaller_batch=smaller)
+    findings = _findings(spec, hw, work, job, cands, rec, cluster_errors, workers_per_node)
+    errors = [f.message for f in findings if f.level == "error"]
+    return Plan(
+        fits=not errors,
+        num_params=count_params(work.cfg),
+        per_rank=PerRank.of(job),
+        breakdown=Breakdown.of(job, work, hw, workers_per_node),
+        layout=PlanLayout(
+            strategy=spec.parallelism.strategy,
+            workers=spec.resources.workers,
+            dp=layout.dp,
+            tp=layout.tp,
+            pp=layout.pp,
+            grad_accum_steps=spec.grad_accum_steps(world),
+        ),
+        step_estimate=StepEstimateView.of(job.step) if job.step else None,
+        cluster=ClusterView.of(hw),
+        candidates=[CandidateView.of(c) for c in sorted(cands, key=_rank_key)],
+        warnings=[f.message for f in findings if f.level == "warning"],
+        errors=errors,
+        notes=_notes(work, hw),
+        recommendation=rec.candidate.layout.strategy if rec else None,
+        recommended_layout=RecommendedLayout.of(rec) if rec else None,
+        method=METHOD,
+    )
+
+
+def _findings(
+    spec: JobSpec,
+    hw: ClusterHardware,
+    work: Workload,
+    job: rules.Candidate,
+    cands: list[rules.Candidate],
+    rec: rules.Recommendation | None,
+    cluster_errors: list[str],
+    workers_per_node: int | None,
+) -> list[rules.Finding]:
+    """Everything the rules say about the job's layout on this hardware."""
+    gpw = spec.resources.gpus_per_worker
+    smaller = (
+        rules.evaluate(
+            dataclasses.replace(work, micro_batch_size=1), job.layout, hw, gpus_per_worker=gpw
+        )
+        if work.micro_batch_size > 1
+        else None
+    )
+    findings = _static_findings(spec, hw, job.layout, cluster_errors)
+    findings += rules.fit_findings(
+        job, rec, hw if work.on_gpu else ClusterHardware(), smaller_batch=smaller
+    )
     if work.on_gpu:
         findings += rules.waste_findings(job, cands, hw, workers_per_node=workers_per_node)
         findings += rules.hardware_findings(job, hw)
         findings += rules.accumulation_finding(job, work)
-    findings += _capacity_findings(spec, hw, job, workers_per_node)
-    errors = [f.message for f in findings if f.level == "error"]
-    return Plan(
-        fits=not errors, num_params=count_params(work.cfg), per_rank=PerRank.of(job),
-        breakdown=Breakdown.of(job, work, hw, workers_per_node),
-        layout=PlanLayout(strategy=spec.parallelism.strategy, workers=spec.resources.workers,
-                          dp=layout.dp, tp=layout.tp, pp=layout.pp,
-                          grad_accum_steps=spec.grad_accum_steps(world)),
-        step_estimate=StepEstimateView.of(job.step) if job.step else None,
-        cluster=ClusterView.of(hw),
-        candidates=[CandidateView.of(c) for c in sorted(cands, key=_rank_key)],
-        warnings=[f.message for f in findings if f.level == "warning"], errors=errors,
-        notes=_notes(work, hw), recommendation=rec.candidate.layout.strategy if rec else None,
-        recommended_layout=RecommendedLayout.of(rec) if rec else None, method=METHOD)
+    return findings + _capacity_findings(spec, hw, job, workers_per_node)
 
 
 def _notes(work: Workload, hw: ClusterHardware) -> list[str]:
     """What the numbers cannot vouch for."""
     notes = [ACTIVATIONS_NOTE]
     if work.on_gpu and hw.gpu_memory_bytes is None:
-        notes.append("GPU memory unknown: set cluster.gpu or cluster.gpu_memory_gb to check "
-                     "that the job fits")
+        notes.append(
+            "GPU memory unknown: set cluster.gpu or cluster.gpu_memory_gb to check "
+            "that the job fits"
+        )
     return notes

@@ -58,8 +58,9 @@ def _comm_seconds(nbytes: float, link: Link | None) -> float:
     return nbytes / (link.gbps * 1e9) if link else 0.0
 
 
-def estimate_step(work: Workload, layout: Layout, hw: ClusterHardware,
-                  *, gpus_per_worker: int = 1) -> StepEstimate | None:
+def estimate_step(
+    work: Workload, layout: Layout, hw: ClusterHardware, *, gpus_per_worker: int = 1
+) -> StepEstimate | None:
     """Seconds per optimizer step of ``layout``; None without a known GPU throughput."""
     tflops = hw.tflops(work.precision)
     if tflops is None or not work.on_gpu:
@@ -103,4 +104,3 @@ def estimate_step(work: Workload, layout: Layout, hw: ClusterHardware,
         nbytes = 2 * micro * act * FP32 * layout.stages_per_rank
         groups["pp"] = _comm_seconds(nbytes, _group_link(layout.world, hw, gpus_per_worker))
     return StepEstimate(compute_s=compute, comm_s=sum(groups.values()), comm_by_group=groups)
-

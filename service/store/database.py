@@ -1,4 +1,5 @@
-"""The database every store shares: one engine, chosen by URL, and the SQL that differs by dialect."""
+"""The database every store shares: one engine, chosen by URL, and the SQL that differs by
+dialect."""
 
 from __future__ import annotations
 
@@ -82,7 +83,9 @@ class Database:
             return postgresql.insert(table)
         if self._dialect == "sqlite":
             return sqlite.insert(table)
-        raise NotImplementedError(f"unsupported database {self._dialect!r}; use sqlite or postgresql")
+        raise NotImplementedError(
+            f"unsupported database {self._dialect!r}; use sqlite or postgresql"
+        )
 
     def ping(self) -> None:
         """Run ``SELECT 1``; raises the driver's error when the database is unreachable."""

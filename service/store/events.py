@@ -19,7 +19,12 @@ class EventStore:
         self._db = db
 
     def add_event(
-        self, job_id: str, *, kind: str | enum.Enum, message: str, data: dict | None = None,
+        self,
+        job_id: str,
+        *,
+        kind: str | enum.Enum,
+        message: str,
+        data: dict | None = None,
         dedup_key: str | None = None,
     ) -> bool:
         """Store an event; False (not an error) when ``dedup_key`` was already stored."""
@@ -27,11 +32,15 @@ class EventStore:
             require_job(conn, job_id)
             return insert_event(self._db, conn, job_id, kind, message, data, dedup_key)
 
-    def list_events(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> list[EventRecord]:
+    def list_events(
+        self, job_id: str, *, after_id: int = 0, limit: int = 1000
+    ) -> list[EventRecord]:
         """Return the job's events with id > ``after_id``, oldest first."""
         query = (
-            select(EVENTS).where(EVENTS.c.job_id == job_id, EVENTS.c.id > after_id)
-            .order_by(EVENTS.c.id).limit(limit)
+            select(EVENTS)
+            .where(EVENTS.c.job_id == job_id, EVENTS.c.id > after_id)
+            .order_by(EVENTS.c.id)
+            .limit(limit)
         )
         with self._db.connect() as conn:
             return [EventRecord(**row._mapping) for row in conn.execute(query)]
@@ -39,8 +48,12 @@ class EventStore:
     def latest_event(self, job_id: str, *, kind: str | enum.Enum) -> EventRecord | None:
         """The newest event of one kind, or None."""
         kind = kind.value if isinstance(kind, enum.Enum) else kind
-        query = (select(EVENTS).where(EVENTS.c.job_id == job_id, EVENTS.c.kind == kind)
-                 .order_by(EVENTS.c.id.desc()).limit(1))
+        query = (
+            select(EVENTS)
+            .where(EVENTS.c.job_id == job_id, EVENTS.c.kind == kind)
+            .order_by(EVENTS.c.id.desc())
+            .limit(1)
+        )
         with self._db.connect() as conn:
             row = conn.execute(query).first()
         return None if row is None else EventRecord(**row._mapping)

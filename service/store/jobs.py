@@ -69,23 +69,48 @@ class JobStore:
         self._db = db
 
     def create_job(
-        self, *, tenant_id: str, name: str, spec: JobSpec, min_workers: int,
+        self,
+        *,
+        tenant_id: str,
+        name: str,
+        spec: JobSpec,
+        min_workers: int,
         warnings: list[str] | None = None,
     ) -> JobRecord:
         """Store a new QUEUED job and its "submitted" event in one transaction."""
         now = utcnow()
         values = {
-            "id": new_id("j-"), "tenant_id": tenant_id, "name": name,
-            "status": JobStatus.QUEUED.value, "spec": _spec_json(spec),
-            "min_workers": min_workers, "world_size": None, "restarts": 0, "resubmits": 0,
-            "step": 0, "submission_id": None, "dashboard_url": None, "error": None,
-            "latest_metrics": None, "warnings": warnings, "created_at": now,
-            "started_at": None, "finished_at": None, "updated_at": now,
+            "id": new_id("j-"),
+            "tenant_id": tenant_id,
+            "name": name,
+            "status": JobStatus.QUEUED.value,
+            "spec": _spec_json(spec),
+            "min_workers": min_workers,
+            "world_size": None,
+            "restarts": 0,
+            "resubmits": 0,
+            "step": 0,
+            "submission_id": None,
+            "dashboard_url": None,
+            "error": None,
+            "latest_metrics": None,
+            "warnings": warnings,
+            "created_at": now,
+            "started_at": None,
+            "finished_at": None,
+            "updated_at": now,
         }
         with self._db.begin() as conn:
             conn.execute(insert(JOBS).values(values))
-            insert_event(self._db, conn, values["id"], EventKind.SUBMITTED,
-                         f"job {name} submitted", None, None)
+            insert_event(
+                self._db,
+                conn,
+                values["id"],
+                EventKind.SUBMITTED,
+                f"job {name} submitted",
+                None,
+                None,
+            )
         # Built from what was stored, so it equals what get_job reads back.
         return _job_record(values)
 
@@ -108,12 +133,18 @@ class JobStore:
         return query
 
     def list_jobs(
-        self, *, tenant_id: str | None = None, statuses: Iterable[JobStatus] | None = None,
-        limit: int = 50, offset: int = 0,
+        self,
+        *,
+        tenant_id: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        limit: int = 50,
+        offset: int = 0,
     ) -> list[JobRecord]:
         """Return one page of jobs, newest first."""
         query = self._job_filter(select(JOBS), tenant_id, statuses)
-        query = query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc()).limit(limit).offset(offset)
+        query = (
+            query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc()).limit(limit).offset(offset)
+        )
         with self._db.connect() as conn:
             return [_job_record(row._mapping) for row in conn.execute(query)]
 
@@ -133,8 +164,12 @@ class JobStore:
             return [_job_record(row._mapping) for row in conn.execute(query)]
 
     def update_job(
-        self, job_id: str, *, expect_status: JobStatus | None = None,
-        event: NewEvent | None = None, **fields: Any,
+        self,
+        job_id: str,
+        *,
+        expect_status: JobStatus | None = None,
+        event: NewEvent | None = None,
+        **fields: Any,
     ) -> JobRecord | None:
         """Update a job's columns in one transaction; with ``expect_status``, only if the job
         is still in that status (compare-and-set).

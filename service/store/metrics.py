@@ -21,8 +21,8 @@ def _to_datetime(ts: float | dt.datetime | None) -> dt.datetime:
     if ts is None:
         return utcnow()
     if isinstance(ts, dt.datetime):
-        return ts if ts.tzinfo else ts.replace(tzinfo=dt.timezone.utc)
-    return dt.datetime.fromtimestamp(float(ts), tz=dt.timezone.utc)
+        return ts if ts.tzinfo else ts.replace(tzinfo=dt.UTC)
+    return dt.datetime.fromtimestamp(float(ts), tz=dt.UTC)
 
 
 def _metric_rows(job_id: str, points: list[dict]) -> list[dict]:
@@ -34,7 +34,10 @@ def _metric_rows(job_id: str, points: list[dict]) -> list[dict]:
         step = int(point["step"])
         # PostgreSQL rejects one ON CONFLICT statement touching a row twice, so dedupe here.
         rows[step] = {
-            **row, "job_id": job_id, "step": step, "ts": _to_datetime(point.get("ts")),
+            **row,
+            "job_id": job_id,
+            "step": step,
+            "ts": _to_datetime(point.get("ts")),
             "data": extra or None,
         }
     return list(rows.values())
@@ -84,7 +87,8 @@ class MetricStore:
             stored = current.latest_metrics
             if stored is None or latest["ts"] >= float(stored.get("ts", 0.0)):
                 conn.execute(
-                    update(JOBS).where(JOBS.c.id == job_id)
+                    update(JOBS)
+                    .where(JOBS.c.id == job_id)
                     .values(step=newest["step"], latest_metrics=latest, updated_at=utcnow())
                 )
         return len(rows)
@@ -92,20 +96,33 @@ class MetricStore:
     def list_metrics(self, job_id: str, *, after_step: int = -1, limit: int = 10000) -> list[dict]:
         """Return metric points with step > ``after_step``, ascending by step."""
         query = (
-            select(METRICS).where(METRICS.c.job_id == job_id, METRICS.c.step > after_step)
-            .order_by(METRICS.c.step).limit(limit)
+            select(METRICS)
+            .where(METRICS.c.job_id == job_id, METRICS.c.step > after_step)
+            .order_by(METRICS.c.step)
+            .limit(limit)
         )
         with self._db.connect() as conn:
             return [_metric_dict(dict(row._mapping)) for row in conn.execute(query)]
 
     def upsert_checkpoint(
-        self, job_id: str, *, step: int, uri: str, bytes: int, save_s: float,
+        self,
+        job_id: str,
+        *,
+        step: int,
+        uri: str,
+        bytes: int,
+        save_s: float,
         blocking_s: float | None = None,
     ) -> dict:
         """Record a committed checkpoint; a second one at the same step replaces it."""
         values = {
-            "job_id": job_id, "step": step, "uri": uri, "bytes": bytes, "save_s": save_s,
-            "blocking_s": blocking_s, "created_at": utcnow(),
+            "job_id": job_id,
+            "step": step,
+            "uri": uri,
+            "bytes": bytes,
+            "save_s": save_s,
+            "blocking_s": blocking_s,
+            "created_at": utcnow(),
         }
         query = self._db.insert(CHECKPOINTS).values(values)
         query = query.on_conflict_do_update(
@@ -119,12 +136,16 @@ class MetricStore:
 
     def list_checkpoints(self, job_id: str) -> list[dict]:
         """Return the job's checkpoints, ascending by step."""
-        query = select(CHECKPOINTS).where(CHECKPOINTS.c.job_id == job_id).order_by(CHECKPOINTS.c.step)
+        query = (
+            select(CHECKPOINTS).where(CHECKPOINTS.c.job_id == job_id).order_by(CHECKPOINTS.c.step)
+        )
         with self._db.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(query)]
 
     def delete_checkpoint(self, job_id: str, step: int) -> bool:
         """Forget the checkpoint at ``step``; False when there was none."""
-        query = delete(CHECKPOINTS).where(CHECKPOINTS.c.job_id == job_id, CHECKPOINTS.c.step == step)
+        query = delete(CHECKPOINTS).where(
+            CHECKPOINTS.c.job_id == job_id, CHECKPOINTS.c.step == step
+        )
         with self._db.begin() as conn:
             return conn.execute(query).rowcount == 1

@@ -45,7 +45,7 @@ EVENT_ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
 
 def utcnow() -> dt.datetime:
     """Return the current time as a timezone-aware UTC datetime."""
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def new_id(prefix: str) -> str:
@@ -68,16 +68,16 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
     def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         """Return stored values as aware UTC datetimes."""
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 class Base(DeclarativeBase):

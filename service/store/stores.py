@@ -25,8 +25,13 @@ class Stores:
     def open(cls, url: str) -> Stores:
         """The stores on the (migrated) database at ``url``; nothing is queried yet."""
         db = Database(url)
-        return cls(db=db, jobs=JobStore(db), events=EventStore(db), metrics=MetricStore(db),
-                   tokens=TokenStore(db))
+        return cls(
+            db=db,
+            jobs=JobStore(db),
+            events=EventStore(db),
+            metrics=MetricStore(db),
+            tokens=TokenStore(db),
+        )
 
     @property
     def url(self) -> str:

@@ -9,15 +9,7 @@ from sqlalchemy import Connection, select
 from service.errors import JobNotFound
 from service.status import JobStatus
 from service.store.database import Database
-from service.store.models import (
-    ApiToken,
-    Job,
-    JobCheckpoint,
-    JobEvent,
-    JobMetric,
-    Tenant,
-    utcnow,
-)
+from service.store.models import ApiToken, Job, JobCheckpoint, JobEvent, JobMetric, Tenant, utcnow
 
 TENANTS, TOKENS, JOBS = Tenant.__table__, ApiToken.__table__, Job.__table__
 EVENTS, METRICS, CHECKPOINTS = JobEvent.__table__, JobMetric.__table__, JobCheckpoint.__table__
@@ -35,16 +27,27 @@ def require_job(conn: Connection, job_id: str) -> None:
         raise JobNotFound(f"no job {job_id!r}")
 
 
-def insert_event(db: Database, conn: Connection, job_id: str, kind: str | enum.Enum,
-                 message: str, data: dict | None, dedup_key: str | None) -> bool:
+def insert_event(
+    db: Database,
+    conn: Connection,
+    job_id: str,
+    kind: str | enum.Enum,
+    message: str,
+    data: dict | None,
+    dedup_key: str | None,
+) -> bool:
     """Insert one event unless (job_id, dedup_key) exists; True when inserted.
 
     ``kind`` may be an ``EventKind``: its value is stored (drivers would store the
     member's name for a str subclass).
     """
     kind = kind.value if isinstance(kind, enum.Enum) else kind
-    query = db.insert(EVENTS).values(
-        job_id=job_id, ts=utcnow(), kind=kind, message=message, data=data, dedup_key=dedup_key
-    ).on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
+    query = (
+        db.insert(EVENTS)
+        .values(
+            job_id=job_id, ts=utcnow(), kind=kind, message=message, data=data, dedup_key=dedup_key
+        )
+        .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
+    )
     # RETURNING, not rowcount: drivers disagree on rowcount for inserts that fetch keys.
     return conn.execute(query.returning(EVENTS.c.id)).first() is not None

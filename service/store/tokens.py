@@ -42,8 +42,14 @@ class TokenStore:
         if (role == "reporter") != (job_id is not None):
             raise ValueError("set job_id for a reporter token, and only for one")
         record = TokenRecord(
-            id=new_id("k-"), tenant_id=tenant_id, token_hash=token_hash, name=name,
-            role=role, job_id=job_id, created_at=utcnow(), revoked_at=None,
+            id=new_id("k-"),
+            tenant_id=tenant_id,
+            token_hash=token_hash,
+            name=name,
+            role=role,
+            job_id=job_id,
+            created_at=utcnow(),
+            revoked_at=None,
         )
         with self._db.begin() as conn:
             conn.execute(insert(TOKENS).values(dataclasses.asdict(record)))
@@ -51,14 +57,19 @@ class TokenStore:
 
     def find_token(self, token_hash: str) -> TokenRecord | None:
         """Return the unrevoked token with this hash, or None."""
-        query = select(TOKENS).where(TOKENS.c.token_hash == token_hash, TOKENS.c.revoked_at.is_(None))
+        query = select(TOKENS).where(
+            TOKENS.c.token_hash == token_hash, TOKENS.c.revoked_at.is_(None)
+        )
         with self._db.connect() as conn:
             row = conn.execute(query).first()
         return None if row is None else TokenRecord(**row._mapping)
 
     def revoke_job_tokens(self, job_id: str) -> int:
         """Revoke the reporter tokens scoped to ``job_id``; return how many."""
-        stmt = (update(TOKENS).where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
-                .values(revoked_at=utcnow()))
+        stmt = (
+            update(TOKENS)
+            .where(TOKENS.c.job_id == job_id, TOKENS.c.revoked_at.is_(None))
+            .values(revoked_at=utcnow())
+        )
         with self._db.begin() as conn:
             return conn.execute(stmt).rowcount

@@ -36,15 +36,18 @@ class Served:
 
     def client(self, token: str | None = None) -> httpx.Client:
         """An HTTP client with a bearer token (the admin's by default)."""
-        return httpx.Client(base_url=self.url, timeout=30,
-                            headers={"Authorization": f"Bearer {token or self.token}"})
+        return httpx.Client(
+            base_url=self.url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {token or self.token}"},
+        )
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """Run the `etrain` CLI against this service."""
-        env = {**os.environ, "ETRAIN_URL": self.url, "ETRAIN_TOKEN": self.token,
-               "COLUMNS": "200"}
-        return subprocess.run([str(BIN / "etrain"), *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        env = {**os.environ, "ETRAIN_URL": self.url, "ETRAIN_TOKEN": self.token, "COLUMNS": "200"}
+        return subprocess.run(
+            [str(BIN / "etrain"), *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
 
     def stop(self) -> int:
         """SIGINT (Ctrl-C) and wait, as a user stopping `etrain serve`."""
@@ -58,21 +61,30 @@ class Served:
         return self.proc.returncode
 
 
-def start_serve(data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None,
-                timeout: float = 180) -> Served:
+def start_serve(
+    data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None, timeout: float = 180
+) -> Served:
     """Start `etrain serve` and wait for /readyz."""
     port = int((extra_env or {}).get("ETRAIN_PORT") or free_port())
-    env = {**os.environ, "ETRAIN_DATA_DIR": str(data_dir), "ETRAIN_PORT": str(port),
-           "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
-           # The session cluster runs on this machine, from this venv.
-           "ETRAIN_WORKER_PYTHON": sys.executable, **(extra_env or {})}
+    env = {
+        **os.environ,
+        "ETRAIN_DATA_DIR": str(data_dir),
+        "ETRAIN_PORT": str(port),
+        "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
+        # The session cluster runs on this machine, from this venv.
+        "ETRAIN_WORKER_PYTHON": sys.executable,
+        **(extra_env or {}),
+    }
     env.pop("ETRAIN_ADMIN_TOKEN", None)
     if ray_address:
         env["ETRAIN_RAY_ADDRESS"] = ray_address
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "serve.log"
-    proc = subprocess.Popen([str(BIN / "etrain"), "serve"], env=env, stdout=open(log, "a"),
-                            stderr=subprocess.STDOUT)
+    # The child keeps its own copy of the log's descriptor; ours is closed after the start.
+    with open(log, "a") as log_file:
+        proc = subprocess.Popen(
+            [str(BIN / "etrain"), "serve"], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -15,11 +15,13 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:
-    return {"name": name, "data": {"seq_len": 32, "num_samples": 512},
-            "resources": {"workers": workers},
-            "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2,
-                      "lr": 3e-3},
-            "checkpoint": {"every_steps": 20}}
+    return {
+        "name": name,
+        "data": {"seq_len": 32, "num_samples": 512},
+        "resources": {"workers": workers},
+        "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3},
+        "checkpoint": {"every_steps": 20},
+    }
 
 
 def _driver_of(job_id: str) -> psutil.Process | None:
@@ -40,13 +42,22 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
     which the resubmitted run must cancel to start at once (workers.elastic.scaling)."""
     with served.client() as c:
         job = c.post("/v1/jobs", json=_spec("e2e-driver-kill", 400, {"min": 1, "max": 2})).json()
-        waiter(lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,
-               what="job past its first checkpoint")
+        waiter(
+            lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,
+            what="job past its first checkpoint",
+        )
         driver = waiter(lambda: _driver_of(job["id"]), what="driver process")
         killed_at = time.time()
         driver.send_signal(signal.SIGKILL)
-        done = waiter(lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"] in (
-            "SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=400, what="job finished")
+        done = waiter(
+            lambda: (
+                (j := c.get(f"/v1/jobs/{job['id']}").json())["status"]
+                in ("SUCCEEDED", "FAILED", "CANCELLED")
+                and j
+            ),
+            timeout=400,
+            what="job finished",
+        )
         assert done["status"] == "SUCCEEDED", done["error"]
         assert done["resubmits"] == 1
         events = c.get(f"/v1/jobs/{job['id']}/events").json()["items"]
@@ -57,35 +68,48 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
         # Well under the 180 s a stale reservation would hold the head's CPUs.
         when = dt.datetime.fromisoformat(restored[-1]["ts"])
         if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
+            when = when.replace(tzinfo=dt.UTC)
         assert when.timestamp() - killed_at < 90, when.timestamp() - killed_at
         steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
         assert steps == list(range(1, 401))  # every step once, none counted twice
 
 
-def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory, tmp_path,
-                                                      waiter):
+def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory, tmp_path, waiter):
     """SIGKILL `etrain serve` (not Ray) mid-job; a new one picks the job up where it is."""
     s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(_spec("e2e-cp-restart", 300)))
     with s.client() as c:
         job = c.post("/v1/jobs", json=_spec("e2e-cp-restart", 300)).json()
-        waiter(lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 20,
-               what="job training")
+        waiter(
+            lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 20, what="job training"
+        )
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait(30)
-    s2 = serve_factory(tmp_path / "cp", ray_address=ray_backend.address,
-                       extra_env={"ETRAIN_PORT": s.url.rsplit(":", 1)[1]})
+    s2 = serve_factory(
+        tmp_path / "cp",
+        ray_address=ray_backend.address,
+        extra_env={"ETRAIN_PORT": s.url.rsplit(":", 1)[1]},
+    )
     try:
         with s2.client() as c:
-            done = waiter(lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"] in (
-                "SUCCEEDED", "FAILED") and j, timeout=400, what="job finished")
+            done = waiter(
+                lambda: (
+                    (j := c.get(f"/v1/jobs/{job['id']}").json())["status"]
+                    in ("SUCCEEDED", "FAILED")
+                    and j
+                ),
+                timeout=400,
+                what="job finished",
+            )
             assert done["status"] == "SUCCEEDED" and done["resubmits"] == 0
             steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
             assert steps == list(range(1, 301))
-            starts = [e for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]
-                      if e["kind"] == "workers_started"]
+            starts = [
+                e
+                for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]
+                if e["kind"] == "workers_started"
+            ]
             assert len(starts) == 1  # the Ray job ran on; nothing restarted or duplicated
     finally:
         s2.stop()

@@ -14,11 +14,13 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 def tiny_spec(name: str, *, steps: int = 12, every: int = 6) -> dict:
     """A small 2-worker DDP job."""
-    return {"name": name, "data": {"seq_len": 32, "num_samples": 512},
-            "resources": {"workers": 2},
-            "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2,
-                      "lr": 3e-3},
-            "checkpoint": {"every_steps": every}}
+    return {
+        "name": name,
+        "data": {"seq_len": 32, "num_samples": 512},
+        "resources": {"workers": 2},
+        "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3},
+        "checkpoint": {"every_steps": every},
+    }
 
 
 def write(tmp_path, spec: dict, name: str = "job.yaml"):
@@ -43,11 +45,11 @@ def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
         assert all(m["world_size"] == 2 and m["tokens_per_s"] > 0 for m in metrics)
         ckpts = c.get(f"/v1/jobs/{job['id']}/checkpoints").json()["items"]
         assert [ck["step"] for ck in ckpts] == [6, 12]
-        assert all(ck["uri"].startswith(f"file://{served.data_dir}") and ck["bytes"] > 0
-                   for ck in ckpts)
+        assert all(
+            ck["uri"].startswith(f"file://{served.data_dir}") and ck["bytes"] > 0 for ck in ckpts
+        )
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
-        for kind in ("submitted", "admitted", "workers_started", "checkpoint_saved",
-                     "succeeded"):
+        for kind in ("submitted", "admitted", "workers_started", "checkpoint_saved", "succeeded"):
             assert kind in kinds
         assert kinds[0] == "submitted" and kinds[-1] == "succeeded"
         logs = c.get(f"/v1/jobs/{job['id']}/logs").text
@@ -69,8 +71,10 @@ def test_fifo_queue_and_cancel(served, tmp_path, waiter):
         a = c.get("/v1/jobs", params={"limit": 1}).json()["items"][0]
         assert a["name"] == "e2e-long"
         b = c.post("/v1/jobs", json=tiny_spec("e2e-second")).json()
-        waiter(lambda: c.get(f"/v1/jobs/{a['id']}").json()["status"] == "RUNNING",
-               what="first job running")
+        waiter(
+            lambda: c.get(f"/v1/jobs/{a['id']}").json()["status"] == "RUNNING",
+            what="first job running",
+        )
         assert c.get(f"/v1/jobs/{b['id']}").json()["status"] == "QUEUED"
         events = c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
         assert any(e["kind"] == "waiting" for e in events)
@@ -80,8 +84,10 @@ def test_fifo_queue_and_cancel(served, tmp_path, waiter):
         again = c.post(f"/v1/jobs/{a['id']}/cancel")
         assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
         # Room freed: the queued job is admitted and runs to the end.
-        done = waiter(lambda: (j := c.get(f"/v1/jobs/{b['id']}").json())["status"] in TERMINAL
-                      and j, what="second job finished")
+        done = waiter(
+            lambda: (j := c.get(f"/v1/jobs/{b['id']}").json())["status"] in TERMINAL and j,
+            what="second job finished",
+        )
         assert done["status"] == "SUCCEEDED"
         # The cancelled job's Ray driver is really gone (its workers with it).
         waiter(lambda: _ray_job_status(c, a) in ("STOPPED", "FAILED"), what="Ray job stopped")
@@ -104,8 +110,9 @@ def test_bad_specs_are_refused_with_the_field(served, tmp_path):
     assert "global_batch_size" in out.stderr and "multiple of 4" in out.stderr
     with served.client() as c:
         before = c.get("/v1/jobs").json()["total"]
-        r = c.post("/v1/jobs", content=b"name: [unclosed", headers={
-            "Content-Type": "application/yaml"})
+        r = c.post(
+            "/v1/jobs", content=b"name: [unclosed", headers={"Content-Type": "application/yaml"}
+        )
         assert r.status_code == 422
         r = c.post("/v1/jobs", json={**tiny_spec("e2e-bad2"), "bogus": 1})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "bogus"
@@ -114,13 +121,17 @@ def test_bad_specs_are_refused_with_the_field(served, tmp_path):
     assert served.cli("status", "j-doesnotexist").returncode == 2
 
 
-def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_factory,
-                                                          tmp_path):
+def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_factory, tmp_path):
     s = serve_factory(tmp_path / "restart", ray_address=ray_backend.address)
     try:
-        assert s.cli("submit", str(write(tmp_path, tiny_spec("e2e-restart", steps=6,
-                                                              every=6))),
-                     "--follow").returncode == 0
+        assert (
+            s.cli(
+                "submit",
+                str(write(tmp_path, tiny_spec("e2e-restart", steps=6, every=6))),
+                "--follow",
+            ).returncode
+            == 0
+        )
         with s.client() as c:
             job = c.get("/v1/jobs").json()["items"][0]
             metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
@@ -138,12 +149,21 @@ def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_fac
 
 def test_embedded_serve_starts_and_stops_its_own_ray(serve_factory, tmp_path):
     """The default: no Ray address, so `etrain serve` runs a local head and stops it."""
-    s = serve_factory(tmp_path / "embedded", ray_address=None, extra_env={
-        "ETRAIN_RAY_DASHBOARD_PORT": "8330", "ETRAIN_RAY_GCS_PORT": "6530",
-        "ETRAIN_RAY_NUM_CPUS": "2"})
+    s = serve_factory(
+        tmp_path / "embedded",
+        ray_address=None,
+        extra_env={
+            "ETRAIN_RAY_DASHBOARD_PORT": "8330",
+            "ETRAIN_RAY_GCS_PORT": "6530",
+            "ETRAIN_RAY_NUM_CPUS": "2",
+        },
+    )
     try:
-        head = [p for p in psutil.Process(s.proc.pid).children(recursive=True)
-                if "ray" in " ".join(p.cmdline()[:3])]
+        head = [
+            p
+            for p in psutil.Process(s.proc.pid).children(recursive=True)
+            if "ray" in " ".join(p.cmdline()[:3])
+        ]
         assert head, "no Ray head process under etrain serve"
         with s.client() as c:
             cluster = c.get("/v1/cluster").json()

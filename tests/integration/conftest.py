@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 import time
 import uuid
@@ -15,12 +14,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from service.backends.ray_jobs import RayJobBackend
 from service.backends.base import RunState
+from service.backends.ray_jobs import RayJobBackend
 from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the GCS endpoint fixture
 from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
 from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
 from tests.support.postgres import postgres_server
+from tests.support.ray_cluster import submit_job
 from tests.support.s3_fixture import s3_server  # noqa: F401 - the S3 endpoint fixture
 from tests.support.telemetry_sink import TelemetrySink
 
@@ -58,25 +58,26 @@ def telemetry_sink() -> TelemetrySink:
     sink = TelemetrySink()
     yield sink
     sink.close()
-    assert sink.refused == [], f"the workers posted batches the service would refuse: {sink.refused}"
+    assert sink.refused == [], (
+        f"the workers posted batches the service would refuse: {sink.refused}"
+    )
 
 
-def run_ray_job(backend: RayJobBackend, *, job_id: str, spec_json: str, env: dict,
-                timeout: float = 300) -> RunState:
-    """Submit ``python -m workers.launch`` for a spec and wait for the Ray job to end."""
-    from service.backends.base import LaunchRequest
-
-    backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
-                                 spec_json=spec_json, env=env))
+def wait_for_ray_job(
+    backend: RayJobBackend, submission_id: str, *, timeout: float = 300
+) -> RunState:
+    """Wait for a submitted Ray job to end; its final state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = backend.status(f"it-{job_id}").state
+        state = backend.status(submission_id).state
         if state not in (RunState.PENDING, RunState.RUNNING):
             return state
         time.sleep(0.5)
-    backend.stop(f"it-{job_id}")
-    raise TimeoutError(f"Ray job {job_id} did not finish in {timeout}s:\n"
-                       + backend.logs(f"it-{job_id}")[-3000:])
+    backend.stop(submission_id)
+    raise TimeoutError(
+        f"Ray job {submission_id} did not finish in {timeout}s:\n"
+        + backend.logs(submission_id)[-3000:]
+    )
 
 
 def load_checkpoint_tensors(path: str | Path) -> dict:
@@ -95,9 +96,10 @@ def run_job(ray_backend, telemetry_sink):
     """Run a spec as a real Ray job (workers.launch) reporting to the telemetry sink."""
 
     def run(*, job_id: str, spec: dict, extra_env: dict | None = None) -> RunState:
-        env = {"ETRAIN_REPORT_URL": telemetry_sink.url, "ETRAIN_REPORT_TOKEN": "test-token",
-               **(extra_env or {})}
-        return run_ray_job(ray_backend, job_id=job_id, spec_json=json.dumps(spec), env=env)
+        submission = submit_job(
+            ray_backend, job_id=job_id, spec=spec, report_url=telemetry_sink.url, env=extra_env
+        )
+        return wait_for_ray_job(ray_backend, submission)
 
     return run
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.support.faults import FaultHooks, fault_env
-from tests.support.recording import RecordingReporter
 from tests.support.object_store_fixture import ObjectStore
+from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -20,13 +20,20 @@ pytestmark = pytest.mark.slow
 
 
 def spec(store: ObjectStore, *, asynchronous: bool = False, steps: int = 9) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "unit-store", "data": {"seq_len": 16, "num_samples": 64},
-        "resources": {"workers": 1},
-        "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-        "checkpoint": {**store.checkpoint("jobs"), "every_steps": 3, "keep_last": 2,
-                       "async": asynchronous},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "unit-store",
+            "data": {"seq_len": 16, "num_samples": 64},
+            "resources": {"workers": 1},
+            "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
+            "checkpoint": {
+                **store.checkpoint("jobs"),
+                "every_steps": 3,
+                "keep_last": 2,
+                "async": asynchronous,
+            },
+        }
+    )
 
 
 class Recorder(RecordingReporter):
@@ -69,19 +76,28 @@ def manager(store: ObjectStore, where: tuple[str, ...]) -> CheckpointManager:
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asynchronous):
     store, where = store_env, run_dir()
-    local = run(spec(store, asynchronous=asynchronous),
-                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                       checkpoint_root=str(tmp_path)))
-    first = run(spec(store, asynchronous=asynchronous),
-                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                       checkpoint_root=store.uri(*where), stop_at=7))
+    local = run(
+        spec(store, asynchronous=asynchronous),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path)),
+    )
+    first = run(
+        spec(store, asynchronous=asynchronous),
+        RunEnv(
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            checkpoint_root=store.uri(*where),
+            stop_at=7,
+        ),
+    )
     assert sorted(first.losses) == list(range(1, 8))
     listed = manager(store, where).committed()
     assert [c.step for c in listed] == [3, 6]
     assert all(c.uri.startswith(store.uri(*where) + "/") for c in listed)
-    resumed = run(spec(store, asynchronous=asynchronous),
-                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                         checkpoint_root=store.uri(*where)))
+    resumed = run(
+        spec(store, asynchronous=asynchronous),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=store.uri(*where)),
+    )
     assert resumed.resumed_from == 6
     assert {s: resumed.losses[s] for s in (7, 8, 9)} == {s: local.losses[s] for s in (7, 8, 9)}
     # keep_last 2: step 3 was deleted from the bucket after 9 committed.
@@ -103,37 +119,56 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     alive, where = store_env, run_dir()
     doomed = alive.with_endpoint(f"http://{host}:{port}")
     rec = Recorder(at_step=7, action=server.stop)  # during step 6's slowed-down write
-    result = run(spec(doomed, asynchronous=True, steps=8),
-                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                        checkpoint_root=doomed.uri(*where), reporter=rec,
-                        hooks=FaultHooks(slow_save_step=6, slow_save_s=2)))
+    result = run(
+        spec(doomed, asynchronous=True, steps=8),
+        RunEnv(
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            checkpoint_root=doomed.uri(*where),
+            reporter=rec,
+            hooks=FaultHooks(slow_save_step=6, slow_save_s=2),
+        ),
+    )
     assert sorted(result.losses) == list(range(1, 9))  # training survived the outage
     failed = [m for k, m, _ in rec.kinds() if k == "checkpoint_failed"]
     assert failed and "step 6" in failed[0]
     assert [c.step for c in manager(alive, where).committed()] == [3]
-    resumed = run(spec(alive, asynchronous=True, steps=8),
-                  RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                         checkpoint_root=alive.uri(*where)))
+    resumed = run(
+        spec(alive, asynchronous=True, steps=8),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=alive.uri(*where)),
+    )
     assert resumed.resumed_from == 3
 
 
 def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, s3_env):
     """Two Ray workers save to S3; rank 1 is SIGKILLed at step 6 (checkpoint at 4): the
     restarted group restores step 4 from the bucket and ends with the clean run's losses."""
-    job = {"name": "it-s3-kill", "data": {"seq_len": 32, "num_samples": 256},
-           "resources": {"workers": 2, "cpus_per_worker": 1},
-           "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2},
-           "checkpoint": {"storage": f"s3://etrain-test/ray/{uuid.uuid4().hex[:8]}",
-                          "every_steps": 4, "s3": {"endpoint_url": s3_env["endpoint_url"]}},
-           "failure": {"max_failures": 3}}
+    job = {
+        "name": "it-s3-kill",
+        "data": {"seq_len": 32, "num_samples": 256},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+        "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2},
+        "checkpoint": {
+            "storage": f"s3://etrain-test/ray/{uuid.uuid4().hex[:8]}",
+            "every_steps": 4,
+            "s3": {"endpoint_url": s3_env["endpoint_url"]},
+        },
+        "failure": {"max_failures": 3},
+    }
     spec_json = JobSpec.model_validate(job).model_dump(mode="json", by_alias=True)
     tag = uuid.uuid4().hex[:6]
     clean_id, killed_id = f"j-s3-clean-{tag}", f"j-s3-killed-{tag}"
     assert run_job(job_id=clean_id, spec=spec_json, extra_env=s3_env["env"]).value == "SUCCEEDED"
     marker = f"/tmp/etrain-s3-kill-{tag}"
-    assert run_job(job_id=killed_id, spec=spec_json, extra_env={
-        **s3_env["env"], **fault_env(KILL_STEP=6, KILL_RANK=1, MARKER=marker)}
-    ).value == "SUCCEEDED"
+    assert (
+        run_job(
+            job_id=killed_id,
+            spec=spec_json,
+            extra_env={**s3_env["env"], **fault_env(KILL_STEP=6, KILL_RANK=1, MARKER=marker)},
+        ).value
+        == "SUCCEEDED"
+    )
     events = telemetry_sink.items("events", killed_id)
     assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [4]
     assert telemetry_sink.losses(killed_id) == telemetry_sink.losses(clean_id)

@@ -7,8 +7,8 @@ import uuid
 import pytest
 import torch
 
-from tests.support.faults import fault_env
 from service.backends.base import RunState
+from tests.support.faults import fault_env
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -16,22 +16,36 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(tmp_path, optimizer: str, *, asynchronous: bool = False, **train) -> dict:
-    return JobSpec.model_validate({
-        "name": f"it-{optimizer}",
-        "data": {"seq_len": 32, "num_samples": 256},
-        "resources": {"workers": 2, "cpus_per_worker": 1},
-        "train": {"steps": 12 if asynchronous else 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2,
-                  "warmup_steps": 2, "optimizer": optimizer, "momentum": 0.9 if optimizer == "sgd"
-                  else 0.0, **train},
-        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 4,
-                       "async": asynchronous},
-    }).model_dump(mode="json", by_alias=True)
+    return JobSpec.model_validate(
+        {
+            "name": f"it-{optimizer}",
+            "data": {"seq_len": 32, "num_samples": 256},
+            "resources": {"workers": 2, "cpus_per_worker": 1},
+            "train": {
+                "steps": 12 if asynchronous else 8,
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "lr": 1e-2,
+                "warmup_steps": 2,
+                "optimizer": optimizer,
+                "momentum": 0.9 if optimizer == "sgd" else 0.0,
+                **train,
+            },
+            "checkpoint": {
+                "storage": f"file://{tmp_path}",
+                "every_steps": 4,
+                "async": asynchronous,
+            },
+        }
+    ).model_dump(mode="json", by_alias=True)
 
 
 def _reference_losses(spec: dict) -> dict[int, float]:
     """The same spec in one plain process: no DDP, the whole global batch here."""
-    result = run(JobSpec.model_validate(spec),
-                 RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None))
+    result = run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    )
     return result.losses
 
 
@@ -53,13 +67,16 @@ def test_ddp_loss_per_step_matches_single_process(run_job, telemetry_sink, tmp_p
 # sync: SIGKILL rank 1 at step 6, checkpoint at 4. async: the save of step 8 is slowed
 # down and rank 1 is killed at step 10, in the middle of it: the restore must take the
 # complete checkpoint of step 4, never the partial one of step 8.
-KILLS = {"sync": {"KILL_STEP": 6},
-         "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 20}}
+KILLS = {
+    "sync": {"KILL_STEP": 6},
+    "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 20},
+}
 
 
 @pytest.mark.parametrize("mode", list(KILLS))
-def test_kill_and_resume_equals_uninterrupted(run_job, telemetry_sink, checkpoint_tensors,
-                                              tmp_path, mode):
+def test_kill_and_resume_equals_uninterrupted(
+    run_job, telemetry_sink, checkpoint_tensors, tmp_path, mode
+):
     """The resumed run ends bitwise equal to an uninterrupted one."""
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
     asynchronous = mode == "async"
@@ -69,8 +86,14 @@ def test_kill_and_resume_equals_uninterrupted(run_job, telemetry_sink, checkpoin
     clean_id, killed_id = f"j-clean-{tag}", f"j-killed-{tag}"
     assert run_job(job_id=clean_id, spec=clean) == RunState.SUCCEEDED
     marker = tmp_path / "killed-once"
-    assert run_job(job_id=killed_id, spec=killed, extra_env=fault_env(
-        **KILLS[mode], KILL_RANK=1, MARKER=marker)) == RunState.SUCCEEDED
+    assert (
+        run_job(
+            job_id=killed_id,
+            spec=killed,
+            extra_env=fault_env(**KILLS[mode], KILL_RANK=1, MARKER=marker),
+        )
+        == RunState.SUCCEEDED
+    )
     assert marker.exists(), "the fault was never injected"
 
     events = telemetry_sink.items("events", killed_id)

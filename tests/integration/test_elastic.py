@@ -9,11 +9,8 @@ nodes, so the job cannot end before they happen, then run at full speed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from service.backends.base import RunState
 from tests.support.faults import fault_env
-from service.backends.base import LaunchRequest, RunState
+from tests.support.ray_cluster import start_node, submit_job
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -32,30 +30,27 @@ STEPS, G = 300, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
 
 
 def _spec(tmp_path) -> dict:
-    return JobSpec.model_validate({
-        "name": "it-elastic", "data": {"seq_len": 32, "num_samples": 1000},
-        "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
-        "train": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": 2, "lr": 3e-3},
-        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 10},
-        "failure": {"max_failures": 5},
-    }).model_dump(mode="json", by_alias=True)
-
-
-def _start_node(gcs_port: int, cpus: int = 2) -> subprocess.Popen:
-    ray = str(Path(sys.executable).with_name("ray"))
-    return subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs_port}", f"--num-cpus={cpus}",
-                             "--block", "--disable-usage-stats"], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env=os.environ.copy())
+    return JobSpec.model_validate(
+        {
+            "name": "it-elastic",
+            "data": {"seq_len": 32, "num_samples": 1000},
+            "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
+            "train": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": 2, "lr": 3e-3},
+            "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 10},
+            "failure": {"max_failures": 5},
+        }
+    ).model_dump(mode="json", by_alias=True)
 
 
 def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: Path) -> None:
     throttle.touch()
-    ray_backend.submit(LaunchRequest(job_id=job_id, submission_id=f"it-{job_id}",
-                                     spec_json=json.dumps(spec),
-                                     env={"ETRAIN_REPORT_URL": telemetry_sink.url,
-                                          "ETRAIN_REPORT_TOKEN": "t",
-                                          **fault_env(THROTTLE_FILE=throttle)}))
+    submit_job(
+        ray_backend,
+        job_id=job_id,
+        spec=spec,
+        report_url=telemetry_sink.url,
+        env=fault_env(THROTTLE_FILE=throttle),
+    )
 
 
 def _wait(pred, timeout: float, what: str, detail=lambda: ""):
@@ -67,8 +62,7 @@ def _wait(pred, timeout: float, what: str, detail=lambda: ""):
     raise TimeoutError(f"{what}: {detail()}")
 
 
-def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink,
-                                                         tmp_path):
+def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink, tmp_path):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
     throttle = tmp_path / "slow"
@@ -78,11 +72,12 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
     def detail() -> str:
         events = [(e["kind"], e["message"][:160]) for e in telemetry_sink.items("events", job_id)]
         steps = [(m["step"], m["world_size"]) for m in telemetry_sink.items("metrics", job_id)]
-        return f"events={events} last steps={steps[-8:]} logs={ray_backend.logs(f'it-{job_id}')[-2500:]}"
+        logs = ray_backend.logs(f"it-{job_id}")[-2500:]
+        return f"events={events} last steps={steps[-8:]} logs={logs}"
 
     _wait(lambda: len(sizes()) >= 15, 240, "training at 2 workers")
     assert set(sizes()) == {2}
-    node = _start_node(gcs_port=6510)
+    node = start_node(gcs_port=6510, cpus=2)
     try:
         _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", detail)
         grown_at = len(sizes())
@@ -93,8 +88,15 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
     shrunk_at = len(sizes())
     _wait(lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2, 180, "back at 2", detail)
     throttle.unlink()
-    state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state) not in (
-        RunState.PENDING, RunState.RUNNING) and s, 400, "job end")
+    state = _wait(
+        lambda: (
+            (s := ray_backend.status(f"it-{job_id}").state)
+            not in (RunState.PENDING, RunState.RUNNING)
+            and s
+        ),
+        400,
+        "job end",
+    )
     assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]
 
     metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
@@ -108,9 +110,10 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
     assert (last["epoch"], last["epoch_position"]) == divmod(STEPS * G, 1000)
 
     # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
-    fixed = run(JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
-                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                       checkpoint_root=None)).losses
+    fixed = run(
+        JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
 
@@ -129,15 +132,22 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
     kinds = lambda: [e["kind"] for e in telemetry_sink.items("events", job_id)]  # noqa: E731
     _wait(lambda: len(sizes()) >= 5, 240, "training at 2 workers")
-    nodes = [_start_node(gcs_port=6510, cpus=1)]
+    nodes = [start_node(gcs_port=6510, cpus=1)]
     try:
         _wait(lambda: "layout_unused" in kinds(), 120, "the unused-slot event", kinds)
         assert set(sizes()) == {2}
-        nodes.append(_start_node(gcs_port=6510, cpus=1))
+        nodes.append(start_node(gcs_port=6510, cpus=1))
         _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", kinds)
         throttle.unlink()
-        state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state) not in (
-            RunState.PENDING, RunState.RUNNING) and s, 400, "job end")
+        state = _wait(
+            lambda: (
+                (s := ray_backend.status(f"it-{job_id}").state)
+                not in (RunState.PENDING, RunState.RUNNING)
+                and s
+            ),
+            400,
+            "job end",
+        )
     finally:
         for node in nodes:
             os.killpg(node.pid, signal.SIGKILL)
@@ -148,9 +158,11 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
     assert events["resized"] == "resized 2 → 4 (node added)"
     metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
     assert sorted(metrics) == list(range(1, steps + 1)) and metrics[steps]["world_size"] == 4
-    fixed = run(JobSpec.model_validate({**spec, "parallelism": {"strategy": "ddp"},
-                                        "resources": {"workers": 1}}),
-                RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                       checkpoint_root=None)).losses
+    fixed = run(
+        JobSpec.model_validate(
+            {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
+        ),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step

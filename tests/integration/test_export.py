@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -18,20 +19,19 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from workers.checkpoint.manager import MANIFEST, CheckpointManager
+from tests.support.local_launch import LocalJob, run_local
 from workers.checkpoint.export import (
     ExportError,
     ExportSource,
     export_checkpoint,
     open_checkpoint_dir,
 )
-from workers.models.hf_naming import from_hf_state_dict, to_hf_name
-from tests.support.local_launch import LocalJob, run_local
-from workers.models.config import get_model_config
-from workers.models.llama import build_model
-from workers.models.llama import apply_rotary_emb
-from workers.spec import CheckpointSpec, JobSpec
+from workers.checkpoint.manager import MANIFEST, CheckpointManager
 from workers.checkpoint.storage import StorageLocation, resolve_storage
+from workers.models.config import get_model_config
+from workers.models.hf_naming import from_hf_state_dict, to_hf_name
+from workers.models.llama import apply_rotary_emb, build_model
+from workers.spec import CheckpointSpec, JobSpec
 from workers.train_loop import RunEnv, run
 
 CFG = get_model_config("gpt-tiny")
@@ -48,8 +48,9 @@ class Store:
     env: dict | None = None  # the credential variables the store needs (None: os.environ)
 
     def location(self, *parts: str) -> StorageLocation:
-        return resolve_storage("/".join([self.base, *parts]), endpoint_url=self.endpoint_url,
-                               env=self.env)
+        return resolve_storage(
+            "/".join([self.base, *parts]), endpoint_url=self.endpoint_url, env=self.env
+        )
 
     def open(self, uri: str) -> ExportSource:
         return open_checkpoint_dir(uri, checkpoint=self.spec().checkpoint, env=self.env)
@@ -58,12 +59,15 @@ class Store:
         checkpoint = {"every_steps": 2, "keep_last": 3, "storage": self.base}
         if self.endpoint_url:
             checkpoint["gcs" if self.kind == "gs" else "s3"] = {"endpoint_url": self.endpoint_url}
-        return JobSpec.model_validate({
-            "name": "export", "data": {"seq_len": 16, "num_samples": 64},
-            "resources": resources or {"workers": 1},
-            "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-            "checkpoint": checkpoint,
-        })
+        return JobSpec.model_validate(
+            {
+                "name": "export",
+                "data": {"seq_len": 16, "num_samples": 64},
+                "resources": resources or {"workers": 1},
+                "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
+                "checkpoint": checkpoint,
+            }
+        )
 
     def committed(self, name: str) -> dict[int, str]:
         """Step -> URI of the committed checkpoints under ``name`` (the layout's own listing)."""
@@ -82,8 +86,12 @@ def store(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in s3["env"].items():
             mp.setenv(key, value)
-        yield Store("s3", f"s3://{s3['bucket']}/export-{uuid.uuid4().hex[:8]}",
-                    endpoint_url=s3["endpoint_url"], env=s3["env"])
+        yield Store(
+            "s3",
+            f"s3://{s3['bucket']}/export-{uuid.uuid4().hex[:8]}",
+            endpoint_url=s3["endpoint_url"],
+            env=s3["env"],
+        )
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,9 @@ class Trained:
 @pytest.fixture(scope="module")
 def trained(store) -> Trained:
     root = "/".join([store.base, "single", "checkpoints"])
-    result = run(store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                                      checkpoint_root=root))
+    result = run(
+        store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root)
+    )
     uris = store.committed("single/checkpoints")
     assert sorted(uris) == [2, 4]
     return Trained(store, uris, result.model)
@@ -115,8 +124,10 @@ def stored_model_tensors(src: ExportSource) -> dict[str, TensorStorageMetadata]:
 
 def full_model_state(src: ExportSource) -> dict[str, torch.Tensor]:
     """The checkpoint's model tensors in one DCP load of all of them (the reference)."""
-    model = {k.removeprefix("app.model."): torch.empty(md.size, dtype=md.properties.dtype)
-             for k, md in stored_model_tensors(src).items()}
+    model = {
+        k.removeprefix("app.model."): torch.empty(md.size, dtype=md.properties.dtype)
+        for k, md in stored_model_tensors(src).items()
+    }
     state = {"app": {"model": model}}
     dcp.load(state, storage_reader=src.reader(), no_dist=True)
     return state["app"]["model"]
@@ -136,8 +147,7 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 def test_export_loads_into_a_fresh_model_with_the_same_logits(trained, tmp_path):
     final = trained.final
-    result = export_checkpoint(trained.open(4), tmp_path / "out", preset="gpt-tiny",
-                               job_id="j-1")
+    result = export_checkpoint(trained.open(4), tmp_path / "out", preset="gpt-tiny", job_id="j-1")
     state = load_file(tmp_path / "out" / "model.safetensors")
     assert list(state) == list(final.state_dict())  # etrain FQNs, in model order
     assert torch.equal(logits(fresh_model(state)), logits(final))
@@ -146,14 +156,32 @@ def test_export_loads_into_a_fresh_model_with_the_same_logits(trained, tmp_path)
 
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert {k: config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                   "num_key_value_heads", "num_hidden_layers", "vocab_size",
-                                   "max_position_embeddings", "rms_norm_eps", "rope_theta",
-                                   "torch_dtype")} == {
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "torch_dtype": "float32"}
+    assert {
+        k: config[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "num_hidden_layers",
+            "vocab_size",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "rope_theta",
+            "torch_dtype",
+        )
+    } == {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "float32",
+    }
     info = json.loads((tmp_path / "out" / "etrain_export.json").read_text())
     assert info["job_id"] == "j-1" and info["step"] == 4 and info["naming"] == "etrain"
     assert info["source_uri"] == trained.uris[4]
@@ -162,10 +190,21 @@ def test_export_loads_into_a_fresh_model_with_the_same_logits(trained, tmp_path)
 
 def test_a_gs_checkpoint_exports_in_place(gcs_server, tmp_path):
     """gs:// (the GCS emulator on loopback) goes through the same reader as s3://."""
-    store = Store("gs", f"gs://{gcs_server['bucket']}/export-{uuid.uuid4().hex[:8]}",
-                  endpoint_url=gcs_server["endpoint_url"], env={})
-    final = run(store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                                     checkpoint_root=f"{store.base}/single/checkpoints")).model
+    store = Store(
+        "gs",
+        f"gs://{gcs_server['bucket']}/export-{uuid.uuid4().hex[:8]}",
+        endpoint_url=gcs_server["endpoint_url"],
+        env={},
+    )
+    final = run(
+        store.spec(),
+        RunEnv(
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            checkpoint_root=f"{store.base}/single/checkpoints",
+        ),
+    ).model
     uris = store.committed("single/checkpoints")
     assert sorted(uris) == [2, 4]
     result = export_checkpoint(store.open(uris[4]), tmp_path / "out", preset="gpt-tiny")
@@ -234,8 +273,9 @@ def test_each_read_holds_at_most_one_batch(trained, tmp_path, monkeypatch):
     assert len(sizes) > 2 and not downloads
     assert (len(ranges) >= len(sizes)) == (trained.store.kind == "s3")  # ranged GETs per batch
     assert all(sum(s) <= batch_bytes or len(s) == 1 for s in sizes), sizes
-    assert sum(map(sum, sizes)) == sum(math.prod(md.size) * 4
-                                       for md in stored_model_tensors(src).values())
+    assert sum(map(sum, sizes)) == sum(
+        math.prod(md.size) * 4 for md in stored_model_tensors(src).values()
+    )
     exported = load_file(tmp_path / "model.safetensors")
     assert all(torch.equal(exported[k], v) for k, v in trained.final.state_dict().items())
 
@@ -265,13 +305,13 @@ def _hf_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     d, t = x.shape[-1], x.shape[1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
     emb = torch.cat([torch.outer(torch.arange(t).float(), inv)] * 2, dim=-1)
-    rotated = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+    rotated = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
     return x * emb.cos()[None, :, None] + rotated * emb.sin()[None, :, None]
 
 
 @torch.no_grad()
 def test_hf_q_k_layout_gives_the_same_attention_scores_under_hf_rope(trained, tmp_path):
-    """The permuted q/k weights under HF's rotate_half RoPE score like ours under interleaved RoPE."""
+    """Permuted q/k weights under HF's rotate_half RoPE score like ours under interleaved RoPE."""
     final = trained.final
     export_checkpoint(trained.open(4), tmp_path, preset="gpt-tiny", naming="hf")
     hf = load_file(tmp_path / "model.safetensors")
@@ -279,10 +319,12 @@ def test_hf_q_k_layout_gives_the_same_attention_scores_under_hf_rope(trained, tm
     hd, freqs = CFG.head_dim, final.freqs_cis[:10]
     ours_q = apply_rotary_emb(attn.wq(x).view(1, 10, -1, hd), freqs)
     ours_k = apply_rotary_emb(attn.wk(x).view(1, 10, -1, hd), freqs)
-    hf_q = _hf_rope((x @ hf["model.layers.0.self_attn.q_proj.weight"].T).view(1, 10, -1, hd),
-                    CFG.rope_theta)
-    hf_k = _hf_rope((x @ hf["model.layers.0.self_attn.k_proj.weight"].T).view(1, 10, -1, hd),
-                    CFG.rope_theta)
+    hf_q = _hf_rope(
+        (x @ hf["model.layers.0.self_attn.q_proj.weight"].T).view(1, 10, -1, hd), CFG.rope_theta
+    )
+    hf_k = _hf_rope(
+        (x @ hf["model.layers.0.self_attn.k_proj.weight"].T).view(1, 10, -1, hd), CFG.rope_theta
+    )
     rep = CFG.n_heads // CFG.n_kv_heads
     ours = torch.einsum("bqhd,bkhd->bhqk", ours_q, ours_k.repeat_interleave(rep, dim=2))
     theirs = torch.einsum("bqhd,bkhd->bhqk", hf_q, hf_k.repeat_interleave(rep, dim=2))
@@ -290,10 +332,13 @@ def test_hf_q_k_layout_gives_the_same_attention_scores_under_hf_rope(trained, tm
 
 
 # Folders that look like checkpoints but were never committed, per the store's layout.
-UNCOMMITTED = {"file": [("step_00000006", "without manifest"),
-                        ("step_00000008.partial-dead", "with manifest")],  # rename never ran
-               "s3": [("step_00000006.deadbeef", "without manifest"),
-                      ("step_00000008", "with manifest")]}  # object stores never rename
+UNCOMMITTED = {
+    "file": [
+        ("step_00000006", "without manifest"),
+        ("step_00000008.partial-dead", "with manifest"),
+    ],  # rename never ran
+    "s3": [("step_00000006.deadbeef", "without manifest"), ("step_00000008", "with manifest")],
+}  # object stores never rename
 
 
 def test_uncommitted_folders_are_refused(trained, tmp_path):
@@ -304,17 +349,24 @@ def test_uncommitted_folders_are_refused(trained, tmp_path):
         if manifest == "without manifest":
             loc.fs.rm_file(loc.join(name, MANIFEST))
         with pytest.raises(ExportError, match="is not a committed checkpoint"):
-            export_checkpoint(trained.store.open(loc.uri_of(name)), tmp_path / "out",
-                              preset="gpt-tiny")
+            export_checkpoint(
+                trained.store.open(loc.uri_of(name)), tmp_path / "out", preset="gpt-tiny"
+            )
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"preset": "gpt-small"}, "does not hold a 'gpt-small' model .*set preset to the job's"),
-    ({"preset": "gpt-huge"}, "unknown model preset 'gpt-huge'; set one of: gpt-tiny"),
-    ({"preset": "gpt-tiny", "dtype": "int8"}, "dtype 'int8' is not supported; set dtype to one of"),
-    ({"preset": "gpt-tiny", "naming": "gguf"}, "naming 'gguf' is not supported; set naming"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"preset": "gpt-small"}, "does not hold a 'gpt-small' model .*set preset to the job's"),
+        ({"preset": "gpt-huge"}, "unknown model preset 'gpt-huge'; set one of: gpt-tiny"),
+        (
+            {"preset": "gpt-tiny", "dtype": "int8"},
+            "dtype 'int8' is not supported; set dtype to one of",
+        ),
+        ({"preset": "gpt-tiny", "naming": "gguf"}, "naming 'gguf' is not supported; set naming"),
+    ],
+)
 def test_bad_arguments_name_the_fix(trained, tmp_path, kwargs, message):
     with pytest.raises(ExportError, match=message):
         export_checkpoint(trained.open(4), tmp_path, **kwargs)
@@ -324,8 +376,12 @@ def test_bad_arguments_name_the_fix(trained, tmp_path, kwargs, message):
 
 def test_open_checkpoint_dir_on_local_disk(tmp_path):
     store = Store("file", f"file://{tmp_path}")
-    run(store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                             checkpoint_root=str(tmp_path / "run")))
+    run(
+        store.spec(),
+        RunEnv(
+            rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path / "run")
+        ),
+    )
     step = tmp_path / "run" / "step_00000004"
     for uri in (f"file://{step}", str(step), f"file://{step}/"):
         src = open_checkpoint_dir(uri)
@@ -334,7 +390,9 @@ def test_open_checkpoint_dir_on_local_disk(tmp_path):
         open_checkpoint_dir("file://host/ckpt")
     with pytest.raises(ExportError, match="does not exist on this machine"):
         open_checkpoint_dir(f"file://{tmp_path}/gone")
-    with pytest.raises(ExportError, match="checkpoint.storage must be file:///abs/path, s3://"):
+    with pytest.raises(
+        ExportError, match=re.escape("checkpoint.storage must be file:///abs/path, s3://")
+    ):
         open_checkpoint_dir("hdfs://cluster/ckpt/step_00000004")
 
 
@@ -343,8 +401,10 @@ S3_STEP = "jobs/j-1/checkpoints/step_00000004.0123abcd"
 
 def s3_open_error(s3_server, *, env: dict, uri: str | None = None, **kwargs) -> str:
     uri = uri or f"s3://{s3_server['bucket']}/{S3_STEP}"
-    checkpoint = CheckpointSpec(storage=f"s3://{s3_server['bucket']}/jobs",
-                                s3={"endpoint_url": s3_server["endpoint_url"], **kwargs})
+    checkpoint = CheckpointSpec(
+        storage=f"s3://{s3_server['bucket']}/jobs",
+        s3={"endpoint_url": s3_server["endpoint_url"], **kwargs},
+    )
     with pytest.raises(ExportError) as e:
         open_checkpoint_dir(uri, checkpoint=checkpoint, env=env)
     return str(e.value)
@@ -372,8 +432,7 @@ def test_a_missing_named_secret_names_the_variables(s3_server):
     assert "ETRAIN_SECRET_EXPORT_READER_ACCESS_KEY_ID" in message and "set " in message
 
 
-def test_a_checkpoint_sharded_by_two_fsdp_ranks_exports_the_whole_model(store, trained,
-                                                                        tmp_path):
+def test_a_checkpoint_sharded_by_two_fsdp_ranks_exports_the_whole_model(store, trained, tmp_path):
     """Two gloo processes (FSDP) save; one process without a process group exports."""
     spec = store.spec(workers=2, cpus_per_worker=1).model_dump(mode="json", by_alias=True)
     spec["parallelism"] = {"strategy": "fsdp"}
@@ -389,5 +448,4 @@ def test_a_checkpoint_sharded_by_two_fsdp_ranks_exports_the_whole_model(store, t
     reference = full_model_state(step)
     assert all(torch.equal(exported[k], reference[k]) for k in reference)
     # The same spec on one process trains to the same weights (up to reduction order).
-    assert torch.allclose(logits(fresh_model(exported)), logits(trained.final), atol=1e-5,
-                          rtol=0)
+    assert torch.allclose(logits(fresh_model(exported)), logits(trained.final), atol=1e-5, rtol=0)

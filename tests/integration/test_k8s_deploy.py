@@ -7,21 +7,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.support.kustomize import KustomizeError
 
-from tests.support.helm import by_kind as _by_kind
-from tests.support.helm import render
 from service.k8s.manifests import RayClusterConfig, build_raycluster
 from service.k8s.validate import validate_objects
 from service.settings import Settings
+from tests.support.helm import by_kind as _by_kind
+from tests.support.helm import render
 from tests.support.k8s_expected import ray_auth_env
+from tests.support.kustomize import KustomizeError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 # Every buildable kustomization (deploy/, base, overlays); components only build inside one.
 KUSTOMIZATIONS = sorted(
-    str(k.parent.relative_to(DEPLOY)) for k in DEPLOY.rglob("kustomization.yaml")
-    if yaml.safe_load(k.read_text()).get("kind") != "Component")
+    str(k.parent.relative_to(DEPLOY))
+    for k in DEPLOY.rglob("kustomization.yaml")
+    if yaml.safe_load(k.read_text()).get("kind") != "Component"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,9 @@ def base(kustomize_build) -> dict[tuple[str, str], dict]:
 def test_every_kustomization_builds_valid_objects(where, kustomize_build):
     objects = kustomize_build(DEPLOY / where)
     validate_objects(objects)
-    assert all(o["metadata"].get("namespace") == "etrain" for o in objects
-               if o["kind"] != "Namespace")
+    assert all(
+        o["metadata"].get("namespace") == "etrain" for o in objects if o["kind"] != "Namespace"
+    )
 
 
 def test_every_yaml_file_is_used_by_a_kustomization():
@@ -49,10 +52,17 @@ def test_every_yaml_file_is_used_by_a_kustomization():
 
 def test_base_has_the_promised_objects(base):
     assert set(base) == {
-        ("Namespace", "etrain"), ("ServiceAccount", "etrain"), ("Role", "etrain-control-plane"),
-        ("RoleBinding", "etrain-control-plane"), ("ConfigMap", "etrain-config"),
-        ("PersistentVolumeClaim", "etrain-data"), ("PersistentVolumeClaim", "etrain-checkpoints"),
-        ("Deployment", "etrain"), ("Service", "etrain"), ("RayCluster", "etrain")}
+        ("Namespace", "etrain"),
+        ("ServiceAccount", "etrain"),
+        ("Role", "etrain-control-plane"),
+        ("RoleBinding", "etrain-control-plane"),
+        ("ConfigMap", "etrain-config"),
+        ("PersistentVolumeClaim", "etrain-data"),
+        ("PersistentVolumeClaim", "etrain-checkpoints"),
+        ("Deployment", "etrain"),
+        ("Service", "etrain"),
+        ("RayCluster", "etrain"),
+    }
 
 
 def test_raycluster_file_is_the_builders_output(base):
@@ -73,14 +83,16 @@ def test_raycluster_head_takes_no_work_and_gpu_group_autoscales(base):
 
 def test_role_is_least_privilege(base):
     role = base[("Role", "etrain-control-plane")]
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
-             for r in role["rules"]}
-    assert rules == {(("ray.io",), ("rayjobs",)): {"create", "get", "list", "watch", "delete"},
-                     (("ray.io",), ("rayclusters",)): {"get", "list", "watch"}}
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("ray.io",), ("rayjobs",)): {"create", "get", "list", "watch", "delete"},
+        (("ray.io",), ("rayclusters",)): {"get", "list", "watch"},
+    }
     binding = base[("RoleBinding", "etrain-control-plane")]
     assert binding["roleRef"]["kind"] == "Role"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "etrain",
-                                    "namespace": "etrain"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "etrain", "namespace": "etrain"}
+    ]
 
 
 def test_control_plane_deployment_is_locked_down_and_probed(base):
@@ -109,8 +121,9 @@ def test_configmap_keys_are_real_settings(base):
 
 
 def test_postgres_overlay_switches_to_production(kustomize_build):
-    objects = {(o["kind"], o["metadata"]["name"]): o
-               for o in kustomize_build(DEPLOY / "overlays/postgres")}
+    objects = {
+        (o["kind"], o["metadata"]["name"]): o for o in kustomize_build(DEPLOY / "overlays/postgres")
+    }
     assert objects[("ConfigMap", "etrain-config")]["data"]["ETRAIN_ENV"] == "production"
     assert objects[("ConfigMap", "etrain-config")]["data"]["ETRAIN_BACKEND"] == "kuberay"
     assert ("StatefulSet", "etrain-postgres") in objects
@@ -134,11 +147,14 @@ def test_control_plane_authenticates_with_the_rayclusters_token(base):
 def test_chart_and_deploy_agree_on_the_control_plane(kustomize_build):
     chart = _by_kind(render({})[0])
     deploy = _by_kind(kustomize_build(DEPLOY))
-    assert chart[("Role", "etrain-control-plane")]["rules"] == \
-        deploy[("Role", "etrain-control-plane")]["rules"]
+    assert (
+        chart[("Role", "etrain-control-plane")]["rules"]
+        == deploy[("Role", "etrain-control-plane")]["rules"]
+    )
     (a,) = chart[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
     (b,) = deploy[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
     for key in ("securityContext", "livenessProbe", "readinessProbe", "startupProbe", "ports"):
         assert a[key] == b[key], key
-    assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == \
-        [e for e in b["env"] if e["name"].startswith("RAY_AUTH")]
+    assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == [
+        e for e in b["env"] if e["name"].startswith("RAY_AUTH")
+    ]

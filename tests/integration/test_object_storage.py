@@ -3,6 +3,7 @@ DCP shards streamed to the store, and pyarrow's view of it (what Ray Train uses)
 
 from __future__ import annotations
 
+import re
 import tempfile
 
 import pytest
@@ -14,9 +15,12 @@ from workers.checkpoint.storage import StorageError, resolve_storage
 
 
 def _moto(s3_server, uri: str | None = None, **env) -> object:
-    return resolve_storage(uri or f"s3://{s3_server['bucket']}/probe-tests",
-                           endpoint_url=s3_server["endpoint_url"], region=s3_server["region"],
-                           env={**s3_server["env"], **env})
+    return resolve_storage(
+        uri or f"s3://{s3_server['bucket']}/probe-tests",
+        endpoint_url=s3_server["endpoint_url"],
+        region=s3_server["region"],
+        env={**s3_server["env"], **env},
+    )
 
 
 def test_check_storage_passes_on_a_writable_bucket_and_cleans_up(object_store):
@@ -24,7 +28,8 @@ def test_check_storage_passes_on_a_writable_bucket_and_cleans_up(object_store):
     check_storage(loc)
     loc.fs.invalidate_cache()
     assert not loc.fs.exists(loc.root) or not [
-        p for p in loc.fs.ls(loc.root, detail=False) if ".etrain-probe-" in p]
+        p for p in loc.fs.ls(loc.root, detail=False) if ".etrain-probe-" in p
+    ]
 
 
 def test_check_storage_refuses_a_missing_bucket(object_store):
@@ -39,10 +44,13 @@ def test_check_storage_refuses_a_missing_bucket(object_store):
     no_secrets(msg, *object_store.env.values())
 
 
-@pytest.mark.parametrize(("env", "code"), [
-    ({"AWS_ACCESS_KEY_ID": KEY}, "InvalidAccessKeyId"),
-    ({"AWS_SECRET_ACCESS_KEY": SECRET}, "SignatureDoesNotMatch"),
-])
+@pytest.mark.parametrize(
+    ("env", "code"),
+    [
+        ({"AWS_ACCESS_KEY_ID": KEY}, "InvalidAccessKeyId"),
+        ({"AWS_SECRET_ACCESS_KEY": SECRET}, "SignatureDoesNotMatch"),
+    ],
+)
 def test_check_storage_refuses_wrong_credentials_without_printing_them(s3_server, env, code):
     loc = _moto(s3_server, **env)
     with pytest.raises(StorageError) as info:
@@ -56,13 +64,16 @@ def test_check_storage_refuses_wrong_credentials_without_printing_them(s3_server
 
 def test_check_storage_refuses_an_unreachable_endpoint():
     loc = resolve_storage("s3://some-bucket/p", endpoint_url="http://127.0.0.1:1", env=AWS)
-    with pytest.raises(StorageError, match="cannot reach the store at http://127.0.0.1:1") as info:
+    with pytest.raises(
+        StorageError, match=re.escape("cannot reach the store at http://127.0.0.1:1")
+    ) as info:
         check_storage(loc, timeout_s=2)
     no_secrets(str(info.value))
 
 
-def test_dcp_save_and_load_streams_to_the_store_without_a_local_copy(object_store, tmp_path,
-                                                                      monkeypatch):
+def test_dcp_save_and_load_streams_to_the_store_without_a_local_copy(
+    object_store, tmp_path, monkeypatch
+):
     import pyarrow.fs as pafs
 
     # Any temporary file DCP or fsspec made would land here.
@@ -109,9 +120,9 @@ def test_ray_storage_writes_and_reads_through_pyarrow(object_store):
     loc.fs.pipe_file(loc.join("run", "from-fsspec"), b"x")
     listed = fs.get_file_info(pafs.FileSelector(f"{root}/run", recursive=True))
     assert {i.base_name for i in listed if i.type == pafs.FileType.File} == {
-        "report.json", "from-fsspec"}
+        "report.json",
+        "from-fsspec",
+    }
     fs.delete_dir(f"{root}/run")
     loc.fs.invalidate_cache()
     assert not loc.fs.exists(loc.join("run", "report.json"))
-
-

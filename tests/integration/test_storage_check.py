@@ -15,7 +15,10 @@ from workers.checkpoint.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_log
 from workers.spec import CheckpointSpec, parse_spec
 
 SECRET_NAME = "moto-store"
-SECRET_VARS = ("ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID", "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY")
+SECRET_VARS = (
+    "ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID",
+    "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY",
+)
 
 
 def _checkpoint(s3_server, *, bucket: str | None = None, secret: str | None = None) -> dict:
@@ -49,7 +52,7 @@ def store_env(object_store, monkeypatch):
 @pytest.fixture
 def named_env(s3_server, monkeypatch):
     """The service's environment holds the moto user's keys as secret ``moto-store``."""
-    for var, name in zip(SECRET_VARS, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
+    for var, name in zip(SECRET_VARS, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), strict=True):
         monkeypatch.setenv(var, s3_server["env"][name])
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -81,10 +84,13 @@ def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_serv
 
 # --- through the API ----------------------------------------------------------------------------
 
+
 def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_env, caplog):
     caplog.set_level(logging.INFO)  # the service's level (ETRAIN_LOG_LEVEL)
-    body = {"name": "store-job",
-            "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}
+    body = {
+        "name": "store-job",
+        "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket"),
+    }
     r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     (err,) = r.json()["detail"]
@@ -97,19 +103,25 @@ def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_e
 
 
 def test_plan_with_a_missing_bucket_is_refused(client, store_env):
-    body = {"spec": {"name": "store-job",
-                     "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket")}}
+    body = {
+        "spec": {
+            "name": "store-job",
+            "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket"),
+        }
+    }
     r = client.post("/v1/plan", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     assert "does not exist" in r.json()["detail"][0]["msg"]
 
 
-def test_submit_with_wrong_credentials_is_refused_without_echoing_them(client, s3_server,
-                                                                       monkeypatch):
+def test_submit_with_wrong_credentials_is_refused_without_echoing_them(
+    client, s3_server, monkeypatch
+):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value-000000000000000000000")
-    r = client.post("/v1/jobs", json={"name": "s3-job", "checkpoint": _checkpoint(s3_server)},
-                    headers=ADMIN_H)
+    r = client.post(
+        "/v1/jobs", json={"name": "s3-job", "checkpoint": _checkpoint(s3_server)}, headers=ADMIN_H
+    )
     assert r.status_code == 422, r.text
     assert "rejected the credentials" in r.text and "InvalidAccessKeyId" in r.text
     assert "AKIAWRONG" not in r.text and "wrong-secret-value" not in r.text
@@ -122,12 +134,18 @@ def test_an_accepted_job_stores_the_secret_name_and_no_key_material(client, s3_s
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["spec"]["checkpoint"]["s3"] == {
-        "endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"],
-        "credentials_secret": SECRET_NAME}
+        "endpoint_url": s3_server["endpoint_url"],
+        "region": s3_server["region"],
+        "credentials_secret": SECRET_NAME,
+    }
     stored = client.app.state.runtime.stores.jobs.get_job(job["id"])
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=ADMIN_H).text
-    everything = stored.spec.model_dump_json() + r.text + events + client.get(
-        f"/v1/jobs/{job['id']}", headers=ADMIN_H).text
+    everything = (
+        stored.spec.model_dump_json()
+        + r.text
+        + events
+        + client.get(f"/v1/jobs/{job['id']}", headers=ADMIN_H).text
+    )
     assert not any(v in everything for v in _values(s3_server))
     # The stored spec re-validates on the worker to the same section.
     stored_json = stored.spec.model_dump(mode="json", by_alias=True)

@@ -26,8 +26,13 @@ STEPS = 5
 BASE = {
     "model": {"preset": "gpt-small"},
     "data": {"seq_len": 32, "num_samples": 256},
-    "train": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3,
-              "warmup_steps": 1},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 8,
+        "micro_batch_size": 2,
+        "lr": 3e-3,
+        "warmup_steps": 1,
+    },
     "checkpoint": {"every_steps": 3},
 }
 PP = {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}}
@@ -42,12 +47,13 @@ MATRIX = {
     "tp2": (2, {"strategy": "tp", "tp": 2}),
     "pp2-gpipe": (2, {**PP, "pipeline": {"schedule": "gpipe", "microbatches": 2}}),
     "pp2-1f1b": (2, {**PP, "pipeline": {"schedule": "1f1b", "microbatches": 2}}),
-    "pp2-interleaved": (2, {**PP, "pipeline": {"schedule": "interleaved_1f1b",
-                                               "microbatches": 2}}),
+    "pp2-interleaved": (2, {**PP, "pipeline": {"schedule": "interleaved_1f1b", "microbatches": 2}}),
     "hybrid-dp2-tp2": (4, {"strategy": "hybrid", "tp": 2}),
     "hybrid-pp2-dp2": (4, {"strategy": "hybrid", "pp": 2, "pipeline": {"microbatches": 2}}),
-    "hybrid-pp2-tp2": (4, {"strategy": "hybrid", "pp": 2, "tp": 2,
-                           "pipeline": {"microbatches": 2}}),
+    "hybrid-pp2-tp2": (
+        4,
+        {"strategy": "hybrid", "pp": 2, "tp": 2, "pipeline": {"microbatches": 2}},
+    ),
 }
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}
 
@@ -66,16 +72,21 @@ def reference_losses(optimizer: str, steps: int = STEPS, **train) -> dict[int, f
     """One plain process, whole model, whole global batch."""
     spec = make_spec("reference", 1, {"strategy": "ddp"}, optimizer, steps=steps, **train)
     spec["resources"]["workers"] = 1
-    res = run(JobSpec.model_validate(spec),
-              RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None))
+    res = run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    )
     return res.losses
 
 
 @pytest.fixture(scope="module")
 def references() -> dict[tuple[str, int], dict[int, float]]:
     """Reference loss curves per (optimizer, steps): the lr schedule depends on train.steps."""
-    refs = {(opt, steps): reference_losses(opt, steps=steps)
-            for opt in OPTIMIZERS for steps in (STEPS, 6)}
+    refs = {
+        (opt, steps): reference_losses(opt, steps=steps)
+        for opt in OPTIMIZERS
+        for steps in (STEPS, 6)
+    }
     refs[("sgd-clipped", STEPS)] = reference_losses("sgd", grad_clip=CLIP)
     return refs
 
@@ -91,9 +102,10 @@ RESUMES = {
     "fsdp4-to-hybrid-dp2-tp2": ((4, {"strategy": "fsdp"}), (4, {"strategy": "hybrid", "tp": 2})),
     "pp2-to-ddp2": ((2, {**PP}), (2, {"strategy": "ddp"})),
     "tp2-to-fsdp2": ((2, {"strategy": "tp", "tp": 2}), (2, {"strategy": "fsdp"})),
-    "hybrid-pp2-tp2-to-fsdp4": ((4, {"strategy": "hybrid", "pp": 2, "tp": 2,
-                                     "pipeline": {"microbatches": 2}}),
-                                (4, {"strategy": "fsdp"})),
+    "hybrid-pp2-tp2-to-fsdp4": (
+        (4, {"strategy": "hybrid", "pp": 2, "tp": 2, "pipeline": {"microbatches": 2}}),
+        (4, {"strategy": "fsdp"}),
+    ),
     "pp2-grows-to-pp2-dp2": ((2, PP), (4, PP)),
     "tp2-dp2-shrinks-to-tp2": ((4, {"strategy": "tp", "tp": 2}), (2, {"strategy": "tp", "tp": 2})),
 }
@@ -111,14 +123,17 @@ def matrix_results(tmp_path_factory) -> dict:
             by_world[workers].append(LocalJob(f"{name}-{opt}", make_spec(name, workers, par, opt)))
     for name in CLIPPED:
         workers, par = MATRIX[name]
-        by_world[workers].append(LocalJob(f"{name}-sgd-clipped", make_spec(
-            name, workers, par, "sgd", grad_clip=CLIP)))
+        by_world[workers].append(
+            LocalJob(f"{name}-sgd-clipped", make_spec(name, workers, par, "sgd", grad_clip=CLIP))
+        )
     for name, ((w1, par1), (w2, par2)) in RESUMES.items():
         ckpt = str(root / name)
-        by_world[w1].append(LocalJob(f"{name}-save", make_spec(name, w1, par1, "adamw",
-                                                               steps=6), ckpt, stop_at=3))
-        resumes[w2].append(LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw",
-                                                                steps=6), ckpt))
+        by_world[w1].append(
+            LocalJob(f"{name}-save", make_spec(name, w1, par1, "adamw", steps=6), ckpt, stop_at=3)
+        )
+        resumes[w2].append(
+            LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw", steps=6), ckpt)
+        )
     results = {}
     for groups in (by_world, resumes):
         for world, jobs in groups.items():
@@ -175,14 +190,23 @@ def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
     work, layout = workload_of(spec), layout_of(spec, workers)
     predicted = state_bytes_by_rank(work, layout)
     assert len(res.memory) == workers == len(predicted)
-    for rank, (want, got) in enumerate(zip(predicted, res.memory)):
+    for rank, (want, got) in enumerate(zip(predicted, res.memory, strict=True)):
         pp_rank = rank // (layout.dp * layout.tp)
-        act = (activation_bytes(work, layout, pp_rank=pp_rank)
-               + buffer_bytes(work, layout, pp_rank=pp_rank)["rope_table"])
-        print(f"PLANCHECK {row} {optimizer} rank {rank}: params {got['params_bytes']} / "
-              f"{want.params}, grads {got['grads_bytes']} / {want.grads}, optimizer "
-              f"{got['optimizer_bytes']} / {want.optimizer}, activations "
-              f"{got['activations_bytes']} / {act} (measured / predicted)")
-        for key, value in (("params_bytes", want.params), ("grads_bytes", want.grads),
-                           ("optimizer_bytes", want.optimizer)):
-            assert got[key] == pytest.approx(value, rel=0.02), f"{row} {optimizer} rank {rank} {key}"
+        act = (
+            activation_bytes(work, layout, pp_rank=pp_rank)
+            + buffer_bytes(work, layout, pp_rank=pp_rank)["rope_table"]
+        )
+        print(
+            f"PLANCHECK {row} {optimizer} rank {rank}: params {got['params_bytes']} / "
+            f"{want.params}, grads {got['grads_bytes']} / {want.grads}, optimizer "
+            f"{got['optimizer_bytes']} / {want.optimizer}, activations "
+            f"{got['activations_bytes']} / {act} (measured / predicted)"
+        )
+        for key, value in (
+            ("params_bytes", want.params),
+            ("grads_bytes", want.grads),
+            ("optimizer_bytes", want.optimizer),
+        ):
+            assert got[key] == pytest.approx(value, rel=0.02), (
+                f"{row} {optimizer} rank {rank} {key}"
+            )

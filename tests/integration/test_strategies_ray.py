@@ -15,28 +15,50 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(tmp_path, parallelism: dict, workers: int) -> dict:
-    return JobSpec.model_validate({
-        "name": "it-hybrid", "model": {"preset": "gpt-small"},
-        "data": {"seq_len": 32, "num_samples": 256},
-        "parallelism": parallelism,
-        "resources": {"workers": workers, "cpus_per_worker": 2 / workers},
-        "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3,
-                  "optimizer": "sgd", "momentum": 0.9},
-        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 5},
-    }).model_dump(mode="json", by_alias=True)
+    return JobSpec.model_validate(
+        {
+            "name": "it-hybrid",
+            "model": {"preset": "gpt-small"},
+            "data": {"seq_len": 32, "num_samples": 256},
+            "parallelism": parallelism,
+            "resources": {"workers": workers, "cpus_per_worker": 2 / workers},
+            "train": {
+                "steps": 5,
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "lr": 3e-3,
+                "optimizer": "sgd",
+                "momentum": 0.9,
+            },
+            "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 5},
+        }
+    ).model_dump(mode="json", by_alias=True)
 
 
 def test_hybrid_pp2_tp2_on_ray_matches_single_process(run_job, telemetry_sink, tmp_path):
     """4 Ray workers on the 2-CPU head: placement check, pipeline + TP, memory report."""
-    spec = _spec(tmp_path, {"strategy": "hybrid", "pp": 2, "tp": 2,
-                            "pipeline": {"schedule": "1f1b", "microbatches": 2}}, 4)
+    spec = _spec(
+        tmp_path,
+        {
+            "strategy": "hybrid",
+            "pp": 2,
+            "tp": 2,
+            "pipeline": {"schedule": "1f1b", "microbatches": 2},
+        },
+        4,
+    )
     job_id = f"j-hybrid-{uuid.uuid4().hex[:6]}"
     assert run_job(job_id=job_id, spec=spec) == RunState.SUCCEEDED
 
-    ref_spec = {**spec, "parallelism": {"strategy": "ddp"},
-                "resources": {"workers": 1, "cpus_per_worker": 1}}
-    want = run(JobSpec.model_validate(ref_spec), RunEnv(
-        rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)).losses
+    ref_spec = {
+        **spec,
+        "parallelism": {"strategy": "ddp"},
+        "resources": {"workers": 1, "cpus_per_worker": 1},
+    }
+    want = run(
+        JobSpec.model_validate(ref_spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    ).losses
     got = telemetry_sink.losses(job_id)
     assert sorted(got) == [1, 2, 3, 4, 5]
     for step in got:

@@ -7,7 +7,6 @@ outlives the job.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -16,8 +15,9 @@ import uuid
 import psutil
 import pytest
 
+from service.backends.base import RunState
 from tests.support.faults import fault_env
-from service.backends.base import LaunchRequest, RunState
+from tests.support.ray_cluster import submit_job
 from workers.elastic.warm_spares import READY, SPARES_ROOT, WARMING, spares_in
 
 pytestmark = pytest.mark.slow
@@ -26,55 +26,84 @@ pytestmark = pytest.mark.slow
 def _wait(pred, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (value := pred()):
+        if value := pred():
             return value
         time.sleep(0.3)
     raise TimeoutError(f"{what} not seen in {timeout:.0f}s")
 
 
 def _train_worker_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
-        ray_backend, telemetry_sink, tmp_path):
+    ray_backend, telemetry_sink, tmp_path
+):
     throttle = tmp_path / "throttle"
     throttle.touch()
     job_id = f"j-spares-{uuid.uuid4().hex[:6]}"
-    spec = {"name": "spares", "model": {"preset": "gpt-tiny"},
-            "data": {"source": "synthetic", "seq_len": 16, "num_samples": 4096},
-            "resources": {"workers": 2},
-            "train": {"steps": 40, "global_batch_size": 8, "micro_batch_size": 2},
-            "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 5}}
-    ray_backend.submit(LaunchRequest(
-        job_id=job_id, submission_id=f"it-{job_id}", spec_json=json.dumps(spec),
-        env={"ETRAIN_REPORT_URL": telemetry_sink.url, "ETRAIN_REPORT_TOKEN": "t",
-             **fault_env(THROTTLE_FILE=throttle, THROTTLE_S=0.3)}))
+    spec = {
+        "name": "spares",
+        "model": {"preset": "gpt-tiny"},
+        "data": {"source": "synthetic", "seq_len": 16, "num_samples": 4096},
+        "resources": {"workers": 2},
+        "train": {"steps": 40, "global_batch_size": 8, "micro_batch_size": 2},
+        "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 5},
+    }
+    submit_job(
+        ray_backend,
+        job_id=job_id,
+        spec=spec,
+        report_url=telemetry_sink.url,
+        env=fault_env(THROTTLE_FILE=throttle, THROTTLE_S=0.3),
+    )
     try:
         # After its first step, the group's node asks for as many spares as it runs
         # workers (the workers' own processes stopped counting when they started).
         _wait(lambda: len(telemetry_sink.losses(job_id)) >= 2, 180, "2 steps")
-        spares = set(_wait(lambda: (s := spares_in(SPARES_ROOT)) and len(s) >= 2 and s, 180,
-                           "2 ready spares"))
+        spares = set(
+            _wait(
+                lambda: (s := spares_in(SPARES_ROOT)) and len(s) >= 2 and s, 180, "2 ready spares"
+            )
+        )
         workers = _wait(_train_worker_pids, 30, "the training workers")
         assert not spares & set(workers)
         t_kill = time.time()
         os.kill(workers[0], signal.SIGKILL)
-        restored = _wait(lambda: [e for e in telemetry_sink.items("events", job_id)
-                                  if e["kind"] == "restored" and e["ts"] > t_kill], 180,
-                         "a restore")
+        restored = _wait(
+            lambda: [
+                e
+                for e in telemetry_sink.items("events", job_id)
+                if e["kind"] == "restored" and e["ts"] > t_kill
+            ],
+            180,
+            "a restore",
+        )
         assert restored
         # The restarted group runs in the spares: processes that were running before
         # the failure, with the training stack imported.
         assert set(_wait(_train_worker_pids, 30, "the new workers")) <= spares
         throttle.unlink()
-        state = _wait(lambda: (s := ray_backend.status(f"it-{job_id}").state)
-                      not in (RunState.PENDING, RunState.RUNNING) and s, 300, "the job's end")
+        state = _wait(
+            lambda: (
+                (s := ray_backend.status(f"it-{job_id}").state)
+                not in (RunState.PENDING, RunState.RUNNING)
+                and s
+            ),
+            300,
+            "the job's end",
+        )
         assert state == RunState.SUCCEEDED
     finally:
         throttle.unlink(missing_ok=True)
         ray_backend.stop(f"it-{job_id}")
     # The raylet ends a finished job's idle workers, spares included.
-    _wait(lambda: not spares_in(SPARES_ROOT, states=(WARMING, READY)) or None, 60,
-          "every spare gone after the job")
+    _wait(
+        lambda: not spares_in(SPARES_ROOT, states=(WARMING, READY)) or None,
+        60,
+        "every spare gone after the job",
+    )

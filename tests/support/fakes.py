@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.settings import Settings
@@ -14,8 +14,12 @@ ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 def dev_settings(tmp_path) -> Settings:
     """Development settings with ``ADMIN`` and a SQLite database under ``tmp_path``."""
-    return Settings(env="development", data_dir=tmp_path, admin_token=ADMIN,
-                    database_url=f"sqlite:///{tmp_path / 'etrain.db'}")
+    return Settings(
+        env="development",
+        data_dir=tmp_path,
+        admin_token=ADMIN,
+        database_url=f"sqlite:///{tmp_path / 'etrain.db'}",
+    )
 
 
 class FakeBackend(Backend):
@@ -33,7 +37,10 @@ class FakeBackend(Backend):
         total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         self.info = ClusterInfo(
             nodes=[{"node_id": "n-1", "ip": "10.0.0.1", "is_head": True, "resources": total}],
-            total=total, available=dict(total), dashboard_url="http://ray.test:8265")
+            total=total,
+            available=dict(total),
+            dashboard_url="http://ray.test:8265",
+        )
 
     def submit(self, req: LaunchRequest) -> str:
         if self.submit_error is not None:

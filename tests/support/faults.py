@@ -66,8 +66,9 @@ class FaultHooks(RunHooks):
 
         def faulty_write_data(plan, planner):
             if fail:
-                raise OSError(28, "No space left on device (injected by "
-                                  "ETRAIN_FAULT_FAIL_SAVE_STEP)")
+                raise OSError(
+                    28, "No space left on device (injected by ETRAIN_FAULT_FAIL_SAVE_STEP)"
+                )
             time.sleep(self.slow_save_s)
             return write_data(plan, planner)
 
@@ -90,11 +91,15 @@ def from_env() -> FaultHooks:
         slow_save_s=float(os.environ.get("ETRAIN_FAULT_SLOW_SAVE_S", "30")),
         fail_save_step=_int("ETRAIN_FAULT_FAIL_SAVE_STEP"),
         throttle_file=os.environ.get("ETRAIN_FAULT_THROTTLE_FILE"),
-        throttle_s=float(os.environ.get("ETRAIN_FAULT_THROTTLE_S", "0.2")))
+        throttle_s=float(os.environ.get("ETRAIN_FAULT_THROTTLE_S", "0.2")),
+    )
 
 
 def fault_env(**faults: str) -> dict[str, str]:
     """A Ray job's environment that installs these faults: ``fault_env(KILL_STEP="6")`` sets
     ``ETRAIN_FAULT_KILL_STEP=6``, the hooks target, and a PYTHONPATH that finds this module."""
-    return {RUN_HOOKS_ENV: HOOKS_TARGET, "PYTHONPATH": str(REPO_ROOT),
-            **{f"ETRAIN_FAULT_{k}": str(v) for k, v in faults.items()}}
+    return {
+        RUN_HOOKS_ENV: HOOKS_TARGET,
+        "PYTHONPATH": str(REPO_ROOT),
+        **{f"ETRAIN_FAULT_{k}": str(v) for k, v in faults.items()},
+    }

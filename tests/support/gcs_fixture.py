@@ -21,7 +21,6 @@ Two things real GCS has and the emulator lacks, and what is done about them:
 from __future__ import annotations
 
 import logging
-import os
 from http import HTTPStatus
 
 import pytest
@@ -34,8 +33,9 @@ def _move(request, response, storage) -> None:
     from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
 
-    bucket, source, dest = (request.params[k]
-                            for k in ("bucket_name", "object_id", "dest_object_id"))
+    bucket, source, dest = (
+        request.params[k] for k in ("bucket_name", "object_id", "dest_object_id")
+    )
     try:
         moved = objects._copy(request.base_url, storage, bucket, source, bucket, dest)
         storage.delete_file(bucket, source)
@@ -57,8 +57,10 @@ def gcs_server():
     logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
     api = rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)"
     routes = emulator.HANDLERS
-    emulator.HANDLERS = ((rf"{api}/moveTo/o/(?P<dest_object_id>.*[^/]+)$", {"POST": _move}),
-                         *routes)
+    emulator.HANDLERS = (
+        (rf"{api}/moveTo/o/(?P<dest_object_id>.*[^/]+)$", {"POST": _move}),
+        *routes,
+    )
     server = emulator.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
     server.start()
     try:

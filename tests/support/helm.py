@@ -15,8 +15,13 @@ def render(values: dict, *, release: str = "etrain") -> tuple[list[dict], str]:
     """The chart's objects and NOTES.txt, as `helm template` would print them."""
     with helm.Chart.load(CHART) as chart:
         out = chart.render(values, name=release, namespace=NS)
-    objects = [doc for name, text in sorted(out.items()) if name.endswith(".yaml")
-               for doc in yaml.safe_load_all(text) if doc]
+    objects = [
+        doc
+        for name, text in sorted(out.items())
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
     return objects, out.get("etrain/templates/NOTES.txt", "")
 
 

@@ -8,6 +8,10 @@ RAY_AUTH_TOKEN_KEY = "auth_token"
 
 def ray_auth_env(secret_name: str) -> list[dict]:
     """Container env that makes Ray clients (job API, logs) authenticate with the cluster token."""
-    return [{"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": secret_name, "key": RAY_AUTH_TOKEN_KEY}}}]
+    return [
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {
+            "name": "RAY_AUTH_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": secret_name, "key": RAY_AUTH_TOKEN_KEY}},
+        },
+    ]

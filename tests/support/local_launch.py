@@ -52,19 +52,31 @@ def _free_port() -> int:
 
 def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
+    )
     from workers.spec import JobSpec
     from workers.train_loop import RunEnv, run
 
     for job in jobs:
         record: dict = {}
         try:
-            res = run(JobSpec.model_validate(job.spec),
-                      RunEnv(rank=rank, world_size=world_size, device=torch.device("cpu"),
-                             checkpoint_root=job.checkpoint_root, stop_at=job.stop_at))
-            record = {"losses": res.losses, "step_times": res.step_times,
-                      "memory": res.memory, "resumed_from": res.resumed_from}
+            res = run(
+                JobSpec.model_validate(job.spec),
+                RunEnv(
+                    rank=rank,
+                    world_size=world_size,
+                    device=torch.device("cpu"),
+                    checkpoint_root=job.checkpoint_root,
+                    stop_at=job.stop_at,
+                ),
+            )
+            record = {
+                "losses": res.losses,
+                "step_times": res.step_times,
+                "memory": res.memory,
+                "resumed_from": res.resumed_from,
+            }
         except Exception:  # noqa: BLE001 - recorded for the caller, the next job runs
             record = {"error": f"rank {rank}: {traceback.format_exc()}"}
         if rank == 0 or "error" in record:
@@ -76,19 +88,29 @@ def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: st
 def run_local(jobs: list[LocalJob], *, world_size: int) -> dict[str, LocalResult]:
     """Run ``jobs`` in order on ``world_size`` spawned processes; results by job name."""
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_worker, args=(world_size, _free_port(), jobs, out),
-                           nprocs=world_size, join=True, start_method="spawn")
+        mp.start_processes(
+            _worker,
+            args=(world_size, _free_port(), jobs, out),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
         return {job.name: _collect(Path(out), job.name, world_size) for job in jobs}
 
 
 def _collect(out: Path, name: str, world_size: int) -> LocalResult:
-    errors = [json.loads((out / f"{name}.rank{r}.json").read_text())["error"]
-              for r in range(world_size)
-              if (out / f"{name}.rank{r}.json").exists()
-              and "error" in json.loads((out / f"{name}.rank{r}.json").read_text())]
+    errors = [
+        json.loads((out / f"{name}.rank{r}.json").read_text())["error"]
+        for r in range(world_size)
+        if (out / f"{name}.rank{r}.json").exists()
+        and "error" in json.loads((out / f"{name}.rank{r}.json").read_text())
+    ]
     if errors:
         return LocalResult(error="\n".join(errors))
     data = json.loads((out / f"{name}.rank0.json").read_text())
-    return LocalResult(losses={int(k): v for k, v in data["losses"].items()},
-                       step_times=data["step_times"], memory=data["memory"],
-                       resumed_from=data["resumed_from"])
+    return LocalResult(
+        losses={int(k): v for k, v in data["losses"].items()},
+        step_times=data["step_times"],
+        memory=data["memory"],
+        resumed_from=data["resumed_from"],
+    )

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.spec import CheckpointSpec
 from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_storage
+from workers.spec import CheckpointSpec
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,6 @@ def object_store(request) -> ObjectStore:
     """Each object store in turn; only the server a test runs against is started."""
     if request.param == "s3":
         s3 = request.getfixturevalue("s3_server")
-        return ObjectStore("s3", s3["bucket"], s3["endpoint_url"], dict(s3["env"]),
-                           s3["region"])
+        return ObjectStore("s3", s3["bucket"], s3["endpoint_url"], dict(s3["env"]), s3["region"])
     gcs = request.getfixturevalue("gcs_server")
     return ObjectStore("gs", gcs["bucket"], gcs["endpoint_url"])

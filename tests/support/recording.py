@@ -10,7 +10,7 @@ class RecordingReporter(TelemetryReporter):
     """The real reporter's interface (``metric``, ``event``, ``checkpoint``, ``flush``,
     ``close``), with everything kept in lists: no thread, no network."""
 
-    def __init__(self, job_id: str = "j-test"):  # noqa: D107 - no sender thread on purpose
+    def __init__(self, job_id: str = "j-test"):
         self.job_id = job_id
         self.metrics: list[MetricPoint] = []
         self.events: list[TelemetryEvent] = []

@@ -15,8 +15,10 @@ import pytest
 
 BUCKET = "etrain-test"
 REGION = "us-east-1"
-_ALLOW_S3 = {"Version": "2012-10-17",
-             "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+_ALLOW_S3 = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+}
 
 
 @pytest.fixture(scope="session")
@@ -41,20 +43,30 @@ def s3_server():
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     try:
-        setup = {"endpoint_url": endpoint, "region_name": REGION,
-                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        setup = {
+            "endpoint_url": endpoint,
+            "region_name": REGION,
+            "aws_access_key_id": "setup",
+            "aws_secret_access_key": "setup",
+        }
         iam = boto3.client("iam", **setup)
         iam.create_user(UserName="etrain-tests")
-        iam.put_user_policy(UserName="etrain-tests", PolicyName="s3",
-                            PolicyDocument=json.dumps(_ALLOW_S3))
+        iam.put_user_policy(
+            UserName="etrain-tests", PolicyName="s3", PolicyDocument=json.dumps(_ALLOW_S3)
+        )
         key = iam.create_access_key(UserName="etrain-tests")["AccessKey"]
-        env = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"],
-               "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
-               "AWS_DEFAULT_REGION": REGION}
-        boto3.client("s3", endpoint_url=endpoint, region_name=REGION,
-                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(
-            Bucket=BUCKET)
+        env = {
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            "AWS_DEFAULT_REGION": REGION,
+        }
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=REGION,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        ).create_bucket(Bucket=BUCKET)
         # From here on every request must be signed by a known key (moto's IAM check).
         requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).raise_for_status()
         yield {"endpoint_url": endpoint, "bucket": BUCKET, "region": REGION, "env": env}

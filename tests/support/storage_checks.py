@@ -9,9 +9,11 @@ from workers.checkpoint.dcp_io import dcp_reader, dcp_writer
 
 KEY, SECRET, TOKEN = "AKIAEXAMPLEKEY000001", "s3cr3t/Value+With/Slashes0000", "sess-token-xyz"
 AWS = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
-NAMED = {"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY,
-         "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY": SECRET,
-         "ETRAIN_SECRET_MINIO_STORE_SESSION_TOKEN": TOKEN}
+NAMED = {
+    "ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY,
+    "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY": SECRET,
+    "ETRAIN_SECRET_MINIO_STORE_SESSION_TOKEN": TOKEN,
+}
 
 
 def no_secrets(text: str, *values: str) -> None:
@@ -22,8 +24,11 @@ def no_secrets(text: str, *values: str) -> None:
 
 def _state() -> dict:
     torch.manual_seed(0)
-    return {"w": torch.randn(64, 32), "b": torch.arange(10, dtype=torch.float32),
-            "step": torch.tensor(7)}
+    return {
+        "w": torch.randn(64, 32),
+        "b": torch.arange(10, dtype=torch.float32),
+        "step": torch.tensor(7),
+    }
 
 
 def round_trip(loc, path):

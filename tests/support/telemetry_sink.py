@@ -28,7 +28,7 @@ class TelemetrySink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 try:
                     TelemetryBatch.model_validate(body)
@@ -39,8 +39,9 @@ class TelemetrySink:
                     self.end_headers()
                     return
                 with sink._lock:
-                    sink.batches.append({"path": self.path,
-                                         "auth": self.headers.get("Authorization"), **body})
+                    sink.batches.append(
+                        {"path": self.path, "auth": self.headers.get("Authorization"), **body}
+                    )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
@@ -57,8 +58,12 @@ class TelemetrySink:
         """Every posted item of one kind (metrics, events, checkpoints) for ``job_id``."""
         with self._lock:
             batches = list(self.batches)
-        return [i for b in batches if b["path"] == f"/v1/jobs/{job_id}/telemetry"
-                for i in b.get(key, [])]
+        return [
+            i
+            for b in batches
+            if b["path"] == f"/v1/jobs/{job_id}/telemetry"
+            for i in b.get(key, [])
+        ]
 
     def losses(self, job_id: str) -> dict[int, float]:
         """Loss per step; a recomputed step keeps its latest value (as the store does)."""

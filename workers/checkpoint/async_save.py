@@ -18,9 +18,9 @@ and the next interval tries again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -57,8 +57,9 @@ class SaveOutcome:
 class AsyncSaver:
     """Asynchronous saves through ``manager``; every method is called by all ranks alike."""
 
-    def __init__(self, manager: CheckpointManager, *,
-                 wrap_writer: Callable[..., object] | None = None):
+    def __init__(
+        self, manager: CheckpointManager, *, wrap_writer: Callable[..., object] | None = None
+    ):
         """``wrap_writer(writer, step=N)`` may replace each save's DCP writer (RunHooks)."""
         self.manager, self.wrap_writer = manager, wrap_writer
         self.inflight: InFlight | None = None
@@ -66,8 +67,7 @@ class AsyncSaver:
         # thread must never interleave with the training thread's on one group.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
-    def start(self, *, step: int, app_state: Stateful, extra: dict,
-              waited_s: float = 0.0) -> None:
+    def start(self, *, step: int, app_state: Stateful, extra: dict, waited_s: float = 0.0) -> None:
         """Stage ``app_state`` (blocking) and write it in the background.
 
         If any rank cannot even create its attempt folder (the store is down), no
@@ -85,14 +85,23 @@ class AsyncSaver:
             writer = self.manager.writer(staging)
             if self.wrap_writer is not None:
                 writer = self.wrap_writer(writer, step=step)
-            future = dcp.async_save({"app": app_state}, storage_writer=writer,
-                                    process_group=self._group, no_dist=self._group is None)
+            future = dcp.async_save(
+                {"app": app_state},
+                storage_writer=writer,
+                process_group=self._group,
+                no_dist=self._group is None,
+            )
         else:
             future = Future()
             future.set_exception(OSError(error or "another rank could not start its save"))
-        self.inflight = InFlight(step=step, staging=staging, extra=extra,
-                                 future=future, started=t0 - waited_s,
-                                 blocking_s=time.perf_counter() - t0 + waited_s)
+        self.inflight = InFlight(
+            step=step,
+            staging=staging,
+            extra=extra,
+            future=future,
+            started=t0 - waited_s,
+            blocking_s=time.perf_counter() - t0 + waited_s,
+        )
 
     def written_here(self) -> bool:
         """Whether this rank's part of the save in flight is done (written or failed)."""
@@ -112,12 +121,22 @@ class AsyncSaver:
             error = describe_failure(e)
         waited = time.perf_counter() - t_wait
         total = time.perf_counter() - inflight.started
-        info = self.manager.commit(inflight.staging, step=inflight.step, extra=inflight.extra,
-                                   save_s=total, ok=error is None)
+        info = self.manager.commit(
+            inflight.staging,
+            step=inflight.step,
+            extra=inflight.extra,
+            save_s=total,
+            ok=error is None,
+        )
         if info is None and error is None:
             error = self.manager.commit_error or "another rank failed to write its shards"
-        return SaveOutcome(step=inflight.step, info=info,
-                           blocking_s=inflight.blocking_s + waited, total_s=total, error=error)
+        return SaveOutcome(
+            step=inflight.step,
+            info=info,
+            blocking_s=inflight.blocking_s + waited,
+            total_s=total,
+            error=error,
+        )
 
 
 def describe_failure(e: BaseException) -> str:

@@ -17,8 +17,9 @@ def _as_uri(loc: StorageLocation, path: str) -> str:
     """``path`` (from ``loc.join`` or ``loc.uri_of``) as a URI of ``loc``'s scheme."""
     if "://" in path:
         if not path.startswith(f"{loc.scheme}://"):
-            raise StorageError(f"{path.split('://', 1)[0]}:// path given for a "
-                               f"{loc.scheme}:// checkpoint.storage")
+            raise StorageError(
+                f"{path.split('://', 1)[0]}:// path given for a {loc.scheme}:// checkpoint.storage"
+            )
         return path
     return f"{loc.scheme}://{path.lstrip('/')}"
 
@@ -39,8 +40,9 @@ def dcp_writer(loc: StorageLocation, path: str, *, thread_count: int = 1):
 
     # An object is durable once its upload completed: there is no fsync to do
     # (DCP would fall back to os.sync() of the local disks).
-    return FsspecWriter(_as_uri(loc, path), sync_files=False, thread_count=thread_count,
-                        **loc.options)
+    return FsspecWriter(
+        _as_uri(loc, path), sync_files=False, thread_count=thread_count, **loc.options
+    )
 
 
 def dcp_reader(loc: StorageLocation, path: str):

@@ -9,7 +9,7 @@ reshards whatever layout saved them), and streams them into
 never the whole model. Next to it go ``config.json`` (Hugging Face Llama
 fields) and ``etrain_export.json`` (where it came from).
 
-The checkpoint is read where it lies, through :mod:`workers.checkpoint.storage`: a local
+The checkpoint is read where it lies (:mod:`workers.checkpoint.source`): a local
 folder, or ``s3://`` / ``gs://`` objects read with ranged requests (nothing is
 downloaded first). Only the output goes to the local file system.
 """
@@ -24,7 +24,6 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -32,22 +31,19 @@ from safetensors import safe_open
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from workers.checkpoint.dcp_io import dcp_reader
-from workers.checkpoint.manager import MANIFEST, CheckpointInfo, CheckpointManager
-from workers.checkpoint.probe import redact_credentials, store_error_code
-from workers.checkpoint.storage import (
-    StorageError,
-    StorageLocation,
-    resolve_checkpoint_storage,
-    resolve_storage,
-)
-from workers.models.config import get_model_config
-from workers.models.llama import build_model
-from workers.models.config import ModelConfig
+from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir, read_error
+from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
+from workers.models.llama import build_model
 
-if TYPE_CHECKING:
-    from workers.spec import CheckpointSpec
+__all__ = [
+    "ExportError",
+    "ExportResult",
+    "ExportSource",
+    "export_checkpoint",
+    "hf_config",
+    "open_checkpoint_dir",
+]
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -56,16 +52,15 @@ MODEL_PREFIX = "app.model."
 NAMINGS = ("etrain", "hf")
 DEFAULT_BATCH_BYTES = 512 * 1024**2
 _DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
 }
 _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 _HF_DTYPE = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-class ExportError(ValueError):
-    """A checkpoint cannot be exported as asked; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -91,131 +86,20 @@ class _Entry:
     stored_dtype: torch.dtype
 
 
-@dataclass(frozen=True)
-class ExportSource:
-    """A committed checkpoint and the store it is read from (see :func:`open_checkpoint_dir`)."""
-
-    loc: StorageLocation  # the checkpoints folder that holds it
-    info: CheckpointInfo  # step, path as ``loc.fs`` sees it, uri
-
-    @property
-    def uri(self) -> str:
-        """The checkpoint's full URI (``file://``, ``s3://``, ``gs://``)."""
-        return self.info.uri
-
-    def reader(self):
-        """A DCP StorageReader of the checkpoint (ranged reads on object stores)."""
-        return dcp_reader(self.loc, self.info.path)
-
-
-def open_checkpoint_dir(uri: str, *, checkpoint: CheckpointSpec | None = None,
-                        env: Mapping[str, str] | None = None) -> ExportSource:
-    """The committed checkpoint at ``uri``: ``file:///abs/step_N``, a local path, or
-    ``s3://`` / ``gs://`` ``bucket/prefix/step_N.<attempt>``.
-
-    ``checkpoint`` is the job's ``checkpoint`` section: its ``s3`` / ``gcs`` fields say
-    how to reach the store, and an object-store ``uri`` must lie under its
-    ``storage`` (this process's credentials are sent nowhere else). Credentials come
-    from ``env`` (default: this process's environment), as
-    :func:`workers.checkpoint.storage.resolve_storage` reads them. Reads the manifest
-    only (one request to an object store).
-    """
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        scheme, rest = "file", os.path.abspath(uri)
-    elif scheme == "file" and not rest.startswith("/"):
-        raise ExportError(f"checkpoint uri {uri!r} must be file:///absolute/path (no host)")
-    folder, _, name = rest.rstrip("/").rpartition("/")
-    if scheme == "file":
-        folder = folder or "/"
-    elif not folder or not name:
-        raise ExportError(f"checkpoint uri {uri!r} must name a step folder: "
-                          f"{scheme}://bucket/prefix/step_XXXXXXXX.<attempt>")
-    if checkpoint is not None and scheme != "file":
-        storage = (checkpoint.storage or "").rstrip("/")
-        if not uri.startswith(f"{storage}/"):
-            raise ExportError(f"checkpoint {uri} is not under the job's checkpoint.storage "
-                              f"({storage or 'unset'}); export refuses to read it with this "
-                              "shell's credentials")
-    try:
-        folder_uri = f"{scheme}://{folder}"
-        loc = (resolve_checkpoint_storage(checkpoint, uri=folder_uri, env=env)
-               if checkpoint is not None else resolve_storage(folder_uri, env=env))
-    except StorageError as e:
-        raise ExportError(f"checkpoint uri {uri!r}: {e}") from e
-    if loc.scheme == "file" and not loc.fs.isdir(loc.join(name)):
-        raise ExportError(f"checkpoint folder {loc.join(name)} does not exist on this machine: "
-                          "export reads the storage directly; run it where the storage is "
-                          "mounted")
-    return ExportSource(loc=loc, info=_committed_info(loc, name))
-
-
-def _committed_info(loc: StorageLocation, name: str) -> CheckpointInfo:
-    """Folder ``name`` of ``loc`` as the checkpoint layout lists it; ExportError unless committed."""
-    try:
-        # The layout's own rules: final step_N on disk, step_N.<attempt> on object
-        # stores, committed only once its manifest exists.
-        found = CheckpointManager(loc, keep_last=None, rank=0).committed(names=[name])
-    except Exception as e:  # noqa: BLE001 - every failure becomes one ExportError naming a fix
-        raise _read_error(loc, loc.uri_of(name), e) from e
-    if not found:
-        raise ExportError(
-            f"{loc.uri_of(name)} is not a committed checkpoint (no {MANIFEST}: its save never "
-            "finished, it is a .partial- staging folder, or retention deleted it); export a "
-            "committed step (etrain export JOB --step N lists the available ones)")
-    return found[0]
-
-
-# Errors of the store clients that mean: no credentials were found at all.
-_NO_CREDENTIALS = ("NoCredentialsError", "DefaultCredentialsError")
-
-
-def _refusal(e: BaseException) -> str | None:
-    """Why the store refused this process's credentials (an error code), or None when it
-    failed otherwise. s3fs raises PermissionError; gcsfs OSError("Forbidden: ...") for 403
-    and HttpError (``code`` 401) for a bad token."""
-    code = store_error_code(e)
-    if isinstance(e, PermissionError) or str(e).startswith("Forbidden:"):
-        return code or "access denied"
-    if getattr(e, "code", None) in (401, 403):
-        return f"HTTP {e.code}"  # type: ignore[attr-defined]
-    return None
-
-
-def _read_error(loc: StorageLocation, uri: str, e: BaseException) -> ExportError:
-    """An ExportError saying why ``uri`` could not be read and what to change; credentials
-    are named by their source, and any value of them in the text is redacted."""
-    if isinstance(e, CheckpointException) and e.failures:
-        e = next(iter(e.failures.values()))[0]  # DCP wraps the reader's error per rank
-    at = f" at {loc.endpoint_url}" if loc.endpoint_url else ""
-    fix = ("set credentials that may read (get, list) the job's checkpoint.storage in this "
-           "shell's environment (the variables the job's workers use) and export again")
-    refusal = _refusal(e)
-    if type(e).__name__ in _NO_CREDENTIALS:
-        text = f"cannot read {uri}: found no credentials in {loc.credentials_source}; {fix}"
-    elif refusal:
-        text = (f"cannot read {uri}: the store{at} refused the credentials from "
-                f"{loc.credentials_source} ({refusal}); {fix}")
-    else:
-        detail = str(e).splitlines()[0][:300] if str(e) else ""
-        text = (f"cannot read {uri}{at} ({type(e).__name__}: {detail}); check that the store "
-                "is reachable from here (checkpoint.s3.endpoint_url, the network) and export "
-                "again")
-    return ExportError(redact_credentials(text, loc))
-
-
 def _stored_model_tensors(src: ExportSource) -> dict[str, TensorStorageMetadata]:
     """Model tensors the checkpoint holds, by etrain FQN (read from DCP's .metadata)."""
     try:
         metadata = src.reader().read_metadata()
-    except Exception as e:  # noqa: BLE001 - every failure becomes one ExportError naming a fix
-        raise _read_error(src.loc, src.uri, e) from e
-    return {key[len(MODEL_PREFIX):]: md for key, md in metadata.state_dict_metadata.items()
-            if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)}
+    except Exception as e:
+        raise read_error(src.loc, src.uri, e) from e
+    return {
+        key[len(MODEL_PREFIX) :]: md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)
+    }
 
 
-def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str,
-                  naming: str) -> list[_Entry]:
+def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str, naming: str) -> list[_Entry]:
     """One entry per model parameter, in model order; checks the checkpoint matches ``preset``."""
     expected = build_model(cfg, seed=0, device="meta").state_dict()
     stored = _stored_model_tensors(src)
@@ -223,22 +107,34 @@ def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str,
     extra = [k for k in stored if k not in expected]
     wrong = [k for k, t in expected.items() if k in stored and tuple(stored[k].size) != t.shape]
     if missing or extra or wrong:
-        detail = "; ".join(f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-                           for label, keys in (("missing", missing), ("unexpected", extra),
-                                               ("other shape", wrong)) if keys)
-        raise ExportError(f"checkpoint {src.uri} does not hold a {preset!r} model ({detail}); "
-                          "set preset to the job's model.preset")
-    return [_Entry(fqn=k, name=to_hf_name(k) if naming == "hf" else k,
-                   shape=tuple(t.shape), stored_dtype=stored[k].properties.dtype)
-            for k, t in expected.items()]
+        detail = "; ".join(
+            f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+            for label, keys in (("missing", missing), ("unexpected", extra), ("other shape", wrong))
+            if keys
+        )
+        raise ExportError(
+            f"checkpoint {src.uri} does not hold a {preset!r} model ({detail}); "
+            "set preset to the job's model.preset"
+        )
+    return [
+        _Entry(
+            fqn=k,
+            name=to_hf_name(k) if naming == "hf" else k,
+            shape=tuple(t.shape),
+            stored_dtype=stored[k].properties.dtype,
+        )
+        for k, t in expected.items()
+    ]
 
 
 def _resolve_dtype(dtype: str | None, entries: list[_Entry]) -> torch.dtype:
     if dtype is None:
         return entries[0].stored_dtype
     if dtype not in _DTYPES:
-        raise ExportError(f"dtype {dtype!r} is not supported; set dtype to one of: "
-                          f"{', '.join(_DTYPES)} (or leave it unset to keep the checkpoint's)")
+        raise ExportError(
+            f"dtype {dtype!r} is not supported; set dtype to one of: "
+            f"{', '.join(_DTYPES)} (or leave it unset to keep the checkpoint's)"
+        )
     return _DTYPES[dtype]
 
 
@@ -265,8 +161,8 @@ def _load_model_tensors(src: ExportSource, reader, batch: list[_Entry]) -> dict[
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
             dcp.load(state, storage_reader=reader, no_dist=True)
-        except (Exception, CheckpointException) as e:  # noqa: BLE001 - one ExportError
-            raise _read_error(src.loc, src.uri, e) from e
+        except (Exception, CheckpointException) as e:
+            raise read_error(src.loc, src.uri, e) from e
     return state["app"]["model"]
 
 
@@ -276,18 +172,35 @@ def _safetensors_header(entries: list[_Entry], dtype: torch.dtype, metadata: dic
     offset = 0
     for e in entries:
         n = math.prod(e.shape) * dtype.itemsize
-        header[e.name] = {"dtype": _SAFETENSORS_DTYPE[dtype], "shape": list(e.shape),
-                          "data_offsets": [offset, offset + n]}
+        header[e.name] = {
+            "dtype": _SAFETENSORS_DTYPE[dtype],
+            "shape": list(e.shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # tensor data starts 8-byte aligned
     return struct.pack("<Q", len(blob)) + blob
 
 
-def _write_model_file(src: ExportSource, path: Path, entries: list[_Entry], *,
-                      dtype: torch.dtype, cfg: ModelConfig, naming: str, metadata: dict,
-                      batch_bytes: int) -> None:
+def _write_model_file(
+    src: ExportSource,
+    path: Path,
+    entries: list[_Entry],
+    *,
+    dtype: torch.dtype,
+    cfg: ModelConfig,
+    preset: str,
+    naming: str,
+    batch_bytes: int,
+) -> None:
     """Stream the model tensors into ``path`` (via a temporary file renamed at the end)."""
+    metadata = {
+        "format": "pt",
+        "etrain_step": src.info.step,
+        "etrain_preset": preset,
+        "etrain_naming": naming,
+    }
     tmp = path.with_name(path.name + ".tmp")
     reader = src.reader()  # one reader for every batch: each load re-plans against it
     try:
@@ -300,8 +213,9 @@ def _write_model_file(src: ExportSource, path: Path, entries: list[_Entry], *,
                     if naming == "hf":
                         t = to_hf_tensor(e.fqn, t, cfg)
                     # safetensors is little-endian, as are the hosts torch supports here.
-                    f.write(t.to(dtype).contiguous().reshape(-1).view(torch.uint8).numpy()
-                            .tobytes())
+                    f.write(
+                        t.to(dtype).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                    )
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
@@ -348,10 +262,51 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def export_checkpoint(checkpoint: ExportSource | str | os.PathLike, out_dir: str | os.PathLike,
-                      *, preset: str, dtype: str | None = None, naming: str = "etrain",
-                      job_id: str | None = None, source_uri: str | None = None,
-                      batch_bytes: int = DEFAULT_BATCH_BYTES) -> ExportResult:
+def _model_config(preset: str, naming: str) -> ModelConfig:
+    """The preset's shapes, once the arguments are known to be supported."""
+    if naming not in NAMINGS:
+        raise ExportError(
+            f"naming {naming!r} is not supported; set naming to one of: {', '.join(NAMINGS)}"
+        )
+    try:
+        return get_model_config(preset)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+
+
+def _provenance(
+    src: ExportSource,
+    *,
+    preset: str,
+    naming: str,
+    dtype: torch.dtype,
+    job_id: str | None,
+    source_uri: str | None,
+) -> dict:
+    """``etrain_export.json``: where the exported weights came from."""
+    return {
+        "job_id": job_id,
+        "step": src.info.step,
+        "source_uri": source_uri or src.uri,
+        "preset": preset,
+        "dtype": _HF_DTYPE[dtype],
+        "naming": naming,
+        "format": "safetensors",
+        "exported_at": time.time(),
+    }
+
+
+def export_checkpoint(
+    checkpoint: ExportSource | str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    preset: str,
+    dtype: str | None = None,
+    naming: str = "etrain",
+    job_id: str | None = None,
+    source_uri: str | None = None,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+) -> ExportResult:
     """Write ``model.safetensors``, ``config.json`` and ``etrain_export.json`` into ``out_dir``.
 
     ``checkpoint`` is a committed checkpoint of a job whose ``model.preset`` is
@@ -361,31 +316,37 @@ def export_checkpoint(checkpoint: ExportSource | str | os.PathLike, out_dir: str
     parameter names; ``"hf"`` writes Hugging Face Llama names and layout.
     At most ``batch_bytes`` of weights (or one tensor) are in memory at once.
     """
-    if naming not in NAMINGS:
-        raise ExportError(f"naming {naming!r} is not supported; set naming to one of: "
-                          f"{', '.join(NAMINGS)}")
-    src = (checkpoint if isinstance(checkpoint, ExportSource)
-           else open_checkpoint_dir(os.fspath(checkpoint)))
-    step = src.info.step
-    try:
-        cfg = get_model_config(preset)
-    except ValueError as e:
-        raise ExportError(str(e)) from None
+    cfg = _model_config(preset, naming)
+    src = checkpoint if isinstance(checkpoint, ExportSource) else open_checkpoint_dir(checkpoint)
     entries = _plan_entries(src, cfg, preset=preset, naming=naming)
     out_dtype = _resolve_dtype(dtype, entries)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    info = {"job_id": job_id, "step": step, "source_uri": source_uri or src.uri,
-            "preset": preset, "dtype": _HF_DTYPE[out_dtype], "naming": naming,
-            "format": "safetensors", "exported_at": time.time()}
-    _write_model_file(src, out / MODEL_FILE, entries, dtype=out_dtype, cfg=cfg, naming=naming,
-                      metadata={"format": "pt", "etrain_step": step,
-                                "etrain_preset": preset, "etrain_naming": naming},
-                      batch_bytes=batch_bytes)
+    _write_model_file(
+        src,
+        out / MODEL_FILE,
+        entries,
+        dtype=out_dtype,
+        cfg=cfg,
+        preset=preset,
+        naming=naming,
+        batch_bytes=batch_bytes,
+    )
     _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=out_dtype))
-    _write_json(out / EXPORT_FILE, info)
-    return ExportResult(out_dir=str(out), model_file=str(out / MODEL_FILE), step=step,
-                        preset=preset, dtype=_HF_DTYPE[out_dtype], naming=naming,
-                        num_tensors=len(entries),
-                        num_params=sum(math.prod(e.shape) for e in entries),
-                        bytes=(out / MODEL_FILE).stat().st_size)
+    _write_json(
+        out / EXPORT_FILE,
+        _provenance(
+            src, preset=preset, naming=naming, dtype=out_dtype, job_id=job_id, source_uri=source_uri
+        ),
+    )
+    return ExportResult(
+        out_dir=str(out),
+        model_file=str(out / MODEL_FILE),
+        step=src.info.step,
+        preset=preset,
+        dtype=_HF_DTYPE[out_dtype],
+        naming=naming,
+        num_tensors=len(entries),
+        num_params=sum(math.prod(e.shape) for e in entries),
+        bytes=(out / MODEL_FILE).stat().st_size,
+    )

@@ -48,9 +48,13 @@ class IntervalDecision:
 
     def as_event_data(self) -> dict:
         """The decision as an event's ``data`` (plain JSON types)."""
-        return {"seconds": round(self.seconds, 3), "steps": self.steps,
-                "blocking_s": round(self.blocking_s, 4), "mtbf_s": round(self.mtbf_s, 1),
-                "formula": self.formula}
+        return {
+            "seconds": round(self.seconds, 3),
+            "steps": self.steps,
+            "blocking_s": round(self.blocking_s, 4),
+            "mtbf_s": round(self.mtbf_s, 1),
+            "formula": self.formula,
+        }
 
 
 def _positive(name: str, value: float) -> float:
@@ -87,8 +91,9 @@ def optimal_interval_s(*, blocking_s: float, mtbf_s: float) -> tuple[float, str]
     return daly, "daly"
 
 
-def changed(previous: IntervalDecision | None, new: IntervalDecision, *,
-            threshold: float = CHANGE_THRESHOLD) -> bool:
+def changed(
+    previous: IntervalDecision | None, new: IntervalDecision, *, threshold: float = CHANGE_THRESHOLD
+) -> bool:
     """Whether ``new`` is worth applying and recording as an event.
 
     True for the first decision, when the formula's inputs first become
@@ -118,16 +123,27 @@ class AutoIntervalPolicy:
     restart (e.g. from the job's ``worker_failed`` events).
     """
 
-    def __init__(self, *, prior_mtbf_s: float, initial_steps: int, min_steps: int = 1,
-                 max_steps: int | None = None, max_interval_s: float | None = 3600.0,
-                 prior_weight: float = 1.0, window: int = 5, observed_failures: int = 0,
-                 observed_run_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        prior_mtbf_s: float,
+        initial_steps: int,
+        min_steps: int = 1,
+        max_steps: int | None = None,
+        max_interval_s: float | None = 3600.0,
+        prior_weight: float = 1.0,
+        window: int = 5,
+        observed_failures: int = 0,
+        observed_run_s: float = 0.0,
+    ):
         self.prior_mtbf_s = _positive("prior_mtbf_s", prior_mtbf_s)
         self.prior_weight = _positive("prior_weight", prior_weight)
         if min_steps < 1 or initial_steps < 1 or (max_steps is not None and max_steps < min_steps):
-            raise ValueError("need 1 <= min_steps <= max_steps and initial_steps >= 1, got "
-                             f"min_steps={min_steps}, max_steps={max_steps}, "
-                             f"initial_steps={initial_steps}")
+            raise ValueError(
+                "need 1 <= min_steps <= max_steps and initial_steps >= 1, got "
+                f"min_steps={min_steps}, max_steps={max_steps}, "
+                f"initial_steps={initial_steps}"
+            )
         if max_interval_s is not None:
             _positive("max_interval_s", max_interval_s)
         if window < 1 or observed_failures < 0 or observed_run_s < 0:
@@ -173,20 +189,33 @@ class AutoIntervalPolicy:
     def decide(self) -> IntervalDecision:
         """The interval the current measurements call for (see :func:`changed`)."""
         delta, step_s, mtbf = self.blocking_s, self.step_s, self.mtbf_s
-        source = (f"MTBF {mtbf:.0f} s from prior {self.prior_mtbf_s:.0f} s and "
-                  f"{self.failures} failure(s) in {self.run_s:.0f} s")
+        source = (
+            f"MTBF {mtbf:.0f} s from prior {self.prior_mtbf_s:.0f} s and "
+            f"{self.failures} failure(s) in {self.run_s:.0f} s"
+        )
         if delta is None or step_s is None:
             missing = "checkpoint blocking time" if delta is None else "step time"
             return IntervalDecision(
-                seconds=self.initial_steps * (step_s or 0.0), steps=self.initial_steps,
-                blocking_s=delta or 0.0, mtbf_s=mtbf, formula="initial",
-                reason=f"no {missing} measured yet; every {self.initial_steps} steps")
+                seconds=self.initial_steps * (step_s or 0.0),
+                steps=self.initial_steps,
+                blocking_s=delta or 0.0,
+                mtbf_s=mtbf,
+                formula="initial",
+                reason=f"no {missing} measured yet; every {self.initial_steps} steps",
+            )
         seconds, formula = optimal_interval_s(blocking_s=delta, mtbf_s=mtbf)
         steps, clamp = self._to_steps(seconds, step_s)
         return IntervalDecision(
-            seconds=seconds, steps=steps, blocking_s=delta, mtbf_s=mtbf, formula=formula,
-            reason=(f"{formula}: τ = {seconds:.1f} s for δ = {delta:.3f} s; {source}; "
-                    f"{steps} steps of {step_s:.3f} s{clamp}"))
+            seconds=seconds,
+            steps=steps,
+            blocking_s=delta,
+            mtbf_s=mtbf,
+            formula=formula,
+            reason=(
+                f"{formula}: τ = {seconds:.1f} s for δ = {delta:.3f} s; {source}; "
+                f"{steps} steps of {step_s:.3f} s{clamp}"
+            ),
+        )
 
     def _to_steps(self, seconds: float, step_s: float) -> tuple[int, str]:
         """Whole steps (>= 1) for ``seconds`` of training, clamped; and a note when clamped."""

@@ -97,8 +97,10 @@ class WritebackFileSystem(FileSystem):
             return
         # patch() sets torch's thread-local override and restores it on exit, so
         # only this writer thread's torch.save calls are affected, and only here.
-        with serialization_config.patch({"save.compute_crc32": False}), \
-                super().create_stream(path, mode) as stream:
+        with (
+            serialization_config.patch({"save.compute_crc32": False}),
+            super().create_stream(path, mode) as stream,
+        ):
             yield WritebackFile(stream)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -26,14 +26,23 @@ from workers.spec import JobSpec
 class Checkpointer:
     """Saves for one run of the loop; all methods are called by every rank alike."""
 
-    def __init__(self, spec: JobSpec, env, ckpts: CheckpointManager | None, *,
-                 restored_extra: dict | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        env,
+        ckpts: CheckpointManager | None,
+        *,
+        restored_extra: dict | None = None,
+    ):
         self.spec, self.env, self.ckpts = spec, env, ckpts
         ck = spec.checkpoint
         self.every_steps = ck.every_steps
         hooks = env.hooks
-        self.saver = (AsyncSaver(ckpts, wrap_writer=hooks.storage_writer if hooks else None)
-                      if ckpts is not None and ck.async_ else None)
+        self.saver = (
+            AsyncSaver(ckpts, wrap_writer=hooks.storage_writer if hooks else None)
+            if ckpts is not None and ck.async_
+            else None
+        )
         self.last_save = time.monotonic()
         self.policy: AutoIntervalPolicy | None = None
         self.decision: IntervalDecision | None = None
@@ -42,9 +51,11 @@ class Checkpointer:
             # Every restore follows an interruption (a failure or a resize): counted
             # as a failure, which errs towards checkpointing more often.
             self.policy = AutoIntervalPolicy(
-                prior_mtbf_s=ck.mtbf_prior_s, initial_steps=ck.every_steps or 100,
+                prior_mtbf_s=ck.mtbf_prior_s,
+                initial_steps=ck.every_steps or 100,
                 observed_failures=seen.get("failures", 0) + (1 if restored_extra else 0),
-                observed_run_s=seen.get("run_s", 0.0))
+                observed_run_s=seen.get("run_s", 0.0),
+            )
             self.every_steps = self.policy.initial_steps
 
     def votes(self) -> tuple[bool, bool]:
@@ -59,8 +70,16 @@ class Checkpointer:
             return {}
         return {"interval": {"failures": self.policy.failures, "run_s": self.policy.run_s}}
 
-    def after_step(self, *, step: int, dt: float, due_votes: int,
-                   done_votes: int, stepper, extra: Callable[[], dict]) -> None:
+    def after_step(
+        self,
+        *,
+        step: int,
+        dt: float,
+        due_votes: int,
+        done_votes: int,
+        stepper,
+        extra: Callable[[], dict],
+    ) -> None:
         """Commit a finished async save; save if one is due now."""
         if self.ckpts is None:
             return
@@ -85,14 +104,12 @@ class Checkpointer:
             self._flush()
             info = self.ckpts.save(step=step, app_state=state, extra=extra)
             blocking = time.perf_counter() - t0
-            self._report(SaveOutcome(step=step, info=info, blocking_s=blocking,
-                                     total_s=blocking))
+            self._report(SaveOutcome(step=step, info=info, blocking_s=blocking, total_s=blocking))
             return
         t0 = time.perf_counter()
         if self.saver.inflight:  # at most one in flight: wait for the previous one
             self._finish()
-        self.saver.start(step=step, app_state=state, extra=extra,
-                         waited_s=time.perf_counter() - t0)
+        self.saver.start(step=step, app_state=state, extra=extra, waited_s=time.perf_counter() - t0)
 
     def _finish(self) -> None:
         self._flush()
@@ -108,19 +125,34 @@ class Checkpointer:
         env, info = self.env, out.info
         if env.rank == 0 and env.reporter is not None:
             if info is None:
-                env.reporter.event(EventKind.CHECKPOINT_FAILED,
-                                   f"checkpoint of step {out.step} failed: {out.error}",
-                                   data={"step": out.step, "error": out.error},
-                                   dedup_key=f"ckpt-fail:{out.step}:{uuid.uuid4().hex[:8]}")
-            else:
-                env.reporter.checkpoint(CheckpointRecord(
-                    step=out.step, uri=info.uri, bytes=info.bytes, save_s=out.total_s,
-                    blocking_s=out.blocking_s, deleted_steps=list(info.pruned)))
                 env.reporter.event(
-                    EventKind.CHECKPOINT_SAVED, f"checkpoint saved at step {out.step}",
-                    data={"step": out.step, "bytes": info.bytes, "save_s": out.total_s,
-                          "blocking_s": out.blocking_s},
-                    dedup_key=f"ckpt:{out.step}:{os.path.basename(info.path)}:{out.total_s}")
+                    EventKind.CHECKPOINT_FAILED,
+                    f"checkpoint of step {out.step} failed: {out.error}",
+                    data={"step": out.step, "error": out.error},
+                    dedup_key=f"ckpt-fail:{out.step}:{uuid.uuid4().hex[:8]}",
+                )
+            else:
+                env.reporter.checkpoint(
+                    CheckpointRecord(
+                        step=out.step,
+                        uri=info.uri,
+                        bytes=info.bytes,
+                        save_s=out.total_s,
+                        blocking_s=out.blocking_s,
+                        deleted_steps=list(info.pruned),
+                    )
+                )
+                env.reporter.event(
+                    EventKind.CHECKPOINT_SAVED,
+                    f"checkpoint saved at step {out.step}",
+                    data={
+                        "step": out.step,
+                        "bytes": info.bytes,
+                        "save_s": out.total_s,
+                        "blocking_s": out.blocking_s,
+                    },
+                    dedup_key=f"ckpt:{out.step}:{os.path.basename(info.path)}:{out.total_s}",
+                )
         if info is not None and self.policy is not None:
             self._retune(out.blocking_s)
 
@@ -137,7 +169,8 @@ class Checkpointer:
                         EventKind.CHECKPOINT_INTERVAL,
                         f"checkpoint every {new.steps} steps ({new.reason})",
                         data=new.as_event_data(),
-                        dedup_key=f"interval:{uuid.uuid4().hex[:12]}")
+                        dedup_key=f"interval:{uuid.uuid4().hex[:12]}",
+                    )
             box = [self.decision.steps if self.decision else self.every_steps]
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)

@@ -89,8 +89,14 @@ class CheckpointManager:
     (all ranks call them in the same order).
     """
 
-    def __init__(self, root: StorageLocation | str | os.PathLike, *, keep_last: int | None,
-                 rank: int, keep_every: int | None = None):
+    def __init__(
+        self,
+        root: StorageLocation | str | os.PathLike,
+        *,
+        keep_last: int | None,
+        rank: int,
+        keep_every: int | None = None,
+    ):
         """``keep_last`` and ``keep_every`` are the job's retention rule; ``keep_last=None``
         keeps every committed checkpoint (tools that only read or list them)."""
         self.loc = _as_location(root)
@@ -123,10 +129,15 @@ class CheckpointManager:
                 data = json.loads(self.fs.cat_file(posixpath.join(path, MANIFEST)))
             except FileNotFoundError:
                 continue  # not committed
-            info = CheckpointInfo(step=int(m.group(1)), path=path, bytes=data["bytes"],
-                                  save_s=data["save_s"], extra=data["extra"],
-                                  uri=self.loc.uri_of(name),
-                                  committed_at=data.get("committed_at", 0.0))
+            info = CheckpointInfo(
+                step=int(m.group(1)),
+                path=path,
+                bytes=data["bytes"],
+                save_s=data["save_s"],
+                extra=data["extra"],
+                uri=self.loc.uri_of(name),
+                committed_at=data.get("committed_at", 0.0),
+            )
             if info.step not in by_step or info.committed_at > by_step[info.step].committed_at:
                 by_step[info.step] = info
         return [by_step[k] for k in sorted(by_step)]
@@ -162,7 +173,8 @@ class CheckpointManager:
         return dcp_writer(self.loc, staging, thread_count=threads)
 
     def begin(self, step: int) -> str:
-        """Collective: a fresh attempt folder for ``step`` (named by rank 0), with this rank's RNG."""
+        """Collective: a fresh attempt folder for ``step`` (named by rank 0), with this rank's
+        RNG."""
         tag = uuid.uuid4().hex[:8]
         box = [f"step_{step:08d}.partial-{tag}" if self.local else f"step_{step:08d}.{tag}"]
         if dist.is_initialized():
@@ -176,8 +188,9 @@ class CheckpointManager:
                 os.fsync(f.fileno())
         return staging
 
-    def commit(self, staging: str, *, step: int, extra: dict, save_s: float,
-               ok: bool = True) -> CheckpointInfo | None:
+    def commit(
+        self, staging: str, *, step: int, extra: dict, save_s: float, ok: bool = True
+    ) -> CheckpointInfo | None:
         """Collective, once every rank's shards are written: rank 0 commits (unless a rank
         failed, ``ok`` False anywhere) and prunes; every rank gets the committed info,
         whose ``pruned`` lists the committed steps the retention rule deleted."""
@@ -200,17 +213,28 @@ class CheckpointManager:
 
     def _commit(self, staging: str, *, step: int, extra: dict, save_s: float) -> CheckpointInfo:
         nbytes = int(self.fs.du(staging, total=True))
-        manifest = {"step": step, "bytes": nbytes, "save_s": save_s, "extra": extra,
-                    "committed_at": time.time()}
+        manifest = {
+            "step": step,
+            "bytes": nbytes,
+            "save_s": save_s,
+            "extra": extra,
+            "committed_at": time.time(),
+        }
         if not self.local:
             # One PUT of one object: visible whole or not at all.
             self.fs.pipe_file(posixpath.join(staging, MANIFEST), json.dumps(manifest).encode())
             name = posixpath.basename(staging)
         else:
             name = self._commit_local(Path(staging), manifest, step=step)
-        return CheckpointInfo(step=step, path=self.loc.join(name), bytes=nbytes, save_s=save_s,
-                              extra=extra, uri=self.loc.uri_of(name),
-                              committed_at=manifest["committed_at"])
+        return CheckpointInfo(
+            step=step,
+            path=self.loc.join(name),
+            bytes=nbytes,
+            save_s=save_s,
+            extra=extra,
+            uri=self.loc.uri_of(name),
+            committed_at=manifest["committed_at"],
+        )
 
     def _commit_local(self, staging: Path, manifest: dict, *, step: int) -> str:
         # Every file was fsynced by its writer; their names are durable only once
@@ -241,8 +265,9 @@ class CheckpointManager:
         the committed checkpoints deleted (a failed delete is retried at the next commit)."""
         names = self._names()
         done = self.committed(names)
-        keep = retained_steps([c.step for c in done], keep_last=self.keep_last,
-                              keep_every=self.keep_every)
+        keep = retained_steps(
+            [c.step for c in done], keep_last=self.keep_last, keep_every=self.keep_every
+        )
         kept_paths = {c.path for c in done if c.step in keep}
         newest = done[-1].step if done else -1
         deleted = []
@@ -271,8 +296,9 @@ class CheckpointManager:
         """
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"app": app_state}, storage_reader=dcp_reader(self.loc, info.path),
-                     no_dist=True)
+            dcp.load(
+                {"app": app_state}, storage_reader=dcp_reader(self.loc, info.path), no_dist=True
+            )
         rng_file = posixpath.join(info.path, "rng", f"rank_{self.rank}.pt")
         if self.fs.exists(rng_file):
             with self.fs.open(rng_file, "rb") as f:

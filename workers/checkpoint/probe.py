@@ -21,8 +21,14 @@ if TYPE_CHECKING:
 
 PROBE_PREFIX = ".etrain-probe-"
 # S3 error codes that mean the credentials themselves were refused (not a missing grant).
-_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                    "InvalidToken", "TokenRefreshRequired", "InvalidClientTokenId"}
+_BAD_CREDENTIALS = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "InvalidClientTokenId",
+}
 
 
 def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
@@ -41,20 +47,25 @@ def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
             fs.makedirs(loc.root, exist_ok=True)
         fs.pipe_file(probe, b"etrain storage probe\n")
         fs.rm_file(probe)
-    except Exception as e:  # noqa: BLE001 - every failure becomes one StorageError naming a fix
+    except Exception as e:
         raise StorageError(redact_credentials(_explain(loc, e), loc)) from e
 
 
 def _probe_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
     """A fresh (uncached) file system with short timeouts: a probe must answer quickly."""
     if loc.scheme == "s3":
-        config = {"connect_timeout": timeout_s, "read_timeout": timeout_s,
-                  "retries": {"max_attempts": 2, "mode": "standard"}}
-        return fsspec.filesystem("s3", skip_instance_cache=True,
-                                 config_kwargs=config, **loc.options)
+        config = {
+            "connect_timeout": timeout_s,
+            "read_timeout": timeout_s,
+            "retries": {"max_attempts": 2, "mode": "standard"},
+        }
+        return fsspec.filesystem(
+            "s3", skip_instance_cache=True, config_kwargs=config, **loc.options
+        )
     if loc.scheme == "gs":
-        return fsspec.filesystem("gs", skip_instance_cache=True, requests_timeout=timeout_s,
-                                 **loc.options)
+        return fsspec.filesystem(
+            "gs", skip_instance_cache=True, requests_timeout=timeout_s, **loc.options
+        )
     return loc.fs
 
 
@@ -75,20 +86,30 @@ def _explain(loc: StorageLocation, e: Exception) -> str:
     endpoint_field = f"checkpoint.{'gcs' if loc.scheme == 'gs' else 's3'}.endpoint_url"
     head = f"checkpoint.storage {loc.uri}"
     if loc.scheme == "file":
-        return (f"{head} is not writable by the service ({type(e).__name__}: {e}); use a "
-                "directory the service and every Ray worker can write")
+        return (
+            f"{head} is not writable by the service ({type(e).__name__}: {e}); use a "
+            "directory the service and every Ray worker can write"
+        )
     if code == "NoSuchBucket" or (code is None and isinstance(e, FileNotFoundError)):
-        return (f"{head}: bucket {bucket!r} does not exist{at}; create it, or correct the "
-                f"bucket in checkpoint.storage (or {endpoint_field})")
+        return (
+            f"{head}: bucket {bucket!r} does not exist{at}; create it, or correct the "
+            f"bucket in checkpoint.storage (or {endpoint_field})"
+        )
     if code in _BAD_CREDENTIALS:
-        return (f"{head}: the store{at} rejected the credentials from {loc.credentials_source} "
-                f"({code}); correct them in the service's and the workers' environment")
+        return (
+            f"{head}: the store{at} rejected the credentials from {loc.credentials_source} "
+            f"({code}); correct them in the service's and the workers' environment"
+        )
     if isinstance(e, PermissionError):
-        return (f"{head}: the credentials from {loc.credentials_source} may not write there "
-                f"({code or 'permission denied'}); grant put, get, list and delete on that "
-                "prefix, or use another checkpoint.storage")
-    return (f"{head}: cannot reach the store{at} ({type(e).__name__}: {e}); check "
-            f"checkpoint.storage, {endpoint_field} and the network")
+        return (
+            f"{head}: the credentials from {loc.credentials_source} may not write there "
+            f"({code or 'permission denied'}); grant put, get, list and delete on that "
+            "prefix, or use another checkpoint.storage"
+        )
+    return (
+        f"{head}: cannot reach the store{at} ({type(e).__name__}: {e}); check "
+        f"checkpoint.storage, {endpoint_field} and the network"
+    )
 
 
 def redact_credentials(text: str, loc: StorageLocation) -> str:

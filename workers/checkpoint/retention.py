@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def retained_steps(steps: Iterable[int], *, keep_last: int | None,
-                   keep_every: int | None = None) -> set[int]:
+def retained_steps(
+    steps: Iterable[int], *, keep_last: int | None, keep_every: int | None = None
+) -> set[int]:
     """The subset of committed ``steps`` to keep; ``keep_last=None`` keeps all."""
     ordered = sorted(set(steps))
     if keep_last is None:

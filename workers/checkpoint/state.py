@@ -7,11 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 
@@ -33,7 +29,7 @@ class ModelAndOptimizer(Stateful):
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state of every local part, keyed by parameter FQN."""
         model, optim = {}, {}
-        for part, opt in zip(self.parts, self.optimizers):
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
             msd, osd = get_state_dict(part, opt, options=self._OPTIONS)
             model.update(msd)
             optim.update(osd)
@@ -41,11 +37,16 @@ class ModelAndOptimizer(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` produced (resharded to this layout by DCP)."""
-        for part, opt in zip(self.parts, self.optimizers):
-            set_state_dict(part, opt, model_state_dict=state_dict["model"],
-                           optim_state_dict=state_dict["optim"],
-                           options=StateDictOptions(flatten_optimizer_state_dict=True,
-                                                    strict=len(self.parts) == 1))
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
+            set_state_dict(
+                part,
+                opt,
+                model_state_dict=state_dict["model"],
+                optim_state_dict=state_dict["optim"],
+                options=StateDictOptions(
+                    flatten_optimizer_state_dict=True, strict=len(self.parts) == 1
+                ),
+            )
 
 
 def rng_state() -> dict:

@@ -34,8 +34,9 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import fsspec
@@ -57,8 +58,7 @@ S3_OPTIONS = ("key", "secret", "token")  # s3fs's names for the three variables
 
 
 # Their DEBUG records print signed request headers (the access key id) and bodies.
-STORAGE_CLIENT_LOGGERS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google.auth",
-                          "urllib3")
+STORAGE_CLIENT_LOGGERS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google.auth", "urllib3")
 
 
 def quiet_storage_loggers() -> None:
@@ -96,8 +96,9 @@ class StorageLocation:
     @property
     def endpoint_url(self) -> str | None:
         """The endpoint override (``checkpoint.s3`` or ``checkpoint.gcs``), if any."""
-        return (self.options.get("endpoint_url")
-                or self.options.get("client_kwargs", {}).get("endpoint_url"))
+        return self.options.get("endpoint_url") or self.options.get("client_kwargs", {}).get(
+            "endpoint_url"
+        )
 
     def join(self, *parts: str) -> str:
         """A path under ``root`` as ``fs`` sees it (``bucket/prefix/a/b`` or ``/abs/a/b``)."""
@@ -135,10 +136,13 @@ class StorageLocation:
                 region = pafs.resolve_s3_region(self.root.split("/", 1)[0])
             except OSError:
                 region = None  # not reachable from here: the SDK's default applies
-        kwargs: dict[str, Any] = {"endpoint_override": self.endpoint_url, "region": region,
-                                  "access_key": self.options.get("key"),
-                                  "secret_key": self.options.get("secret"),
-                                  "session_token": self.options.get("token")}
+        kwargs: dict[str, Any] = {
+            "endpoint_override": self.endpoint_url,
+            "region": region,
+            "access_key": self.options.get("key"),
+            "secret_key": self.options.get("secret"),
+            "session_token": self.options.get("token"),
+        }
         return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v})
 
     def ray_storage(self) -> tuple[str, pyarrow.fs.FileSystem | None]:
@@ -158,8 +162,9 @@ def secret_env_names(name: str) -> tuple[str, str, str]:
     return tuple(stem + part for part in _SECRET_PARTS)  # type: ignore[return-value]
 
 
-def credential_env(uri: str, *, credentials_secret: str | None = None,
-                   env: Mapping[str, str] | None = None) -> dict[str, str]:
+def credential_env(
+    uri: str, *, credentials_secret: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The credential variables :func:`resolve_storage` reads for ``uri`` that ``env`` sets.
 
     This is what a worker needs in its environment to reach the store the way
@@ -173,9 +178,35 @@ def credential_env(uri: str, *, credentials_secret: str | None = None,
     return {name: env[name] for name in names if env.get(name)}
 
 
-def resolve_storage(uri: str, *, endpoint_url: str | None = None, region: str | None = None,
-                    credentials_secret: str | None = None,
-                    env: Mapping[str, str] | None = None) -> StorageLocation:
+def _check_options_fit(
+    scheme: str, *, endpoint_url: str | None, region: str | None, credentials_secret: str | None
+) -> None:
+    """Refuse an unknown scheme, and store options given for a scheme that has no use for them."""
+    if scheme not in SCHEMES:
+        raise StorageError(
+            "checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] "
+            f"or gs://bucket[/prefix] (got scheme {scheme!r})"
+        )
+    if scheme != "s3" and (region or credentials_secret):
+        raise StorageError(
+            "checkpoint.s3 is only used with an s3:// checkpoint.storage; "
+            "remove it or use s3://bucket[/prefix]"
+        )
+    if scheme == "file" and endpoint_url:
+        raise StorageError(
+            "an endpoint_url (checkpoint.s3 or checkpoint.gcs) is only used with "
+            "s3:// or gs:// checkpoint.storage; remove it"
+        )
+
+
+def resolve_storage(
+    uri: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    credentials_secret: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> StorageLocation:
     """The :class:`StorageLocation` of ``uri`` with credentials from ``env`` (default: os.environ).
 
     ``endpoint_url`` is ``checkpoint.s3.endpoint_url`` or ``checkpoint.gcs.endpoint_url``;
@@ -186,35 +217,40 @@ def resolve_storage(uri: str, *, endpoint_url: str | None = None, region: str | 
     """
     env = os.environ if env is None else env
     url = urlsplit(uri)
-    if url.scheme not in SCHEMES:
-        raise StorageError("checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] "
-                           f"or gs://bucket[/prefix] (got scheme {url.scheme!r})")
-    if url.scheme != "s3" and (region or credentials_secret):
-        raise StorageError("checkpoint.s3 is only used with an s3:// checkpoint.storage; "
-                           "remove it or use s3://bucket[/prefix]")
-    if url.scheme == "file" and endpoint_url:
-        raise StorageError("an endpoint_url (checkpoint.s3 or checkpoint.gcs) is only used with "
-                           "s3:// or gs:// checkpoint.storage; remove it")
+    _check_options_fit(
+        url.scheme, endpoint_url=endpoint_url, region=region, credentials_secret=credentials_secret
+    )
     if url.scheme == "file":
         if url.netloc or not url.path.startswith("/"):
             raise StorageError("checkpoint.storage must be an absolute path: file:///abs/path")
         root = posixpath.normpath(url.path)
-        return StorageLocation(uri=f"file://{root}", scheme="file",
-                               fs=fsspec.filesystem("file"), root=root,
-                               credentials_source="local files")
+        return StorageLocation(
+            uri=f"file://{root}",
+            scheme="file",
+            fs=fsspec.filesystem("file"),
+            root=root,
+            credentials_source="local files",
+        )
     if not url.netloc or "@" in uri or ":" in url.netloc:
-        raise StorageError(f"checkpoint.storage must be {url.scheme}://bucket[/prefix], with "
-                           "no credentials in it")
+        raise StorageError(
+            f"checkpoint.storage must be {url.scheme}://bucket[/prefix], with no credentials in it"
+        )
     prefix = url.path.strip("/")
     root = f"{url.netloc}/{prefix}" if prefix else url.netloc
     if url.scheme == "s3":
-        options, source = _s3_options(endpoint_url=endpoint_url, region=region,
-                                      credentials_secret=credentials_secret, env=env)
+        options, source = _s3_options(
+            endpoint_url=endpoint_url, region=region, credentials_secret=credentials_secret, env=env
+        )
     else:
         options, source = _gs_options(endpoint_url=endpoint_url, env=env)
-    return StorageLocation(uri=f"{url.scheme}://{root}", scheme=url.scheme,
-                           fs=fsspec.filesystem(url.scheme, **options), root=root,
-                           options=options, credentials_source=source)
+    return StorageLocation(
+        uri=f"{url.scheme}://{root}",
+        scheme=url.scheme,
+        fs=fsspec.filesystem(url.scheme, **options),
+        root=root,
+        options=options,
+        credentials_source=source,
+    )
 
 
 def _section_options(checkpoint: CheckpointSpec, scheme: str) -> dict[str, str | None]:
@@ -222,13 +258,16 @@ def _section_options(checkpoint: CheckpointSpec, scheme: str) -> dict[str, str |
     as :func:`resolve_storage` takes them: the one mapping from a spec to a store."""
     s3 = checkpoint.s3 if scheme == "s3" else None
     store = s3 or (checkpoint.gcs if scheme == "gs" else None)
-    return {"endpoint_url": store.endpoint_url if store else None,
-            "region": s3.region if s3 else None,
-            "credentials_secret": s3.credentials_secret if s3 else None}
+    return {
+        "endpoint_url": store.endpoint_url if store else None,
+        "region": s3.region if s3 else None,
+        "credentials_secret": s3.credentials_secret if s3 else None,
+    }
 
 
-def resolve_checkpoint_storage(checkpoint: CheckpointSpec, *, uri: str | None = None,
-                               env: Mapping[str, str] | None = None) -> StorageLocation:
+def resolve_checkpoint_storage(
+    checkpoint: CheckpointSpec, *, uri: str | None = None, env: Mapping[str, str] | None = None
+) -> StorageLocation:
     """:func:`resolve_storage` for a spec's ``checkpoint`` section.
 
     ``uri`` (default: ``checkpoint.storage``) may be another location, such as a
@@ -237,13 +276,15 @@ def resolve_checkpoint_storage(checkpoint: CheckpointSpec, *, uri: str | None = 
     """
     uri = uri or checkpoint.storage
     if not uri:
-        raise StorageError("checkpoint.storage must be set before launch (the service fills "
-                           "in its default)")
+        raise StorageError(
+            "checkpoint.storage must be set before launch (the service fills in its default)"
+        )
     return resolve_storage(uri, **_section_options(checkpoint, urlsplit(uri).scheme), env=env)
 
 
-def checkpoint_credential_env(checkpoint: CheckpointSpec, *,
-                              env: Mapping[str, str] | None = None) -> dict[str, str]:
+def checkpoint_credential_env(
+    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The credential variables of ``env`` (default: this process's) that a job whose
     ``checkpoint`` section this is needs in its workers' environment."""
     uri = checkpoint.storage or ""
@@ -251,8 +292,13 @@ def checkpoint_credential_env(checkpoint: CheckpointSpec, *,
     return credential_env(uri, credentials_secret=secret, env=env)
 
 
-def _s3_options(*, endpoint_url: str | None, region: str | None,
-                credentials_secret: str | None, env: Mapping[str, str]) -> tuple[dict, str]:
+def _s3_options(
+    *,
+    endpoint_url: str | None,
+    region: str | None,
+    credentials_secret: str | None,
+    env: Mapping[str, str],
+) -> tuple[dict, str]:
     """s3fs storage options and a description (names only) of where the keys came from."""
     if credentials_secret:
         names = secret_env_names(credentials_secret)
@@ -261,18 +307,25 @@ def _s3_options(*, endpoint_url: str | None, region: str | None,
             raise StorageError(
                 f"checkpoint.s3.credentials_secret {credentials_secret!r}: {' and '.join(missing)} "
                 f"not set in this process's environment; set {names[0]} and {names[1]} "
-                f"(optionally {names[2]}), on Kubernetes as keys of the etrain-storage Secret")
+                f"(optionally {names[2]}), on Kubernetes as keys of the etrain-storage Secret"
+            )
         source = f"checkpoint.s3.credentials_secret {credentials_secret!r} ({names[0]}, ...)"
     else:
         names = AWS_ENV
         if bool(env.get(names[0])) != bool(env.get(names[1])):
-            raise StorageError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                               "neither (the default AWS chain), or name a secret in "
-                               "checkpoint.s3.credentials_secret")
-        source = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" if env.get(names[0])
-                  else "the default AWS credential chain")
-    options: dict[str, Any] = {opt: env[name] for opt, name in zip(S3_OPTIONS, names)
-                               if env.get(name)}
+            raise StorageError(
+                "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                "neither (the default AWS chain), or name a secret in "
+                "checkpoint.s3.credentials_secret"
+            )
+        source = (
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+            if env.get(names[0])
+            else "the default AWS credential chain"
+        )
+    options: dict[str, Any] = {
+        opt: env[name] for opt, name in zip(S3_OPTIONS, names, strict=True) if env.get(name)
+    }
     client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
     if client:
         options["client_kwargs"] = client
@@ -295,7 +348,8 @@ def _gs_options(*, endpoint_url: str | None, env: Mapping[str, str]) -> tuple[di
                 f"gs:// endpoint {endpoint} (checkpoint.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
                 "gcsfs would look up the bucket's type over gRPC with TLS, which a plain-http "
                 "endpoint does not serve (each request would wait about a minute); set "
-                f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment")
+                f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment"
+            )
         return {**options, "token": "anon"}, "anonymous access (a plain-http endpoint)"
     path = env.get(GCS_CREDENTIALS_ENV)
     if path:

@@ -32,14 +32,16 @@ class SyntheticDataset:
         self.vocab_size = vocab_size
         self.seed = seed
         table_rng = np.random.default_rng([seed, vocab_size])
-        self._successors = table_rng.integers(0, vocab_size, size=(vocab_size, _SUCCESSORS)).tolist()
+        self._successors = table_rng.integers(
+            0, vocab_size, size=(vocab_size, _SUCCESSORS)
+        ).tolist()
 
     def __len__(self) -> int:
         """Number of samples."""
         return self.num_samples
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        """Sample ``index``: ``seq_len + 1`` tokens drawn from a generator seeded by (seed, index)."""
+        """Sample ``index``: ``seq_len + 1`` tokens from a generator seeded by (seed, index)."""
         index = _check_index(index, self.num_samples)
         n = self.seq_len + 1
         rng = np.random.default_rng([self.seed, index, 1])
@@ -92,7 +94,9 @@ def _require_file(path: str | None, source: str) -> str:
     if not path:
         raise ValueError(f"data.path is required when data.source is {source!r}")
     if not os.path.isfile(path):
-        raise ValueError(f"data.path {path!r} does not exist or is not a file; set data.path to a readable file")
+        raise ValueError(
+            f"data.path {path!r} does not exist or is not a file; set data.path to a readable file"
+        )
     return path
 
 
@@ -115,7 +119,10 @@ def _read_jsonl(path: str) -> np.ndarray:
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f"data.path {path!r} line {lineno}: expected an object with a string 'text' field")
+                raise ValueError(
+                    f"data.path {path!r} line {lineno}: expected an object with a string "
+                    "'text' field"
+                )
             texts.append(record["text"].encode("utf-8"))
     return np.frombuffer(b"\n".join(texts), dtype=np.uint8)
 
@@ -136,12 +143,15 @@ def build_dataset(
             raise ValueError(f"data.num_samples must be >= 1, got {num_samples}")
         if vocab_size < 2:
             raise ValueError(f"model vocab_size must be >= 2 for synthetic data, got {vocab_size}")
-        return SyntheticDataset(seq_len=seq_len, num_samples=num_samples, vocab_size=vocab_size, seed=seed)
+        return SyntheticDataset(
+            seq_len=seq_len, num_samples=num_samples, vocab_size=vocab_size, seed=seed
+        )
     if source not in SOURCES:
         raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(SOURCES)}")
     if vocab_size < 256:
         raise ValueError(
-            f"data.source {source!r} is byte-level and needs a model vocab_size >= 256, got {vocab_size}"
+            f"data.source {source!r} is byte-level and needs a model vocab_size >= 256, "
+            f"got {vocab_size}"
         )
     path = _require_file(path, source)
     data = _read_text(path) if source == "text" else _read_jsonl(path)

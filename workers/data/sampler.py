@@ -20,14 +20,16 @@ _EPOCH_STRIDE = 1000003
 
 @dataclass
 class SamplerState:
-    """Cursor of a :class:`GlobalBatchSampler`: the epoch and the position within its permutation."""
+    """Cursor of a :class:`GlobalBatchSampler`: the epoch and the position within its
+    permutation."""
 
     epoch: int = 0
     position: int = 0
 
 
 class GlobalBatchSampler:
-    """Yields global batches of ``(epoch, sample_index)`` pairs from seeded per-epoch permutations."""
+    """Yields global batches of ``(epoch, sample_index)`` pairs from seeded per-epoch
+    permutations."""
 
     def __init__(self, num_samples: int, *, seed: int, state: SamplerState | None = None) -> None:
         if num_samples < 1:
@@ -83,24 +85,30 @@ class GlobalBatchSampler:
         self.state = SamplerState(epoch=epoch, position=position)
 
 
-def shard_global_batch(batch: list, *, dp_rank: int, dp_size: int, micro_batch_size: int) -> list[list]:
+def shard_global_batch(
+    batch: list, *, dp_rank: int, dp_size: int, micro_batch_size: int
+) -> list[list]:
     """This rank's contiguous slice of ``batch``, split into micro-batches of ``micro_batch_size``.
 
     Concatenating the result over ranks ``0..dp_size-1`` (and their micro-batches)
     gives ``batch`` back in order.
     """
     if dp_size < 1 or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size) with dp_size ({dp_size}) >= 1")
+        raise ValueError(
+            f"dp_rank ({dp_rank}) must be in [0, dp_size) with dp_size ({dp_size}) >= 1"
+        )
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if len(batch) % dp_size:
         raise ValueError(
-            f"global batch size ({len(batch)}) must be divisible by the data-parallel size ({dp_size})"
+            f"global batch size ({len(batch)}) must be divisible by the data-parallel size "
+            f"({dp_size})"
         )
     per_rank = len(batch) // dp_size
     if per_rank % micro_batch_size:
         raise ValueError(
-            f"per-rank batch size ({per_rank}) must be divisible by micro_batch_size ({micro_batch_size})"
+            f"per-rank batch size ({per_rank}) must be divisible by micro_batch_size "
+            f"({micro_batch_size})"
         )
     local = batch[dp_rank * per_rank : (dp_rank + 1) * per_rank]
     return [local[i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]

@@ -41,8 +41,10 @@ class EventCallback(UserCallback):
         detail = str(first).strip().splitlines()[0][:200] if first else ""
         reason = f"{type(first).__name__}: {detail}" if first else "unknown"
         self._get_reporter().event(
-            EventKind.WORKER_FAILED, f"worker(s) {ranks} failed: {reason}",
-            data={"ranks": ranks}, dedup_key=f"fail:{time.time_ns()}",
+            EventKind.WORKER_FAILED,
+            f"worker(s) {ranks} failed: {reason}",
+            data={"ranks": ranks},
+            dedup_key=f"fail:{time.time_ns()}",
         )
 
     def __getstate__(self):
@@ -71,8 +73,11 @@ class ReleaseStaleReservation(ControllerCallback):
         from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
 
         mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
-        loc = (resolve_checkpoint_storage(self.checkpoint, uri=self.marker_uri)
-               if self.checkpoint is not None else resolve_storage(self.marker_uri))
+        loc = (
+            resolve_checkpoint_storage(self.checkpoint, uri=self.marker_uri)
+            if self.checkpoint is not None
+            else resolve_storage(self.marker_uri)
+        )
         try:
             previous = loc.fs.cat_file(loc.root).decode().strip()
         except (FileNotFoundError, OSError):

@@ -48,13 +48,17 @@ class LayoutScalingPolicy(ElasticPolicyBase):
 
     def usable_workers(self, possible: int) -> int:
         """The largest multiple of tp x pp among the ``possible`` workers (a notice if less)."""
-        usable = usable_workers(possible, unit=self.unit,
-                                max_workers=self.scaling_config.max_workers)
+        usable = usable_workers(
+            possible, unit=self.unit, max_workers=self.scaling_config.max_workers
+        )
         if usable != possible:
-            self._notice(("unused", possible), EventKind.LAYOUT_UNUSED,
-                         f"{possible} workers could run; using {usable}: the layout needs a "
-                         f"multiple of parallelism.tp x parallelism.pp ({self.unit})",
-                         {"possible": possible, "used": usable, "unit": self.unit})
+            self._notice(
+                ("unused", possible),
+                EventKind.LAYOUT_UNUSED,
+                f"{possible} workers could run; using {usable}: the layout needs a "
+                f"multiple of parallelism.tp x parallelism.pp ({self.unit})",
+                {"possible": possible, "used": usable, "unit": self.unit},
+            )
         return usable
 
     def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
@@ -75,17 +79,22 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         if isinstance(decision, ResizeDecision):
             self._started(decision.num_workers)
         elif self._size is not None:
-            self._notice(("waiting",), EventKind.WAITING,
-                         f"waiting for resources: fewer than resources.workers.min "
-                         f"({self.scaling_config.min_workers}) workers can run",
-                         {"min_workers": self.scaling_config.min_workers})
+            self._notice(
+                ("waiting",),
+                EventKind.WAITING,
+                f"waiting for resources: fewer than resources.workers.min "
+                f"({self.scaling_config.min_workers}) workers can run",
+                {"min_workers": self.scaling_config.min_workers},
+            )
         return decision
 
-    def make_decision_for_running_worker_group(self, worker_group_state,
-                                               worker_group_status) -> ScalingDecision:
+    def make_decision_for_running_worker_group(
+        self, worker_group_state, worker_group_status
+    ) -> ScalingDecision:
         """Grow (or shrink) a healthy group when the usable size changed."""
-        decision = super().make_decision_for_running_worker_group(worker_group_state,
-                                                                  worker_group_status)
+        decision = super().make_decision_for_running_worker_group(
+            worker_group_state, worker_group_status
+        )
         if isinstance(decision, ResizeDecision):
             self._size = worker_group_state.num_workers
             self._started(decision.num_workers)
@@ -95,15 +104,16 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         before, self._size, self._said = self._size, size, None
         if before is not None and before != size:
             self._reporter_().event(
-                EventKind.RESIZED, resize_message(before, size),
+                EventKind.RESIZED,
+                resize_message(before, size),
                 data={"from": before, "to": size, "ts": time.time()},
-                dedup_key=f"resize:{time.time_ns()}")
+                dedup_key=f"resize:{time.time_ns()}",
+            )
 
     def _notice(self, key: tuple, kind: EventKind, message: str, data: dict) -> None:
         if self._said != key:
             self._said = key
-            self._reporter_().event(kind, message, data=data,
-                                    dedup_key=f"{kind}:{time.time_ns()}")
+            self._reporter_().event(kind, message, data=data, dedup_key=f"{kind}:{time.time_ns()}")
 
     def _reporter_(self) -> TelemetryReporter:
         if self._reporter is None:

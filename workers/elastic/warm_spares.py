@@ -156,8 +156,11 @@ def _prestart(count: int) -> None:
     import ray
 
     prestart_workers(count, keep_alive_s=KEEP_ALIVE_S)
-    log.info("etrain: asked for %d warm spare worker(s) on node %s", count,
-             ray.get_runtime_context().get_node_id()[:8])
+    log.info(
+        "etrain: asked for %d warm spare worker(s) on node %s",
+        count,
+        ray.get_runtime_context().get_node_id()[:8],
+    )
 
 
 def _spare_dir() -> Path:

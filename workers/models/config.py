@@ -24,17 +24,31 @@ class ModelConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "ffn_hidden",
+            "max_seq_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+            raise ValueError(
+                f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})"
+            )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
-                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
+                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads "
+                f"({self.n_kv_heads})"
             )
         if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head dim (model.dim / model.n_heads = {self.dim // self.n_heads}) must be even for RoPE")
+            raise ValueError(
+                f"head dim (model.dim / model.n_heads = {self.dim // self.n_heads}) must be "
+                "even for RoPE"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -45,23 +59,52 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # Byte-level toy models that train on CPU in seconds.
     "gpt-tiny": ModelConfig(
-        vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=1024
+        vocab_size=256,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=128,
+        max_seq_len=1024,
     ),
     "gpt-small": ModelConfig(
-        vocab_size=256, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=688, max_seq_len=2048
+        vocab_size=256,
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_hidden=688,
+        max_seq_len=2048,
     ),
     # Published shapes: Llama 3.2 1B, Llama 2 7B, Llama 3 70B.
     "llama-1b": ModelConfig(
-        vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192,
-        max_seq_len=8192, rope_theta=500000.0,
+        vocab_size=128256,
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=8192,
+        max_seq_len=8192,
+        rope_theta=500000.0,
     ),
     "llama-7b": ModelConfig(
-        vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=11008,
+        vocab_size=32000,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=32,
+        ffn_hidden=11008,
         max_seq_len=4096,
     ),
     "llama-70b": ModelConfig(
-        vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
-        max_seq_len=8192, rope_theta=500000.0,
+        vocab_size=128256,
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden=28672,
+        max_seq_len=8192,
+        rope_theta=500000.0,
     ),
 }
 
@@ -71,7 +114,9 @@ def get_model_config(preset: str) -> ModelConfig:
     try:
         return PRESETS[preset]
     except KeyError:
-        raise ValueError(f"unknown model preset {preset!r}; set one of: {', '.join(PRESETS)}") from None
+        raise ValueError(
+            f"unknown model preset {preset!r}; set one of: {', '.join(PRESETS)}"
+        ) from None
 
 
 def count_params(cfg: ModelConfig) -> int:

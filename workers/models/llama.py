@@ -19,13 +19,17 @@ from torch import nn
 from workers.models.config import ModelConfig
 
 
-def precompute_freqs_cis(*, head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:
+def precompute_freqs_cis(
+    *, head_dim: int, max_seq_len: int, theta: float, device=None
+) -> torch.Tensor:
     """Rotary factors ``[max_seq_len, head_dim // 2, 2]`` holding (cos, sin) per position and pair.
 
     Real rather than complex (torchtitan's layout) because ``model.to(bfloat16)``
     casts complex buffers to real and silently drops the sine part.
     """
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    freqs = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    )
     t = torch.arange(max_seq_len, device=device, dtype=torch.float32)
     angles = torch.outer(t, freqs)
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
@@ -144,7 +148,10 @@ class Transformer(nn.Module):
 
     def _freqs_cis(self, *, device) -> torch.Tensor:
         return precompute_freqs_cis(
-            head_dim=self.cfg.head_dim, max_seq_len=self.cfg.max_seq_len, theta=self.cfg.rope_theta, device=device
+            head_dim=self.cfg.head_dim,
+            max_seq_len=self.cfg.max_seq_len,
+            theta=self.cfg.rope_theta,
+            device=device,
         )
 
     def init_weights(self, *, generator: torch.Generator | None = None) -> None:
@@ -164,15 +171,21 @@ class Transformer(nn.Module):
                     module.reset_parameters()
                 elif isinstance(module, (nn.Linear, nn.Embedding)):
                     is_residual_out = name.endswith(".wo") or name.endswith(".w2")
-                    nn.init.normal_(module.weight, mean=0.0, std=out_std if is_residual_out else std,
-                                    generator=generator)
+                    nn.init.normal_(
+                        module.weight,
+                        mean=0.0,
+                        std=out_std if is_residual_out else std,
+                        generator=generator,
+                    )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Return logits ``[B, T, V]`` (or hidden states when stages were removed)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         seqlen = h.shape[1]
         if seqlen > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {seqlen} exceeds model max_seq_len {self.cfg.max_seq_len}")
+            raise ValueError(
+                f"sequence length {seqlen} exceeds model max_seq_len {self.cfg.max_seq_len}"
+            )
         freqs_cis = self.freqs_cis[:seqlen]
         for layer in self.layers.values():
             h = layer(h, freqs_cis)

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from workers.contract import STRATEGIES
 from workers.models.config import PRESETS, get_model_config
@@ -26,9 +20,24 @@ from workers.spec.base import SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 
-__all__ = ["STRATEGIES", "CheckpointSpec", "DataSpec", "FailureSpec", "FsdpSpec", "GcsSpec",
-           "JobSpec", "ModelSpec", "ParallelismSpec", "PipelineSpec", "ResourcesSpec", "S3Spec",
-           "Spec", "TrainSpec", "WorkerRange", "parse_spec"]
+__all__ = [
+    "STRATEGIES",
+    "CheckpointSpec",
+    "DataSpec",
+    "FailureSpec",
+    "FsdpSpec",
+    "GcsSpec",
+    "JobSpec",
+    "ModelSpec",
+    "ParallelismSpec",
+    "PipelineSpec",
+    "ResourcesSpec",
+    "S3Spec",
+    "Spec",
+    "TrainSpec",
+    "WorkerRange",
+    "parse_spec",
+]
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MODEL_PRESETS = tuple(PRESETS)
@@ -61,7 +70,7 @@ class DataSpec(Spec):
     )
 
     @model_validator(mode="after")
-    def _path_matches_source(self) -> "DataSpec":
+    def _path_matches_source(self) -> DataSpec:
         if self.source in ("text", "jsonl") and not self.path:
             raise ValueError(f"data.path is required when data.source is {self.source!r}")
         if self.source == "synthetic" and self.path:
@@ -76,7 +85,7 @@ class WorkerRange(Spec):
     max: int = Field(ge=1, description="Most workers the job uses.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "WorkerRange":
+    def _ordered(self) -> WorkerRange:
         if self.min > self.max:
             raise ValueError(
                 f"resources.workers.min ({self.min}) must be <= resources.workers.max ({self.max})"
@@ -87,7 +96,7 @@ class WorkerRange(Spec):
 # Tagged so a bad range reports one error at resources.workers.range, not an extra
 # "should be a valid integer" and a loc holding pydantic's validator name.
 Workers = Annotated[
-    Union[Annotated[int, Tag("count")], Annotated[WorkerRange, Tag("range")]],
+    Annotated[int, Tag("count")] | Annotated[WorkerRange, Tag("range")],
     Discriminator(lambda v: "range" if isinstance(v, (dict, WorkerRange)) else "count"),
 ]
 
@@ -95,15 +104,13 @@ Workers = Annotated[
 class ResourcesSpec(Spec):
     """What each worker asks of the cluster."""
 
-    workers: Workers = Field(
-        2, description="Fixed worker count, or {min, max} for an elastic job."
-    )
+    workers: Workers = Field(2, description="Fixed worker count, or {min, max} for an elastic job.")
     gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per worker; may be fractional.")
 
     @field_validator("workers")
     @classmethod
-    def _positive(cls, v: Union[int, WorkerRange]) -> Union[int, WorkerRange]:
+    def _positive(cls, v: int | WorkerRange) -> int | WorkerRange:
         if isinstance(v, int) and v < 1:
             raise ValueError("resources.workers must be >= 1, or {min, max} with min >= 1")
         return v
@@ -140,7 +147,7 @@ class TrainSpec(Spec):
     seed: int = Field(0, ge=0, description="Seed for init, data order and dropout.")
 
     @model_validator(mode="after")
-    def _batch_and_warmup(self) -> "TrainSpec":
+    def _batch_and_warmup(self) -> TrainSpec:
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -160,13 +167,18 @@ class FailureSpec(Spec):
         3, ge=-1, description="Worker-group restarts inside one Ray job; -1 = unlimited."
     )
     max_resubmits: int = Field(
-        2, ge=0, description="Times the service resubmits the whole Ray job when its driver "
-        "or cluster dies (resuming from the newest checkpoint).")
+        2,
+        ge=0,
+        description="Times the service resubmits the whole Ray job when its driver "
+        "or cluster dies (resuming from the newest checkpoint).",
+    )
     warm_spares: bool = Field(
-        True, description="Keep, on each node, one idle worker process per training worker "
+        True,
+        description="Keep, on each node, one idle worker process per training worker "
         "with torch and the training code already imported, so that a worker group restarted "
         "after a failure or a resize starts in about a second instead of 5-15 s. Costs each "
-        "node about 0.4 GB of host memory per worker; no GPU memory.")
+        "node about 0.4 GB of host memory per worker; no GPU memory.",
+    )
 
 
 class JobSpec(Spec):
@@ -200,7 +212,7 @@ class JobSpec(Spec):
         return v
 
     @model_validator(mode="after")
-    def _layout_fits_workers(self) -> "JobSpec":
+    def _layout_fits_workers(self) -> JobSpec:
         par, res = self.parallelism, self.resources
         mp = par.model_parallel_size
         for n in sorted({res.min_workers, res.max_workers}):
@@ -239,28 +251,35 @@ class JobSpec(Spec):
             )
 
     @model_validator(mode="after")
-    def _layout_fits_model(self) -> "JobSpec":
+    def _layout_fits_model(self) -> JobSpec:
         par = self.parallelism
         cfg = get_model_config(self.model.preset)
         if par.tp > 1:
-            sizes = {"attention heads": cfg.n_heads, "KV heads": cfg.n_kv_heads,
-                     "hidden size": cfg.dim, "FFN hidden size": cfg.ffn_hidden}
+            sizes = {
+                "attention heads": cfg.n_heads,
+                "KV heads": cfg.n_kv_heads,
+                "hidden size": cfg.dim,
+                "FFN hidden size": cfg.ffn_hidden,
+            }
             bad = {k: v for k, v in sizes.items() if v % par.tp}
             if bad:
                 raise ValueError(
                     f"parallelism.tp ({par.tp}) must divide the {', '.join(bad)} of "
                     f"model.preset {self.model.preset!r} ({', '.join(map(str, bad.values()))}); "
-                    f"use a tp that divides {math.gcd(*sizes.values())}")
+                    f"use a tp that divides {math.gcd(*sizes.values())}"
+                )
         stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
         if par.pp > 1 and stages > cfg.n_layers:
             raise ValueError(
                 f"parallelism.pp ({par.pp}) with schedule {par.pipeline.schedule!r} needs "
                 f"{stages} pipeline stages but model.preset {self.model.preset!r} has "
-                f"{cfg.n_layers} layers; reduce parallelism.pp or use a deeper preset")
+                f"{cfg.n_layers} layers; reduce parallelism.pp or use a deeper preset"
+            )
         if self.data.seq_len > cfg.max_seq_len:
             raise ValueError(
                 f"data.seq_len ({self.data.seq_len}) exceeds the max_seq_len of model.preset "
-                f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}")
+                f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}"
+            )
         return self
 
     def data_parallel_size(self, world_size: int) -> int:
@@ -276,4 +295,3 @@ class JobSpec(Spec):
 def parse_spec(data: dict) -> JobSpec:
     """Validate a plain mapping (from JSON or YAML) into a :class:`JobSpec`."""
     return JobSpec.model_validate(data)
-

@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict
 class Spec(BaseModel):
     """A section of the job spec: unknown fields are an error, not a silent no-op."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 # Sections whose values may hold a key by mistake (a storage URI with user:key@, a

@@ -14,10 +14,12 @@ class FsdpSpec(Spec):
     """FSDP (ZeRO-style) sharding options."""
 
     zero_stage: Literal[1, 2, 3] = Field(
-        3, description="ZeRO stage: 3 shards parameters, gradients and optimizer state and "
+        3,
+        description="ZeRO stage: 3 shards parameters, gradients and optimizer state and "
         "frees gathered parameters after each block's forward; 2 keeps them gathered until "
         "backward. 1 runs as 2: FSDP2 has no optimizer-state-only mode, so gradients are "
-        "sharded too (less memory than ZeRO-1, never more); the plan says so.")
+        "sharded too (less memory than ZeRO-1, never more); the plan says so.",
+    )
     cpu_offload: bool = Field(False, description="Offload sharded parameters to host memory.")
 
 
@@ -45,9 +47,14 @@ class ParallelismSpec(Spec):
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipeline options.")
 
     @model_validator(mode="after")
-    def _degrees_match_strategy(self) -> "ParallelismSpec":
-        allowed = {"ddp": (False, False), "fsdp": (False, False), "tp": (True, False),
-                   "pp": (False, True), "hybrid": (True, True)}[self.strategy]
+    def _degrees_match_strategy(self) -> ParallelismSpec:
+        allowed = {
+            "ddp": (False, False),
+            "fsdp": (False, False),
+            "tp": (True, False),
+            "pp": (False, True),
+            "hybrid": (True, True),
+        }[self.strategy]
         if not allowed[0] and self.tp != 1:
             raise ValueError(
                 f"parallelism.tp must be 1 for strategy {self.strategy!r}; "
@@ -61,20 +68,22 @@ class ParallelismSpec(Spec):
         return self
 
     @model_validator(mode="after")
-    def _microbatches_fit_schedule(self) -> "ParallelismSpec":
+    def _microbatches_fit_schedule(self) -> ParallelismSpec:
         # torch.distributed.pipelining refuses these when the schedule is built,
         # i.e. on the workers after the job started; refuse them at submission.
         mb, pp, schedule = self.pipeline.microbatches, self.pp, self.pipeline.schedule
         if pp > 1 and schedule == "1f1b" and mb < pp:
             raise ValueError(
                 f"parallelism.pipeline.microbatches ({mb}) must be >= parallelism.pp ({pp}) "
-                "for schedule '1f1b'; raise microbatches or use schedule 'gpipe'")
+                "for schedule '1f1b'; raise microbatches or use schedule 'gpipe'"
+            )
         rounds = max(1, mb // pp)
         if pp > 1 and schedule == "interleaved_1f1b" and mb % rounds:
             raise ValueError(
                 f"parallelism.pipeline.microbatches ({mb}) must be at most parallelism.pp "
                 f"({pp}) or a multiple of microbatches // pp ({rounds}) for schedule "
-                f"'interleaved_1f1b'; use a multiple of {pp}")
+                f"'interleaved_1f1b'; use a multiple of {pp}"
+            )
         return self
 
     @property

@@ -10,8 +10,9 @@ them; it refuses to load when the two differ. :mod:`.mesh` builds the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -55,8 +56,7 @@ def get_strategy(name: str) -> ApplyStrategy:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(
-            f"parallelism.strategy {name!r} is not available; use one of "
-            f"{sorted(_REGISTRY)}"
+            f"parallelism.strategy {name!r} is not available; use one of {sorted(_REGISTRY)}"
         ) from None
 
 
@@ -65,5 +65,7 @@ def _load_builtin() -> None:
     from workers.strategies import ddp, fsdp, hybrid, pp, tp  # noqa: F401
 
     if set(_REGISTRY) != set(STRATEGIES):
-        raise RuntimeError(f"strategies registered {sorted(_REGISTRY)} differ from "
-                           f"workers.contract.STRATEGIES {sorted(STRATEGIES)}")
+        raise RuntimeError(
+            f"strategies registered {sorted(_REGISTRY)} differ from "
+            f"workers.contract.STRATEGIES {sorted(STRATEGIES)}"
+        )

@@ -20,7 +20,10 @@ def apply_ddp(model: nn.Module, *, mesh: DeviceMesh, cfg: StrategyConfig) -> nn.
     device = next(model.parameters()).device
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(
-        model, process_group=mesh["dp"].get_group(), device_ids=device_ids,
+        model,
+        process_group=mesh["dp"].get_group(),
+        device_ids=device_ids,
         # Buckets sized for small models too; the default 25 MB is one bucket for gpt-tiny.
-        bucket_cap_mb=25, gradient_as_bucket_view=True,
+        bucket_cap_mb=25,
+        gradient_as_bucket_view=True,
     )

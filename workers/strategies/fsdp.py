@@ -56,8 +56,9 @@ def fully_shard_options(*, dp_mesh: DeviceMesh, cfg: StrategyConfig) -> dict:
     if cfg.precision == "bf16":
         # bf16 compute, fp32 master weights (the sharded parameters the
         # optimizer steps) and fp32 gradient reductions.
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                    reduce_dtype=torch.float32)
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
     if cfg.parallelism.fsdp.cpu_offload:
         # Pinned host memory needs an accelerator; on CPU "offload" is a no-op move.
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu")
@@ -66,8 +67,7 @@ def fully_shard_options(*, dp_mesh: DeviceMesh, cfg: StrategyConfig) -> dict:
     return options
 
 
-def shard_data_parallel(model: nn.Module, *, dp_mesh: DeviceMesh,
-                        cfg: StrategyConfig) -> nn.Module:
+def shard_data_parallel(model: nn.Module, *, dp_mesh: DeviceMesh, cfg: StrategyConfig) -> nn.Module:
     """Shard ``model`` (a whole model or one pipeline stage's part) over ``dp_mesh``.
 
     Returns ``model`` unchanged when ``dp_mesh`` has one rank: there is
@@ -78,8 +78,9 @@ def shard_data_parallel(model: nn.Module, *, dp_mesh: DeviceMesh,
         return model
     options = fully_shard_options(dp_mesh=dp_mesh, cfg=cfg)
     for block in decoder_blocks(model):
-        fully_shard(block, reshard_after_forward=reshard_after_forward(cfg.parallelism.fsdp),
-                    **options)
+        fully_shard(
+            block, reshard_after_forward=reshard_after_forward(cfg.parallelism.fsdp), **options
+        )
     # The root (embeddings, final norm, head) is left to FSDP's default: it is
     # not resharded after forward because backward starts with it.
     fully_shard(model, **options)

@@ -47,9 +47,14 @@ def coordinates(mesh: DeviceMesh | None) -> Coordinates:
     if mesh is None:
         return Coordinates()
     get = {d: (mesh[d].get_local_rank(), mesh[d].size()) for d in MESH_DIMS}
-    return Coordinates(pp_rank=get["pp"][0], pp_size=get["pp"][1],
-                       dp_rank=get["dp"][0], dp_size=get["dp"][1],
-                       tp_rank=get["tp"][0], tp_size=get["tp"][1])
+    return Coordinates(
+        pp_rank=get["pp"][0],
+        pp_size=get["pp"][1],
+        dp_rank=get["dp"][0],
+        dp_size=get["dp"][1],
+        tp_rank=get["tp"][0],
+        tp_size=get["tp"][1],
+    )
 
 
 def check_tp_placement(node_ranks: list[int], *, tp: int) -> None:
@@ -59,12 +64,13 @@ def check_tp_placement(node_ranks: list[int], *, tp: int) -> None:
     layer, so it must stay inside one node's fast interconnect.
     """
     for start in range(0, len(node_ranks), tp):
-        nodes = sorted(set(node_ranks[start:start + tp]))
+        nodes = sorted(set(node_ranks[start : start + tp]))
         if len(nodes) > 1:
             raise ValueError(
                 f"parallelism.tp ({tp}) group of world ranks {start}..{start + tp - 1} spans "
                 f"nodes {nodes}; reduce parallelism.tp to at most the workers per node, or "
-                "give each node a multiple of tp workers")
+                "give each node a multiple of tp workers"
+            )
 
 
 def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:

@@ -30,8 +30,11 @@ from workers.models.config import ModelConfig, count_params
 from workers.strategies import StrategyConfig, register_strategy
 from workers.strategies.mesh import total_grad_norm
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-             "interleaved_1f1b": ScheduleInterleaved1F1B}
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+}
 # Virtual stages per pp rank; schedules not listed run one stage per rank.
 _STAGES_PER_RANK = {"interleaved_1f1b": 2}
 
@@ -52,7 +55,8 @@ def stage_layer_ranges(cfg: ModelConfig, n_stages: int) -> list[range]:
     if not 1 <= n_stages <= cfg.n_layers:
         raise ValueError(
             f"{n_stages} pipeline stages cannot split {cfg.n_layers} layers; use between 1 "
-            f"and {cfg.n_layers} stages (reduce parallelism.pp, or use a deeper preset)")
+            f"and {cfg.n_layers} stages (reduce parallelism.pp, or use a deeper preset)"
+        )
     one = count_params(dataclasses.replace(cfg, n_layers=1))
     block = count_params(dataclasses.replace(cfg, n_layers=2)) - one
     embedding, head = cfg.vocab_size * cfg.dim, cfg.vocab_size * cfg.dim + cfg.dim
@@ -65,11 +69,12 @@ def stage_layer_ranges(cfg: ModelConfig, n_stages: int) -> list[range]:
         lightest = min(range(n_stages), key=lambda s: extra[s] + counts[s] * block)
         counts[lightest] += 1
     starts = [sum(counts[:s]) for s in range(n_stages)]
-    return [range(start, start + n) for start, n in zip(starts, counts)]
+    return [range(start, start + n) for start, n in zip(starts, counts, strict=True)]
 
 
-def split_model(model: nn.Module, *, mesh: DeviceMesh,
-                cfg: StrategyConfig) -> list[tuple[int, nn.Module]]:
+def split_model(
+    model: nn.Module, *, mesh: DeviceMesh, cfg: StrategyConfig
+) -> list[tuple[int, nn.Module]]:
     """This pp rank's stages as ``(stage index, part)``, in stage order.
 
     Stage ``i`` of ``n`` goes to pp rank ``i % pp``: one stage per rank, or
@@ -80,8 +85,10 @@ def split_model(model: nn.Module, *, mesh: DeviceMesh,
     pp, rank = mesh["pp"].size(), mesh["pp"].get_local_rank()
     n_stages = pp * stages_per_rank(cfg.parallelism.pipeline.schedule)
     ranges = stage_layer_ranges(model.cfg, n_stages)
-    return [(i, _stage_part(model, ranges[i], first=i == 0, last=i == n_stages - 1))
-            for i in range(rank, n_stages, pp)]
+    return [
+        (i, _stage_part(model, ranges[i], first=i == 0, last=i == n_stages - 1))
+        for i in range(rank, n_stages, pp)
+    ]
 
 
 def _stage_part(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
@@ -95,7 +102,7 @@ def _stage_part(model: nn.Module, layers: range, *, first: bool, last: bool) -> 
     # dropped modules copies only this stage's parameters, so a rank never holds
     # more than the full model plus its own stages while splitting.
     part = copy.deepcopy(model, memo={id(m): None for m in drop})
-    for key in [k for k in part.layers.keys() if k not in keep]:
+    for key in [k for k in part.layers if k not in keep]:
         del part.layers[key]  # only the kept keys remain, so names match the full model
     return part
 
@@ -124,8 +131,14 @@ class StagePipeline:
     gradients summed over one optimizer step are those of the mean loss.
     """
 
-    def __init__(self, schedule, stages: list[PipelineStage], *, calls_per_step: int,
-                 pp_group: dist.ProcessGroup):
+    def __init__(
+        self,
+        schedule,
+        stages: list[PipelineStage],
+        *,
+        calls_per_step: int,
+        pp_group: dist.ProcessGroup,
+    ):
         self.schedule, self.stages, self.pp_group = schedule, stages, pp_group
         self.calls_per_step = calls_per_step
         self.has_first = any(s.is_first for s in stages)
@@ -136,8 +149,9 @@ class StagePipeline:
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
         # return_outputs=False: the last stage keeps no logits beyond the backward.
-        self.schedule.step(*args, target=targets if self.has_last else None,
-                           losses=losses, return_outputs=False)
+        self.schedule.step(
+            *args, target=targets if self.has_last else None, losses=losses, return_outputs=False
+        )
         if losses is None:
             return None
         # Each entry is ce_i / (microbatches * calls); the mean ce_i is sum * calls.
@@ -154,9 +168,15 @@ class StagePipeline:
         return total
 
 
-def build_pipeline(stages: list[tuple[int, nn.Module]], *, mesh: DeviceMesh,
-                   cfg: StrategyConfig, loss_fn, device: torch.device,
-                   calls_per_step: int) -> StagePipeline:
+def build_pipeline(
+    stages: list[tuple[int, nn.Module]],
+    *,
+    mesh: DeviceMesh,
+    cfg: StrategyConfig,
+    loss_fn,
+    device: torch.device,
+    calls_per_step: int,
+) -> StagePipeline:
     """The schedule named by ``cfg.parallelism.pipeline.schedule`` over ``stages``.
 
     Shapes are inferred from the first micro-batch at the first call (the
@@ -168,9 +188,17 @@ def build_pipeline(stages: list[tuple[int, nn.Module]], *, mesh: DeviceMesh,
     group = pp_mesh.get_group()
     # get_mesh: should TP hand DTensors across a stage boundary, shape inference
     # rebuilds them on the matching slice of the job's one mesh.
-    pstages = [PipelineStage(part, index, n_stages, device, group=group,
-                             get_mesh=lambda names, layout: mesh[tuple(names)])
-               for index, part in stages]
+    pstages = [
+        PipelineStage(
+            part,
+            index,
+            n_stages,
+            device,
+            group=group,
+            get_mesh=lambda names, layout: mesh[tuple(names)],
+        )
+        for index, part in stages
+    ]
     microbatches = cfg.parallelism.pipeline.microbatches
     loss_scale = microbatches * calls_per_step
 
@@ -181,7 +209,10 @@ def build_pipeline(stages: list[tuple[int, nn.Module]], *, mesh: DeviceMesh,
     # .grad in place after every call, which would shrink earlier calls' share
     # again; the loss above carries the whole 1/(microbatches x calls) instead.
     multi = stages_per_rank(schedule_name) > 1
-    schedule = SCHEDULES[schedule_name](pstages if multi else pstages[0],
-                                        n_microbatches=microbatches, loss_fn=scaled_loss,
-                                        scale_grads=False)
+    schedule = SCHEDULES[schedule_name](
+        pstages if multi else pstages[0],
+        n_microbatches=microbatches,
+        loss_fn=scaled_loss,
+        scale_grads=False,
+    )
     return StagePipeline(schedule, pstages, calls_per_step=calls_per_step, pp_group=group)

@@ -56,16 +56,21 @@ def block_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     # Inside the block the residual stream is a sequence-sharded DTensor: the
     # row-wise projections reduce-scatter into it, the norms run on it, and the
     # attention/MLP inputs are all-gathered from it.
-    plan.update({name: RowwiseParallel(output_layouts=seq, use_local_output=False)
-                 for name in _ROWWISE})
-    plan.update({
-        "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(seq, None),
-                                        desired_input_layouts=(Replicate(), None)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(seq,),
-                                           desired_input_layouts=(Replicate(),)),
-    })
+    plan.update(
+        {name: RowwiseParallel(output_layouts=seq, use_local_output=False) for name in _ROWWISE}
+    )
+    plan.update(
+        {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(
+                input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
+            ),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+            ),
+        }
+    )
     return plan
 
 
@@ -77,9 +82,13 @@ def sequence_parallel_boundary() -> ParallelStyle:
     they are; the cost is one all-gather per block output.
     """
     return PrepareModuleInputOutput(
-        input_layouts=(Replicate(), None), desired_input_layouts=(Shard(1), None),
-        use_local_input=False, output_layouts=(Shard(1),),
-        desired_output_layouts=(Replicate(),), use_local_output=True)
+        input_layouts=(Replicate(), None),
+        desired_input_layouts=(Shard(1), None),
+        use_local_input=False,
+        output_layouts=(Shard(1),),
+        desired_output_layouts=(Replicate(),),
+        use_local_output=True,
+    )
 
 
 def _check_divisible(block: nn.Module, tp: int) -> None:
@@ -91,7 +100,8 @@ def _check_divisible(block: nn.Module, tp: int) -> None:
         if width % (tp * unit):
             raise ValueError(
                 f"parallelism.tp ({tp}) must split {name} ({width} features) into whole "
-                f"heads of {unit}; use a tp that divides the model's head counts and FFN size")
+                f"heads of {unit}; use a tp that divides the model's head counts and FFN size"
+            )
 
 
 def apply_tensor_parallel(model: nn.Module, *, tp_mesh: DeviceMesh) -> nn.Module:

@@ -27,11 +27,18 @@ def _nbytes(t: torch.Tensor) -> int:
 def state_bytes(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict:
     """Bytes of parameters, gradients and optimizer state held by this rank."""
     params = [p for part in parts for p in part.parameters()]
-    opt = sum(_nbytes(v) for o in optimizers for st in o.state.values()
-              for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return {"params_bytes": sum(_nbytes(p) for p in params),
-            "grads_bytes": sum(_nbytes(p.grad) for p in params if p.grad is not None),
-            "optimizer_bytes": opt}
+    opt = sum(
+        _nbytes(v)
+        for o in optimizers
+        for st in o.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    return {
+        "params_bytes": sum(_nbytes(p) for p in params),
+        "grads_bytes": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer_bytes": opt,
+    }
 
 
 class ActivationMeter:
@@ -77,14 +84,14 @@ class ActivationMeter:
         return False
 
 
-def memory_report(parts, optimizers, meter: ActivationMeter | None,
-                  device: torch.device) -> dict:
+def memory_report(parts, optimizers, meter: ActivationMeter | None, device: torch.device) -> dict:
     """This rank's measured memory (call after backward, before zero_grad)."""
     report = state_bytes(parts, optimizers)
     report["activations_bytes"] = meter.peak if meter else 0
     # Gathered copies held from forward to backward on top of this rank's shards.
-    report["gathered_params_bytes"] = max(0, (meter.resident_params if meter else 0)
-                                          - report["params_bytes"])
+    report["gathered_params_bytes"] = max(
+        0, (meter.resident_params if meter else 0) - report["params_bytes"]
+    )
     report["peak_bytes"] = sum(report.values())
     report["peak_source"] = "state+activations"
     if device.type == "cuda":

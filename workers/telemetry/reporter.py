@@ -45,8 +45,9 @@ class TelemetryReporter:
     ``close`` flushes what is queued, waiting at most ``timeout`` seconds.
     """
 
-    def __init__(self, *, url: str | None, token: str | None, job_id: str,
-                 flush_interval: float = 0.5):
+    def __init__(
+        self, *, url: str | None, token: str | None, job_id: str, flush_interval: float = 0.5
+    ):
         self.url, self.job_id, self.flush_interval = url, job_id, flush_interval
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._queue: queue.Queue = queue.Queue(maxsize=_MAX_QUEUE)
@@ -59,20 +60,35 @@ class TelemetryReporter:
         self._thread.start()
 
     @classmethod
-    def from_env(cls, job_id: str) -> "TelemetryReporter":
+    def from_env(cls, job_id: str) -> TelemetryReporter:
         """Build from ETRAIN_REPORT_URL / ETRAIN_REPORT_TOKEN set by the service."""
-        return cls(url=os.environ.get(REPORT_URL_ENV),
-                   token=os.environ.get(REPORT_TOKEN_ENV), job_id=job_id)
+        return cls(
+            url=os.environ.get(REPORT_URL_ENV),
+            token=os.environ.get(REPORT_TOKEN_ENV),
+            job_id=job_id,
+        )
 
     def metric(self, point: MetricPoint) -> None:
         """Queue one per-step metrics point."""
         self._put(("metrics", point))
 
-    def event(self, kind: EventKind, message: str, *, data: dict | None = None,
-              dedup_key: str | None = None) -> None:
+    def event(
+        self,
+        kind: EventKind,
+        message: str,
+        *,
+        data: dict | None = None,
+        dedup_key: str | None = None,
+    ) -> None:
         """Queue a lifecycle event; ``dedup_key`` makes a replayed event count once."""
-        self._put(("events", TelemetryEvent(kind=kind.value, message=message, data=data,
-                                            dedup_key=dedup_key, ts=time.time())))
+        self._put(
+            (
+                "events",
+                TelemetryEvent(
+                    kind=kind.value, message=message, data=data, dedup_key=dedup_key, ts=time.time()
+                ),
+            )
+        )
 
     def checkpoint(self, record: CheckpointRecord) -> None:
         """Queue a committed checkpoint record."""
@@ -151,8 +167,9 @@ class TelemetryReporter:
                     print("ETRAIN_TELEMETRY " + json.dumps({key: item}), flush=True)
             return True
         try:
-            r = client.post(f"{self.url}{telemetry_path(self.job_id)}", json=body,
-                            headers=self._headers)
+            r = client.post(
+                f"{self.url}{telemetry_path(self.job_id)}", json=body, headers=self._headers
+            )
             r.raise_for_status()
             return True
         except httpx.HTTPError as e:  # keep the batch; the next tick retries

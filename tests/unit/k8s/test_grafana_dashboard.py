@@ -26,8 +26,10 @@ def _etrain_metrics() -> set[str]:
 def _ray_metrics() -> set[str]:
     """Ray Train's metric names (prefixed ``ray_`` on export) and the node metrics used."""
     root = Path(importlib.util.find_spec("ray").origin).parent
-    source = "".join((root / "train/v2/_internal/metrics" / f).read_text()
-                     for f in ("controller.py", "worker.py"))
+    source = "".join(
+        (root / "train/v2/_internal/metrics" / f).read_text()
+        for f in ("controller.py", "worker.py")
+    )
     train = {f"ray_{n}" for n in re.findall(r'= "(train_[a-z_]+)"', source)}
     panels = (root / "dashboard/modules/metrics/dashboards").glob("*.py")
     node = set(re.findall(r"\b(ray_[a-z_]+)\{", "".join(p.read_text() for p in panels)))
@@ -49,22 +51,34 @@ def test_every_query_uses_exported_metrics():
 
 def test_dashboard_covers_the_promised_signals():
     text = " ".join(_queries())
-    for needle in ('etrain_jobs{status="QUEUED"}', "ray_train_report_total_blocked_time_s",
-                   '"RESTARTING"', '"RESIZING"', 'ray_resources{Name="GPU",State="USED"}',
-                   "etrain_telemetry_points_total"):
+    for needle in (
+        'etrain_jobs{status="QUEUED"}',
+        "ray_train_report_total_blocked_time_s",
+        '"RESTARTING"',
+        '"RESIZING"',
+        'ray_resources{Name="GPU",State="USED"}',
+        "etrain_telemetry_points_total",
+    ):
         assert needle in text
 
 
 def test_dashboard_has_per_job_panels_for_every_per_job_metric():
     dash = json.loads(DASHBOARD.read_text())
-    per_job = {n for n in _etrain_metrics() if n.startswith("etrain_job_")
-               and not n.endswith("_created")} - {"etrain_job_restarts", "etrain_job_resizes"}
+    per_job = {
+        n for n in _etrain_metrics() if n.startswith("etrain_job_") and not n.endswith("_created")
+    } - {"etrain_job_restarts", "etrain_job_resizes"}
     text = " ".join(_queries())
     assert per_job == {
-        "etrain_job_step", "etrain_job_step_time_seconds", "etrain_job_samples_per_second",
-        "etrain_job_tokens_per_second", "etrain_job_world_size", "etrain_job_loss",
-        "etrain_job_restarts_total", "etrain_job_resizes_total",
-        "etrain_job_checkpoint_blocking_seconds"}
+        "etrain_job_step",
+        "etrain_job_step_time_seconds",
+        "etrain_job_samples_per_second",
+        "etrain_job_tokens_per_second",
+        "etrain_job_world_size",
+        "etrain_job_loss",
+        "etrain_job_restarts_total",
+        "etrain_job_resizes_total",
+        "etrain_job_checkpoint_blocking_seconds",
+    }
     assert {m for m in per_job if m not in text} == set()
     assert 'job_id=~"$job_id"' in text
     assert "job_id" in {v["name"] for v in dash["templating"]["list"]}

@@ -16,8 +16,8 @@ import yaml
 from service.k8s.manifests import RayClusterConfig, WorkerGroupConfig, build_raycluster
 from service.k8s.validate import ManifestError, object_errors, validate_objects
 from service.settings import Settings
-from tests.support.helm import by_kind as _by_kind
 from tests.support.helm import CHART, NS, render
+from tests.support.helm import by_kind as _by_kind
 from tests.support.k8s_expected import ray_auth_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,10 +39,14 @@ def test_chart_renders_valid_objects(values_file):
 @pytest.mark.parametrize("values_file", [None, *VALUES_FILES])
 def test_chart_lints_clean(values_file):
     report = helm.lint(CHART, _values(values_file), strict=False, kube_version="v1.30.0")
-    problems = [m for m in report["messages"] if m["severity"] >= 2
-                # The optional KubeRay operator chart is fetched by `helm dependency update`,
-                # which needs the network; the chart renders without it.
-                and "missing these dependencies: kuberay-operator" not in m["error"]]
+    problems = [
+        m
+        for m in report["messages"]
+        if m["severity"] >= 2
+        # The optional KubeRay operator chart is fetched by `helm dependency update`,
+        # which needs the network; the chart renders without it.
+        and "missing these dependencies: kuberay-operator" not in m["error"]
+    ]
     assert report["errors"] == [] and problems == []
 
 
@@ -50,18 +54,36 @@ def _config_from_values(values: dict, *, name: str) -> RayClusterConfig:
     """What ``etrain manifests raycluster`` would be asked for, from chart values."""
     merged = helm.Chart.load(CHART).merge_values(values)
     ray = merged["ray"]
-    groups = tuple(WorkerGroupConfig(
-        name=g["name"], min_replicas=g["minReplicas"], max_replicas=g["maxReplicas"],
-        gpus=g["gpus"], cpus=g["cpus"], memory=g["memory"], gpu_type=g["gpuType"] or None,
-        node_selector=g["nodeSelector"], tolerations=tuple(g["tolerations"]),
-        shm_size=g["shmSize"]) for g in ray["workerGroups"])
+    groups = tuple(
+        WorkerGroupConfig(
+            name=g["name"],
+            min_replicas=g["minReplicas"],
+            max_replicas=g["maxReplicas"],
+            gpus=g["gpus"],
+            cpus=g["cpus"],
+            memory=g["memory"],
+            gpu_type=g["gpuType"] or None,
+            node_selector=g["nodeSelector"],
+            tolerations=tuple(g["tolerations"]),
+            shm_size=g["shmSize"],
+        )
+        for g in ray["workerGroups"]
+    )
     return RayClusterConfig(
-        name=name, namespace=NS, image=merged["images"]["worker"], ray_version=ray["version"],
-        head_cpus=ray["head"]["cpus"], head_memory=ray["head"]["memory"], worker_groups=groups,
+        name=name,
+        namespace=NS,
+        image=merged["images"]["worker"],
+        ray_version=ray["version"],
+        head_cpus=ray["head"]["cpus"],
+        head_memory=ray["head"]["memory"],
+        worker_groups=groups,
         idle_timeout_seconds=ray["autoscaler"]["idleTimeoutSeconds"],
         upscaling_mode=ray["autoscaler"]["upscalingMode"],
-        checkpoint_claim=f"{name}-checkpoints", storage_secret="etrain-storage",
-        metrics_port=ray["metricsPort"], auth_secret=ray["authSecret"] or None)
+        checkpoint_claim=f"{name}-checkpoints",
+        storage_secret="etrain-storage",
+        metrics_port=ray["metricsPort"],
+        auth_secret=ray["authSecret"] or None,
+    )
 
 
 def _drop_pull_secrets(spec: dict) -> None:
@@ -70,9 +92,16 @@ def _drop_pull_secrets(spec: dict) -> None:
         group["template"]["spec"].pop("imagePullSecrets", None)
 
 
-@pytest.mark.parametrize("values", [
-    None, "gpu-pools-values.yaml", {"ray": {"authSecret": "team-a-ray-token"}},
-    {"ray": {"authSecret": ""}}], ids=["default", "gpu-pools", "auth-secret", "no-auth"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        None,
+        "gpu-pools-values.yaml",
+        {"ray": {"authSecret": "team-a-ray-token"}},
+        {"ray": {"authSecret": ""}},
+    ],
+    ids=["default", "gpu-pools", "auth-secret", "no-auth"],
+)
 def test_raycluster_template_agrees_with_the_builder(values):
     values = values if isinstance(values, dict) else _values(values)
     objects, _ = render(values, release="train")
@@ -89,15 +118,19 @@ def test_gpu_pools_are_rendered_as_asked():
     assert (h100["minReplicas"], h100["maxReplicas"], a100["maxReplicas"]) == (2, 16, 4)
     assert h100["template"]["spec"]["nodeSelector"] == {
         "cloud.google.com/gke-nodepool": "h100",
-        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    }
     assert len(h100["template"]["spec"]["tolerations"]) == 2
     assert h100["template"]["spec"]["imagePullSecrets"] == [{"name": "registry-creds"}]
     assert ("Ingress", "etrain") in _by_kind(objects)
 
 
 def test_configmap_is_real_settings_for_every_mode():
-    for values_file, backend in [(None, "kuberay"), ("per-job-clusters-values.yaml", "kuberay"),
-                                 ("ray-jobs-postgres-minio-values.yaml", "ray-jobs")]:
+    for values_file, backend in [
+        (None, "kuberay"),
+        ("per-job-clusters-values.yaml", "kuberay"),
+        ("ray-jobs-postgres-minio-values.yaml", "ray-jobs"),
+    ]:
         objects, _ = render(_values(values_file))
         data = _by_kind(objects)[("ConfigMap", "etrain-config")]["data"]
         fields = {f"ETRAIN_{n.upper()}" for n in Settings.model_fields}
@@ -123,16 +156,21 @@ def test_control_plane_and_ray_pods_share_the_ray_token(values_file):
     values = _values(values_file)
     kinds = _by_kind(render(values)[0])
     (c,) = kinds[("Deployment", "etrain")]["spec"]["template"]["spec"]["containers"]
-    assert [e for e in c["env"] if e["name"].startswith("RAY_AUTH")] == \
-        ray_auth_env("etrain-ray-token")
+    assert [e for e in c["env"] if e["name"].startswith("RAY_AUTH")] == ray_auth_env(
+        "etrain-ray-token"
+    )
     data = kinds[("ConfigMap", "etrain-config")]["data"]
     if data["ETRAIN_BACKEND"] == "kuberay":  # per-job clusters are built from this setting
-        assert Settings(k8s_ray_auth_secret=data["ETRAIN_K8S_RAY_AUTH_SECRET"]
-                        ).k8s_ray_auth_secret == "etrain-ray-token"
+        assert (
+            Settings(k8s_ray_auth_secret=data["ETRAIN_K8S_RAY_AUTH_SECRET"]).k8s_ray_auth_secret
+            == "etrain-ray-token"
+        )
     for kind, name in kinds:
         if kind == "RayCluster":
             assert kinds[(kind, name)]["spec"]["authOptions"] == {
-                "mode": "token", "secretName": "etrain-ray-token"}
+                "mode": "token",
+                "secretName": "etrain-ray-token",
+            }
 
 
 def test_token_auth_can_be_switched_off():
@@ -147,17 +185,33 @@ def test_token_auth_can_be_switched_off():
 
 
 def test_a_bad_worker_group_is_caught_by_the_validators():
-    values = {"ray": {"workerGroups": [{"name": "gpu", "minReplicas": 8, "maxReplicas": 2,
-                                        "gpus": 8, "cpus": 32, "memory": "1Ti", "gpuType": "",
-                                        "nodeSelector": {}, "tolerations": [],
-                                        "shmSize": "8Gi"}]}}
+    values = {
+        "ray": {
+            "workerGroups": [
+                {
+                    "name": "gpu",
+                    "minReplicas": 8,
+                    "maxReplicas": 2,
+                    "gpus": 8,
+                    "cpus": 32,
+                    "memory": "1Ti",
+                    "gpuType": "",
+                    "nodeSelector": {},
+                    "tolerations": [],
+                    "shmSize": "8Gi",
+                }
+            ]
+        }
+    }
     objects, _ = render(values)
     with pytest.raises(ManifestError, match=r"minReplicas \(8\) must be <= "):
         validate_objects(objects)
 
 
 def test_a_bad_backend_fails_rendering():
-    with pytest.raises(helm.HelmError, match="controlPlane.backend must be kuberay or ray-jobs"):
+    with pytest.raises(
+        helm.HelmError, match=re.escape("controlPlane.backend must be kuberay or ray-jobs")
+    ):
         render({"controlPlane": {"backend": "slurm"}})
 
 

@@ -22,10 +22,17 @@ from service.k8s.manifests import (
 from service.k8s.validate import ManifestError, object_errors, strict_schema, validate_objects
 
 DEPLOYMENT = {
-    "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "etrain"},
-    "spec": {"selector": {"matchLabels": {"a": "b"}},
-             "template": {"metadata": {"labels": {"a": "b"}},
-                          "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "etrain"},
+    "spec": {
+        "selector": {"matchLabels": {"a": "b"}},
+        "template": {
+            "metadata": {"labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        },
+    },
+}
 
 
 def _cluster(**group) -> dict:
@@ -33,8 +40,14 @@ def _cluster(**group) -> dict:
 
 
 def _job(**kw) -> dict:
-    base = dict(name="train-1", namespace="etrain", job_id="j-1", submission_id="train-1",
-                env={}, cluster_name="etrain")
+    base = dict(
+        name="train-1",
+        namespace="etrain",
+        job_id="j-1",
+        submission_id="train-1",
+        env={},
+        cluster_name="etrain",
+    )
     return build_rayjob(RayJobConfig(**{**base, **kw}), spec_json="{}")
 
 
@@ -45,15 +58,18 @@ def _one_error(obj: dict) -> str:
 
 
 def test_built_objects_are_valid():
-    validate_objects([_cluster(), _job(), _job(cluster_name=None, cluster=RayClusterConfig()),
-                      DEPLOYMENT])
+    validate_objects(
+        [_cluster(), _job(), _job(cluster_name=None, cluster=RayClusterConfig()), DEPLOYMENT]
+    )
 
 
 def test_crd_schema_rejects_unknown_fields_naming_them():
     obj = _cluster()
     obj["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
-    assert _one_error(obj) == ("RayCluster/etrain: spec.workerGroupSpecs[0]: Additional "
-                               "properties are not allowed ('maxReplica' was unexpected)")
+    assert _one_error(obj) == (
+        "RayCluster/etrain: spec.workerGroupSpecs[0]: Additional "
+        "properties are not allowed ('maxReplica' was unexpected)"
+    )
     obj = _cluster()
     obj["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePolicy"] = "x"
     assert "'imagePolicy' was unexpected" in _one_error(obj)
@@ -62,8 +78,10 @@ def test_crd_schema_rejects_unknown_fields_naming_them():
 def test_crd_schema_rejects_wrong_types_naming_the_field():
     obj = _cluster()
     obj["spec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = 8
-    assert _one_error(obj) == ("RayCluster/etrain: spec.workerGroupSpecs[0].rayStartParams."
-                               "num-gpus: 8 is not of type 'string'")
+    assert _one_error(obj) == (
+        "RayCluster/etrain: spec.workerGroupSpecs[0].rayStartParams."
+        "num-gpus: 8 is not of type 'string'"
+    )
     obj = _cluster()
     obj["spec"]["autoscalerOptions"]["version"] = "v3"
     assert "spec.autoscalerOptions.version: 'v3' is not one of" in _one_error(obj)
@@ -76,11 +94,18 @@ def test_crd_metadata_is_checked_against_objectmeta():
 
 
 def test_strictness_respects_preserve_unknown_fields():
-    schema = {"type": "object", "properties": {
-        "open": {"type": "object", "properties": {"a": {}},
-                 "x-kubernetes-preserve-unknown-fields": True},
-        "map": {"type": "object", "additionalProperties": {"type": "string"}},
-        "closed": {"type": "object", "properties": {"a": {}}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "open": {
+                "type": "object",
+                "properties": {"a": {}},
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "map": {"type": "object", "additionalProperties": {"type": "string"}},
+            "closed": {"type": "object", "properties": {"a": {}}},
+        },
+    }
     strict = strict_schema(schema)
     assert strict["additionalProperties"] is False
     assert "additionalProperties" not in strict["properties"]["open"]
@@ -100,22 +125,40 @@ def test_core_schema_rejects_unknown_and_mistyped_fields():
     assert _one_error(bad).startswith("Deployment/etrain: spec.replicas: 'two' is not of type")
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda s: s["workerGroupSpecs"][0].update(minReplicas=5, maxReplicas=2, replicas=2),
-     "spec.workerGroupSpecs[0].minReplicas (5) must be <= spec.workerGroupSpecs[0].maxReplicas"),
-    (lambda s: s["workerGroupSpecs"][0].update(replicas=9),
-     "spec.workerGroupSpecs[0].replicas (9) must be within"),
-    (lambda s: s["workerGroupSpecs"].append(copy.deepcopy(s["workerGroupSpecs"][0])),
-     "spec.workerGroupSpecs[1].groupName: 'gpu' is used twice"),
-    (lambda s: s["workerGroupSpecs"][0].update(resources={"GPU": "8"}),
-     "spec.workerGroupSpecs[0]: set resources in rayStartParams or in resources, not both"),
-    (lambda s: s["headGroupSpec"]["template"]["spec"].update(restartPolicy="Always"),
-     "spec.headGroupSpec.template.spec.restartPolicy: must be Never or unset"),
-    (lambda s: s["headGroupSpec"]["template"]["spec"].update(containers=[]),
-     "spec.headGroupSpec.template.spec.containers: needs at least one container"),
-    (lambda s: s.update(authOptions={"mode": "token"}, rayVersion="2.40.0"),
-     "spec.rayVersion: token auth needs Ray >= 2.52.0"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (
+            lambda s: s["workerGroupSpecs"][0].update(minReplicas=5, maxReplicas=2, replicas=2),
+            "spec.workerGroupSpecs[0].minReplicas (5) must be <= "
+            "spec.workerGroupSpecs[0].maxReplicas",
+        ),
+        (
+            lambda s: s["workerGroupSpecs"][0].update(replicas=9),
+            "spec.workerGroupSpecs[0].replicas (9) must be within",
+        ),
+        (
+            lambda s: s["workerGroupSpecs"].append(copy.deepcopy(s["workerGroupSpecs"][0])),
+            "spec.workerGroupSpecs[1].groupName: 'gpu' is used twice",
+        ),
+        (
+            lambda s: s["workerGroupSpecs"][0].update(resources={"GPU": "8"}),
+            "spec.workerGroupSpecs[0]: set resources in rayStartParams or in resources, not both",
+        ),
+        (
+            lambda s: s["headGroupSpec"]["template"]["spec"].update(restartPolicy="Always"),
+            "spec.headGroupSpec.template.spec.restartPolicy: must be Never or unset",
+        ),
+        (
+            lambda s: s["headGroupSpec"]["template"]["spec"].update(containers=[]),
+            "spec.headGroupSpec.template.spec.containers: needs at least one container",
+        ),
+        (
+            lambda s: s.update(authOptions={"mode": "token"}, rayVersion="2.40.0"),
+            "spec.rayVersion: token auth needs Ray >= 2.52.0",
+        ),
+    ],
+)
 def test_operator_checks_on_rayclusters(mutate, field):
     obj = _cluster()
     mutate(obj["spec"])
@@ -131,20 +174,35 @@ def test_name_limits():
     assert len(dns1035_name("X" * 80, max_len=47)) == 47
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda s: s.update(rayClusterSpec=build_raycluster(RayClusterConfig())["spec"]),
-     "set exactly one of spec.rayClusterSpec and spec.clusterSelector"),
-    (lambda s: s.pop("clusterSelector"), "set exactly one of"),
-    (lambda s: s.update(clusterSelector={"ray.io/cluster": ""}), "cluster name must not be empty"),
-    (lambda s: s.update(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds: must be positive"),
-    (lambda s: s.update(runtimeEnvYAML="[a, b]"), "spec.runtimeEnvYAML: must be a YAML mapping"),
-    (lambda s: s.update(suspend=True), "spec.suspend: needs spec.shutdownAfterJobFinishes"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (
+            lambda s: s.update(rayClusterSpec=build_raycluster(RayClusterConfig())["spec"]),
+            "set exactly one of spec.rayClusterSpec and spec.clusterSelector",
+        ),
+        (lambda s: s.pop("clusterSelector"), "set exactly one of"),
+        (
+            lambda s: s.update(clusterSelector={"ray.io/cluster": ""}),
+            "cluster name must not be empty",
+        ),
+        (
+            lambda s: s.update(activeDeadlineSeconds=0),
+            "spec.activeDeadlineSeconds: must be positive",
+        ),
+        (
+            lambda s: s.update(runtimeEnvYAML="[a, b]"),
+            "spec.runtimeEnvYAML: must be a YAML mapping",
+        ),
+        (lambda s: s.update(suspend=True), "spec.suspend: needs spec.shutdownAfterJobFinishes"),
+    ],
+)
 def test_operator_checks_on_rayjobs(mutate, field):
     obj = _job()
     mutate(obj["spec"])
     assert field.replace("must be positive", "must be a positive integer") in " ".join(
-        object_errors(obj))
+        object_errors(obj)
+    )
 
 
 def test_bad_labels_are_rejected():
@@ -164,8 +222,7 @@ def test_validate_objects_raises_with_every_problem():
 def test_rayjob_env_matches_the_ray_job_api_backend():
     job = _job(env={"ETRAIN_REPORT_URL": "http://x"})
     env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
-    assert env == {"ETRAIN_JOB_ID": "j-1", "ETRAIN_JOB_SPEC": "{}",
-                   "ETRAIN_REPORT_URL": "http://x"}
+    assert env == {"ETRAIN_JOB_ID": "j-1", "ETRAIN_JOB_SPEC": "{}", "ETRAIN_REPORT_URL": "http://x"}
 
 
 def test_worker_range_parsing():
@@ -180,8 +237,19 @@ runner = CliRunner()
 
 
 def test_cli_raycluster_prints_a_valid_sized_cluster():
-    result = runner.invoke(app, ["manifests", "raycluster", "--gpus-per-node", "8",
-                                 "--gpu-workers", "2:16", "--gpu-type", "NVIDIA-H100-80GB-HBM3"])
+    result = runner.invoke(
+        app,
+        [
+            "manifests",
+            "raycluster",
+            "--gpus-per-node",
+            "8",
+            "--gpu-workers",
+            "2:16",
+            "--gpu-type",
+            "NVIDIA-H100-80GB-HBM3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     (obj,) = list(yaml.safe_load_all(result.stdout))
     validate_objects([obj])
@@ -189,8 +257,9 @@ def test_cli_raycluster_prints_a_valid_sized_cluster():
     assert (group["minReplicas"], group["maxReplicas"], group["replicas"]) == (2, 16, 2)
     pod = group["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-        pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
 
 
 def test_cli_raycluster_refuses_an_invalid_name():
@@ -214,5 +283,8 @@ def test_cli_rayjob_from_an_example_spec(cluster):
     else:
         (group,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
         assert (group["minReplicas"], group["maxReplicas"]) == (8, 8)
-        assert group["rayStartParams"] == {"num-cpus": "8", "metrics-export-port": "8080",
-                                           "num-gpus": "1"}
+        assert group["rayStartParams"] == {
+            "num-cpus": "8",
+            "metrics-export-port": "8080",
+            "num-gpus": "1",
+        }

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import yaml
-from tests.unit.k8s.fake_kube import FakeCustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from service.backends.base import LaunchRequest, RunState
@@ -15,23 +14,30 @@ from service.backends.kuberay import KubeRayBackend, map_rayjob_status
 from service.errors import BackendError, BackendUnavailable
 from service.k8s.manifests import RayClusterConfig, build_raycluster
 from service.settings import Settings
+from tests.unit.k8s.fake_kube import FakeCustomObjectsApi
 
 NS = "etrain"
-SECRET = "tok-0123456789abcdef"  # noqa: S105 - a test value
+SECRET = "tok-0123456789abcdef"
 
 
 def _spec(workers, gpus=1, cpus=4):
-    return json.dumps({"name": "llama-fsdp", "parallelism": {"strategy": "fsdp"},
-                       "resources": {"workers": workers, "gpus_per_worker": gpus,
-                                     "cpus_per_worker": cpus},
-                       "train": {"global_batch_size": 48, "micro_batch_size": 1}})
+    return json.dumps(
+        {
+            "name": "llama-fsdp",
+            "parallelism": {"strategy": "fsdp"},
+            "resources": {"workers": workers, "gpus_per_worker": gpus, "cpus_per_worker": cpus},
+            "train": {"global_batch_size": 48, "micro_batch_size": 1},
+        }
+    )
 
 
 def _req(sub="etrain-j-0a1b2c3d4e5f-0", workers=None):
-    return LaunchRequest(job_id="j-0a1b2c3d4e5f", submission_id=sub,
-                         spec_json=_spec(workers or {"min": 2, "max": 4}),
-                         env={"ETRAIN_REPORT_URL": "http://etrain.etrain.svc:8000",
-                              "ETRAIN_REPORT_TOKEN": SECRET})
+    return LaunchRequest(
+        job_id="j-0a1b2c3d4e5f",
+        submission_id=sub,
+        spec_json=_spec(workers or {"min": 2, "max": 4}),
+        env={"ETRAIN_REPORT_URL": "http://etrain.etrain.svc:8000", "ETRAIN_REPORT_TOKEN": SECRET},
+    )
 
 
 @pytest.fixture
@@ -44,7 +50,7 @@ def _backend(api, **kw):
 
 
 def _only_rayjob(api):
-    (key, obj), = [(k, v) for k, v in api.objects.items() if k[0] == "rayjobs"]
+    ((_key, obj),) = [(k, v) for k, v in api.objects.items() if k[0] == "rayjobs"]
     return obj
 
 
@@ -61,13 +67,18 @@ def test_submit_on_shared_cluster_uses_cluster_selector(api):
     assert env["ETRAIN_JOB_ID"] == "j-0a1b2c3d4e5f"
     assert json.loads(env["ETRAIN_JOB_SPEC"])["resources"]["workers"] == {"min": 2, "max": 4}
     assert env["ETRAIN_REPORT_TOKEN"] == SECRET
-    assert url == ("http://etrain-head-svc.etrain.svc.cluster.local:8265"
-                   "/#/jobs/etrain-j-0a1b2c3d4e5f-0")
+    assert url == (
+        "http://etrain-head-svc.etrain.svc.cluster.local:8265/#/jobs/etrain-j-0a1b2c3d4e5f-0"
+    )
 
 
 def test_submit_without_cluster_embeds_one_sized_from_the_job(api):
-    backend = _backend(api, ttl_seconds_after_finished=600, active_deadline_seconds=86400,
-                       dashboard_url="http://localhost:8265/")
+    backend = _backend(
+        api,
+        ttl_seconds_after_finished=600,
+        active_deadline_seconds=86400,
+        dashboard_url="http://localhost:8265/",
+    )
     url = backend.submit(_req(workers={"min": 2, "max": 4}))
     spec = _only_rayjob(api)["spec"]
     assert "clusterSelector" not in spec
@@ -92,8 +103,11 @@ def test_submit_is_idempotent_per_submission(api):
 
 
 def test_submit_refuses_an_object_kuberay_would_reject(api):
-    backend = _backend(api, cluster_template=RayClusterConfig(name="etrain", image=""),
-                       active_deadline_seconds=None)
+    backend = _backend(
+        api,
+        cluster_template=RayClusterConfig(name="etrain", image=""),
+        active_deadline_seconds=None,
+    )
     backend.active_deadline = -5  # activeDeadlineSeconds must be positive
     with pytest.raises(BackendError, match="activeDeadlineSeconds") as info:
         backend.submit(_req())
@@ -101,18 +115,21 @@ def test_submit_refuses_an_object_kuberay_would_reject(api):
     assert not api.objects
 
 
-@pytest.mark.parametrize("status, state", [
-    ({}, RunState.PENDING),
-    ({"jobDeploymentStatus": "Initializing"}, RunState.PENDING),
-    ({"jobDeploymentStatus": "Running", "jobStatus": "PENDING"}, RunState.PENDING),
-    ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, RunState.RUNNING),
-    ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}, RunState.SUCCEEDED),
-    ({"jobDeploymentStatus": "Complete", "jobStatus": "FAILED"}, RunState.FAILED),
-    ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, RunState.STOPPED),
-    ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"}, RunState.FAILED),
-    ({"jobDeploymentStatus": "ValidationFailed", "message": "bad spec"}, RunState.FAILED),
-    ({"jobDeploymentStatus": "Suspended"}, RunState.STOPPED),
-])
+@pytest.mark.parametrize(
+    "status, state",
+    [
+        ({}, RunState.PENDING),
+        ({"jobDeploymentStatus": "Initializing"}, RunState.PENDING),
+        ({"jobDeploymentStatus": "Running", "jobStatus": "PENDING"}, RunState.PENDING),
+        ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, RunState.RUNNING),
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}, RunState.SUCCEEDED),
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "FAILED"}, RunState.FAILED),
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, RunState.STOPPED),
+        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"}, RunState.FAILED),
+        ({"jobDeploymentStatus": "ValidationFailed", "message": "bad spec"}, RunState.FAILED),
+        ({"jobDeploymentStatus": "Suspended"}, RunState.STOPPED),
+    ],
+)
 def test_status_mapping(status, state):
     assert map_rayjob_status(status).state == state
 
@@ -121,9 +138,16 @@ def test_status_follows_the_object_and_missing_when_gone(api):
     backend = _backend(api, cluster_name="etrain")
     req = _req()
     backend.submit(req)
-    api.set_status("rayjobs", NS, "etrain-j-0a1b2c3d4e5f-0",
-                   {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded",
-                    "message": "the RayJob has passed the activeDeadlineSeconds"})
+    api.set_status(
+        "rayjobs",
+        NS,
+        "etrain-j-0a1b2c3d4e5f-0",
+        {
+            "jobDeploymentStatus": "Failed",
+            "reason": "DeadlineExceeded",
+            "message": "the RayJob has passed the activeDeadlineSeconds",
+        },
+    )
     got = backend.status(req.submission_id)
     assert got.state == RunState.FAILED and "DeadlineExceeded" in got.message
     backend.stop(req.submission_id)
@@ -175,8 +199,12 @@ def test_per_job_clusters_report_the_quota(api):
 def test_logs_go_through_the_clusters_ray_job_api(api, monkeypatch):
     backend = _backend(api, cluster_name="etrain")
     backend.submit(_req())
-    api.set_status("rayjobs", NS, "etrain-j-0a1b2c3d4e5f-0",
-                   {"dashboardURL": "etrain-head-svc.etrain.svc.cluster.local:8265"})
+    api.set_status(
+        "rayjobs",
+        NS,
+        "etrain-j-0a1b2c3d4e5f-0",
+        {"dashboardURL": "etrain-head-svc.etrain.svc.cluster.local:8265"},
+    )
     seen = {}
 
     def fake_logs(self, submission_id):
@@ -185,8 +213,10 @@ def test_logs_go_through_the_clusters_ray_job_api(api, monkeypatch):
 
     monkeypatch.setattr("service.backends.ray_jobs.RayJobBackend.logs", fake_logs)
     assert backend.logs("etrain-j-0a1b2c3d4e5f-0") == "step 1 loss 2.0\n"
-    assert seen == {"address": "http://etrain-head-svc.etrain.svc.cluster.local:8265",
-                    "id": "etrain-j-0a1b2c3d4e5f-0"}
+    assert seen == {
+        "address": "http://etrain-head-svc.etrain.svc.cluster.local:8265",
+        "id": "etrain-j-0a1b2c3d4e5f-0",
+    }
 
 
 def test_factory_selects_kuberay_from_settings(monkeypatch, tmp_path):
@@ -204,8 +234,10 @@ def test_dashboard_links_of_shared_configured_and_per_job_clusters(api):
     head = "http://etrain-head-svc.etrain.svc.cluster.local:8265"
     assert shared == {"job": f"{head}/#/jobs/{sub}", "train_runs": f"{head}/api/train/v2/runs/v1"}
     configured = _backend(api, dashboard_url="http://localhost:8265/").dashboard_links(sub)
-    assert configured == {"job": f"http://localhost:8265/#/jobs/{sub}",
-                          "train_runs": "http://localhost:8265/api/train/v2/runs/v1"}
+    assert configured == {
+        "job": f"http://localhost:8265/#/jobs/{sub}",
+        "train_runs": "http://localhost:8265/api/train/v2/runs/v1",
+    }
     # A per-job cluster's dashboard is only known once KubeRay made it.
     assert _backend(api).dashboard_links(sub) == {"job": f"kuberay://{NS}/rayjobs/{sub}"}
     assert api.calls == []  # links cost no Kubernetes API call

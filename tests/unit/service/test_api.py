@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from service.api import goodput_routes, routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
-from tests.support.fakes import FakeBackend
 from service.errors import BackendUnavailable, Unauthorized
 from service.settings import Settings
 from service.status import JobStatus
+from tests.support.fakes import FakeBackend
 
 ADMIN = "et_admin-token-for-the-api-tests-0123456789"
 SPEC = {"name": "tiny", "resources": {"workers": 2}, "train": {"steps": 5}}
@@ -30,8 +30,13 @@ ADMIN_H = _auth(ADMIN)
 
 
 def _settings(tmp_path, **overrides) -> Settings:
-    values = {"env": "development", "data_dir": tmp_path, "admin_token": ADMIN,
-              "database_url": f"sqlite:///{tmp_path / 'etrain.db'}", **overrides}
+    values = {
+        "env": "development",
+        "data_dir": tmp_path,
+        "admin_token": ADMIN,
+        "database_url": f"sqlite:///{tmp_path / 'etrain.db'}",
+        **overrides,
+    }
     return Settings(**values)
 
 
@@ -114,16 +119,22 @@ def test_protected_table_lists_every_v1_route(tmp_path):
     v1_routes = [*routes.v1.routes, *goodput_routes.v1.routes]
     assert {(m, r.path) for r in v1_routes for m in r.methods - {"HEAD"}} == table
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
-    documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items()
-                  if p.startswith("/v1") for m in ops}
+    documented = {
+        (m.upper(), p)
+        for p, ops in app.openapi()["paths"].items()
+        if p.startswith("/v1")
+        for m in ops
+    }
     assert documented <= table
 
 
 # Other malformed headers (wrong scheme, no scheme) are covered against authenticate() itself.
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer et_bogus-token"}],
-                         ids=["no-header", "bogus-token"])
-@pytest.mark.parametrize(("method", "path", "body"), PROTECTED,
-                         ids=[f"{m} {p}" for m, p, _ in PROTECTED])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer et_bogus-token"}], ids=["no-header", "bogus-token"]
+)
+@pytest.mark.parametrize(
+    ("method", "path", "body"), PROTECTED, ids=[f"{m} {p}" for m, p, _ in PROTECTED]
+)
 def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers):
     client, job_id = shared
     before = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
@@ -134,13 +145,16 @@ def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers)
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json() == before
 
 
-@pytest.mark.parametrize(("method", "path", "body"),
-                         [p for p in PROTECTED if "telemetry" not in p[1]],
-                         ids=[f"{m} {p}" for m, p, _ in PROTECTED if "telemetry" not in p])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [p for p in PROTECTED if "telemetry" not in p[1]],
+    ids=[f"{m} {p}" for m, p, _ in PROTECTED if "telemetry" not in p],
+)
 def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
     client, job_id = shared
-    r = client.request(method, path.format(job_id=job_id), json=body,
-                       headers=_reporter(client, job_id))
+    r = client.request(
+        method, path.format(job_id=job_id), json=body, headers=_reporter(client, job_id)
+    )
     assert r.status_code == 403, r.text
     assert _total(client) == 1
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "QUEUED"
@@ -148,6 +162,7 @@ def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
 
 
 # -- submit ---------------------------------------------------------------------
+
 
 def test_submit_json_is_queued_with_default_checkpoint_storage(client, tmp_path):
     job = _submit(client)
@@ -162,12 +177,15 @@ def test_submit_json_is_queued_with_default_checkpoint_storage(client, tmp_path)
     assert r.json()["spec"] == job["spec"]
 
 
-@pytest.mark.parametrize("content_type", ["application/yaml", "application/x-yaml",
-                                          "text/yaml", "application/yaml; charset=utf-8"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/yaml", "application/x-yaml", "text/yaml", "application/yaml; charset=utf-8"],
+)
 def test_submit_yaml(client, tmp_path, content_type):
     body = yaml.safe_dump({**SPEC, "checkpoint": {"async": False, "every_steps": 2}})
-    r = client.post("/v1/jobs", content=body.encode(),
-                    headers={**ADMIN_H, "Content-Type": content_type})
+    r = client.post(
+        "/v1/jobs", content=body.encode(), headers={**ADMIN_H, "Content-Type": content_type}
+    )
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["status"] == "QUEUED"
@@ -198,43 +216,100 @@ BAD_SUBMITS = {
     "yaml-scalar": (b"just a string\n", YAML, ["body"], "object"),
     "missing-name": ({"resources": {"workers": 2}}, JSON, ["body", "name"], "required"),
     "unknown-top-field": ({**SPEC, "priority": 5}, JSON, ["body", "priority"], UNKNOWN),
-    "unknown-nested-field": ({**SPEC, "train": {"micro_batch": 4}}, JSON,
-                             ["body", "train", "micro_batch"], UNKNOWN),
-    "unknown-yaml-field": (b"name: tiny\ncheckpoint:\n  intervals: auto\n", YAML,
-                           ["body", "checkpoint", "intervals"], UNKNOWN),
+    "unknown-nested-field": (
+        {**SPEC, "train": {"micro_batch": 4}},
+        JSON,
+        ["body", "train", "micro_batch"],
+        UNKNOWN,
+    ),
+    "unknown-yaml-field": (
+        b"name: tiny\ncheckpoint:\n  intervals: auto\n",
+        YAML,
+        ["body", "checkpoint", "intervals"],
+        UNKNOWN,
+    ),
     "bad-name": ({**SPEC, "name": "My_Job"}, JSON, ["body", "name"], "lowercase"),
     "long-name": ({**SPEC, "name": "a" * 48}, JSON, ["body", "name"], "47"),
-    "seq-len-too-small": ({**SPEC, "data": {"seq_len": 4}}, JSON,
-                          ["body", "data", "seq_len"], "greater than or equal to 8"),
-    "wrong-type": ({**SPEC, "train": {"steps": "many"}}, JSON, ["body", "train", "steps"],
-                   "integer"),
-    "unknown-preset": ({**SPEC, "model": {"preset": "gpt-huge"}}, JSON,
-                       ["body", "model", "preset"], "gpt-tiny"),
-    "storage-scheme": ({**SPEC, "checkpoint": {"storage": "ftp://b/p"}}, JSON,
-                       ["body", "checkpoint", "storage"], "file://"),
-    "text-without-path": ({**SPEC, "data": {"source": "text"}}, JSON, ["body", "data"],
-                          "data.path"),
-    "min-above-max": ({**SPEC, "resources": {"workers": {"min": 3, "max": 2}}}, JSON,
-                      ["body", "resources", "workers"], "resources.workers.min"),
-    "batch-vs-dp": ({**SPEC, "resources": {"workers": 3}}, JSON, ["body"],
-                    "train.global_batch_size"),
-    "warmup": ({**SPEC, "train": {"steps": 5, "warmup_steps": 5}}, JSON, ["body", "train"],
-               "train.warmup_steps"),
-    "ddp-with-tp": ({**SPEC, "parallelism": {"tp": 2}}, JSON, ["body", "parallelism"],
-                    "parallelism.tp"),
+    "seq-len-too-small": (
+        {**SPEC, "data": {"seq_len": 4}},
+        JSON,
+        ["body", "data", "seq_len"],
+        "greater than or equal to 8",
+    ),
+    "wrong-type": (
+        {**SPEC, "train": {"steps": "many"}},
+        JSON,
+        ["body", "train", "steps"],
+        "integer",
+    ),
+    "unknown-preset": (
+        {**SPEC, "model": {"preset": "gpt-huge"}},
+        JSON,
+        ["body", "model", "preset"],
+        "gpt-tiny",
+    ),
+    "storage-scheme": (
+        {**SPEC, "checkpoint": {"storage": "ftp://b/p"}},
+        JSON,
+        ["body", "checkpoint", "storage"],
+        "file://",
+    ),
+    "text-without-path": (
+        {**SPEC, "data": {"source": "text"}},
+        JSON,
+        ["body", "data"],
+        "data.path",
+    ),
+    "min-above-max": (
+        {**SPEC, "resources": {"workers": {"min": 3, "max": 2}}},
+        JSON,
+        ["body", "resources", "workers"],
+        "resources.workers.min",
+    ),
+    "batch-vs-dp": (
+        {**SPEC, "resources": {"workers": 3}},
+        JSON,
+        ["body"],
+        "train.global_batch_size",
+    ),
+    "warmup": (
+        {**SPEC, "train": {"steps": 5, "warmup_steps": 5}},
+        JSON,
+        ["body", "train"],
+        "train.warmup_steps",
+    ),
+    "ddp-with-tp": (
+        {**SPEC, "parallelism": {"tp": 2}},
+        JSON,
+        ["body", "parallelism"],
+        "parallelism.tp",
+    ),
     # Valid specs whose plan has errors: refused before anything is stored.
-    "tp-spans-nodes": ({**SPEC, "parallelism": {"strategy": "tp", "tp": 2},
-                        "resources": {"workers": 2, "cpus_per_worker": 2}}, JSON, ["body"],
-                       "parallelism.tp"),
-    "keep-every-off-interval": ({**SPEC, "checkpoint": {"every_steps": 10, "keep_every": 15}},
-                                JSON, ["body", "checkpoint"], "checkpoint.keep_every"),
+    "tp-spans-nodes": (
+        {
+            **SPEC,
+            "parallelism": {"strategy": "tp", "tp": 2},
+            "resources": {"workers": 2, "cpus_per_worker": 2},
+        },
+        JSON,
+        ["body"],
+        "parallelism.tp",
+    ),
+    "keep-every-off-interval": (
+        {**SPEC, "checkpoint": {"every_steps": 10, "keep_every": 15}},
+        JSON,
+        ["body", "checkpoint"],
+        "checkpoint.keep_every",
+    ),
 }
 
 
-@pytest.mark.parametrize(("body", "content_type", "loc", "msg"), list(BAD_SUBMITS.values()),
-                         ids=list(BAD_SUBMITS))
-def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, content_type,
-                                                                loc, msg):
+@pytest.mark.parametrize(
+    ("body", "content_type", "loc", "msg"), list(BAD_SUBMITS.values()), ids=list(BAD_SUBMITS)
+)
+def test_bad_submit_is_422_with_field_errors_and_stores_nothing(
+    shared, body, content_type, loc, msg
+):
     client, _ = shared
     if isinstance(body, dict):
         r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
@@ -244,8 +319,10 @@ def test_bad_submit_is_422_with_field_errors_and_stores_nothing(shared, body, co
     detail = r.json()["detail"]
     assert isinstance(detail, list) and detail
     texts = (msg,) if isinstance(msg, str) else msg
-    assert any(d["loc"][:len(loc)] == loc and any(t.lower() in d["msg"].lower() for t in texts)
-               for d in detail), detail
+    assert any(
+        d["loc"][: len(loc)] == loc and any(t.lower() in d["msg"].lower() for t in texts)
+        for d in detail
+    ), detail
     assert _total(client) == 1
     assert _stores(client).jobs.count_jobs() == 1
 
@@ -263,8 +340,9 @@ def test_unknown_field_error_lists_the_accepted_fields(client):
 
 
 def test_worker_range_error_is_one_clean_item(client):
-    r = client.post("/v1/jobs", json={**SPEC, "resources": {"workers": {"min": 3, "max": 2}}},
-                    headers=ADMIN_H)
+    r = client.post(
+        "/v1/jobs", json={**SPEC, "resources": {"workers": {"min": 3, "max": 2}}}, headers=ADMIN_H
+    )
     detail = r.json()["detail"]
     assert len(detail) == 1
     assert not any("[" in str(part) for part in detail[0]["loc"])
@@ -272,8 +350,10 @@ def test_worker_range_error_is_one_clean_item(client):
 
 # -- reading, listing, tenants ------------------------------------------------
 
-@pytest.mark.parametrize("suffix", ["", "/cancel", "/logs", "/metrics", "/events", "/checkpoints",
-                                    "/memory"])
+
+@pytest.mark.parametrize(
+    "suffix", ["", "/cancel", "/logs", "/metrics", "/events", "/checkpoints", "/memory"]
+)
 def test_unknown_job_is_404(shared, suffix):
     client, _ = shared
     method = "POST" if suffix == "/cancel" else "GET"
@@ -331,8 +411,9 @@ def test_created_token_is_shown_once_and_works(client):
     assert authenticate(_stores(client).tokens, f"Bearer {body['token']}").role == "user"
 
 
-@pytest.mark.parametrize("body", [{}, {"tenant": ""}, {"tenant": "Has Spaces"},
-                                  {"tenant": "x" * 65}])
+@pytest.mark.parametrize(
+    "body", [{}, {"tenant": ""}, {"tenant": "Has Spaces"}, {"tenant": "x" * 65}]
+)
 def test_token_request_is_validated(client, body):
     r = client.post("/v1/tokens", json=body, headers=ADMIN_H)
     assert r.status_code == 422
@@ -340,6 +421,7 @@ def test_token_request_is_validated(client, body):
 
 
 # -- cancel --------------------------------------------------------------------
+
 
 def test_cancel_queued_job_is_idempotent(client, backend):
     job_id = _submit(client)["id"]
@@ -351,8 +433,9 @@ def test_cancel_queued_job_is_idempotent(client, backend):
     assert second.json()["status"] == "CANCELLED"
     assert second.json()["finished_at"] == first.json()["finished_at"]
     assert backend.stopped == []  # never reached the cluster
-    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job_id}/events", headers=ADMIN_H).json()
-             ["items"]]
+    kinds = [
+        e["kind"] for e in client.get(f"/v1/jobs/{job_id}/events", headers=ADMIN_H).json()["items"]
+    ]
     assert kinds.count("cancelled") == 1
 
 
@@ -380,6 +463,7 @@ def test_cancel_finished_job_changes_nothing(client, backend):
 
 # -- logs, plan, cluster, probes, prometheus ----------------------------------
 
+
 def test_logs_before_and_after_submission(client, backend):
     job_id = _submit(client)["id"]
     assert client.get(f"/v1/jobs/{job_id}/logs", headers=ADMIN_H).text == ""
@@ -395,18 +479,35 @@ def test_plan_returns_the_documented_keys(client):
     r = client.post("/v1/plan", json={"spec": SPEC}, headers=ADMIN_H)
     assert r.status_code == 200, r.text
     plan = r.json()
-    assert {"fits", "num_params", "per_rank", "layout", "warnings", "errors",
-            "recommendation"} <= set(plan)
-    assert set(plan["per_rank"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes",
-                                     "activations_bytes", "buffers_bytes", "total_bytes"}
+    assert {
+        "fits",
+        "num_params",
+        "per_rank",
+        "layout",
+        "warnings",
+        "errors",
+        "recommendation",
+    } <= set(plan)
+    assert set(plan["per_rank"]) >= {
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "buffers_bytes",
+        "total_bytes",
+    }
     assert plan["fits"] is True and plan["errors"] == [] and plan["num_params"] > 0
     assert plan["layout"]["strategy"] == "ddp"
     assert _total(client) == 0  # a dry run stores nothing
 
 
 def test_plan_yaml_with_a_cluster_that_does_not_fit(client):
-    body = yaml.safe_dump({"spec": {**SPEC, "resources": {"workers": 2, "gpus_per_worker": 1}},
-                           "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gb": 0.001}})
+    body = yaml.safe_dump(
+        {
+            "spec": {**SPEC, "resources": {"workers": 2, "gpus_per_worker": 1}},
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gb": 0.001},
+        }
+    )
     r = client.post("/v1/plan", content=body, headers={**ADMIN_H, "Content-Type": YAML})
     assert r.status_code == 200, r.text
     assert r.json()["fits"] is False and r.json()["errors"]
@@ -414,8 +515,11 @@ def test_plan_yaml_with_a_cluster_that_does_not_fit(client):
 
 def test_plan_defaults_to_the_connected_cluster_and_keeps_tp_inside_a_node(client):
     """The fake cluster is one node of 2 CPUs: a TP group of 2 x 2 CPUs cannot fit in it."""
-    spec = {**SPEC, "parallelism": {"strategy": "tp", "tp": 2},
-            "resources": {"workers": 2, "cpus_per_worker": 2}}
+    spec = {
+        **SPEC,
+        "parallelism": {"strategy": "tp", "tp": 2},
+        "resources": {"workers": 2, "cpus_per_worker": 2},
+    }
     r = client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H)
     assert r.status_code == 200
     assert r.json()["fits"] is False
@@ -424,11 +528,14 @@ def test_plan_defaults_to_the_connected_cluster_and_keeps_tp_inside_a_node(clien
     assert client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H).json()["fits"]
 
 
-@pytest.mark.parametrize(("body", "loc"), [
-    ({}, ["body", "spec"]),
-    ({"spec": {**SPEC, "bogus": 1}}, ["body", "bogus"]),
-    ({"spec": "name: tiny"}, ["body"]),
-])
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({}, ["body", "spec"]),
+        ({"spec": {**SPEC, "bogus": 1}}, ["body", "bogus"]),
+        ({"spec": "name: tiny"}, ["body"]),
+    ],
+)
 def test_plan_rejects_bad_requests(client, body, loc):
     r = client.post("/v1/plan", json=body, headers=ADMIN_H)
     assert r.status_code == 422
@@ -438,9 +545,14 @@ def test_plan_rejects_bad_requests(client, body, loc):
 def test_plan_rejects_a_malformed_cluster(tmp_path):
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     with TestClient(app, raise_server_exceptions=False) as c:
-        r = c.post("/v1/plan", headers=ADMIN_H, json={
-            "spec": {**SPEC, "resources": {"workers": 2, "gpus_per_worker": 1}},
-            "cluster": {"gpu_memory_gb": ""}})
+        r = c.post(
+            "/v1/plan",
+            headers=ADMIN_H,
+            json={
+                "spec": {**SPEC, "resources": {"workers": 2, "gpus_per_worker": 1}},
+                "cluster": {"gpu_memory_gb": ""},
+            },
+        )
     assert r.status_code == 422
 
 
@@ -484,22 +596,35 @@ def test_prometheus_metrics_count_jobs_by_status(client):
 
 # -- telemetry -------------------------------------------------------------------
 
+
 def _point(step: int, **extra) -> dict:
-    return {"step": step, "ts": time.time(), "loss": 5.0 - step / 10, "lr": 3e-4,
-            "samples_per_s": 100.0, "tokens_per_s": 12800.0, "world_size": 2, **extra}
+    return {
+        "step": step,
+        "ts": time.time(),
+        "loss": 5.0 - step / 10,
+        "lr": 3e-4,
+        "samples_per_s": 100.0,
+        "tokens_per_s": 12800.0,
+        "world_size": 2,
+        **extra,
+    }
 
 
 def test_telemetry_needs_the_jobs_own_reporter_token(client):
     job_id = _submit(client)["id"]
     other_id = _submit(client, name="other")["id"]
     batch = {"metrics": [_point(1)]}
-    assert client.post(f"/v1/jobs/{job_id}/telemetry", json=batch,
-                       headers=ADMIN_H).status_code == 403
+    assert (
+        client.post(f"/v1/jobs/{job_id}/telemetry", json=batch, headers=ADMIN_H).status_code == 403
+    )
     user = _tenant_token(client, "acme")
-    assert client.post(f"/v1/jobs/{job_id}/telemetry", json=batch,
-                       headers=user).status_code == 403
-    assert client.post(f"/v1/jobs/{job_id}/telemetry", json=batch,
-                       headers=_reporter(client, other_id)).status_code == 403
+    assert client.post(f"/v1/jobs/{job_id}/telemetry", json=batch, headers=user).status_code == 403
+    assert (
+        client.post(
+            f"/v1/jobs/{job_id}/telemetry", json=batch, headers=_reporter(client, other_id)
+        ).status_code
+        == 403
+    )
     assert client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"] == []
 
 
@@ -507,15 +632,19 @@ def test_telemetry_metrics_move_a_pending_job_to_running(client):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
     reporter = _reporter(client, job_id)
-    r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
-                    json={"metrics": [_point(1), _point(2, step_time_s=0.5)]})
+    r = client.post(
+        f"/v1/jobs/{job_id}/telemetry",
+        headers=reporter,
+        json={"metrics": [_point(1), _point(2, step_time_s=0.5)]},
+    )
     assert r.status_code == 200 and r.json() == {"accepted": 2}
 
     items = client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"]
     assert [p["step"] for p in items] == [1, 2]
     assert items[1]["loss"] == pytest.approx(4.8) and items[1]["step_time_s"] == 0.5
-    after = client.get(f"/v1/jobs/{job_id}/metrics", params={"after_step": 1},
-                       headers=ADMIN_H).json()["items"]
+    after = client.get(
+        f"/v1/jobs/{job_id}/metrics", params={"after_step": 1}, headers=ADMIN_H
+    ).json()["items"]
     assert [p["step"] for p in after] == [2]
 
     job = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
@@ -528,13 +657,21 @@ def test_telemetry_events_dedupe_and_worker_failures_count_restarts(client):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
     reporter = _reporter(client, job_id)
-    saved = {"kind": "checkpoint_saved", "message": "checkpoint saved at step 2",
-             "data": {"step": 2}, "dedup_key": "ckpt:2"}
-    failed = {"kind": "worker_failed", "message": "worker(s) [1] failed: killed",
-              "dedup_key": "fail:1"}
+    saved = {
+        "kind": "checkpoint_saved",
+        "message": "checkpoint saved at step 2",
+        "data": {"step": 2},
+        "dedup_key": "ckpt:2",
+    }
+    failed = {
+        "kind": "worker_failed",
+        "message": "worker(s) [1] failed: killed",
+        "dedup_key": "fail:1",
+    }
     for _ in range(2):  # a retried batch must not double-count
-        r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
-                        json={"events": [saved, failed]})
+        r = client.post(
+            f"/v1/jobs/{job_id}/telemetry", headers=reporter, json={"events": [saved, failed]}
+        )
         assert r.status_code == 200
     events = client.get(f"/v1/jobs/{job_id}/events", headers=ADMIN_H).json()["items"]
     assert [e["kind"] for e in events].count("checkpoint_saved") == 1
@@ -550,13 +687,23 @@ def test_telemetry_checkpoints_are_listed(client):
     job_id = _submit(client)["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
     reporter = _reporter(client, job_id)
-    ckpts = [{"step": s, "uri": f"file:///ckpt/{job_id}/step-{s}", "bytes": 1000 * s,
-              "save_s": 0.25, "blocking_s": 0.05} for s in (2, 4)]
+    ckpts = [
+        {
+            "step": s,
+            "uri": f"file:///ckpt/{job_id}/step-{s}",
+            "bytes": 1000 * s,
+            "save_s": 0.25,
+            "blocking_s": 0.05,
+        }
+        for s in (2, 4)
+    ]
     r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter, json={"checkpoints": ckpts})
     assert r.status_code == 200 and r.json() == {"accepted": 0}
     items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
     assert [(c["step"], c["uri"], c["bytes"]) for c in items] == [
-        (2, f"file:///ckpt/{job_id}/step-2", 2000), (4, f"file:///ckpt/{job_id}/step-4", 4000)]
+        (2, f"file:///ckpt/{job_id}/step-2", 2000),
+        (4, f"file:///ckpt/{job_id}/step-4", 4000),
+    ]
     # Telemetry with only checkpoints does not claim the job is training.
     assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "PENDING"
 
@@ -568,10 +715,19 @@ def test_checkpoint_list_follows_what_the_cluster_deleted(client):
     reporter = _reporter(client, job_id)
     deleted = {10: [], 20: [], 30: [10], 40: [20]}
     for step in (10, 20, 30, 40):
-        ck = {"step": step, "uri": f"file:///c/{step}", "bytes": 1, "save_s": 0.1,
-              "deleted_steps": deleted[step]}
-        assert client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
-                           json={"checkpoints": [ck]}).status_code == 200
+        ck = {
+            "step": step,
+            "uri": f"file:///c/{step}",
+            "bytes": 1,
+            "save_s": 0.1,
+            "deleted_steps": deleted[step],
+        }
+        assert (
+            client.post(
+                f"/v1/jobs/{job_id}/telemetry", headers=reporter, json={"checkpoints": [ck]}
+            ).status_code
+            == 200
+        )
     items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
     assert [c["step"] for c in items] == [30, 40]
     # A milestone the cluster kept (checkpoint.keep_every) stays listed: nothing guesses.
@@ -586,8 +742,7 @@ def test_telemetry_for_a_finished_job_is_ignored(client):
     _make_pending(client, job_id, submission_id="etrain-x-0")
     reporter = _reporter(client, job_id)
     _stores(client).jobs.update_job(job_id, status=JobStatus.FAILED)
-    r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter,
-                    json={"metrics": [_point(1)]})
+    r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=reporter, json={"metrics": [_point(1)]})
     assert r.status_code == 200 and r.json() == {"accepted": 0}
     job = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
     assert job["status"] == "FAILED" and job["step"] == 0
@@ -603,6 +758,7 @@ def test_malformed_telemetry_is_422(tmp_path):
 
 # -- secrets ---------------------------------------------------------------------
 
+
 def _exercise_every_route(client: TestClient, headers: dict) -> list[str]:
     """Call every route once (with a job that reached the cluster); return the bodies."""
     bodies = []
@@ -615,14 +771,28 @@ def _exercise_every_route(client: TestClient, headers: dict) -> list[str]:
     job = call("POST", "/v1/jobs", json=SPEC, headers=headers).json()
     job_id = job["id"]
     _make_pending(client, job_id, submission_id="etrain-x-0")
-    call("POST", f"/v1/jobs/{job_id}/telemetry", headers=_reporter(client, job_id),
-         json={"metrics": [_point(1)], "events": [{"kind": "x", "message": "y"}]})
+    call(
+        "POST",
+        f"/v1/jobs/{job_id}/telemetry",
+        headers=_reporter(client, job_id),
+        json={"metrics": [_point(1)], "events": [{"kind": "x", "message": "y"}]},
+    )
     call("POST", "/v1/jobs", json={**SPEC, "bogus": 1}, headers=headers)
     call("POST", "/v1/jobs", content=b"{", headers={**headers, "Content-Type": JSON})
-    for path in ("/v1/jobs", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/logs",
-                 f"/v1/jobs/{job_id}/metrics", f"/v1/jobs/{job_id}/events",
-                 f"/v1/jobs/{job_id}/checkpoints", "/v1/cluster", "/healthz", "/readyz",
-                 "/metrics", "/openapi.json", "/v1/jobs/j-nope"):
+    for path in (
+        "/v1/jobs",
+        f"/v1/jobs/{job_id}",
+        f"/v1/jobs/{job_id}/logs",
+        f"/v1/jobs/{job_id}/metrics",
+        f"/v1/jobs/{job_id}/events",
+        f"/v1/jobs/{job_id}/checkpoints",
+        "/v1/cluster",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/jobs/j-nope",
+    ):
         call("GET", path, headers=headers)
     call("GET", "/v1/jobs", headers={"Authorization": "Bearer wrong"})
     call("POST", "/v1/plan", json={"spec": SPEC}, headers=headers)
@@ -643,8 +813,7 @@ def test_configured_admin_token_never_leaks(tmp_path, caplog):
 
 def test_generated_admin_token_never_leaks(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    app = create_app(_settings(tmp_path, admin_token=None), backend=FakeBackend(),
-                     reconcile=False)
+    app = create_app(_settings(tmp_path, admin_token=None), backend=FakeBackend(), reconcile=False)
     with TestClient(app) as c:
         token = (tmp_path / "admin_token").read_text().strip()
         assert c.app.state.runtime.admin_token_file == str(tmp_path / "admin_token")
@@ -657,11 +826,30 @@ def test_memory_endpoint_returns_the_newest_per_rank_report(client):
     job_id = _submit(client)["id"]
     assert client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()["ranks"] == []
     for gen in (1, 2):
-        ranks = [{"params_bytes": 100 * gen + r, "grads_bytes": 1, "optimizer_bytes": 2,
-                  "activations_bytes": 3, "peak_bytes": 106} for r in range(2)]
-        r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=_reporter(client, job_id),
-                        json={"events": [{"kind": "memory", "message": "m",
-                                          "data": {"ranks": ranks}, "dedup_key": f"m{gen}"}]})
+        ranks = [
+            {
+                "params_bytes": 100 * gen + r,
+                "grads_bytes": 1,
+                "optimizer_bytes": 2,
+                "activations_bytes": 3,
+                "peak_bytes": 106,
+            }
+            for r in range(2)
+        ]
+        r = client.post(
+            f"/v1/jobs/{job_id}/telemetry",
+            headers=_reporter(client, job_id),
+            json={
+                "events": [
+                    {
+                        "kind": "memory",
+                        "message": "m",
+                        "data": {"ranks": ranks},
+                        "dedup_key": f"m{gen}",
+                    }
+                ]
+            },
+        )
         assert r.status_code == 200
     got = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()
     assert [rk["params_bytes"] for rk in got["ranks"]] == [200, 201]

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+
+from service.api.app import create_app
 from tests.support.fakes import FakeBackend
 from tests.unit.service.test_api import ADMIN_H, _settings
 
-from service.api.app import create_app
-
-GPU_SPEC = {"name": "gpu", "model": {"preset": "llama-1b"}, "data": {"seq_len": 128},
-            "resources": {"workers": 2, "gpus_per_worker": 1},
-            "train": {"steps": 5, "micro_batch_size": 1, "global_batch_size": 2,
-                      "precision": "bf16"}}
+GPU_SPEC = {
+    "name": "gpu",
+    "model": {"preset": "llama-1b"},
+    "data": {"seq_len": 128},
+    "resources": {"workers": 2, "gpus_per_worker": 1},
+    "train": {"steps": 5, "micro_batch_size": 1, "global_batch_size": 2, "precision": "bf16"},
+}
 
 
 @pytest.fixture

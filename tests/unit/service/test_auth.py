@@ -36,8 +36,12 @@ def _token_rows(stores: Stores) -> list[dict]:
 
 
 def _job(stores: Stores, tenant_id: str) -> str:
-    return stores.jobs.create_job(tenant_id=tenant_id, name="tiny",
-                                  spec=JobSpec.model_validate({"name": "tiny"}), min_workers=2).id
+    return stores.jobs.create_job(
+        tenant_id=tenant_id,
+        name="tiny",
+        spec=JobSpec.model_validate({"name": "tiny"}),
+        min_workers=2,
+    ).id
 
 
 def test_hash_token_is_sha256_hex():
@@ -62,9 +66,11 @@ def sqlite_stores(tmp_path):
     opened.close()
 
 
-@pytest.mark.parametrize("header", [
-    None, "", "Bearer", "Basic dXNlcjpwYXNz", "Token abc", "bearerabc", "et_abc",
-], ids=["missing", "empty", "scheme-only", "basic", "other-scheme", "no-space", "no-scheme"])
+@pytest.mark.parametrize(
+    "header",
+    [None, "", "Bearer", "Basic dXNlcjpwYXNz", "Token abc", "bearerabc", "et_abc"],
+    ids=["missing", "empty", "scheme-only", "basic", "other-scheme", "no-space", "no-scheme"],
+)
 def test_authenticate_rejects_missing_or_malformed_headers(sqlite_stores, header):
     token = create_user_token(sqlite_stores.tokens, tenant="acme", name="ci")
     for value in (header, None if header is None else header.replace("abc", token)):
@@ -88,9 +94,15 @@ def test_user_token_authenticates_with_any_scheme_case(stores, scheme):
 
 
 def test_user_tokens_share_an_existing_tenant(stores):
-    a = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='a')}")
-    b = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='b')}")
-    c = authenticate(stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='globex', name='c')}")
+    a = authenticate(
+        stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='a')}"
+    )
+    b = authenticate(
+        stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='acme', name='b')}"
+    )
+    c = authenticate(
+        stores.tokens, f"Bearer {create_user_token(stores.tokens, tenant='globex', name='c')}"
+    )
     assert a.tenant_id == b.tenant_id != c.tenant_id
 
 
@@ -163,7 +175,9 @@ def test_generated_admin_token_survives_a_new_store_on_the_same_database(stores,
 def test_no_plaintext_token_in_the_database(stores, tmp_path):
     configured = "et_plaintext-must-not-be-stored"
     ensure_admin_token(stores.tokens, configured=configured, data_dir=tmp_path)
-    generated = ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path).read_text().strip()
+    generated = (
+        ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path).read_text().strip()
+    )
     user = create_user_token(stores.tokens, tenant="acme", name="ci")
     tenant = stores.tokens.get_tenant_by_name("acme").id
     reporter = create_reporter_token(stores.tokens, tenant_id=tenant, job_id=_job(stores, tenant))

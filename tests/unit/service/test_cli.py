@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -27,12 +26,27 @@ train: {steps: 50, global_batch_size: 16}
 
 def make_job(status="QUEUED", step=0, loss=None, world_size=None, **extra):
     """A job object shaped like the server's."""
-    metrics = None if loss is None else {"step": step, "loss": loss, "tokens_per_s": 12345.0, "world_size": world_size}
+    metrics = (
+        None
+        if loss is None
+        else {"step": step, "loss": loss, "tokens_per_s": 12345.0, "world_size": world_size}
+    )
     return {
-        "id": "j-1", "name": "gpt-tiny-ddp", "status": status, "spec": {"train": {"steps": 50}},
-        "world_size": world_size, "restarts": 0, "step": step, "metrics": metrics,
-        "dashboard_url": "http://127.0.0.1:8265", "error": None, "warnings": [],
-        "created_at": "2026-11-29T10:00:00Z", "started_at": None, "finished_at": None, **extra,
+        "id": "j-1",
+        "name": "gpt-tiny-ddp",
+        "status": status,
+        "spec": {"train": {"steps": 50}},
+        "world_size": world_size,
+        "restarts": 0,
+        "step": step,
+        "metrics": metrics,
+        "dashboard_url": "http://127.0.0.1:8265",
+        "error": None,
+        "warnings": [],
+        "created_at": "2026-11-29T10:00:00Z",
+        "started_at": None,
+        "finished_at": None,
+        **extra,
     }
 
 
@@ -64,7 +78,9 @@ class FakeServer:
         if (method, path) == ("POST", "/v1/jobs"):
             return httpx.Response(201, json=self.snapshots[0])
         if (method, path) == ("GET", "/v1/jobs"):
-            return httpx.Response(200, json={"items": [make_job("RUNNING", 20, 3.25, 2)], "total": 7})
+            return httpx.Response(
+                200, json={"items": [make_job("RUNNING", 20, 3.25, 2)], "total": 7}
+            )
         if (method, path) == ("GET", "/v1/jobs/j-1"):
             job = self.snapshots[min(self.polls, len(self.snapshots) - 1)]
             self.polls += 1
@@ -101,7 +117,9 @@ def server(monkeypatch) -> FakeServer:
 
 def run(*args: str):
     """Invoke the CLI with a token in the environment and check the token never leaks."""
-    result = CliRunner().invoke(cli.app, list(args), env={"ETRAIN_TOKEN": TOKEN, "ETRAIN_URL": "http://etrain.test"})
+    result = CliRunner().invoke(
+        cli.app, list(args), env={"ETRAIN_TOKEN": TOKEN, "ETRAIN_URL": "http://etrain.test"}
+    )
     assert TOKEN not in result.output
     assert TOKEN not in result.stderr
     return result
@@ -142,7 +160,8 @@ def test_submit_name_override_sends_json(server, spec_file):
 
 def test_url_and_token_options_override_environment(server, spec_file):
     result = CliRunner().invoke(
-        cli.app, ["--url", "http://other.test:9000", "--token", "t2", "cancel", "j-1"],
+        cli.app,
+        ["--url", "http://other.test:9000", "--token", "t2", "cancel", "j-1"],
         env={"ETRAIN_TOKEN": TOKEN, "ETRAIN_URL": "http://etrain.test"},
     )
     assert result.exit_code == 0, result.output
@@ -160,10 +179,34 @@ def _follow_script(server: FakeServer, final: dict) -> None:
         final,
     ]
     server.events = [
-        (0, {"id": 1, "ts": "2026-11-29T10:00:00Z", "kind": "submitted", "message": "job submitted"}),
+        (
+            0,
+            {
+                "id": 1,
+                "ts": "2026-11-29T10:00:00Z",
+                "kind": "submitted",
+                "message": "job submitted",
+            },
+        ),
         (1, {"id": 2, "ts": "2026-11-29T10:00:05Z", "kind": "started", "message": "2 workers"}),
-        (2, {"id": 3, "ts": "2026-11-29T10:00:09Z", "kind": "worker_failed", "message": "worker 1 died [SIGKILL]"}),
-        (2, {"id": 4, "ts": "2026-11-29T10:00:12Z", "kind": "restored", "message": "restored from step 20"}),
+        (
+            2,
+            {
+                "id": 3,
+                "ts": "2026-11-29T10:00:09Z",
+                "kind": "worker_failed",
+                "message": "worker 1 died [SIGKILL]",
+            },
+        ),
+        (
+            2,
+            {
+                "id": 4,
+                "ts": "2026-11-29T10:00:12Z",
+                "kind": "restored",
+                "message": "restored from step 20",
+            },
+        ),
         (3, {"id": 5, "ts": 1795000000.0, "kind": "resized", "message": "resized 1->2"}),
     ]
 
@@ -178,7 +221,9 @@ def test_submit_follow_until_succeeded(server, spec_file):
     assert "resized: resized 1->2" in out
     assert "SUCCEEDED" in out and "1.234" in out
     # Each poll asks only for events after the last one it printed.
-    afters = [r.url.params.get("after_id") for r in server.requests if r.url.path.endswith("/events")]
+    afters = [
+        r.url.params.get("after_id") for r in server.requests if r.url.path.endswith("/events")
+    ]
     assert afters[0] is None and afters[-1] == "5"
     assert afters == sorted(afters, key=lambda a: int(a or 0))
 
@@ -220,12 +265,21 @@ def test_jobs_table(server):
 def test_status_summary_and_events(server):
     server.snapshots = [make_job("RUNNING", 20, 3.9, 2, restarts=1)]
     server.polls = 5  # every event is visible
-    server.events = [(0, {"id": i, "ts": "2026-11-29T10:00:00Z", "kind": "checkpoint", "message": f"saved {i}"})
-                     for i in range(1, 13)]
+    server.events = [
+        (0, {"id": i, "ts": "2026-11-29T10:00:00Z", "kind": "checkpoint", "message": f"saved {i}"})
+        for i in range(1, 13)
+    ]
     result = run("status", "j-1")
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for text in ("RUNNING", "20/50", "restarts   1", "loss=3.9", "http://127.0.0.1:8265", "saved 12"):
+    for text in (
+        "RUNNING",
+        "20/50",
+        "restarts   1",
+        "loss=3.9",
+        "http://127.0.0.1:8265",
+        "saved 12",
+    ):
         assert text in out
     assert "saved 2\n" not in out and "saved 3" in out  # only the last 10 events
 
@@ -258,11 +312,20 @@ def test_logs_follow_streams(server):
 
 
 PLAN_FITS = {
-    "fits": True, "num_params": 124_000_000,
-    "per_rank": {"params_bytes": 496_000_000, "grads_bytes": 496_000_000, "optimizer_bytes": 992_000_000,
-                 "activations_bytes": 2 * 1024**3, "buffers_bytes": 0, "total_bytes": 4_131_483_648},
-    "layout": {"dp": 2, "tp": 1, "pp": 1}, "warnings": ["checkpoint every 10 steps is frequent"],
-    "errors": [], "recommendation": "ddp",
+    "fits": True,
+    "num_params": 124_000_000,
+    "per_rank": {
+        "params_bytes": 496_000_000,
+        "grads_bytes": 496_000_000,
+        "optimizer_bytes": 992_000_000,
+        "activations_bytes": 2 * 1024**3,
+        "buffers_bytes": 0,
+        "total_bytes": 4_131_483_648,
+    },
+    "layout": {"dp": 2, "tp": 1, "pp": 1},
+    "warnings": ["checkpoint every 10 steps is frequent"],
+    "errors": [],
+    "recommendation": "ddp",
 }
 
 
@@ -273,19 +336,37 @@ def test_plan_fits(server, spec_file, tmp_path):
     result = run("plan", str(spec_file), "--cluster", str(cluster))
     assert result.exit_code == 0, result.output
     body = json.loads(server.only("POST", "/v1/plan").content)
-    assert body["spec"]["name"] == "gpt-tiny-ddp" and body["cluster"] == {"nodes": 4, "gpus_per_node": 8}
+    assert body["spec"]["name"] == "gpt-tiny-ddp" and body["cluster"] == {
+        "nodes": 4,
+        "gpus_per_node": 8,
+    }
     out = result.stdout
-    for text in ("fits: yes", "124.00M", "2.00 GiB", "3.85 GiB", "dp=2", "checkpoint every 10", "recommendation: ddp"):
+    for text in (
+        "fits: yes",
+        "124.00M",
+        "2.00 GiB",
+        "3.85 GiB",
+        "dp=2",
+        "checkpoint every 10",
+        "recommendation: ddp",
+    ):
         assert text in out
 
 
-@pytest.mark.parametrize(("args", "cluster"), [
-    (("--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", "--interconnect", "nvlink4"),
-     {"nodes": 4, "gpus_per_node": 8, "gpu": "h100", "interconnect": "nvlink4"}),
-    (("--gpu", "rtx4090", "--gpu", "rtx3060"), {"gpu": ["rtx4090", "rtx3060"]}),
-    (("--gpu-memory-gb", "24", "--gpu-memory-gb", "12", "--host-memory-gb", "64"),
-     {"gpu_memory_gb": [24.0, 12.0], "host_memory_gb": 64.0}),
-])
+@pytest.mark.parametrize(
+    ("args", "cluster"),
+    [
+        (
+            ("--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", "--interconnect", "nvlink4"),
+            {"nodes": 4, "gpus_per_node": 8, "gpu": "h100", "interconnect": "nvlink4"},
+        ),
+        (("--gpu", "rtx4090", "--gpu", "rtx3060"), {"gpu": ["rtx4090", "rtx3060"]}),
+        (
+            ("--gpu-memory-gb", "24", "--gpu-memory-gb", "12", "--host-memory-gb", "64"),
+            {"gpu_memory_gb": [24.0, 12.0], "host_memory_gb": 64.0},
+        ),
+    ],
+)
 def test_plan_cluster_options(server, spec_file, args, cluster):
     server.plan_result = PLAN_FITS
     result = run("plan", str(spec_file), *args)
@@ -296,17 +377,30 @@ def test_plan_cluster_options(server, spec_file, args, cluster):
 def test_plan_options_override_the_cluster_file(server, spec_file, tmp_path):
     path = tmp_path / "cluster.yaml"
     path.write_text("nodes: 4\ngpus_per_node: 8\ngpu: a100\n")
-    server.plan_result = {**PLAN_FITS, "breakdown": {"buffers": {"fsdp_all_gather": 2**30}},
-                          "step_estimate": {"step_s": 0.5, "comm_share": 0.25},
-                          "candidates": [{"layout": "fsdp zero3 dp=32", "total_gib": 40.0,
-                                          "fits": True, "step_s": 0.5, "comm_share": 0.25}],
-                          "recommended_layout": {"layout": "fsdp zero3 dp=32", "reason": "why"}}
+    server.plan_result = {
+        **PLAN_FITS,
+        "breakdown": {"buffers": {"fsdp_all_gather": 2**30}},
+        "step_estimate": {"step_s": 0.5, "comm_share": 0.25},
+        "candidates": [
+            {
+                "layout": "fsdp zero3 dp=32",
+                "total_gib": 40.0,
+                "fits": True,
+                "step_s": 0.5,
+                "comm_share": 0.25,
+            }
+        ],
+        "recommended_layout": {"layout": "fsdp zero3 dp=32", "reason": "why"},
+    }
     result = run("plan", str(spec_file), "--cluster", str(path), "--gpu", "h100")
     assert result.exit_code == 0, result.output
     body = json.loads(server.only("POST", "/v1/plan").content)
     assert body["cluster"] == {"nodes": 4, "gpus_per_node": 8, "gpu": "h100"}
-    for text in ("buffer: fsdp_all_gather", "estimated step: 0.5 s, 25% communicating",
-                 "fsdp zero3 dp=32: why"):
+    for text in (
+        "buffer: fsdp_all_gather",
+        "estimated step: 0.5 s, 25% communicating",
+        "fsdp zero3 dp=32: why",
+    ):
         assert text in result.stdout
 
 
@@ -321,14 +415,46 @@ def test_plan_does_not_fit_exits_1(server, spec_file):
 @pytest.mark.parametrize(
     ("response", "args", "expected"),
     [
-        (httpx.Response(401, json={"detail": "bad token"}), ("jobs",), "unauthorized: set ETRAIN_TOKEN"),
-        (httpx.Response(404, json={"detail": "Not Found"}), ("status", "j-404"), "job j-404 not found"),
-        (httpx.Response(404, json={"detail": "Not Found"}), ("logs", "j-404", "-f"), "job j-404 not found"),
-        (httpx.Response(422, json={"detail": [{"loc": ["body", "train", "steps"], "msg": "must be > 0"}]}),
-         ("submit", "SPEC"), "train.steps: must be > 0"),
-        (httpx.Response(422, json={"detail": {"message": "does not fit", "plan": {"fits": False, "errors": ["90 GiB"]}}}),
-         ("submit", "SPEC"), "plan error: 90 GiB"),
-        (httpx.Response(422, json={"detail": "spec must be a mapping"}), ("submit", "SPEC"), "spec must be a mapping"),
+        (
+            httpx.Response(401, json={"detail": "bad token"}),
+            ("jobs",),
+            "unauthorized: set ETRAIN_TOKEN",
+        ),
+        (
+            httpx.Response(404, json={"detail": "Not Found"}),
+            ("status", "j-404"),
+            "job j-404 not found",
+        ),
+        (
+            httpx.Response(404, json={"detail": "Not Found"}),
+            ("logs", "j-404", "-f"),
+            "job j-404 not found",
+        ),
+        (
+            httpx.Response(
+                422, json={"detail": [{"loc": ["body", "train", "steps"], "msg": "must be > 0"}]}
+            ),
+            ("submit", "SPEC"),
+            "train.steps: must be > 0",
+        ),
+        (
+            httpx.Response(
+                422,
+                json={
+                    "detail": {
+                        "message": "does not fit",
+                        "plan": {"fits": False, "errors": ["90 GiB"]},
+                    }
+                },
+            ),
+            ("submit", "SPEC"),
+            "plan error: 90 GiB",
+        ),
+        (
+            httpx.Response(422, json={"detail": "spec must be a mapping"}),
+            ("submit", "SPEC"),
+            "spec must be a mapping",
+        ),
     ],
 )
 def test_http_errors_are_clean(server, spec_file, response, args, expected):
@@ -356,7 +482,18 @@ def test_serve_wires_run_server_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "service.server", fake)
     assert CliRunner().invoke(cli.app, ["serve"]).exit_code == 0
     result = CliRunner().invoke(
-        cli.app, ["serve", "--host", "0.0.0.0", "--port", "9000", "--ray-address", "http://h:8265", "--data-dir", "/d"]
+        cli.app,
+        [
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9000",
+            "--ray-address",
+            "http://h:8265",
+            "--data-dir",
+            "/d",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert calls == [

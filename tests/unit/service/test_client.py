@@ -35,7 +35,9 @@ def test_bearer_header_and_yaml_body_sent_as_is():
 
 
 def test_no_authorization_header_without_token():
-    client, seen = _client(lambda r: httpx.Response(200, json={"items": [], "total": 0}), token=None)
+    client, seen = _client(
+        lambda r: httpx.Response(200, json={"items": [], "total": 0}), token=None
+    )
     client.list_jobs(status="RUNNING", limit=5)
     assert "authorization" not in seen[0].headers
     assert dict(seen[0].url.params) == {"status": "RUNNING", "limit": "5"}
@@ -92,7 +94,11 @@ def test_stream_logs_error_status_raises():
     ],
 )
 def test_http_errors_map_to_messages(status, body, expected):
-    response = httpx.Response(status, json=body) if isinstance(body, dict) else httpx.Response(status, text=body)
+    response = (
+        httpx.Response(status, json=body)
+        if isinstance(body, dict)
+        else httpx.Response(status, text=body)
+    )
     client, _ = _client(lambda r: response)
     with pytest.raises(ClientError) as info:
         client.get_job("j-1")
@@ -119,12 +125,20 @@ def test_422_lists_each_field_error():
         ([{"loc": [], "msg": "bad"}], ["bad"]),
         ([{"loc": ["body", "resources", 0, "min"], "msg": "m"}], ["resources.0.min: m"]),
         (
-            {"message": "plan does not fit", "plan": {"fits": False, "errors": ["needs 90 GiB per rank"],
-                                                      "recommendation": "use fsdp"}},
+            {
+                "message": "plan does not fit",
+                "plan": {
+                    "fits": False,
+                    "errors": ["needs 90 GiB per rank"],
+                    "recommendation": "use fsdp",
+                },
+            },
             ["plan does not fit", "plan error: needs 90 GiB per rank", "recommendation: use fsdp"],
         ),
-        ({"message": "no room", "plan": {"fits": False, "errors": []}},
-         ["no room", "plan: the job does not fit the cluster"]),
+        (
+            {"message": "no room", "plan": {"fits": False, "errors": []}},
+            ["no room", "plan: the job does not fit the cluster"],
+        ),
         (None, []),
     ],
 )
@@ -137,7 +151,9 @@ def test_transport_connect_error_message():
         raise httpx.ConnectError("Connection refused", request=request)
 
     client, _ = _client(refuse)
-    with pytest.raises(ClientError, match=r"cannot reach etrain at http://etrain.test: is `etrain serve` running\?"):
+    with pytest.raises(
+        ClientError, match=r"cannot reach etrain at http://etrain.test: is `etrain serve` running\?"
+    ):
         client.get_job("j-1")
 
 
@@ -145,8 +161,10 @@ def test_real_connection_refused():
     with socket.socket() as s:  # a port nobody listens on once this closes
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with EtrainClient(f"http://127.0.0.1:{port}", None, timeout=5) as client:
-        with pytest.raises(ClientError) as info:
-            client.list_jobs()
+    with (
+        EtrainClient(f"http://127.0.0.1:{port}", None, timeout=5) as client,
+        pytest.raises(ClientError) as info,
+    ):
+        client.list_jobs()
     assert info.value.status_code is None
     assert "is `etrain serve` running?" in info.value.message

@@ -4,19 +4,19 @@ edge cases, and GET /v1/jobs/{id}/goodput with tenant isolation."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.fakes import ADMIN_H
 from service.auth import create_reporter_token
 from service.domain.goodput import BREAKDOWN_KEYS, compute_goodput
 from service.status import JobStatus
 from service.store import EventRecord
+from tests.support.fakes import ADMIN_H
 
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def at(seconds: float) -> datetime:
@@ -28,12 +28,20 @@ def job(finished: float | None = None) -> SimpleNamespace:
 
 
 def ev(ts: float, kind: str, **data) -> EventRecord:
-    return EventRecord(id=0, job_id="j", ts=at(ts), kind=kind, message=kind, data=data or None,
-                       dedup_key=None)
+    return EventRecord(
+        id=0, job_id="j", ts=at(ts), kind=kind, message=kind, data=data or None, dedup_key=None
+    )
 
 
-def run(first: int, last: int, start: float, *, step_s: float = 0.5, every: int = 20,
-        block_s: float = 1.0) -> tuple[dict[int, dict], list[EventRecord], float]:
+def run(
+    first: int,
+    last: int,
+    start: float,
+    *,
+    step_s: float = 0.5,
+    every: int = 20,
+    block_s: float = 1.0,
+) -> tuple[dict[int, dict], list[EventRecord], float]:
     """Steps first..last from ``start``, a checkpoint blocking ``block_s`` after every
     ``every``-th step. Returns metrics by step, checkpoint_saved events, and the end time."""
     metrics, saves, t = {}, [], start
@@ -56,13 +64,21 @@ def timeline(*, interruption: str = "worker_failed", **restored_extra):
     """Queued 10 s, start-up 20 s, 100 steps of 0.5 s, a checkpoint blocking 1 s every 20
     steps, an interruption at step 55 (0.2 s after it), a restore from step 40 that takes
     15 s to the next step, steps 41..55 recomputed, finished 2.3 s after the last save."""
-    m1, saves1, _ = run(1, 55, 30.0)                      # steps 1..55 end at 59.5
-    m2, saves2, last_save = run(41, 100, 74.7)            # 74.7 + 60 x 0.5 + 3 x 1 = 107.7
-    events = [ev(10, "admitted"), ev(11, "submitted"), ev(12, "started"),
-              ev(30.2, "workers_started", world_size=2), ev(30.5, "memory"), *saves1,
-              ev(59.7, interruption), ev(74.7, "workers_started", world_size=2),
-              ev(74.7, "restored", step=40, world_size=2, **restored_extra), *saves2,
-              ev(110, "succeeded")]
+    m1, saves1, _ = run(1, 55, 30.0)  # steps 1..55 end at 59.5
+    m2, saves2, last_save = run(41, 100, 74.7)  # 74.7 + 60 x 0.5 + 3 x 1 = 107.7
+    events = [
+        ev(10, "admitted"),
+        ev(11, "submitted"),
+        ev(12, "started"),
+        ev(30.2, "workers_started", world_size=2),
+        ev(30.5, "memory"),
+        *saves1,
+        ev(59.7, interruption),
+        ev(74.7, "workers_started", world_size=2),
+        ev(74.7, "restored", step=40, world_size=2, **restored_extra),
+        *saves2,
+        ev(110, "succeeded"),
+    ]
     # Only the newest three checkpoints are still stored (keep_last: 3).
     checkpoints = [{"step": s, "blocking_s": 1.0} for s in (60, 80, 100)]
     return events, {**m1, **m2}, checkpoints, last_save, m1
@@ -72,15 +88,25 @@ def timeline(*, interruption: str = "worker_failed", **restored_extra):
 def test_a_finished_job_with_one_failure(interruption):
     events, metrics, checkpoints, last_save, _ = timeline(interruption=interruption)
     assert last_save == pytest.approx(107.7)
-    g = compute_goodput(job=job(finished=110), events=events, metrics=list(metrics.values()),
-                        checkpoints=checkpoints, now=at(999))
+    g = compute_goodput(
+        job=job(finished=110),
+        events=events,
+        metrics=list(metrics.values()),
+        checkpoints=checkpoints,
+        now=at(999),
+    )
     assert g.wall_s == pytest.approx(110)
-    assert g.productive_s == pytest.approx(50.0)          # 100 steps x 0.5 s, each once
-    assert g.breakdown == pytest.approx({
-        "waiting_s": 10.0, "startup_s": 20.0,
-        "checkpoint_blocking_s": 5.0,                     # five saves, two no longer stored
-        "restart_restore_s": 15.0, "recomputed_s": 7.5,   # steps 41..55 twice
-        "other_s": 2.5})                                  # 0.2 s to notice + 2.3 s teardown
+    assert g.productive_s == pytest.approx(50.0)  # 100 steps x 0.5 s, each once
+    assert g.breakdown == pytest.approx(
+        {
+            "waiting_s": 10.0,
+            "startup_s": 20.0,
+            "checkpoint_blocking_s": 5.0,  # five saves, two no longer stored
+            "restart_restore_s": 15.0,
+            "recomputed_s": 7.5,  # steps 41..55 twice
+            "other_s": 2.5,
+        }
+    )  # 0.2 s to notice + 2.3 s teardown
     assert g.goodput == pytest.approx(50 / 110)
     assert (g.steps, g.recomputed_steps) == (100, 15)
     assert any("estimated from timestamps" in n for n in g.notes)
@@ -90,25 +116,42 @@ def test_a_finished_job_with_one_failure(interruption):
 
 def test_a_running_job_is_measured_to_now_and_unredone_steps_are_not_productive():
     events, _, _, _, m1 = timeline()
-    m2, _, _ = run(41, 50, 74.7)                          # step 50 ends at 79.7
-    metrics = {**m1, **m2}                                # 51..55 still from the first run
+    m2, _, _ = run(41, 50, 74.7)  # step 50 ends at 79.7
+    metrics = {**m1, **m2}  # 51..55 still from the first run
     events = [e for e in events if e.ts <= at(80)]
     checkpoints = [{"step": 20, "blocking_s": 1.0}, {"step": 40, "blocking_s": 1.0}]
-    g = compute_goodput(job=job(), events=events, metrics=list(metrics.values()),
-                        checkpoints=checkpoints, now=at(80))
+    g = compute_goodput(
+        job=job(),
+        events=events,
+        metrics=list(metrics.values()),
+        checkpoints=checkpoints,
+        now=at(80),
+    )
     assert g.wall_s == pytest.approx(80)
-    assert g.productive_s == pytest.approx(25.0)          # steps 1..50; 51..55 were lost
-    assert g.breakdown == pytest.approx({
-        "waiting_s": 10.0, "startup_s": 20.0, "checkpoint_blocking_s": 2.0,
-        "restart_restore_s": 15.0, "recomputed_s": 7.5, "other_s": 0.5})
+    assert g.productive_s == pytest.approx(25.0)  # steps 1..50; 51..55 were lost
+    assert g.breakdown == pytest.approx(
+        {
+            "waiting_s": 10.0,
+            "startup_s": 20.0,
+            "checkpoint_blocking_s": 2.0,
+            "restart_restore_s": 15.0,
+            "recomputed_s": 7.5,
+            "other_s": 0.5,
+        }
+    )
     assert g.recomputed_steps == 15
     check_sums(g)
 
 
 def test_a_reported_high_water_step_is_used_as_is():
     events, metrics, checkpoints, _, _ = timeline(reported_step=52)
-    g = compute_goodput(job=job(finished=110), events=events, metrics=list(metrics.values()),
-                        checkpoints=checkpoints, now=at(999))
+    g = compute_goodput(
+        job=job(finished=110),
+        events=events,
+        metrics=list(metrics.values()),
+        checkpoints=checkpoints,
+        now=at(999),
+    )
     assert g.recomputed_steps == 12
     assert g.breakdown["recomputed_s"] == pytest.approx(6.0)
     assert g.breakdown["other_s"] == pytest.approx(4.0)
@@ -117,61 +160,109 @@ def test_a_reported_high_water_step_is_used_as_is():
 
 
 def test_a_restart_before_the_first_checkpoint_recomputes_from_scratch():
-    m1, _, _ = run(1, 10, 5.0, every=0)                   # steps end at 10.0
-    m2, _, _ = run(1, 10, 20.0, every=0)                  # no restored event: from step 0
-    events = [ev(0, "admitted"), ev(5, "workers_started"), ev(10.2, "worker_failed"),
-              ev(20, "workers_started"), ev(25, "succeeded")]
-    g = compute_goodput(job=job(finished=25), events=events,
-                        metrics=list({**m1, **m2}.values()), checkpoints=[], now=at(25))
+    m1, _, _ = run(1, 10, 5.0, every=0)  # steps end at 10.0
+    m2, _, _ = run(1, 10, 20.0, every=0)  # no restored event: from step 0
+    events = [
+        ev(0, "admitted"),
+        ev(5, "workers_started"),
+        ev(10.2, "worker_failed"),
+        ev(20, "workers_started"),
+        ev(25, "succeeded"),
+    ]
+    g = compute_goodput(
+        job=job(finished=25),
+        events=events,
+        metrics=list({**m1, **m2}.values()),
+        checkpoints=[],
+        now=at(25),
+    )
     assert g.productive_s == pytest.approx(5.0)
     assert g.recomputed_steps == 10
-    assert g.breakdown == pytest.approx({
-        "waiting_s": 0.0, "startup_s": 5.0, "checkpoint_blocking_s": 0.0,
-        "restart_restore_s": 9.8, "recomputed_s": 5.0, "other_s": 0.2})
+    assert g.breakdown == pytest.approx(
+        {
+            "waiting_s": 0.0,
+            "startup_s": 5.0,
+            "checkpoint_blocking_s": 0.0,
+            "restart_restore_s": 9.8,
+            "recomputed_s": 5.0,
+            "other_s": 0.2,
+        }
+    )
     check_sums(g)
 
 
 def test_a_job_that_fails_for_good_keeps_its_last_steps_and_recomputes_nothing():
     metrics, saves, _ = run(1, 55, 30.0)
-    events = [ev(10, "admitted"), ev(30, "workers_started"), *saves, ev(59.7, "worker_failed"),
-              ev(65, "failed")]
-    g = compute_goodput(job=job(finished=65), events=events, metrics=list(metrics.values()),
-                        checkpoints=[{"step": 40, "blocking_s": 1.0}], now=at(999))
+    events = [
+        ev(10, "admitted"),
+        ev(30, "workers_started"),
+        *saves,
+        ev(59.7, "worker_failed"),
+        ev(65, "failed"),
+    ]
+    g = compute_goodput(
+        job=job(finished=65),
+        events=events,
+        metrics=list(metrics.values()),
+        checkpoints=[{"step": 40, "blocking_s": 1.0}],
+        now=at(999),
+    )
     assert g.productive_s == pytest.approx(27.5) and g.recomputed_steps == 0
-    assert g.breakdown == pytest.approx({
-        "waiting_s": 10.0, "startup_s": 20.0, "checkpoint_blocking_s": 2.0,
-        "restart_restore_s": 5.3, "recomputed_s": 0.0, "other_s": 0.2})
+    assert g.breakdown == pytest.approx(
+        {
+            "waiting_s": 10.0,
+            "startup_s": 20.0,
+            "checkpoint_blocking_s": 2.0,
+            "restart_restore_s": 5.3,
+            "recomputed_s": 0.0,
+            "other_s": 0.2,
+        }
+    )
     check_sums(g)
 
 
 def test_no_metrics_yet():
-    g = compute_goodput(job=job(), events=[ev(10, "admitted"), ev(11, "submitted")],
-                        metrics=[], checkpoints=[], now=at(25))
+    g = compute_goodput(
+        job=job(),
+        events=[ev(10, "admitted"), ev(11, "submitted")],
+        metrics=[],
+        checkpoints=[],
+        now=at(25),
+    )
     assert (g.wall_s, g.productive_s, g.goodput, g.steps) == (25, 0, 0, 0)
     assert g.breakdown["waiting_s"] == 10 and g.breakdown["startup_s"] == 15
     check_sums(g)
 
 
-@pytest.mark.parametrize(("finished", "now", "wall"), [(None, 40, 40), (40, 999, 40)],
-                         ids=["still-queued", "cancelled-in-queue"])
+@pytest.mark.parametrize(
+    ("finished", "now", "wall"),
+    [(None, 40, 40), (40, 999, 40)],
+    ids=["still-queued", "cancelled-in-queue"],
+)
 def test_a_job_that_never_started_only_waited(finished, now, wall):
     events = [ev(40, "cancelled")] if finished else []
-    g = compute_goodput(job=job(finished), events=events, metrics=[], checkpoints=[],
-                        now=at(now))
+    g = compute_goodput(job=job(finished), events=events, metrics=[], checkpoints=[], now=at(now))
     assert g.wall_s == wall and g.breakdown["waiting_s"] == wall and g.goodput == 0
     check_sums(g)
 
 
 def test_requeued_time_is_waiting_not_startup():
-    metrics, _, _ = run(1, 4, 25.0, every=0)              # steps end at 27.0
-    events = [ev(10, "admitted"), ev(12, "requeued"), ev(20, "admitted"),
-              ev(25, "workers_started")]
-    g = compute_goodput(job=job(), events=events, metrics=list(metrics.values()),
-                        checkpoints=[], now=at(30))
+    metrics, _, _ = run(1, 4, 25.0, every=0)  # steps end at 27.0
+    events = [ev(10, "admitted"), ev(12, "requeued"), ev(20, "admitted"), ev(25, "workers_started")]
+    g = compute_goodput(
+        job=job(), events=events, metrics=list(metrics.values()), checkpoints=[], now=at(30)
+    )
     assert g.productive_s == pytest.approx(2.0)
-    assert g.breakdown == pytest.approx({
-        "waiting_s": 18.0, "startup_s": 7.0, "checkpoint_blocking_s": 0.0,
-        "restart_restore_s": 0.0, "recomputed_s": 0.0, "other_s": 3.0})
+    assert g.breakdown == pytest.approx(
+        {
+            "waiting_s": 18.0,
+            "startup_s": 7.0,
+            "checkpoint_blocking_s": 0.0,
+            "restart_restore_s": 0.0,
+            "recomputed_s": 0.0,
+            "other_s": 3.0,
+        }
+    )
 
 
 def test_a_zero_wall_time_and_overfull_parts_stay_consistent():
@@ -180,23 +271,35 @@ def test_a_zero_wall_time_and_overfull_parts_stay_consistent():
     check_sums(empty)
     # Step times longer than the wall (clock skew) are cut to fit; nothing goes negative.
     metrics = [{"step": 1, "ts": at(5), "step_time_s": 30.0}]
-    g = compute_goodput(job=job(finished=10), events=[], metrics=metrics,
-                        checkpoints=[{"step": 1, "blocking_s": 4.0}], now=at(10))
+    g = compute_goodput(
+        job=job(finished=10),
+        events=[],
+        metrics=metrics,
+        checkpoints=[{"step": 1, "blocking_s": 4.0}],
+        now=at(10),
+    )
     assert g.productive_s == 10 and g.goodput == 1.0
     check_sums(g)
 
 
 def test_steps_without_a_step_time_count_at_the_median():
-    metrics = [{"step": 1, "ts": at(5), "step_time_s": 1.0},
-               {"step": 2, "ts": at(6), "step_time_s": 1.0}, {"step": 3, "ts": at(7)}]
-    g = compute_goodput(job=job(finished=10), events=[ev(0, "admitted")], metrics=metrics,
-                        checkpoints=[], now=at(10))
+    metrics = [
+        {"step": 1, "ts": at(5), "step_time_s": 1.0},
+        {"step": 2, "ts": at(6), "step_time_s": 1.0},
+        {"step": 3, "ts": at(7)},
+    ]
+    g = compute_goodput(
+        job=job(finished=10),
+        events=[ev(0, "admitted")],
+        metrics=metrics,
+        checkpoints=[],
+        now=at(10),
+    )
     assert g.productive_s == pytest.approx(3.0)
     assert any("no step_time_s" in n for n in g.notes)
 
 
 # -- REST ---------------------------------------------------------------------------
-
 
 
 def _token(client: TestClient, tenant: str) -> dict[str, str]:
@@ -213,12 +316,17 @@ def test_goodput_route_reports_a_tenants_own_job_only(client):
     stores = client.app.state.runtime.stores
     stores.jobs.update_job(job_id, status=JobStatus.PENDING)
     job = stores.jobs.get_job(job_id)
-    reporter = {"Authorization": "Bearer " + create_reporter_token(
-        stores.tokens, tenant_id=job.tenant_id, job_id=job_id)}
-    points = [{"step": s, "ts": time.time(), "world_size": 2, "step_time_s": 0.5}
-              for s in (1, 2)]
-    assert client.post(f"/v1/jobs/{job_id}/telemetry", json={"metrics": points},
-                       headers=reporter).status_code == 200
+    reporter = {
+        "Authorization": "Bearer "
+        + create_reporter_token(stores.tokens, tenant_id=job.tenant_id, job_id=job_id)
+    }
+    points = [{"step": s, "ts": time.time(), "world_size": 2, "step_time_s": 0.5} for s in (1, 2)]
+    assert (
+        client.post(
+            f"/v1/jobs/{job_id}/telemetry", json={"metrics": points}, headers=reporter
+        ).status_code
+        == 200
+    )
     stores.jobs.update_job(job_id, finished_at=job.created_at + timedelta(seconds=100))
 
     r = client.get(f"/v1/jobs/{job_id}/goodput", headers=a)

@@ -7,10 +7,17 @@ import pytest
 from service.planner.hardware import GIB, GPUS, LINKS, cluster_from_nodes, find_gpu, resolve_cluster
 
 
-@pytest.mark.parametrize(("name", "key", "memory_gib"), [
-    ("H100-80GB", "h100", 80), ("H200", "h200", 141), ("A100-80G", "a100", 80),
-    ("L40S", "l40s", 48), ("NVIDIA GeForce RTX 4090", "rtx4090", 24), ("RTX 3060", "rtx3060", 12),
-])
+@pytest.mark.parametrize(
+    ("name", "key", "memory_gib"),
+    [
+        ("H100-80GB", "h100", 80),
+        ("H200", "h200", 141),
+        ("A100-80G", "a100", 80),
+        ("L40S", "l40s", 48),
+        ("NVIDIA GeForce RTX 4090", "rtx4090", 24),
+        ("RTX 3060", "rtx3060", 12),
+    ],
+)
 def test_known_gpus_by_the_names_users_and_ray_give(name, key, memory_gib):
     gpu = find_gpu(name)
     assert gpu is GPUS[key] and gpu.memory_gib == memory_gib and gpu.bf16_tflops > 0
@@ -39,21 +46,42 @@ def test_mixed_gpus_plan_at_the_smallest_and_slowest():
     assert hw.bf16_tflops == GPUS["rtx3060"].bf16_tflops
 
 
-@pytest.mark.parametrize(("cluster", "field"), [
-    ({"gpu": "tpu"}, "cluster.gpu"), ({"interconnect": "carrier-pigeon"}, "cluster.interconnect"),
-    ({"network": "dialup"}, "cluster.network")])
+@pytest.mark.parametrize(
+    ("cluster", "field"),
+    [
+        ({"gpu": "tpu"}, "cluster.gpu"),
+        ({"interconnect": "carrier-pigeon"}, "cluster.interconnect"),
+        ({"network": "dialup"}, "cluster.network"),
+    ],
+)
 def test_unknown_names_are_errors_naming_the_field(cluster, field):
     _, errors = resolve_cluster(cluster)
     assert len(errors) == 1 and errors[0].startswith(field)
 
 
 def test_cluster_from_ray_resources():
-    nodes = [{"resources": {"CPU": 8.0, "memory": 32 * GIB}},  # a CPU-only head
-             *[{"resources": {"CPU": 96.0, "GPU": 8.0, "memory": 512 * GIB,
-                              "accelerator_type:H100": 1.0}}] * 2]
+    nodes = [
+        {"resources": {"CPU": 8.0, "memory": 32 * GIB}},  # a CPU-only head
+        *[
+            {
+                "resources": {
+                    "CPU": 96.0,
+                    "GPU": 8.0,
+                    "memory": 512 * GIB,
+                    "accelerator_type:H100": 1.0,
+                }
+            }
+        ]
+        * 2,
+    ]
     shape = cluster_from_nodes(nodes)
-    assert shape == {"nodes": 3, "cpus_per_node": 96.0, "gpus_per_node": 8, "gpu": "H100",
-                     "host_memory_gb": 512.0}
+    assert shape == {
+        "nodes": 3,
+        "cpus_per_node": 96.0,
+        "gpus_per_node": 8,
+        "gpu": "H100",
+        "host_memory_gb": 512.0,
+    }
     hw, errors = resolve_cluster(shape)
     assert errors == [] and hw.gpu_memory_bytes == 80 * GIB
     assert cluster_from_nodes([]) == {}

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.fakes import ADMIN_H
 from service.api import metrics as prom
 from service.auth import create_reporter_token
 from service.domain.job_metrics import JobMetrics
 from service.status import JobStatus
+from tests.support.fakes import ADMIN_H
 
 SPEC = {"name": "tiny", "resources": {"workers": {"min": 1, "max": 2}}, "train": {"steps": 50}}
 
@@ -34,8 +34,9 @@ def _running_job(client: TestClient) -> tuple[str, dict]:
     job_id = r.json()["id"]
     stores = client.app.state.runtime.stores
     stores.jobs.update_job(job_id, status=JobStatus.PENDING, submission_id=f"etrain-{job_id}-0")
-    token = create_reporter_token(stores.tokens, tenant_id=stores.jobs.get_job(job_id).tenant_id,
-                                  job_id=job_id)
+    token = create_reporter_token(
+        stores.tokens, tenant_id=stores.jobs.get_job(job_id).tenant_id, job_id=job_id
+    )
     return job_id, {"Authorization": f"Bearer {token}"}
 
 
@@ -48,15 +49,26 @@ def _series(client: TestClient, job_id: str) -> dict[str, float]:
     """Sample name -> value of every series labelled with ``job_id``."""
     r = client.get("/metrics")
     assert r.status_code == 200
-    return {s.name: s.value for family in text_string_to_metric_families(r.text)
-            for s in family.samples
-            if s.labels.get("job_id") == job_id and not s.name.endswith("_created")}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.labels.get("job_id") == job_id and not s.name.endswith("_created")
+    }
 
 
 def _point(step: int, ts: float, **kw) -> dict:
-    return {"step": step, "ts": ts, "loss": 4.0 - step / 100, "lr": 3e-4,
-            "samples_per_s": 64.0 * step, "tokens_per_s": 8192.0 * step, "world_size": 2,
-            "step_time_s": 0.25, **kw}
+    return {
+        "step": step,
+        "ts": ts,
+        "loss": 4.0 - step / 100,
+        "lr": 3e-4,
+        "samples_per_s": 64.0 * step,
+        "tokens_per_s": 8192.0 * step,
+        "world_size": 2,
+        "step_time_s": 0.25,
+        **kw,
+    }
 
 
 def _event(kind: str, key: str) -> dict:
@@ -66,8 +78,12 @@ def _event(kind: str, key: str) -> dict:
 def test_metric_points_set_the_gauges_from_the_newest_point(client):
     job_id, rep = _running_job(client)
     now = time.time()
-    _post(client, job_id, rep, metrics=[_point(9, now - 1), _point(10, now, world_size=4,
-                                                                   step_time_s=0.5)])
+    _post(
+        client,
+        job_id,
+        rep,
+        metrics=[_point(9, now - 1), _point(10, now, world_size=4, step_time_s=0.5)],
+    )
     series = _series(client, job_id)
     assert series["etrain_job_step"] == 10
     assert series["etrain_job_step_time_seconds"] == 0.5
@@ -84,8 +100,11 @@ def test_metric_points_set_the_gauges_from_the_newest_point(client):
 
 def test_restarts_and_resizes_count_new_events_only(client):
     job_id, rep = _running_job(client)
-    batch = [_event("worker_failed", "fail:1"), _event("resized", "resize:1"),
-             _event("checkpoint_saved", "ckpt:10")]
+    batch = [
+        _event("worker_failed", "fail:1"),
+        _event("resized", "resize:1"),
+        _event("checkpoint_saved", "ckpt:10"),
+    ]
     for _ in range(3):  # the reporter retries the same batch
         _post(client, job_id, rep, events=batch)
     series = _series(client, job_id)
@@ -108,8 +127,13 @@ def test_checkpoint_blocking_follows_the_newest_checkpoint(client):
     job_id, rep = _running_job(client)
 
     def ck(step, blocking):
-        return {"step": step, "uri": f"file:///c/{step}", "bytes": 10, "save_s": 1.0,
-                "blocking_s": blocking}
+        return {
+            "step": step,
+            "uri": f"file:///c/{step}",
+            "bytes": 10,
+            "save_s": 1.0,
+            "blocking_s": blocking,
+        }
 
     _post(client, job_id, rep, checkpoints=[ck(10, 0.25), ck(20, 0.125)])
     assert _series(client, job_id)["etrain_job_checkpoint_blocking_seconds"] == 0.125
@@ -145,20 +169,32 @@ def test_series_of_an_ended_job_go_after_the_grace_period(client, monkeypatch):
 def test_names_follow_prometheus_conventions():
     registry = CollectorRegistry()
     metrics = JobMetrics(registry)
-    metrics.observe_point("j-1", {"step": 1, "step_time_s": 0.5, "loss": None,
-                                  "world_size": True})
+    metrics.observe_point("j-1", {"step": 1, "step_time_s": 0.5, "loss": None, "world_size": True})
     metrics.count_event("j-1", "resized")
     metrics.observe_checkpoint("j-1", 0.1)
     families = {f.name: f.type for f in registry.collect()}
     assert families["etrain_job_restarts"] == families["etrain_job_resizes"] == "counter"
     assert {n for n, t in families.items() if t == "gauge"} == {
-        "etrain_job_step", "etrain_job_step_time_seconds", "etrain_job_samples_per_second",
-        "etrain_job_tokens_per_second", "etrain_job_world_size", "etrain_job_loss",
-        "etrain_job_checkpoint_blocking_seconds"}
-    samples = {s.name: s.value for f in registry.collect() for s in f.samples
-               if not s.name.endswith("_created")}
-    assert samples == {"etrain_job_step": 1, "etrain_job_step_time_seconds": 0.5,
-                       "etrain_job_restarts_total": 0, "etrain_job_resizes_total": 1,
-                       "etrain_job_checkpoint_blocking_seconds": 0.1}  # None and bool skipped
+        "etrain_job_step",
+        "etrain_job_step_time_seconds",
+        "etrain_job_samples_per_second",
+        "etrain_job_tokens_per_second",
+        "etrain_job_world_size",
+        "etrain_job_loss",
+        "etrain_job_checkpoint_blocking_seconds",
+    }
+    samples = {
+        s.name: s.value
+        for f in registry.collect()
+        for s in f.samples
+        if not s.name.endswith("_created")
+    }
+    assert samples == {
+        "etrain_job_step": 1,
+        "etrain_job_step_time_seconds": 0.5,
+        "etrain_job_restarts_total": 0,
+        "etrain_job_resizes_total": 1,
+        "etrain_job_checkpoint_blocking_seconds": 0.1,
+    }  # None and bool skipped
     metrics.forget("j-1")
     assert [s for f in registry.collect() for s in f.samples] == []

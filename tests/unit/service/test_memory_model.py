@@ -29,8 +29,9 @@ def _work(**kw) -> Workload:
     return Workload(**{**base, **kw})
 
 
-@pytest.mark.parametrize(("optimizer", "momentum", "per_param"),
-                         [("adamw", 0.0, 8), ("sgd", 0.9, 4), ("sgd", 0.0, 0)])
+@pytest.mark.parametrize(
+    ("optimizer", "momentum", "per_param"), [("adamw", 0.0, 8), ("sgd", 0.9, 4), ("sgd", 0.0, 0)]
+)
 def test_ddp_state_is_the_whole_model(optimizer, momentum, per_param):
     s = state_bytes(_work(optimizer=optimizer, momentum=momentum), Layout("ddp", dp=4))
     assert (s.params, s.grads, s.optimizer) == (4 * N, 4 * N, per_param * N)
@@ -73,14 +74,16 @@ def test_stage_split_matches_the_worker_split():
         for stages in (2, 4, 8):
             if stages <= cfg.n_layers:
                 assert list(stage_layer_counts(cfg, stages)) == [
-                    len(r) for r in pp.stage_layer_ranges(cfg, stages)]
+                    len(r) for r in pp.stage_layer_ranges(cfg, stages)
+                ]
 
 
 def test_pipeline_ranks_hold_their_stages():
     ranks = state_bytes_by_rank(_work(), Layout("pp", dp=1, pp=2, microbatches=2))
     assert sum(r.params for r in ranks) == 4 * N
-    inter = state_bytes_by_rank(_work(), Layout("pp", dp=1, pp=2, schedule="interleaved_1f1b",
-                                                microbatches=2))
+    inter = state_bytes_by_rank(
+        _work(), Layout("pp", dp=1, pp=2, schedule="interleaved_1f1b", microbatches=2)
+    )
     assert sum(r.params for r in inter) == 4 * N
 
 
@@ -91,7 +94,8 @@ def test_activations_per_token_of_gpt_small_fp32():
     attention = 4 * 4 * h + 4 * a  # q, k and v (GQA repeated to all heads), output, logsumexp
     ffn = 4 * 4 * f
     assert layer_activation_bytes_per_token(SMALL, tp=1, precision="fp32") == (
-        norms + attention + ffn)
+        norms + attention + ffn
+    )
 
 
 def test_tp_splits_projections_but_not_norms():
@@ -105,8 +109,9 @@ def test_pipeline_activations_by_schedule():
     work = _work(global_batch_size=16)
 
     def first(schedule: str, m: int) -> int:
-        return activation_bytes(work, Layout("pp", dp=1, pp=4, schedule=schedule,
-                                             microbatches=m), pp_rank=0)
+        return activation_bytes(
+            work, Layout("pp", dp=1, pp=4, schedule=schedule, microbatches=m), pp_rank=0
+        )
 
     assert first("gpipe", 8) == pytest.approx(2 * first("1f1b", 8), rel=1e-3)
     assert first("1f1b", 8) == pytest.approx(2 * first("1f1b", 2), rel=1e-3)
@@ -117,15 +122,17 @@ def test_pipeline_activations_by_schedule():
 def test_interleaving_holds_more_in_flight_than_1f1b():
     work = _work(global_batch_size=32)
     plain = activation_bytes(work, Layout("pp", dp=1, pp=2, microbatches=16))
-    inter = activation_bytes(work, Layout("pp", dp=1, pp=2, schedule="interleaved_1f1b",
-                                          microbatches=16))
+    inter = activation_bytes(
+        work, Layout("pp", dp=1, pp=2, schedule="interleaved_1f1b", microbatches=16)
+    )
     assert inter > plain
 
 
 def test_activation_checkpointing_keeps_only_block_inputs():
     cfg = get_model_config("llama-7b")
-    work = Workload(cfg=cfg, seq_len=4096, micro_batch_size=1, global_batch_size=8,
-                    precision="bf16")
+    work = Workload(
+        cfg=cfg, seq_len=4096, micro_batch_size=1, global_batch_size=8, precision="bf16"
+    )
     full = activation_bytes(work, Layout("fsdp", dp=8))
     ckpt = activation_bytes(work, Layout("fsdp", dp=8), checkpointed=True)
     assert ckpt < full / 5
@@ -135,8 +142,7 @@ def test_activation_checkpointing_keeps_only_block_inputs():
 
 def test_bf16_without_fsdp_holds_autocast_weight_copies():
     cfg = get_model_config("gpt-tiny")
-    work = Workload(cfg=cfg, seq_len=32, micro_batch_size=2, global_batch_size=4,
-                    precision="bf16")
+    work = Workload(cfg=cfg, seq_len=32, micro_batch_size=2, global_batch_size=4, precision="bf16")
     linear = count_params(cfg) - cfg.vocab_size * cfg.dim - (2 * cfg.n_layers + 1) * cfg.dim
     assert buffer_bytes(work, Layout("ddp", dp=2))["autocast_weight_copies"] == 2 * linear
     assert "autocast_weight_copies" not in buffer_bytes(work, Layout("fsdp", dp=2))
@@ -146,5 +152,6 @@ def test_worst_rank_is_the_largest_device_total():
     work = _work(global_batch_size=16)
     lay = Layout("pp", dp=1, pp=4, microbatches=8)
     worst = worst_rank_memory(work, lay)
-    assert worst.device_total == max(rank_memory(work, lay, pp_rank=r).device_total
-                                     for r in range(4))
+    assert worst.device_total == max(
+        rank_memory(work, lay, pp_rank=r).device_total for r in range(4)
+    )

@@ -14,8 +14,9 @@ TEXT_ROUTES = {("get", "/metrics"): "text/plain", ("get", "/v1/jobs/{job_id}/log
 
 @pytest.fixture(scope="module")
 def document(tmp_path_factory) -> dict:
-    app = create_app(dev_settings(tmp_path_factory.mktemp("openapi")), backend=FakeBackend(),
-                     reconcile=False)
+    app = create_app(
+        dev_settings(tmp_path_factory.mktemp("openapi")), backend=FakeBackend(), reconcile=False
+    )
     return app.openapi()
 
 
@@ -74,8 +75,10 @@ def test_the_bodies_routes_decode_themselves_are_documented(document):
     def body(method: str, path: str) -> dict:
         return document["paths"][path][method]["requestBody"]["content"]
 
-    assert _resolve(document, body("post", "/v1/jobs")["application/json"]["schema"])[
-        "title"] == "JobSpec"
+    assert (
+        _resolve(document, body("post", "/v1/jobs")["application/json"]["schema"])["title"]
+        == "JobSpec"
+    )
     assert "application/yaml" in body("post", "/v1/jobs")
     plan = body("post", "/v1/plan")["application/json"]["schema"]
     assert set(plan["properties"]) == {"spec", "cluster"}

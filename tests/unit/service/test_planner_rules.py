@@ -20,14 +20,29 @@ def plan_job(spec: JobSpec, **kwargs) -> dict:
 H100_NODE = {"nodes": 1, "gpus_per_node": 8, "gpu": "h100"}
 
 
-def _gpu_spec(preset: str, *, workers: int, seq_len: int = 128, mbs: int = 1,
-              gbs: int | None = None, **parallelism) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "p", "model": {"preset": preset}, "data": {"seq_len": seq_len},
-        "parallelism": parallelism or {"strategy": "ddp"},
-        "resources": {"workers": workers, "gpus_per_worker": 1},
-        "train": {"precision": "bf16", "micro_batch_size": mbs,
-                  "global_batch_size": gbs or mbs * workers}})
+def _gpu_spec(
+    preset: str,
+    *,
+    workers: int,
+    seq_len: int = 128,
+    mbs: int = 1,
+    gbs: int | None = None,
+    **parallelism,
+) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "p",
+            "model": {"preset": preset},
+            "data": {"seq_len": seq_len},
+            "parallelism": parallelism or {"strategy": "ddp"},
+            "resources": {"workers": workers, "gpus_per_worker": 1},
+            "train": {
+                "precision": "bf16",
+                "micro_batch_size": mbs,
+                "global_batch_size": gbs or mbs * workers,
+            },
+        }
+    )
 
 
 def _state(plan: dict) -> int:
@@ -36,6 +51,7 @@ def _state(plan: dict) -> int:
 
 
 # -- known answers ------------------------------------------------------------------
+
 
 def test_7b_adamw_bf16_ddp_does_not_fit_8x80gb():
     """16 bytes of model state per parameter (ZeRO paper: 2 + 2 + 12; here fp32 params 4 +
@@ -54,8 +70,10 @@ def test_7b_adamw_bf16_ddp_does_not_fit_8x80gb():
 def test_7b_fsdp_zero3_fits_8x80gb_with_about_14gb_of_state_per_rank():
     """8 x 4096 tokens per step, no accumulation: state 2 x 6.74e9 bytes, activations on top."""
     n = count_params(get_model_config("llama-7b"))
-    plan = plan_job(_gpu_spec("llama-7b", workers=8, seq_len=4096, strategy="fsdp",
-                              fsdp={"zero_stage": 3}), cluster=H100_NODE)
+    plan = plan_job(
+        _gpu_spec("llama-7b", workers=8, seq_len=4096, strategy="fsdp", fsdp={"zero_stage": 3}),
+        cluster=H100_NODE,
+    )
     assert plan["fits"] is True and plan["errors"] == []
     assert _state(plan) == 2 * n  # 16 bytes / 8 ranks
     assert 13e9 < _state(plan) < 14e9
@@ -67,11 +85,15 @@ def test_7b_fsdp_zero3_fits_8x80gb_with_about_14gb_of_state_per_rank():
 def test_fsdp_gradient_accumulation_holds_unsharded_gradients():
     """FSDP2 without sync between micro-batches keeps fp32 unsharded gradients (4 x 6.74e9)."""
     n = count_params(get_model_config("llama-7b"))
-    plan = plan_job(_gpu_spec("llama-7b", workers=8, seq_len=1024, gbs=64, strategy="fsdp"),
-                    cluster=H100_NODE)
+    plan = plan_job(
+        _gpu_spec("llama-7b", workers=8, seq_len=1024, gbs=64, strategy="fsdp"), cluster=H100_NODE
+    )
     assert plan["breakdown"]["buffers"]["fsdp_unsharded_grad_accumulation"] == 4 * n
-    assert any("8 micro-batches per step keeps unsharded gradients" in w
-               and "set resources.workers to 64" in w for w in plan["warnings"])
+    assert any(
+        "8 micro-batches per step keeps unsharded gradients" in w
+        and "set resources.workers to 64" in w
+        for w in plan["warnings"]
+    )
 
 
 def test_70b_on_32x80gb_keeps_tp_in_a_node_and_pp_or_fsdp_across_nodes():
@@ -87,8 +109,10 @@ def test_70b_on_32x80gb_keeps_tp_in_a_node_and_pp_or_fsdp_across_nodes():
 
 def test_a_24gb_and_a_12gb_gpu_are_planned_at_12gb():
     spec = _gpu_spec("gpt-small", workers=2)
-    for cluster in ({"nodes": 1, "gpus_per_node": 2, "gpu": ["rtx4090", "rtx3060"]},
-                    {"nodes": 1, "gpus_per_node": 2, "gpu_memory_gb": [24, 12]}):
+    for cluster in (
+        {"nodes": 1, "gpus_per_node": 2, "gpu": ["rtx4090", "rtx3060"]},
+        {"nodes": 1, "gpus_per_node": 2, "gpu_memory_gb": [24, 12]},
+    ):
         plan = plan_job(spec, cluster=cluster)
         assert plan["breakdown"]["gpu_memory_bytes"] == 12 * GIB
         assert any("planned at the smallest (12 GiB)" in w for w in plan["warnings"])
@@ -97,12 +121,12 @@ def test_a_24gb_and_a_12gb_gpu_are_planned_at_12gb():
 def test_a_model_that_needs_12gb_does_not_fit_the_pair():
     # llama-1b, AdamW: 16 x 1.5e9 = 23 GiB of state: fits 24 GiB, not 12.
     spec = _gpu_spec("llama-1b", workers=2)
-    plan = plan_job(spec, cluster={"nodes": 1, "gpus_per_node": 2,
-                                   "gpu": ["rtx4090", "rtx3060"]})
+    plan = plan_job(spec, cluster={"nodes": 1, "gpus_per_node": 2, "gpu": ["rtx4090", "rtx3060"]})
     assert plan["fits"] is False and "smallest GPU has 12.0 GiB" in plan["errors"][0]
 
 
 # -- layout rules ---------------------------------------------------------------------
+
 
 def test_unneeded_fsdp_is_accepted_with_a_warning_naming_ddp():
     plan = plan_job(_gpu_spec("gpt-small", workers=4, strategy="fsdp"), cluster=H100_NODE)
@@ -136,8 +160,9 @@ def test_tp_without_nvlink_warns_and_prefers_zero():
 def test_communication_dominated_layout_warns():
     # 7B sharded over 16 single-GPU nodes on 10 GbE: gathers dwarf a tiny batch's compute.
     spec = _gpu_spec("llama-7b", workers=16, strategy="fsdp")
-    plan = plan_job(spec, cluster={"nodes": 16, "gpus_per_node": 1, "gpu": "h100",
-                                   "network": "ethernet-10g"})
+    plan = plan_job(
+        spec, cluster={"nodes": 16, "gpus_per_node": 1, "gpu": "h100", "network": "ethernet-10g"}
+    )
     step = plan["step_estimate"]
     assert step["comm_share"] > 0.5
     assert any("communication dominates" in w for w in plan["warnings"])
@@ -157,8 +182,9 @@ def test_unknown_gpu_name_is_an_error_naming_the_field():
 
 
 def test_offload_needs_host_memory_per_node():
-    spec = _gpu_spec("llama-7b", workers=8, strategy="fsdp",
-                     fsdp={"zero_stage": 3, "cpu_offload": True})
+    spec = _gpu_spec(
+        "llama-7b", workers=8, strategy="fsdp", fsdp={"zero_stage": 3, "cpu_offload": True}
+    )
     plan = plan_job(spec, cluster={**H100_NODE, "host_memory_gb": 64})
     assert plan["per_rank"]["params_bytes"] == 0  # on the host
     assert plan["breakdown"]["host"]["cpu_offload_state"] > 13e9
@@ -186,14 +212,19 @@ def test_planning_an_example_takes_milliseconds(example):
     assert time.perf_counter() - t0 < 0.25  # typically a few ms; loose for shared CI
 
 
-ZERO1_WARNING = ("parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
-                 "optimizer-state-only mode, so gradients are sharded too (less memory than "
-                 "ZeRO-1); set zero_stage 2 to make this explicit")
+ZERO1_WARNING = (
+    "parallelism.fsdp.zero_stage 1 runs as stage 2: FSDP2 has no "
+    "optimizer-state-only mode, so gradients are sharded too (less memory than "
+    "ZeRO-1); set zero_stage 2 to make this explicit"
+)
 
 
 def _zero(strategy: str, stage: int) -> dict:
-    return plan_job(JobSpec.model_validate({
-        "name": "z", "parallelism": {"strategy": strategy, "fsdp": {"zero_stage": stage}}}))
+    return plan_job(
+        JobSpec.model_validate(
+            {"name": "z", "parallelism": {"strategy": strategy, "fsdp": {"zero_stage": stage}}}
+        )
+    )
 
 
 def test_zero_stage_1_is_planned_as_stage_2_and_says_so():

@@ -15,8 +15,14 @@ def plan_job(spec: JobSpec, **kwargs) -> dict:
     return planning.plan_job(spec, **kwargs).model_dump(mode="json")
 
 
-PER_RANK_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                 "buffers_bytes", "total_bytes"}
+PER_RANK_KEYS = {
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "activations_bytes",
+    "buffers_bytes",
+    "total_bytes",
+}
 
 
 def _spec(**sections):
@@ -24,11 +30,15 @@ def _spec(**sections):
 
 
 @pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-small", "llama-1b", "llama-7b"])
-@pytest.mark.parametrize(("train", "optimizer_per_param"), [
-    ({"optimizer": "adamw"}, 8),                   # exp_avg + exp_avg_sq in fp32
-    ({"optimizer": "sgd", "momentum": 0.9}, 4),    # one momentum buffer
-    ({"optimizer": "sgd", "momentum": 0.0}, 0),    # stateless
-], ids=["adamw", "sgd-momentum", "sgd-plain"])
+@pytest.mark.parametrize(
+    ("train", "optimizer_per_param"),
+    [
+        ({"optimizer": "adamw"}, 8),  # exp_avg + exp_avg_sq in fp32
+        ({"optimizer": "sgd", "momentum": 0.9}, 4),  # one momentum buffer
+        ({"optimizer": "sgd", "momentum": 0.0}, 0),  # stateless
+    ],
+    ids=["adamw", "sgd-momentum", "sgd-plain"],
+)
 def test_per_rank_bytes_follow_the_parameter_count(preset, train, optimizer_per_param):
     plan = plan_job(_spec(model={"preset": preset}, train=train))
     n = count_params(get_model_config(preset))
@@ -42,8 +52,9 @@ def test_per_rank_bytes_follow_the_parameter_count(preset, train, optimizer_per_
     # The old estimate added min(4n, 50 MiB) here. What is left: the rotary table and the
     # fp32 logits gradient of one micro-batch (4 x 128 tokens x vocab).
     cfg = get_model_config(preset)
-    assert per_rank["buffers_bytes"] == (cfg.max_seq_len * cfg.head_dim * 4
-                                         + 4 * 4 * 128 * cfg.vocab_size)
+    assert per_rank["buffers_bytes"] == (
+        cfg.max_seq_len * cfg.head_dim * 4 + 4 * 4 * 128 * cfg.vocab_size
+    )
     assert per_rank["activations_bytes"] > 0
     assert per_rank["total_bytes"] == sum(v for k, v in per_rank.items() if k != "total_bytes")
 
@@ -67,13 +78,23 @@ def test_a_good_ddp_job_plans_clean():
     assert plan["fits"] is True
     assert plan["errors"] == [] and plan["warnings"] == []
     assert plan["recommendation"] == "ddp"
-    assert plan["layout"] == {"strategy": "ddp", "workers": 2, "dp": 2, "tp": 1, "pp": 1,
-                              "grad_accum_steps": 2}
+    assert plan["layout"] == {
+        "strategy": "ddp",
+        "workers": 2,
+        "dp": 2,
+        "tp": 1,
+        "pp": 1,
+        "grad_accum_steps": 2,
+    }
 
 
 def test_layout_of_an_elastic_job_uses_min_workers():
-    plan = plan_job(_spec(resources={"workers": {"min": 1, "max": 4}},
-                          train={"global_batch_size": 48, "micro_batch_size": 4}))
+    plan = plan_job(
+        _spec(
+            resources={"workers": {"min": 1, "max": 4}},
+            train={"global_batch_size": 48, "micro_batch_size": 4},
+        )
+    )
     assert plan["layout"]["workers"] == {"min": 1, "max": 4}
     assert plan["layout"]["dp"] == 1 and plan["layout"]["grad_accum_steps"] == 12
 
@@ -93,10 +114,15 @@ def test_tiny_gpu_does_not_fit():
 
 def test_llama_7b_adamw_does_not_fit_an_80gb_gpu_unsharded():
     # 16 bytes/param of weights, grads and AdamW state alone is ~100 GiB for 6.7B parameters.
-    plan = plan_job(_spec(model={"preset": "llama-7b"}, resources={"gpus_per_worker": 1},
-                          data={"seq_len": 128}, train={"micro_batch_size": 1,
-                                                        "global_batch_size": 2}),
-                    cluster={"gpu_memory_gb": 80})
+    plan = plan_job(
+        _spec(
+            model={"preset": "llama-7b"},
+            resources={"gpus_per_worker": 1},
+            data={"seq_len": 128},
+            train={"micro_batch_size": 1, "global_batch_size": 2},
+        ),
+        cluster={"gpu_memory_gb": 80},
+    )
     assert plan["per_rank"]["total_bytes"] > 80 * GIB
     assert plan["fits"] is False
 
@@ -113,11 +139,15 @@ def test_gpu_job_that_fits():
 
 
 def _layout_spec(**par):
-    return JobSpec.model_validate({"name": "t", "model": {"preset": "gpt-small"},
-                                   "parallelism": par, "resources": {"workers": 4,
-                                   "gpus_per_worker": 1},
-                                   "train": {"global_batch_size": 16, "micro_batch_size": 2,
-                                             "steps": 10}})
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"preset": "gpt-small"},
+            "parallelism": par,
+            "resources": {"workers": 4, "gpus_per_worker": 1},
+            "train": {"global_batch_size": 16, "micro_batch_size": 2, "steps": 10},
+        }
+    )
 
 
 def test_tp_group_spanning_nodes_is_refused_with_the_field():
@@ -134,18 +164,31 @@ def _gpt_small_numel():
     return cfg, linears, 2 * h, v * h  # norms and embedding (or head) stay whole under TP
 
 
-@pytest.mark.parametrize("par,expected", [
-    ({"strategy": "ddp"}, lambda L, lin, norms, emb: L * (lin + norms) + 2 * emb + 256),
-    ({"strategy": "fsdp"}, lambda L, lin, norms, emb: (L * (lin + norms) + 2 * emb + 256) / 4),
-    # TP splits the block projections only; FSDP then shards everything over dp = 2. The
-    # old estimate divided everything by tp x dp, which is wrong for the replicated parts.
-    ({"strategy": "tp", "tp": 2},
-     lambda L, lin, norms, emb: (L * (lin / 2 + norms) + 2 * emb + 256) / 2),
-    # pp 2 x tp 2: the plan shows the worst rank, the first stage (two micro-batches in
-    # flight under 1F1B): 2 layers and the embedding.
-    ({"strategy": "hybrid", "tp": 2, "pp": 2, "pipeline": {"microbatches": 2}},
-     lambda L, lin, norms, emb: 2 * (lin / 2 + norms) + emb),
-])
+@pytest.mark.parametrize(
+    "par,expected",
+    [
+        (
+            {"strategy": "ddp"},
+            lambda n_layers, lin, norms, emb: n_layers * (lin + norms) + 2 * emb + 256,
+        ),
+        (
+            {"strategy": "fsdp"},
+            lambda n_layers, lin, norms, emb: (n_layers * (lin + norms) + 2 * emb + 256) / 4,
+        ),
+        # TP splits the block projections only; FSDP then shards everything over dp = 2. The
+        # old estimate divided everything by tp x dp, which is wrong for the replicated parts.
+        (
+            {"strategy": "tp", "tp": 2},
+            lambda n_layers, lin, norms, emb: (n_layers * (lin / 2 + norms) + 2 * emb + 256) / 2,
+        ),
+        # pp 2 x tp 2: the plan shows the worst rank, the first stage (two micro-batches in
+        # flight under 1F1B): 2 layers and the embedding.
+        (
+            {"strategy": "hybrid", "tp": 2, "pp": 2, "pipeline": {"microbatches": 2}},
+            lambda n_layers, lin, norms, emb: 2 * (lin / 2 + norms) + emb,
+        ),
+    ],
+)
 def test_model_state_per_rank_follows_the_sharding(par, expected):
     cfg, lin, norms, emb = _gpt_small_numel()
     got = plan_job(_layout_spec(**par))["per_rank"]["params_bytes"]
@@ -153,13 +196,23 @@ def test_model_state_per_rank_follows_the_sharding(par, expected):
 
 
 def test_elastic_range_with_model_parallel_degrees_plans_in_dp():
-    spec = JobSpec.model_validate({"name": "t", "model": {"preset": "gpt-small"},
-                                   "parallelism": {"strategy": "tp", "tp": 2},
-                                   "resources": {"workers": {"min": 2, "max": 4}},
-                                   "train": {"global_batch_size": 16, "micro_batch_size": 2}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"preset": "gpt-small"},
+            "parallelism": {"strategy": "tp", "tp": 2},
+            "resources": {"workers": {"min": 2, "max": 4}},
+            "train": {"global_batch_size": 16, "micro_batch_size": 2},
+        }
+    )
     plan = plan_job(spec)
     assert plan["fits"] and not plan["errors"], plan["errors"]
     assert (plan["layout"]["tp"], plan["layout"]["dp"]) == (2, 1)  # at the minimum size
-    ddp = JobSpec.model_validate({"name": "t", "resources": {"workers": {"min": 1, "max": 4}},
-                                  "train": {"global_batch_size": 48, "micro_batch_size": 4}})
+    ddp = JobSpec.model_validate(
+        {
+            "name": "t",
+            "resources": {"workers": {"min": 1, "max": 4}},
+            "train": {"global_batch_size": 48, "micro_batch_size": 4},
+        }
+    )
     assert plan_job(ddp)["fits"] and not plan_job(ddp)["warnings"]

@@ -9,7 +9,6 @@ import pytest
 import sqlalchemy as sa
 
 from service.auth import Principal, authenticate
-from tests.support.fakes import FakeBackend
 from service.backends.base import RunState, RunStatus
 from service.domain.lifecycle import Lifecycle
 from service.domain.reconciler import Reconciler
@@ -18,6 +17,7 @@ from service.errors import BackendError, BackendUnavailable, Unauthorized
 from service.settings import Settings
 from service.status import JobStatus
 from service.store import JobRecord, Stores
+from tests.support.fakes import FakeBackend
 from workers.spec import parse_spec
 
 
@@ -43,8 +43,9 @@ def tenant(stores) -> str:
 
 def _job(stores: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
     spec = parse_spec({"name": name, **sections})
-    return stores.jobs.create_job(tenant_id=tenant, name=name, spec=spec,
-                                  min_workers=spec.resources.min_workers)
+    return stores.jobs.create_job(
+        tenant_id=tenant, name=name, spec=spec, min_workers=spec.resources.min_workers
+    )
 
 
 def _kinds(stores: Stores, job_id: str) -> list[str]:
@@ -53,10 +54,13 @@ def _kinds(stores: Stores, job_id: str) -> list[str]:
 
 def _submitted(stores: Stores, job: JobRecord) -> JobRecord:
     """Put ``job`` where a first successful tick leaves it (PENDING with a submission)."""
-    return stores.jobs.update_job(job.id, status=JobStatus.PENDING, submission_id=f"etrain-{job.id}-0")
+    return stores.jobs.update_job(
+        job.id, status=JobStatus.PENDING, submission_id=f"etrain-{job.id}-0"
+    )
 
 
 # -- admission -----------------------------------------------------------------
+
 
 def test_fifo_admission_by_cluster_cpus(stores, tenant, backend, reconciler):
     jobs = [_job(stores, tenant, f"job-{i}") for i in range(3)]  # 2 workers x 1 CPU each
@@ -68,8 +72,10 @@ def test_fifo_admission_by_cluster_cpus(stores, tenant, backend, reconciler):
         assert job.submission_id == f"etrain-{job.id}-0"
         assert job.dashboard_url == f"http://ray.test:8265/#/jobs/etrain-{job.id}-0"
         assert _kinds(stores, job.id) == ["submitted", "admitted", "submitted"]
-    assert [r.submission_id for r in backend.submitted] == [first.submission_id,
-                                                            second.submission_id]
+    assert [r.submission_id for r in backend.submitted] == [
+        first.submission_id,
+        second.submission_id,
+    ]
     assert third.status is JobStatus.QUEUED and third.submission_id is None
     waiting = [e for e in stores.events.list_events(third.id) if e.kind == "waiting"]
     assert len(waiting) == 1 and "needs 2 CPU" in waiting[0].message
@@ -83,8 +89,13 @@ def test_fifo_admission_by_cluster_cpus(stores, tenant, backend, reconciler):
 def test_head_of_line_job_blocks_smaller_ones(stores, tenant, backend, reconciler):
     small = _job(stores, tenant, "small")
     big = _job(stores, tenant, "big", resources={"workers": 4})
-    behind = _job(stores, tenant, "behind", resources={"workers": 1},
-                  train={"global_batch_size": 16, "micro_batch_size": 4})
+    behind = _job(
+        stores,
+        tenant,
+        "behind",
+        resources={"workers": 1},
+        train={"global_batch_size": 16, "micro_batch_size": 4},
+    )
     reconciler.tick()
     assert stores.jobs.get_job(small.id).status is JobStatus.PENDING
     assert stores.jobs.get_job(big.id).status is JobStatus.QUEUED
@@ -109,14 +120,19 @@ def test_active_jobs_hold_their_resources(stores, tenant, backend, reconciler):
     assert stores.jobs.get_job(queued.id).status is JobStatus.PENDING
 
 
-@pytest.mark.parametrize(("resources", "admitted"), [
-    ({"workers": {"min": 1, "max": 8}}, 4),                  # elastic: room for the minimum
-    ({"workers": 2, "cpus_per_worker": 0.5}, 4),             # fractional CPUs
-    ({"workers": 2, "cpus_per_worker": 1.5}, 1),
-    ({"workers": 1, "gpus_per_worker": 1}, 0),               # no GPUs on the fake cluster
-], ids=["elastic-min", "half-cpus", "one-and-a-half-cpus", "gpu-on-cpu-cluster"])
-def test_admission_counts_min_workers_times_per_worker_resources(stores, tenant, backend,
-                                                                 reconciler, resources, admitted):
+@pytest.mark.parametrize(
+    ("resources", "admitted"),
+    [
+        ({"workers": {"min": 1, "max": 8}}, 4),  # elastic: room for the minimum
+        ({"workers": 2, "cpus_per_worker": 0.5}, 4),  # fractional CPUs
+        ({"workers": 2, "cpus_per_worker": 1.5}, 1),
+        ({"workers": 1, "gpus_per_worker": 1}, 0),  # no GPUs on the fake cluster
+    ],
+    ids=["elastic-min", "half-cpus", "one-and-a-half-cpus", "gpu-on-cpu-cluster"],
+)
+def test_admission_counts_min_workers_times_per_worker_resources(
+    stores, tenant, backend, reconciler, resources, admitted
+):
     train = {"global_batch_size": 840, "micro_batch_size": 1}  # 840 = lcm(1..8): any dp fits
     jobs = [_job(stores, tenant, f"job-{i}", resources=resources, train=train) for i in range(5)]
     reconciler.tick()
@@ -126,17 +142,30 @@ def test_admission_counts_min_workers_times_per_worker_resources(stores, tenant,
 
 def test_gpu_jobs_are_admitted_on_gpu_clusters(stores, tenant, settings):
     backend = FakeBackend(cpus=16, gpus=2)
-    jobs = [_job(stores, tenant, f"gpu-{i}", resources={"workers": 1, "gpus_per_worker": 1},
-                 train={"global_batch_size": 16, "micro_batch_size": 4}) for i in range(3)]
+    jobs = [
+        _job(
+            stores,
+            tenant,
+            f"gpu-{i}",
+            resources={"workers": 1, "gpus_per_worker": 1},
+            train={"global_batch_size": 16, "micro_batch_size": 4},
+        )
+        for i in range(3)
+    ]
     Reconciler(stores, backend, settings).tick()
     assert [stores.jobs.get_job(j.id).status for j in jobs] == [
-        JobStatus.PENDING, JobStatus.PENDING, JobStatus.QUEUED]
+        JobStatus.PENDING,
+        JobStatus.PENDING,
+        JobStatus.QUEUED,
+    ]
 
 
 # -- the launch request ----------------------------------------------------------
 
+
 def test_launch_request_carries_the_spec_and_a_job_scoped_reporter_token(
-        stores, tenant, backend, reconciler, settings):
+    stores, tenant, backend, reconciler, settings
+):
     job = _job(stores, tenant)
     other = _job(stores, tenant, "other")
     reconciler.tick()
@@ -165,16 +194,23 @@ FOLLOW = {
     "pending": (RunStatus(RunState.PENDING), JobStatus.PENDING, None),
     "running": (RunStatus(RunState.RUNNING), JobStatus.RUNNING, None),
     "succeeded": (RunStatus(RunState.SUCCEEDED, "done"), JobStatus.SUCCEEDED, None),
-    "failed": (RunStatus(RunState.FAILED, "Traceback ...\nRuntimeError: boom",
-                         exit_code=EXIT_TRAINING_FAILED), JobStatus.FAILED, "RuntimeError: boom"),
+    "failed": (
+        RunStatus(
+            RunState.FAILED, "Traceback ...\nRuntimeError: boom", exit_code=EXIT_TRAINING_FAILED
+        ),
+        JobStatus.FAILED,
+        "RuntimeError: boom",
+    ),
     "stopped": (RunStatus(RunState.STOPPED), JobStatus.FAILED, "stopped outside etrain"),
 }
 
 
-@pytest.mark.parametrize(("run_status", "expected", "error"), list(FOLLOW.values()),
-                         ids=list(FOLLOW))
-def test_backend_status_maps_to_job_status(stores, tenant, backend, reconciler, run_status,
-                                           expected, error):
+@pytest.mark.parametrize(
+    ("run_status", "expected", "error"), list(FOLLOW.values()), ids=list(FOLLOW)
+)
+def test_backend_status_maps_to_job_status(
+    stores, tenant, backend, reconciler, run_status, expected, error
+):
     job = _job(stores, tenant)
     reconciler.tick()
     token = backend.submitted[0].env["ETRAIN_REPORT_TOKEN"]
@@ -189,8 +225,9 @@ def test_backend_status_maps_to_job_status(stores, tenant, backend, reconciler, 
         assert error in got.error
     if expected.terminal:
         assert got.finished_at is not None
-        assert _kinds(stores, job.id)[-1] == ("succeeded" if expected is JobStatus.SUCCEEDED
-                                             else "failed")
+        assert _kinds(stores, job.id)[-1] == (
+            "succeeded" if expected is JobStatus.SUCCEEDED else "failed"
+        )
         with pytest.raises(Unauthorized):  # the job's reporter token died with it
             authenticate(stores.tokens, f"Bearer {token}")
     else:
@@ -207,8 +244,7 @@ def test_running_job_finishes(stores, tenant, backend, reconciler, state):
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.RUNNING)
     reconciler.tick()
     started = stores.jobs.get_job(job.id).started_at
-    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye",
-                                                       exit_code=EXIT_TRAINING_FAILED)
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(state, "bye", exit_code=EXIT_TRAINING_FAILED)
     reconciler.tick()
     got = stores.jobs.get_job(job.id)
     assert got.status.value == state.value
@@ -220,8 +256,9 @@ def test_running_job_finishes(stores, tenant, backend, reconciler, state):
 def test_long_failure_messages_keep_their_tail(stores, tenant, backend, reconciler):
     job = _job(stores, tenant)
     reconciler.tick()
-    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(RunState.FAILED, "x" * 5000 + "END",
-                                                       exit_code=EXIT_TRAINING_FAILED)
+    backend.statuses[f"etrain-{job.id}-0"] = RunStatus(
+        RunState.FAILED, "x" * 5000 + "END", exit_code=EXIT_TRAINING_FAILED
+    )
     reconciler.tick()
     error = stores.jobs.get_job(job.id).error
     assert len(error) == 2000 and error.endswith("END")
@@ -239,8 +276,10 @@ def test_running_is_not_restarted_by_repeated_polls(stores, tenant, backend, rec
 
 # -- races and failures -----------------------------------------------------------
 
-def test_job_cancelled_during_submit_has_its_submission_stopped(stores, tenant, backend,
-                                                                reconciler, settings):
+
+def test_job_cancelled_during_submit_has_its_submission_stopped(
+    stores, tenant, backend, reconciler, settings
+):
     job = _job(stores, tenant)
     lifecycle = Lifecycle(stores, backend)
     user = Principal(tenant_id=tenant, role="user")
@@ -276,15 +315,17 @@ def _live_reporter_tokens(stores: Stores, job_id: str) -> int:
     engine = sa.create_engine(stores.url)
     try:
         with engine.connect() as conn:
-            return conn.execute(sa.text(
-                "SELECT count(*) FROM api_tokens WHERE job_id = :j AND revoked_at IS NULL"),
-                {"j": job_id}).scalar_one()
+            return conn.execute(
+                sa.text("SELECT count(*) FROM api_tokens WHERE job_id = :j AND revoked_at IS NULL"),
+                {"j": job_id},
+            ).scalar_one()
     finally:
         engine.dispose()
 
 
-def test_retried_submissions_keep_at_most_one_live_reporter_token(stores, tenant, backend,
-                                                                  reconciler):
+def test_retried_submissions_keep_at_most_one_live_reporter_token(
+    stores, tenant, backend, reconciler
+):
     # At most one, not zero: a submit that timed out may still have reached Ray, and that
     # driver (found again by its idempotent submission id) reports with the first token.
     job = _job(stores, tenant)
@@ -307,8 +348,13 @@ def test_backend_refusing_a_submission_fails_the_job(stores, tenant, backend, re
 def test_backend_unavailable_while_following_admits_nothing(stores, tenant, backend, reconciler):
     active = _job(stores, tenant, "active")
     reconciler.tick()
-    queued = _job(stores, tenant, "queued", resources={"workers": 1},
-                  train={"global_batch_size": 16, "micro_batch_size": 4})
+    queued = _job(
+        stores,
+        tenant,
+        "queued",
+        resources={"workers": 1},
+        train={"global_batch_size": 16, "micro_batch_size": 4},
+    )
     backend.status_error = BackendUnavailable("down")
     reconciler.tick()
     assert stores.jobs.get_job(active.id).status is JobStatus.PENDING
@@ -320,8 +366,9 @@ def test_backend_unavailable_while_following_admits_nothing(stores, tenant, back
     assert stores.jobs.get_job(queued.id).status is JobStatus.PENDING
 
 
-def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(stores, tenant, backend,
-                                                                   reconciler):
+def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(
+    stores, tenant, backend, reconciler
+):
     # The service stopped between admission (PENDING) and submission.
     job = _job(stores, tenant)
     stores.jobs.update_job(job.id, status=JobStatus.PENDING)
@@ -335,7 +382,9 @@ def test_background_loop_ticks_until_stopped(stores, tenant, backend, reconciler
     reconciler.start()
     try:
         deadline = time.monotonic() + 10
-        while stores.jobs.get_job(job.id).status is JobStatus.QUEUED and time.monotonic() < deadline:
+        while (
+            stores.jobs.get_job(job.id).status is JobStatus.QUEUED and time.monotonic() < deadline
+        ):
             time.sleep(0.01)
     finally:
         reconciler.stop()
@@ -365,12 +414,19 @@ def test_background_loop_survives_a_failing_tick(stores, tenant, backend, reconc
 
 # -- job-level recovery ----------------------------------------------------------------
 
-@pytest.mark.parametrize("lost", [RunStatus(RunState.MISSING, "no such job"),
-                                  RunStatus(RunState.FAILED, "killed", exit_code=-9),
-                                  RunStatus(RunState.FAILED, "supervisor died")],
-                         ids=["head-restarted", "driver-killed", "supervisor-lost"])
-def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(stores, tenant, backend,
-                                                                reconciler, lost):
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        RunStatus(RunState.MISSING, "no such job"),
+        RunStatus(RunState.FAILED, "killed", exit_code=-9),
+        RunStatus(RunState.FAILED, "supervisor died"),
+    ],
+    ids=["head-restarted", "driver-killed", "supervisor-lost"],
+)
+def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(
+    stores, tenant, backend, reconciler, lost
+):
     job = _job(stores, tenant)
     reconciler.tick()
     for n in (1, 2):  # the default failure.max_resubmits is 2
@@ -392,7 +448,8 @@ def test_a_training_failure_is_not_resubmitted(stores, tenant, backend, reconcil
     job = _job(stores, tenant)
     reconciler.tick()
     backend.statuses[f"etrain-{job.id}-0"] = RunStatus(
-        RunState.FAILED, "etrain: training failed: ValueError", exit_code=EXIT_TRAINING_FAILED)
+        RunState.FAILED, "etrain: training failed: ValueError", exit_code=EXIT_TRAINING_FAILED
+    )
     reconciler.tick()
     got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.FAILED and got.resubmits == 0
@@ -401,4 +458,5 @@ def test_a_training_failure_is_not_resubmitted(stores, tenant, backend, reconcil
 
 def test_exit_code_contract_matches_the_driver():
     import workers.launch
+
     assert workers.launch.EXIT_TRAINING_FAILED == EXIT_TRAINING_FAILED

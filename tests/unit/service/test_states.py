@@ -18,9 +18,9 @@ S, F, C = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 # Written out by hand (not derived from the module) so a change to the state
 # machine has to change this table too. Staying put is always allowed.
 ALLOWED = {
-    Q: {Q, P, C, F},        # admitted, cancelled, or refused outright
+    Q: {Q, P, C, F},  # admitted, cancelled, or refused outright
     P: {P, R, Q, S, F, C},  # -> QUEUED: the backend had no room after all
-    R: {R, P, S, F, C},     # -> PENDING: resubmitted after a cluster-level loss
+    R: {R, P, S, F, C},  # -> PENDING: resubmitted after a cluster-level loss
     S: {S},
     F: {F},
     C: {C},
@@ -34,8 +34,9 @@ def test_table_covers_every_status():
     assert len(PAIRS) == 36
 
 
-@pytest.mark.parametrize(("current", "target"), PAIRS,
-                         ids=[f"{a.value}->{b.value}" for a, b in PAIRS])
+@pytest.mark.parametrize(
+    ("current", "target"), PAIRS, ids=[f"{a.value}->{b.value}" for a, b in PAIRS]
+)
 def test_transition(current, target):
     if target in ALLOWED[current]:
         assert transition(current, target) is target
@@ -58,7 +59,13 @@ def test_invalid_transition_is_a_409():
 
 def test_status_values_are_the_public_names():
     assert [s.value for s in JobStatus] == [
-        "QUEUED", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
+        "QUEUED",
+        "PENDING",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "CANCELLED",
+    ]
     assert JobStatus("RUNNING") is R
 
 
@@ -66,8 +73,9 @@ def test_status_values_are_the_public_names():
 def job(stores):
     """A QUEUED job in a real store (SQLite and PostgreSQL)."""
     tenant = stores.tokens.create_tenant("acme").id
-    return stores.jobs.create_job(tenant_id=tenant, name="tiny", min_workers=1,
-                                  spec=JobSpec.model_validate({"name": "tiny"}))
+    return stores.jobs.create_job(
+        tenant_id=tenant, name="tiny", min_workers=1, spec=JobSpec.model_validate({"name": "tiny"})
+    )
 
 
 def test_invalid_transition_changes_nothing(stores, job):
@@ -80,11 +88,18 @@ def test_invalid_transition_changes_nothing(stores, job):
 
 
 def test_change_status_writes_the_fields_and_the_event_together(stores, job):
-    moved = change_status(stores.jobs, job, P, submission_id="s-1",
-                          event=("admitted", "admitted by the scheduler", {"n": 1}))
+    moved = change_status(
+        stores.jobs,
+        job,
+        P,
+        submission_id="s-1",
+        event=("admitted", "admitted by the scheduler", {"n": 1}),
+    )
     assert moved.status is P and moved.submission_id == "s-1"
     assert [(e.kind, e.data) for e in stores.events.list_events(job.id)] == [
-        ("submitted", None), ("admitted", {"n": 1})]
+        ("submitted", None),
+        ("admitted", {"n": 1}),
+    ]
 
 
 def test_change_status_loses_to_a_change_made_since_the_job_was_read(stores, job):

@@ -4,24 +4,24 @@ probes real S3 and GCS endpoints)."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
-from tests.support.fakes import ADMIN_H, FakeBackend
-from service.domain.reconciler import Reconciler
 from service.domain import storage_check
+from service.domain.reconciler import Reconciler
 from service.domain.storage_check import check_checkpoint_storage, storage_launch_env
-from service.errors import InvalidSpec
 from service.settings import Settings
+from tests.support.fakes import FakeBackend
 from workers.spec import CheckpointSpec, parse_spec
-from workers.checkpoint.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 
 SECRET_NAME = "moto-store"
-SECRET_VARS = ("ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID", "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY")
+SECRET_VARS = (
+    "ETRAIN_SECRET_MOTO_STORE_ACCESS_KEY_ID",
+    "ETRAIN_SECRET_MOTO_STORE_SECRET_ACCESS_KEY",
+)
 
 
 # --- check_checkpoint_storage ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("storage", [None, "file:///nowhere/at/all"])
 def test_local_storage_is_not_probed(storage, monkeypatch):
@@ -36,6 +36,7 @@ def test_local_storage_is_not_probed(storage, monkeypatch):
 
 # --- credentials forwarded to the workers --------------------------------------------------------
 
+
 def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
     """The env of the LaunchRequest a reconciler tick hands the backend for this job."""
     from service.store import Stores, migrate
@@ -46,39 +47,50 @@ def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
     try:
         spec = parse_spec({"name": "s3-job", "checkpoint": checkpoint})
         tenant = stores.tokens.create_tenant("acme").id
-        stores.jobs.create_job(tenant_id=tenant, name="s3-job", spec=spec,
-                               min_workers=spec.resources.min_workers)
+        stores.jobs.create_job(
+            tenant_id=tenant, name="s3-job", spec=spec, min_workers=spec.resources.min_workers
+        )
         backend = FakeBackend(cpus=4)
-        Reconciler(stores, backend, Settings(env="development", data_dir=tmp_path,
-                                             **settings)).tick()
+        Reconciler(
+            stores, backend, Settings(env="development", data_dir=tmp_path, **settings)
+        ).tick()
         (req,) = backend.submitted
         return req.env
     finally:
         stores.close()
 
 
-AWS = {"AWS_ACCESS_KEY_ID": "AKIAFORWARDED0000001", "AWS_SECRET_ACCESS_KEY": "fwd-secret",
-       "AWS_SESSION_TOKEN": "fwd-token"}
-NAMED = {"ETRAIN_SECRET_MINIO_ACCESS_KEY_ID": "AKIANAMED00000000001",
-         "ETRAIN_SECRET_MINIO_SECRET_ACCESS_KEY": "named-secret"}
+AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIAFORWARDED0000001",
+    "AWS_SECRET_ACCESS_KEY": "fwd-secret",
+    "AWS_SESSION_TOKEN": "fwd-token",
+}
+NAMED = {
+    "ETRAIN_SECRET_MINIO_ACCESS_KEY_ID": "AKIANAMED00000000001",
+    "ETRAIN_SECRET_MINIO_SECRET_ACCESS_KEY": "named-secret",
+}
 OTHER = {"ETRAIN_SECRET_OTHER_ACCESS_KEY_ID": "x", "ETRAIN_SECRET_OTHER_SECRET_ACCESS_KEY": "y"}
 S3 = {"storage": "s3://bucket-a/jobs", "s3": {"endpoint_url": "http://minio:9000"}}
 
 
-@pytest.mark.parametrize(("checkpoint", "settings", "expected"), [
-    (S3, {}, AWS),
-    ({**S3, "s3": {"credentials_secret": "minio"}}, {}, NAMED),
-    ({"storage": "file:///shared/ckpt"}, {}, {}),
-    ({"storage": "gs://bucket-a/jobs"}, {}, {}),
-    (S3, {"backend": "kuberay"}, {}),  # pods read the etrain-storage Secret themselves
-], ids=["aws-env", "named-secret", "file", "gs", "kuberay"])
+@pytest.mark.parametrize(
+    ("checkpoint", "settings", "expected"),
+    [
+        (S3, {}, AWS),
+        ({**S3, "s3": {"credentials_secret": "minio"}}, {}, NAMED),
+        ({"storage": "file:///shared/ckpt"}, {}, {}),
+        ({"storage": "gs://bucket-a/jobs"}, {}, {}),
+        (S3, {"backend": "kuberay"}, {}),  # pods read the etrain-storage Secret themselves
+    ],
+    ids=["aws-env", "named-secret", "file", "gs", "kuberay"],
+)
 def test_launch_env_carries_only_the_credentials_the_storage_needs(
-        tmp_path, monkeypatch, checkpoint, settings, expected):
+    tmp_path, monkeypatch, checkpoint, settings, expected
+):
     for name, value in {**AWS, **NAMED, **OTHER}.items():
         monkeypatch.setenv(name, value)
     env = _launch_env(tmp_path, checkpoint, **settings)
-    forwarded = {k: v for k, v in env.items()
-                 if k.startswith(("AWS_", "ETRAIN_SECRET_"))}
+    forwarded = {k: v for k, v in env.items() if k.startswith(("AWS_", "ETRAIN_SECRET_"))}
     assert forwarded == expected
     assert env["ETRAIN_REPORT_TOKEN"]  # the rest of the launch env is unchanged
 

@@ -28,8 +28,10 @@ def test_launch_env_names_the_job_and_its_spec():
 def test_a_batch_round_trips_as_json_and_refuses_unknown_sections():
     batch = TelemetryBatch(
         metrics=[MetricPoint(step=3, world_size=2, loss=1.5, tokens_per_s=10.0)],
-        checkpoints=[CheckpointRecord(step=3, uri="file:///c/3", bytes=10, save_s=0.1,
-                                      deleted_steps=[1])])
+        checkpoints=[
+            CheckpointRecord(step=3, uri="file:///c/3", bytes=10, save_s=0.1, deleted_steps=[1])
+        ],
+    )
     body = batch.model_dump(mode="json")
     assert TelemetryBatch.model_validate(body) == batch
     with pytest.raises(ValidationError, match="extra"):

@@ -18,7 +18,8 @@ def test_the_installed_ray_is_the_release_the_private_uses_were_written_against(
     assert ray.__version__ == ray_compat.RAY_VERSION, (
         f"Ray {ray.__version__} is installed; workers/ray_compat.py was written against "
         f"{ray_compat.RAY_VERSION}: re-verify each of {list(ray_compat.CHECKS)} and update "
-        "RAY_VERSION (workers/contract.py) and the pin in pyproject.toml together")
+        "RAY_VERSION (workers/contract.py) and the pin in pyproject.toml together"
+    )
 
 
 @pytest.mark.parametrize("name", list(ray_compat.CHECKS))
@@ -34,10 +35,12 @@ def test_the_check_names_a_use_the_installed_ray_broke(monkeypatch):
 
 
 def test_a_probe_that_raises_is_reported_with_the_error(monkeypatch):
-    monkeypatch.setitem(ray_compat.CHECKS, "a module Ray removed",
-                        lambda: __import__("ray._private.no_such_module"))
-    assert any(b.startswith("a module Ray removed (ModuleNotFoundError")
-               for b in ray_compat.check())
+    monkeypatch.setitem(
+        ray_compat.CHECKS, "a module Ray removed", lambda: __import__("ray._private.no_such_module")
+    )
+    assert any(
+        b.startswith("a module Ray removed (ModuleNotFoundError") for b in ray_compat.check()
+    )
 
 
 def test_the_pinned_version_matches_the_project_pin():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 import shutil
+import time
 
 import pytest
 import torch
@@ -16,18 +16,30 @@ from workers.train_loop import RunEnv, lr_factor, run
 
 
 def spec(**train) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "unit", "data": {"seq_len": 16, "num_samples": 64},
-        "resources": {"workers": 1},
-        "train": {"steps": 6, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2,
-                  **train},
-        "checkpoint": {"every_steps": 3, "keep_last": 2},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "unit",
+            "data": {"seq_len": 16, "num_samples": 64},
+            "resources": {"workers": 1},
+            "train": {
+                "steps": 6,
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "lr": 1e-2,
+                **train,
+            },
+            "checkpoint": {"every_steps": 3, "keep_last": 2},
+        }
+    )
 
 
 def env(root=None) -> RunEnv:
-    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                  checkpoint_root=str(root) if root else None)
+    return RunEnv(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        checkpoint_root=str(root) if root else None,
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
@@ -45,8 +57,9 @@ def test_resume_from_committed_checkpoint_continues_exactly(tmp_path):
     resumed = run(spec(), env(tmp_path / "b"))
     assert resumed.resumed_from == 3
     assert {s: resumed.losses[s] for s in (4, 5, 6)} == {s: full.losses[s] for s in (4, 5, 6)}
-    for (na, pa), (nb, pb) in zip(full.model.named_parameters(),
-                                  resumed.model.named_parameters()):
+    for (na, pa), (nb, pb) in zip(
+        full.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert na == nb and torch.equal(pa, pb), na
 
 
@@ -80,8 +93,9 @@ def test_bf16_autocast_trains_close_to_fp32():
     assert bf16[1] == pytest.approx(fp32[1], rel=2e-2)
 
 
-@pytest.mark.parametrize("step,expected",
-                         [(0, 0.5), (1, 1.0), (2, 1.0), (7, 0.55), (12, 0.1), (20, 0.1)])
+@pytest.mark.parametrize(
+    "step,expected", [(0, 0.5), (1, 1.0), (2, 1.0), (7, 0.55), (12, 0.1), (20, 0.1)]
+)
 def test_lr_warmup_then_cosine_to_floor(step, expected):
     """Factor per scheduler step: linear warmup over 2, cosine from 1 down to min_lr_ratio."""
     t = spec(steps=12, warmup_steps=2).train
@@ -97,8 +111,16 @@ def test_a_restore_at_another_world_size_says_so(tmp_path):
     data["extra"]["world_size"] = 2  # as if saved by two workers
     manifest.write_text(json.dumps(data))
     reporter = RecordingReporter()
-    run(spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                       checkpoint_root=str(tmp_path), reporter=reporter))
+    run(
+        spec(),
+        RunEnv(
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            checkpoint_root=str(tmp_path),
+            reporter=reporter,
+        ),
+    )
     kinds = {k: (m, d) for k, m, d in reporter.kinds()}
     assert kinds["restored"][1]["step"] == 3
     assert kinds["restored"][0] == "restored from step 3 (saved by 2 workers, now 1)"
@@ -119,8 +141,10 @@ def test_installed_hooks_see_every_step_after_it_is_timed(tmp_path):
             time.sleep(0.1)  # outside the step's measured time
 
     hooks = Slow()
-    result = run(spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"),
-                                checkpoint_root=None, hooks=hooks))
+    result = run(
+        spec(),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None, hooks=hooks),
+    )
     assert hooks.steps == [(s, 0) for s in range(1, 7)]
     # Had the hook run inside the timed step, every step would take at least 0.1 s.
     assert min(result.step_times) < 0.1

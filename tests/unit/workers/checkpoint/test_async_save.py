@@ -16,17 +16,27 @@ from workers.train_loop import RunEnv, run
 
 
 def spec(*, asynchronous: bool, steps: int = 8, **ckpt) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "unit-async", "data": {"seq_len": 16, "num_samples": 64},
-        "resources": {"workers": 1},
-        "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-        "checkpoint": {"every_steps": 3, "keep_last": 5, "async": asynchronous, **ckpt},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "unit-async",
+            "data": {"seq_len": 16, "num_samples": 64},
+            "resources": {"workers": 1},
+            "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
+            "checkpoint": {"every_steps": 3, "keep_last": 5, "async": asynchronous, **ckpt},
+        }
+    )
 
 
 def env(root, reporter=None, stop_at=None, hooks=None) -> RunEnv:
-    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(root),
-                  reporter=reporter, stop_at=stop_at, hooks=hooks)
+    return RunEnv(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        checkpoint_root=str(root),
+        reporter=reporter,
+        stop_at=stop_at,
+        hooks=hooks,
+    )
 
 
 def tensors(path, tmp_path) -> dict:
@@ -40,8 +50,9 @@ def test_async_checkpoints_hold_exactly_what_a_synchronous_save_writes(tmp_path)
     rec = RecordingReporter()
     asyn = run(spec(asynchronous=True), env(tmp_path / "async", rec))
     assert asyn.losses == sync.losses
-    steps = [c.step for c in CheckpointManager(tmp_path / "async", keep_last=None,
-                                               rank=0).committed()]
+    steps = [
+        c.step for c in CheckpointManager(tmp_path / "async", keep_last=None, rank=0).committed()
+    ]
     assert steps == [3, 6, 8]
     for step in steps:
         a = tensors(tmp_path / "async" / f"step_{step:08d}", tmp_path)
@@ -101,9 +112,12 @@ def test_each_commit_reports_the_checkpoints_its_retention_deleted(tmp_path, asy
     """Retention is decided once, by the manager after each commit; the commit's record
     tells the control plane which committed steps went (keep_last 2, keep_every 6)."""
     rec = RecordingReporter()
-    run(spec(asynchronous=asynchronous, steps=12, keep_last=2, keep_every=6),
-        env(tmp_path, rec))
+    run(spec(asynchronous=asynchronous, steps=12, keep_last=2, keep_every=6), env(tmp_path, rec))
     assert [(c.step, c.deleted_steps) for c in rec.checkpoints] == [
-        (3, []), (6, []), (9, [3]), (12, [])]
+        (3, []),
+        (6, []),
+        (9, [3]),
+        (12, []),
+    ]
     listed = CheckpointManager(tmp_path, keep_last=None, rank=0).committed()
     assert [c.step for c in listed] == [6, 9, 12]

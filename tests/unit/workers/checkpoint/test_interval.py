@@ -37,8 +37,9 @@ def test_a_blocking_cost_of_two_mtbfs_or_more_checkpoints_every_mtbf(blocking_s,
     assert optimal_interval_s(blocking_s=blocking_s, mtbf_s=mtbf_s) == (mtbf_s, "daly")
 
 
-@pytest.mark.parametrize("deltas", [[1, 2, 5, 10, 20], [100, 1000, 5000, 20000, 170000]],
-                         ids=["young", "daly"])
+@pytest.mark.parametrize(
+    "deltas", [[1, 2, 5, 10, 20], [100, 1000, 5000, 20000, 170000]], ids=["young", "daly"]
+)
 def test_a_costlier_checkpoint_means_a_longer_interval(deltas):
     taus = [optimal_interval_s(blocking_s=d, mtbf_s=DAY)[0] for d in deltas]
     assert taus == sorted(taus) and len(set(taus)) == len(taus)
@@ -115,12 +116,15 @@ def test_blocking_cost_is_the_median_of_recent_checkpoints():
     assert p.blocking_s == 12.0
 
 
-@pytest.mark.parametrize(("overrides", "steps", "clamped"), [
-    ({}, 657, False),                        # 1314.76 s / 2 s
-    ({"max_steps": 100}, 100, True),
-    ({"min_steps": 1000}, 1000, True),
-    ({"max_interval_s": 60.0}, 30, True),
-])
+@pytest.mark.parametrize(
+    ("overrides", "steps", "clamped"),
+    [
+        ({}, 657, False),  # 1314.76 s / 2 s
+        ({"max_steps": 100}, 100, True),
+        ({"min_steps": 1000}, 1000, True),
+        ({"max_interval_s": 60.0}, 30, True),
+    ],
+)
 def test_seconds_become_whole_clamped_steps(overrides, steps, clamped):
     p = _policy(**{"max_interval_s": None, **overrides})
     p.observe_steps(10, 20.0)  # 2 s a step
@@ -139,25 +143,42 @@ def test_an_interval_shorter_than_one_step_is_one_step():
     assert p.decide().steps == 1
 
 
-@pytest.mark.parametrize(("new_steps", "expected"), [(109, False), (110, True), (91, False),
-                                                      (90, True), (100, False)])
+@pytest.mark.parametrize(
+    ("new_steps", "expected"), [(109, False), (110, True), (91, False), (90, True), (100, False)]
+)
 def test_only_changes_of_ten_percent_are_worth_an_event(new_steps, expected):
     def decision(steps):
-        return IntervalDecision(seconds=steps * 0.5, steps=steps, blocking_s=1.0,
-                                mtbf_s=DAY, formula="young", reason="")
+        return IntervalDecision(
+            seconds=steps * 0.5, steps=steps, blocking_s=1.0, mtbf_s=DAY, formula="young", reason=""
+        )
+
     assert changed(decision(100), decision(new_steps)) is expected
 
 
 def test_event_data_is_plain_json():
-    d = IntervalDecision(seconds=1314.5341, steps=2629, blocking_s=10.0, mtbf_s=DAY,
-                         formula="young", reason="r")
-    assert d.as_event_data() == {"seconds": 1314.534, "steps": 2629, "blocking_s": 10.0,
-                                 "mtbf_s": 86400.0, "formula": "young"}
+    d = IntervalDecision(
+        seconds=1314.5341, steps=2629, blocking_s=10.0, mtbf_s=DAY, formula="young", reason="r"
+    )
+    assert d.as_event_data() == {
+        "seconds": 1314.534,
+        "steps": 2629,
+        "blocking_s": 10.0,
+        "mtbf_s": 86400.0,
+        "formula": "young",
+    }
 
 
-@pytest.mark.parametrize("kwargs", [{"min_steps": 0}, {"initial_steps": 0},
-                                    {"min_steps": 5, "max_steps": 4}, {"prior_mtbf_s": 0},
-                                    {"max_interval_s": -1.0}, {"window": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_steps": 0},
+        {"initial_steps": 0},
+        {"min_steps": 5, "max_steps": 4},
+        {"prior_mtbf_s": 0},
+        {"max_interval_s": -1.0},
+        {"window": 0},
+    ],
+)
 def test_policy_settings_are_validated(kwargs):
     with pytest.raises(ValueError):
         _policy(**kwargs)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import pickle
-import tempfile
+import re
 
 import pytest
 
-from workers.checkpoint.dcp_io import dcp_reader, dcp_writer
+from tests.support.storage_checks import AWS, KEY, NAMED, SECRET, TOKEN, no_secrets, round_trip
 from workers.checkpoint.probe import check_storage
 from workers.checkpoint.storage import (
     StorageError,
@@ -21,10 +21,8 @@ from workers.checkpoint.storage import (
 )
 from workers.spec import CheckpointSpec
 
-from tests.support.storage_checks import AWS, KEY, NAMED, SECRET, TOKEN, no_secrets, round_trip
-
-
 # --- resolving URIs -----------------------------------------------------------------------
+
 
 def test_file_uri_is_a_local_path():
     loc = resolve_storage("file:///data/ckpt/", env={})
@@ -40,14 +38,20 @@ def test_s3_uri_with_endpoint_region_and_aws_env():
     import pyarrow.fs as pafs
     import s3fs
 
-    loc = resolve_storage("s3://my-bucket/runs/", endpoint_url="http://127.0.0.1:9000",
-                          region="eu-west-1", env={**AWS, "AWS_SESSION_TOKEN": TOKEN})
+    loc = resolve_storage(
+        "s3://my-bucket/runs/",
+        endpoint_url="http://127.0.0.1:9000",
+        region="eu-west-1",
+        env={**AWS, "AWS_SESSION_TOKEN": TOKEN},
+    )
     assert (loc.scheme, loc.root, loc.uri) == ("s3", "my-bucket/runs", "s3://my-bucket/runs")
     assert isinstance(loc.fs, s3fs.S3FileSystem)
     assert loc.options["key"] == KEY and loc.options["secret"] == SECRET
     assert loc.options["token"] == TOKEN
-    assert loc.options["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9000",
-                                            "region_name": "eu-west-1"}
+    assert loc.options["client_kwargs"] == {
+        "endpoint_url": "http://127.0.0.1:9000",
+        "region_name": "eu-west-1",
+    }
     assert loc.join("j-1", "checkpoints") == "my-bucket/runs/j-1/checkpoints"
     assert loc.uri_of("j-1") == "s3://my-bucket/runs/j-1"
     path, fs = loc.ray_storage()
@@ -65,8 +69,11 @@ def test_s3_bucket_without_prefix_and_without_keys_uses_the_default_chain():
 
 
 def test_s3_named_secret_reads_etrain_secret_variables():
-    loc = resolve_storage("s3://my-bucket/p", credentials_secret="minio-store",
-                          env={**NAMED, "AWS_ACCESS_KEY_ID": "OTHER", "AWS_SECRET_ACCESS_KEY": "x"})
+    loc = resolve_storage(
+        "s3://my-bucket/p",
+        credentials_secret="minio-store",
+        env={**NAMED, "AWS_ACCESS_KEY_ID": "OTHER", "AWS_SECRET_ACCESS_KEY": "x"},
+    )
     assert (loc.options["key"], loc.options["secret"], loc.options["token"]) == (KEY, SECRET, TOKEN)
     assert "minio-store" in loc.credentials_source
     no_secrets(loc.credentials_source + repr(loc))
@@ -74,8 +81,11 @@ def test_s3_named_secret_reads_etrain_secret_variables():
 
 def test_missing_named_secret_names_the_field_and_the_variables():
     with pytest.raises(StorageError) as info:
-        resolve_storage("s3://my-bucket/p", credentials_secret="minio-store",
-                        env={"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY})
+        resolve_storage(
+            "s3://my-bucket/p",
+            credentials_secret="minio-store",
+            env={"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY},
+        )
     msg = str(info.value)
     assert "checkpoint.s3.credentials_secret" in msg
     assert "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY" in msg
@@ -88,8 +98,16 @@ def test_gs_uri_uses_gcsfs_with_the_credentials_file(tmp_path):
 
     # An authorized-user file: gcsfs builds credentials from it without any request.
     creds = tmp_path / "adc.json"
-    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "id",
-                                 "client_secret": "cs", "refresh_token": "rt"}))
+    creds.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "id",
+                "client_secret": "cs",
+                "refresh_token": "rt",
+            }
+        )
+    )
     loc = resolve_storage("gs://my-bucket/runs", env={"GOOGLE_APPLICATION_CREDENTIALS": str(creds)})
     assert (loc.scheme, loc.root, loc.uri) == ("gs", "my-bucket/runs", "gs://my-bucket/runs")
     assert isinstance(loc.fs, gcsfs.GCSFileSystem)
@@ -101,29 +119,47 @@ def _gs_pyarrow_options(loc) -> dict:
     return loc.pyarrow_fs().__reduce__()[1][0]
 
 
-@pytest.mark.parametrize(("kwargs", "env", "endpoint"), [
-    ({"endpoint_url": "http://127.0.0.1:9023"}, {}, "http://127.0.0.1:9023"),
-    ({}, {"STORAGE_EMULATOR_HOST": "127.0.0.1:9023"}, "http://127.0.0.1:9023"),
-    ({"endpoint_url": "http://gcs:1"}, {"STORAGE_EMULATOR_HOST": "http://other:2/"},
-     "http://gcs:1"),
-], ids=["field", "emulator-host-variable", "field-wins"])
-def test_gs_plain_http_endpoint_is_anonymous_in_both_file_systems(tmp_path, kwargs, env,
-                                                                   endpoint):
+@pytest.mark.parametrize(
+    ("kwargs", "env", "endpoint"),
+    [
+        ({"endpoint_url": "http://127.0.0.1:9023"}, {}, "http://127.0.0.1:9023"),
+        ({}, {"STORAGE_EMULATOR_HOST": "127.0.0.1:9023"}, "http://127.0.0.1:9023"),
+        (
+            {"endpoint_url": "http://gcs:1"},
+            {"STORAGE_EMULATOR_HOST": "http://other:2/"},
+            "http://gcs:1",
+        ),
+    ],
+    ids=["field", "emulator-host-variable", "field-wins"],
+)
+def test_gs_plain_http_endpoint_is_anonymous_in_both_file_systems(tmp_path, kwargs, env, endpoint):
     creds = tmp_path / "never-sent.json"
-    loc = resolve_storage("gs://my-bucket/runs", **kwargs,
-                          env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(creds)})
+    loc = resolve_storage(
+        "gs://my-bucket/runs", **kwargs, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(creds)}
+    )
     assert loc.endpoint_url == endpoint
     assert loc.options == {"endpoint_url": endpoint, "token": "anon"}
     assert "anonymous" in loc.credentials_source
     pa = _gs_pyarrow_options(loc)
     assert (pa["scheme"], pa["endpoint_override"], pa["anonymous"]) == (
-        "http", endpoint.split("://")[1], True)
+        "http",
+        endpoint.split("://")[1],
+        True,
+    )
 
 
 def test_gs_https_endpoint_keeps_the_google_credentials(tmp_path, monkeypatch):
     creds = tmp_path / "adc.json"
-    creds.write_text(json.dumps({"type": "authorized_user", "client_id": "id",
-                                 "client_secret": "cs", "refresh_token": "rt"}))
+    creds.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "id",
+                "client_secret": "cs",
+                "refresh_token": "rt",
+            }
+        )
+    )
     # pyarrow reads the file itself (without it, Google's chain probes a metadata server).
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
     loc = resolve_storage("gs://my-bucket", endpoint_url="https://storage.example.com")
@@ -131,7 +167,10 @@ def test_gs_https_endpoint_keeps_the_google_credentials(tmp_path, monkeypatch):
     assert loc.credentials_source == "GOOGLE_APPLICATION_CREDENTIALS"
     pa = _gs_pyarrow_options(loc)
     assert (pa["scheme"], pa["endpoint_override"], pa["anonymous"]) == (
-        "https", "storage.example.com", False)
+        "https",
+        "storage.example.com",
+        False,
+    )
     plain = resolve_storage("gs://my-bucket", env={"STORAGE_EMULATOR_HOST": "default"})
     assert plain.endpoint_url is None and plain.options == {}
 
@@ -145,17 +184,20 @@ def test_gs_plain_http_endpoint_needs_gcsfs_without_its_grpc_lookup(monkeypatch)
         resolve_storage("gs://my-bucket", endpoint_url="http://127.0.0.1:9023", env={})
 
 
-@pytest.mark.parametrize(("uri", "kwargs", "needle"), [
-    ("http://host/x", {}, "checkpoint.storage"),
-    ("ftp://host/x", {}, "s3://bucket"),
-    ("file://relative/x", {}, "absolute"),
-    ("s3://", {}, "s3://bucket"),
-    (f"s3://{KEY}:{SECRET}@bucket/p", {}, "no credentials"),
-    ("gs://bucket/p", {"region": "us-east-1"}, "checkpoint.s3"),
-    ("file:///x", {"endpoint_url": "http://127.0.0.1:9023"}, "checkpoint.gcs"),
-    ("file:///x", {"credentials_secret": "minio"}, "checkpoint.s3"),
-    ("s3://bucket/p", {"env": {"AWS_ACCESS_KEY_ID": KEY}}, "AWS_SECRET_ACCESS_KEY"),
-])
+@pytest.mark.parametrize(
+    ("uri", "kwargs", "needle"),
+    [
+        ("http://host/x", {}, "checkpoint.storage"),
+        ("ftp://host/x", {}, "s3://bucket"),
+        ("file://relative/x", {}, "absolute"),
+        ("s3://", {}, "s3://bucket"),
+        (f"s3://{KEY}:{SECRET}@bucket/p", {}, "no credentials"),
+        ("gs://bucket/p", {"region": "us-east-1"}, "checkpoint.s3"),
+        ("file:///x", {"endpoint_url": "http://127.0.0.1:9023"}, "checkpoint.gcs"),
+        ("file:///x", {"credentials_secret": "minio"}, "checkpoint.s3"),
+        ("s3://bucket/p", {"env": {"AWS_ACCESS_KEY_ID": KEY}}, "AWS_SECRET_ACCESS_KEY"),
+    ],
+)
 def test_unusable_uris_and_settings_are_refused_clearly(uri, kwargs, needle):
     kwargs.setdefault("env", {})
     with pytest.raises(StorageError) as info:
@@ -165,21 +207,30 @@ def test_unusable_uris_and_settings_are_refused_clearly(uri, kwargs, needle):
 
 
 def test_resolve_checkpoint_storage_takes_the_spec_section():
-    ckpt = CheckpointSpec.model_validate({
-        "storage": "s3://my-bucket/p",
-        "s3": {"endpoint_url": "http://minio:9000", "region": "us-east-1",
-               "credentials_secret": "minio-store"}})
+    ckpt = CheckpointSpec.model_validate(
+        {
+            "storage": "s3://my-bucket/p",
+            "s3": {
+                "endpoint_url": "http://minio:9000",
+                "region": "us-east-1",
+                "credentials_secret": "minio-store",
+            },
+        }
+    )
     loc = resolve_checkpoint_storage(ckpt, env=NAMED)
     assert loc.endpoint_url == "http://minio:9000" and loc.options["key"] == KEY
-    with pytest.raises(StorageError, match="checkpoint.storage"):
+    with pytest.raises(StorageError, match=re.escape("checkpoint.storage")):
         resolve_checkpoint_storage(CheckpointSpec(), env={})
 
 
 def test_resolve_checkpoint_storage_applies_the_section_of_the_uri_scheme():
-    ckpt = CheckpointSpec.model_validate({"storage": "gs://my-bucket/p",
-                                          "gcs": {"endpoint_url": "http://127.0.0.1:9023/"}})
+    ckpt = CheckpointSpec.model_validate(
+        {"storage": "gs://my-bucket/p", "gcs": {"endpoint_url": "http://127.0.0.1:9023/"}}
+    )
     run_dir = resolve_checkpoint_storage(ckpt, uri="gs://my-bucket/p/j-1/checkpoints", env={})
-    assert run_dir.endpoint_url == "http://127.0.0.1:9023" and run_dir.root.endswith("/j-1/checkpoints")
+    assert run_dir.endpoint_url == "http://127.0.0.1:9023" and run_dir.root.endswith(
+        "/j-1/checkpoints"
+    )
     local = resolve_checkpoint_storage(ckpt, uri="file:///tmp/run", env={})
     assert local.scheme == "file" and local.endpoint_url is None
 
@@ -190,9 +241,11 @@ def test_credential_env_holds_only_what_the_store_needs():
     assert credential_env("s3://b/p", credentials_secret="minio-store", env=env) == NAMED
     assert credential_env("file:///x", env=env) == {}
     assert credential_env("gs://b/p", env=env) == {}
-    assert secret_env_names("a-b") == ("ETRAIN_SECRET_A_B_ACCESS_KEY_ID",
-                                       "ETRAIN_SECRET_A_B_SECRET_ACCESS_KEY",
-                                       "ETRAIN_SECRET_A_B_SESSION_TOKEN")
+    assert secret_env_names("a-b") == (
+        "ETRAIN_SECRET_A_B_ACCESS_KEY_ID",
+        "ETRAIN_SECRET_A_B_SECRET_ACCESS_KEY",
+        "ETRAIN_SECRET_A_B_SESSION_TOKEN",
+    )
 
 
 def test_locations_and_errors_pickle_for_ray():

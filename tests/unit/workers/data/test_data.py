@@ -1,12 +1,20 @@
 """Unit tests for ``workers.data``: datasets, the global sampler, sharding and collation."""
 
+import itertools
 import json
+import re
 from collections import Counter
 
 import pytest
 import torch
 
-from workers.data import GlobalBatchSampler, SamplerState, build_dataset, collate, shard_global_batch
+from workers.data import (
+    GlobalBatchSampler,
+    SamplerState,
+    build_dataset,
+    collate,
+    shard_global_batch,
+)
 
 
 def synthetic(**overrides):
@@ -21,7 +29,7 @@ def test_synthetic_is_deterministic_per_index():
     a, b = synthetic(), synthetic()
     forward = [a[i] for i in range(len(a))]
     backward = [b[i] for i in reversed(range(len(b)))][::-1]
-    for x, y in zip(forward, backward):
+    for x, y in zip(forward, backward, strict=True):
         assert torch.equal(x, y)
     assert len(a) == 50 and a[0].shape == (33,) and a[0].dtype == torch.long
     assert not torch.equal(a[0], a[1])
@@ -33,11 +41,11 @@ def test_synthetic_is_learnable():
     pairs = Counter()
     for i in range(len(ds)):
         s = ds[i].tolist()
-        assert 0 <= min(s) and max(s) < 64
-        pairs.update(zip(s[:-1], s[1:]))
+        assert min(s) >= 0 and max(s) < 64
+        pairs.update(itertools.pairwise(s))
     # Most transitions follow one of each token's few favoured successors.
     by_prev = {}
-    for (prev, nxt), n in pairs.items():
+    for (prev, _nxt), n in pairs.items():
         by_prev.setdefault(prev, []).append(n)
     covered = sum(sum(sorted(v, reverse=True)[:4]) for v in by_prev.values())
     assert covered / sum(pairs.values()) > 0.8
@@ -47,7 +55,9 @@ def test_text_windows(tmp_path):
     path = tmp_path / "corpus.txt"
     data = "héllo wörld, byte-level!".encode()
     path.write_bytes(data)
-    ds = build_dataset(source="text", path=str(path), seq_len=4, num_samples=1, vocab_size=256, seed=0)
+    ds = build_dataset(
+        source="text", path=str(path), seq_len=4, num_samples=1, vocab_size=256, seed=0
+    )
     assert len(ds) == len(data) // 5
     for i in range(len(ds)):
         assert ds[i].tolist() == list(data[i * 5 : (i + 1) * 5])
@@ -58,7 +68,9 @@ def test_text_windows(tmp_path):
 def test_jsonl_concatenates_texts(tmp_path):
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"text": "ab"}\n\n{"text": "cd", "id": 2}\n')
-    ds = build_dataset(source="jsonl", path=str(path), seq_len=2, num_samples=1, vocab_size=256, seed=0)
+    ds = build_dataset(
+        source="jsonl", path=str(path), seq_len=2, num_samples=1, vocab_size=256, seed=0
+    )
     assert len(ds) == 1
     assert bytes(ds[0].tolist()) == b"ab\n"
 
@@ -76,26 +88,28 @@ def test_jsonl_bad_lines_name_the_line(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ValueError, match=message):
-        build_dataset(source="jsonl", path=str(path), seq_len=2, num_samples=1, vocab_size=256, seed=0)
+        build_dataset(
+            source="jsonl", path=str(path), seq_len=2, num_samples=1, vocab_size=256, seed=0
+        )
 
 
 @pytest.mark.parametrize("source", ["text", "jsonl"])
 def test_file_errors_name_data_path(tmp_path, source):
     kwargs = dict(source=source, seq_len=32, num_samples=1, vocab_size=256, seed=0)
-    with pytest.raises(ValueError, match="data.path .* does not exist"):
+    with pytest.raises(ValueError, match=r"data\.path .* does not exist"):
         build_dataset(path=str(tmp_path / "missing"), **kwargs)
-    with pytest.raises(ValueError, match="data.path is required"):
+    with pytest.raises(ValueError, match=re.escape("data.path is required")):
         build_dataset(path=None, **kwargs)
     for name, content in (("empty", b""), ("short", b'{"text": "abc"}\n')):
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(ValueError, match="data.path .* fewer than one sample"):
+        with pytest.raises(ValueError, match=r"data\.path .* fewer than one sample"):
             build_dataset(path=str(tmp_path / name), **kwargs)
     with pytest.raises(ValueError, match="vocab_size >= 256"):
         build_dataset(path=str(tmp_path / "short"), **{**kwargs, "vocab_size": 128})
 
 
 def test_unknown_source():
-    with pytest.raises(ValueError, match="data.source"):
+    with pytest.raises(ValueError, match=re.escape("data.source")):
         build_dataset(source="parquet", path=None, seq_len=8, num_samples=1, vocab_size=256, seed=0)
 
 
@@ -157,7 +171,9 @@ def test_shard_union_is_batch(dp_size, micro_batch_size):
     batch = GlobalBatchSampler(100, seed=0).next_global_batch(24)
     pieces = []
     for rank in range(dp_size):
-        micro = shard_global_batch(batch, dp_rank=rank, dp_size=dp_size, micro_batch_size=micro_batch_size)
+        micro = shard_global_batch(
+            batch, dp_rank=rank, dp_size=dp_size, micro_batch_size=micro_batch_size
+        )
         assert all(len(m) == micro_batch_size for m in micro)
         pieces.extend(item for m in micro for item in m)
     assert pieces == batch
@@ -181,7 +197,9 @@ def test_world_size_change_mid_epoch_sees_each_sample_once():
         for _ in range(steps):
             batch = sampler.next_global_batch(batch_size)
             for rank in range(dp_size):
-                for micro in shard_global_batch(batch, dp_rank=rank, dp_size=dp_size, micro_batch_size=1):
+                for micro in shard_global_batch(
+                    batch, dp_rank=rank, dp_size=dp_size, micro_batch_size=1
+                ):
                     seen.extend(micro)
 
     run_steps(sampler, 4, dp_size=2)

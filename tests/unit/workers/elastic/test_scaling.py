@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
 from ray.train import ScalingConfig
-from workers.ray_compat import NoopDecision, ResizeDecision
 
 from tests.support.recording import RecordingReporter
 from workers.elastic.scaling import LayoutScalingPolicy, resize_message, usable_workers
+from workers.ray_compat import NoopDecision, ResizeDecision
 
 
 class OfflinePolicy(LayoutScalingPolicy):
     """The real policy with the cluster's reserved resources supplied by the test."""
 
-    cpus_per_node: list[float] = []
+    cpus_per_node: Sequence[float] = ()
 
     def _maybe_send_resource_request(self):
         pass
@@ -26,9 +27,15 @@ class OfflinePolicy(LayoutScalingPolicy):
 
 
 def policy(*, unit: int, lo: int, hi: int) -> OfflinePolicy:
-    p = OfflinePolicy(ScalingConfig(num_workers=(lo, hi), resources_per_worker={"CPU": 1},
-                                    elastic_resize_monitor_interval_s=0),
-                      unit=unit, job_id="j")
+    p = OfflinePolicy(
+        ScalingConfig(
+            num_workers=(lo, hi),
+            resources_per_worker={"CPU": 1},
+            elastic_resize_monitor_interval_s=0,
+        ),
+        unit=unit,
+        job_id="j",
+    )
     p._reporter = RecordingReporter()
     return p
 
@@ -37,8 +44,10 @@ def running(n: int):
     return SimpleNamespace(num_workers=n, start_time=0.0)
 
 
-@pytest.mark.parametrize("possible, unit, hi, expected", [
-    (5, 1, 8, 5), (5, 2, 8, 4), (7, 4, 8, 4), (9, 4, 8, 8), (3, 4, 8, 0), (16, 2, 6, 6)])
+@pytest.mark.parametrize(
+    "possible, unit, hi, expected",
+    [(5, 1, 8, 5), (5, 2, 8, 4), (7, 4, 8, 4), (9, 4, 8, 8), (3, 4, 8, 0), (16, 2, 6, 6)],
+)
 def test_usable_workers_is_the_largest_multiple_of_the_layout(possible, unit, hi, expected):
     assert usable_workers(possible, unit=unit, max_workers=hi) == expected
 
@@ -114,22 +123,28 @@ def test_a_restart_is_sized_from_live_nodes_not_the_coordinators_stale_view(monk
         _AutoscalingCoordinatorActor,
     )
 
-    nodes = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}}
-             for n in ("a", "b")]
+    nodes = [
+        {"NodeID": n, "Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}} for n in ("a", "b")
+    ]
     coordinator = _AutoscalingCoordinatorActor(
         get_cluster_nodes=lambda: [dict(n) for n in nodes],
-        send_resources_request=lambda *args, **kwargs: None)
-    coordinator.request_resources(requester_id="train-r", resources=[{"CPU": 1}] * 4,
-                                  expire_after_s=600)
+        send_resources_request=lambda *args, **kwargs: None,
+    )
+    coordinator.request_resources(
+        requester_id="train-r", resources=[{"CPU": 1}] * 4, expire_after_s=600
+    )
     nodes[1]["Alive"] = False  # node b dies between two of the coordinator's ticks
     assert len(coordinator.get_reserved_resources("train-r")) == 2  # still both nodes
 
-    p = LayoutScalingPolicy(ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}),
-                            unit=1, job_id="j")
+    p = LayoutScalingPolicy(
+        ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}), unit=1, job_id="j"
+    )
     p._reporter = RecordingReporter()
     p._requester_id = "train-r"
-    p._coordinator_client = SimpleNamespace(_autoscaling_coordinator=_Remote(coordinator),
-                                            maybe_send_resource_request=lambda *args: None)
+    p._coordinator_client = SimpleNamespace(
+        _autoscaling_coordinator=_Remote(coordinator),
+        maybe_send_resource_request=lambda *args: None,
+    )
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     decision = p.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2

@@ -23,7 +23,9 @@ def test_unknown_preset_lists_known():
     [({"dim": 66}, "n_heads"), ({"n_kv_heads": 3}, "n_kv_heads"), ({"n_layers": 0}, "n_layers")],
 )
 def test_config_validation(overrides, field):
-    base = dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
+    base = dict(
+        vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32
+    )
     with pytest.raises(ValueError, match=field):
         ModelConfig(**{**base, **overrides})
 
@@ -55,9 +57,17 @@ def test_known_param_counts():
 def test_module_names_follow_torchtitan():
     model = build_model(TINY, seed=0)
     names = set(dict(model.named_parameters()))
-    for suffix in ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wo.weight",
-                   "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
-                   "attention_norm.weight", "ffn_norm.weight"):
+    for suffix in (
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "feed_forward.w1.weight",
+        "feed_forward.w2.weight",
+        "feed_forward.w3.weight",
+        "attention_norm.weight",
+        "ffn_norm.weight",
+    ):
         assert f"layers.1.{suffix}" in names
     assert {"tok_embeddings.weight", "norm.weight", "output.weight"} <= names
     assert "freqs_cis" not in model.state_dict()
@@ -76,7 +86,7 @@ def test_causal():
 
 def test_seed_determinism():
     a, b, c = build_model(TINY, seed=7), build_model(TINY, seed=7), build_model(TINY, seed=8)
-    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.output.weight, c.output.weight)
 
@@ -92,8 +102,15 @@ def test_init_scales():
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
 def test_gqa_matches_repeated_kv_heads(n_kv_heads):
-    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, ffn_hidden=64,
-                      max_seq_len=16)
+    cfg = ModelConfig(
+        vocab_size=64,
+        dim=32,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        ffn_hidden=64,
+        max_seq_len=16,
+    )
     gqa = build_model(cfg, seed=3)
     mha_cfg = ModelConfig(**{**cfg.__dict__, "n_kv_heads": 4})
     mha = Transformer(mha_cfg)
@@ -101,7 +118,12 @@ def test_gqa_matches_repeated_kv_heads(n_kv_heads):
     rep = 4 // n_kv_heads
     for key in ("layers.0.attention.wk.weight", "layers.0.attention.wv.weight"):
         # Expanding each kv head's rows reproduces the grouped-query model as plain MHA.
-        state[key] = state[key].view(n_kv_heads, cfg.head_dim, cfg.dim).repeat_interleave(rep, 0).reshape(-1, cfg.dim)
+        state[key] = (
+            state[key]
+            .view(n_kv_heads, cfg.head_dim, cfg.dim)
+            .repeat_interleave(rep, 0)
+            .reshape(-1, cfg.dim)
+        )
     mha.load_state_dict(state)
     tokens = torch.randint(0, 64, (2, 10))
     with torch.no_grad():
@@ -125,7 +147,9 @@ def test_pipeline_stage_modules_may_be_removed():
 
 
 def test_sequence_longer_than_max_rejected():
-    cfg = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=32, max_seq_len=4)
+    cfg = ModelConfig(
+        vocab_size=16, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=32, max_seq_len=4
+    )
     with pytest.raises(ValueError, match="max_seq_len"):
         build_model(cfg, seed=0)(torch.zeros(1, 5, dtype=torch.long))
 
@@ -155,5 +179,7 @@ def test_rotary_matches_complex_reference():
     x = torch.randn(2, 5, 3, 8)
     freqs = precompute_freqs_cis(head_dim=8, max_seq_len=5, theta=10000.0)
     cis = torch.polar(torch.ones_like(freqs[..., 0]), torch.atan2(freqs[..., 1], freqs[..., 0]))
-    ref = torch.view_as_real(torch.view_as_complex(x.reshape(2, 5, 3, 4, 2)) * cis[None, :, None]).flatten(-2)
+    ref = torch.view_as_real(
+        torch.view_as_complex(x.reshape(2, 5, 3, 4, 2)) * cis[None, :, None]
+    ).flatten(-2)
     torch.testing.assert_close(apply_rotary_emb(x, freqs), ref)

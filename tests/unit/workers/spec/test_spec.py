@@ -18,25 +18,41 @@ GOOD = {
     "name-47-chars": {"name": "a" * 47},
     "name-single-char": {"name": "x"},
     "name-digits-and-dashes": {"name": "0-job-9"},
-    "elastic-range": _spec(resources={"workers": {"min": 1, "max": 4}},
-                           train={"global_batch_size": 48, "micro_batch_size": 4}),
+    "elastic-range": _spec(
+        resources={"workers": {"min": 1, "max": 4}},
+        train={"global_batch_size": 48, "micro_batch_size": 4},
+    ),
     "elastic-min-equals-max": _spec(resources={"workers": {"min": 2, "max": 2}}),
     "fractional-cpus": _spec(resources={"cpus_per_worker": 0.5}),
     "gpu-workers": _spec(resources={"gpus_per_worker": 8}),
     "dp-times-one": _spec(parallelism={"dp": 2}, resources={"workers": 2}),
-    "tp": _spec(parallelism={"strategy": "tp", "tp": 2}, resources={"workers": 4},
-                train={"global_batch_size": 16, "micro_batch_size": 4}),
+    "tp": _spec(
+        parallelism={"strategy": "tp", "tp": 2},
+        resources={"workers": 4},
+        train={"global_batch_size": 16, "micro_batch_size": 4},
+    ),
     "pp": _spec(parallelism={"strategy": "pp", "pp": 2}, resources={"workers": 2}),
-    "hybrid-3d": _spec(parallelism={"strategy": "hybrid", "dp": 2, "tp": 2, "pp": 2},
-                       resources={"workers": 8}, train={"micro_batch_size": 2}),
-    "tp-elastic-multiples": _spec(parallelism={"strategy": "tp", "tp": 2},
-                                  resources={"workers": {"min": 2, "max": 6}},
-                                  train={"global_batch_size": 24, "micro_batch_size": 4}),
-    "fsdp-options": _spec(parallelism={"strategy": "fsdp", "fsdp": {"zero_stage": 2,
-                                                                    "cpu_offload": True}}),
-    "pipeline-options": _spec(model={"preset": "gpt-small"}, parallelism={
-        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
-                                                "microbatches": 4}}),
+    "hybrid-3d": _spec(
+        parallelism={"strategy": "hybrid", "dp": 2, "tp": 2, "pp": 2},
+        resources={"workers": 8},
+        train={"micro_batch_size": 2},
+    ),
+    "tp-elastic-multiples": _spec(
+        parallelism={"strategy": "tp", "tp": 2},
+        resources={"workers": {"min": 2, "max": 6}},
+        train={"global_batch_size": 24, "micro_batch_size": 4},
+    ),
+    "fsdp-options": _spec(
+        parallelism={"strategy": "fsdp", "fsdp": {"zero_stage": 2, "cpu_offload": True}}
+    ),
+    "pipeline-options": _spec(
+        model={"preset": "gpt-small"},
+        parallelism={
+            "strategy": "pp",
+            "pp": 2,
+            "pipeline": {"schedule": "interleaved_1f1b", "microbatches": 4},
+        },
+    ),
     "text-data": _spec(data={"source": "text", "path": "/data/corpus.txt"}),
     "jsonl-data": _spec(data={"source": "jsonl", "path": "/data/corpus.jsonl"}),
     "file-storage": _spec(checkpoint={"storage": "file:///var/lib/etrain/ckpt"}),
@@ -50,21 +66,33 @@ GOOD = {
     # object storage
     "storage-s3-bucket": _spec(checkpoint={"storage": "s3://my-bucket"}),
     "storage-s3-prefix": _spec(checkpoint={"storage": "s3://my-bucket/a/b"}),
-    "storage-s3-minio": _spec(checkpoint={
-        "storage": "s3://ckpt.example/jobs",
-        "s3": {"endpoint_url": "http://minio.etrain.svc:9000", "region": "us-east-1",
-               "credentials_secret": "minio-creds"}}),
-    "storage-s3-https-endpoint": _spec(checkpoint={
-        "storage": "s3://my-bucket/p", "s3": {"endpoint_url": "https://s3.example.com"}}),
+    "storage-s3-minio": _spec(
+        checkpoint={
+            "storage": "s3://ckpt.example/jobs",
+            "s3": {
+                "endpoint_url": "http://minio.etrain.svc:9000",
+                "region": "us-east-1",
+                "credentials_secret": "minio-creds",
+            },
+        }
+    ),
+    "storage-s3-https-endpoint": _spec(
+        checkpoint={"storage": "s3://my-bucket/p", "s3": {"endpoint_url": "https://s3.example.com"}}
+    ),
     "storage-gs": _spec(checkpoint={"storage": "gs://my_bucket/prefix"}),
-    "storage-gs-emulator": _spec(checkpoint={
-        "storage": "gs://my_bucket/p", "gcs": {"endpoint_url": "http://gcs-emulator:9023/"}}),
+    "storage-gs-emulator": _spec(
+        checkpoint={
+            "storage": "gs://my_bucket/p",
+            "gcs": {"endpoint_url": "http://gcs-emulator:9023/"},
+        }
+    ),
     # retention and the automatic interval
     "keep-every": _spec(checkpoint={"keep_every": 1000}),
     "keep-every-with-every-seconds": _spec(checkpoint={"every_seconds": 60, "keep_every": 7}),
     "interval-auto": _spec(checkpoint={"interval": "auto"}),
-    "interval-auto-initial-steps": _spec(checkpoint={"interval": "auto", "every_steps": 50,
-                                                     "mtbf_prior_s": 3600, "keep_every": 7}),
+    "interval-auto-initial-steps": _spec(
+        checkpoint={"interval": "auto", "every_steps": 50, "mtbf_prior_s": 3600, "keep_every": 7}
+    ),
 }
 
 
@@ -79,28 +107,61 @@ def test_good_specs_validate(data):
 # and in the error location together, which is what the API's 422 shows.
 BAD = {
     # layouts the model cannot take
-    "tp-not-dividing-heads": (_spec(parallelism={"strategy": "tp", "tp": 8},
-                                    resources={"workers": 8},
-                                    train={"global_batch_size": 16, "micro_batch_size": 2}),
-                              "parallelism.tp"),
-    "pp-more-stages-than-layers": (_spec(parallelism={"strategy": "pp", "pp": 4,
-                                                      "pipeline": {"microbatches": 4}},
-                                         resources={"workers": 4}), "parallelism.pp"),
-    "1f1b-fewer-microbatches-than-stages": (_spec(parallelism={
-        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "1f1b", "microbatches": 1}},
-        model={"preset": "gpt-small"}), "parallelism.pipeline.microbatches"),
-    "interleaved-microbatches-not-in-rounds": (_spec(parallelism={
-        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
-                                                "microbatches": 5}},
-        model={"preset": "gpt-small"}, train={"global_batch_size": 20, "micro_batch_size": 4}),
-        "parallelism.pipeline.microbatches"),
-    "interleaved-needs-twice-the-layers": (_spec(parallelism={
-        "strategy": "pp", "pp": 2, "pipeline": {"schedule": "interleaved_1f1b",
-                                                "microbatches": 4}}), "2 layers"),
-    "pp-batch-not-multiple-of-microbatches": (_spec(
-        parallelism={"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 8}},
-        train={"global_batch_size": 16, "micro_batch_size": 4}),
-        "parallelism.pipeline.microbatches"),
+    "tp-not-dividing-heads": (
+        _spec(
+            parallelism={"strategy": "tp", "tp": 8},
+            resources={"workers": 8},
+            train={"global_batch_size": 16, "micro_batch_size": 2},
+        ),
+        "parallelism.tp",
+    ),
+    "pp-more-stages-than-layers": (
+        _spec(
+            parallelism={"strategy": "pp", "pp": 4, "pipeline": {"microbatches": 4}},
+            resources={"workers": 4},
+        ),
+        "parallelism.pp",
+    ),
+    "1f1b-fewer-microbatches-than-stages": (
+        _spec(
+            parallelism={
+                "strategy": "pp",
+                "pp": 2,
+                "pipeline": {"schedule": "1f1b", "microbatches": 1},
+            },
+            model={"preset": "gpt-small"},
+        ),
+        "parallelism.pipeline.microbatches",
+    ),
+    "interleaved-microbatches-not-in-rounds": (
+        _spec(
+            parallelism={
+                "strategy": "pp",
+                "pp": 2,
+                "pipeline": {"schedule": "interleaved_1f1b", "microbatches": 5},
+            },
+            model={"preset": "gpt-small"},
+            train={"global_batch_size": 20, "micro_batch_size": 4},
+        ),
+        "parallelism.pipeline.microbatches",
+    ),
+    "interleaved-needs-twice-the-layers": (
+        _spec(
+            parallelism={
+                "strategy": "pp",
+                "pp": 2,
+                "pipeline": {"schedule": "interleaved_1f1b", "microbatches": 4},
+            }
+        ),
+        "2 layers",
+    ),
+    "pp-batch-not-multiple-of-microbatches": (
+        _spec(
+            parallelism={"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 8}},
+            train={"global_batch_size": 16, "micro_batch_size": 4},
+        ),
+        "parallelism.pipeline.microbatches",
+    ),
     "seq-len-beyond-preset": (_spec(data={"seq_len": 4096}), "data.seq_len"),
     # unknown fields, at every level
     "unknown-top": (_spec(bogus=1), "bogus"),
@@ -113,8 +174,10 @@ BAD = {
     "unknown-worker-range": (_spec(resources={"workers": {"min": 1, "max": 2, "step": 1}}), "step"),
     "unknown-train": (_spec(train={"micro_batch": 4}), "micro_batch"),
     "unknown-checkpoint": (_spec(checkpoint={"intervals": "auto"}), "intervals"),
-    "unknown-s3": (_spec(checkpoint={"storage": "s3://my-bucket", "s3": {"access_key": "x"}}),
-                   "access_key"),
+    "unknown-s3": (
+        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"access_key": "x"}}),
+        "access_key",
+    ),
     "unknown-failure": (_spec(failure={"retries": 1}), "retries"),
     # name rules
     "name-missing": ({}, "name"),
@@ -131,8 +194,10 @@ BAD = {
     "seq-len-too-small": (_spec(data={"seq_len": 4}), "seq_len"),
     "unknown-strategy": (_spec(parallelism={"strategy": "zero3"}), "strategy"),
     "zero-stage-4": (_spec(parallelism={"fsdp": {"zero_stage": 4}}), "zero_stage"),
-    "unknown-schedule": (_spec(parallelism={"strategy": "pp", "pp": 2, "pipeline": {
-        "schedule": "zb"}}), "schedule"),
+    "unknown-schedule": (
+        _spec(parallelism={"strategy": "pp", "pp": 2, "pipeline": {"schedule": "zb"}}),
+        "schedule",
+    ),
     "zero-workers": (_spec(resources={"workers": 0}), "workers"),
     "negative-workers": (_spec(resources={"workers": -2}), "workers"),
     "zero-cpus": (_spec(resources={"cpus_per_worker": 0}), "cpus_per_worker"),
@@ -144,24 +209,36 @@ BAD = {
     "keep-last-zero": (_spec(checkpoint={"keep_last": 0}), "keep_last"),
     "max-failures-below-minus-one": (_spec(failure={"max_failures": -2}), "max_failures"),
     # worker range
-    "range-min-above-max": (_spec(resources={"workers": {"min": 3, "max": 2}}),
-                            "resources.workers.min"),
+    "range-min-above-max": (
+        _spec(resources={"workers": {"min": 3, "max": 2}}),
+        "resources.workers.min",
+    ),
     "range-min-zero": (_spec(resources={"workers": {"min": 0, "max": 2}}), "min"),
     "range-max-missing": (_spec(resources={"workers": {"min": 1}}), "max"),
     # batch arithmetic
-    "global-not-multiple-of-micro": (_spec(train={"global_batch_size": 10, "micro_batch_size": 4}),
-                                     "train.global_batch_size"),
+    "global-not-multiple-of-micro": (
+        _spec(train={"global_batch_size": 10, "micro_batch_size": 4}),
+        "train.global_batch_size",
+    ),
     "global-not-multiple-of-micro-x-dp": (
         _spec(resources={"workers": 4}, train={"global_batch_size": 8, "micro_batch_size": 4}),
-        "train.global_batch_size"),
+        "train.global_batch_size",
+    ),
     "elastic-dp-3-breaks-batch": (
-        _spec(resources={"workers": {"min": 2, "max": 4}},
-              train={"global_batch_size": 16, "micro_batch_size": 4}),
-        "train.global_batch_size"),
+        _spec(
+            resources={"workers": {"min": 2, "max": 4}},
+            train={"global_batch_size": 16, "micro_batch_size": 4},
+        ),
+        "train.global_batch_size",
+    ),
     "tp-elastic-dp-breaks-batch": (
-        _spec(parallelism={"strategy": "tp", "tp": 2}, resources={"workers": {"min": 2, "max": 6}},
-              train={"global_batch_size": 8, "micro_batch_size": 4}),
-        "train.global_batch_size"),
+        _spec(
+            parallelism={"strategy": "tp", "tp": 2},
+            resources={"workers": {"min": 2, "max": 6}},
+            train={"global_batch_size": 8, "micro_batch_size": 4},
+        ),
+        "train.global_batch_size",
+    ),
     # degrees vs strategy
     "ddp-with-tp": (_spec(parallelism={"strategy": "ddp", "tp": 2}), "parallelism.tp"),
     "fsdp-with-tp": (_spec(parallelism={"strategy": "fsdp", "tp": 2}), "parallelism.tp"),
@@ -171,17 +248,23 @@ BAD = {
     # dp x tp x pp = workers
     "workers-not-multiple-of-tp": (
         _spec(parallelism={"strategy": "tp", "tp": 2}, resources={"workers": 3}),
-        "resources.workers"),
+        "resources.workers",
+    ),
     "elastic-max-not-multiple-of-tp-pp": (
-        _spec(parallelism={"strategy": "hybrid", "tp": 2, "pp": 2},
-              resources={"workers": {"min": 4, "max": 6}}),
-        "resources.workers"),
+        _spec(
+            parallelism={"strategy": "hybrid", "tp": 2, "pp": 2},
+            resources={"workers": {"min": 4, "max": 6}},
+        ),
+        "resources.workers",
+    ),
     "dp-times-tp-not-workers": (
         _spec(parallelism={"strategy": "tp", "dp": 2, "tp": 2}, resources={"workers": 2}),
-        "parallelism.dp"),
+        "parallelism.dp",
+    ),
     "dp-with-elastic-workers": (
         _spec(parallelism={"dp": 2}, resources={"workers": {"min": 1, "max": 2}}),
-        "parallelism.dp"),
+        "parallelism.dp",
+    ),
     "dp-zero": (_spec(parallelism={"dp": 0}), "dp"),
     # data
     "text-without-path": (_spec(data={"source": "text"}), "data.path"),
@@ -195,63 +278,116 @@ BAD = {
     "storage-relative-file": (_spec(checkpoint={"storage": "file://ckpt"}), "checkpoint.storage"),
     "storage-s3-no-bucket": (_spec(checkpoint={"storage": "s3://"}), "checkpoint.storage"),
     "storage-s3-short-bucket": (_spec(checkpoint={"storage": "s3://ab/p"}), "checkpoint.storage"),
-    "storage-s3-uppercase-bucket": (_spec(checkpoint={"storage": "s3://My-Bucket"}),
-                                    "checkpoint.storage"),
-    "storage-s3-underscore-bucket": (_spec(checkpoint={"storage": "s3://my_bucket"}),
-                                     "checkpoint.storage"),
-    "storage-s3-empty-segment": (_spec(checkpoint={"storage": "s3://my-bucket/a//b"}),
-                                 "checkpoint.storage"),
-    "storage-s3-dotdot": (_spec(checkpoint={"storage": "s3://my-bucket/a/../b"}),
-                          "checkpoint.storage"),
-    "storage-s3-query": (_spec(checkpoint={"storage": "s3://my-bucket/p?versionId=1"}),
-                         "checkpoint.storage"),
-    "storage-s3-userinfo": (_spec(checkpoint={"storage": "s3://AKIAX:secret@my-bucket/p"}),
-                            "checkpoint.storage"),
+    "storage-s3-uppercase-bucket": (
+        _spec(checkpoint={"storage": "s3://My-Bucket"}),
+        "checkpoint.storage",
+    ),
+    "storage-s3-underscore-bucket": (
+        _spec(checkpoint={"storage": "s3://my_bucket"}),
+        "checkpoint.storage",
+    ),
+    "storage-s3-empty-segment": (
+        _spec(checkpoint={"storage": "s3://my-bucket/a//b"}),
+        "checkpoint.storage",
+    ),
+    "storage-s3-dotdot": (
+        _spec(checkpoint={"storage": "s3://my-bucket/a/../b"}),
+        "checkpoint.storage",
+    ),
+    "storage-s3-query": (
+        _spec(checkpoint={"storage": "s3://my-bucket/p?versionId=1"}),
+        "checkpoint.storage",
+    ),
+    "storage-s3-userinfo": (
+        _spec(checkpoint={"storage": "s3://AKIAX:secret@my-bucket/p"}),
+        "checkpoint.storage",
+    ),
     # checkpoint.s3
-    "s3-without-s3-storage": (_spec(checkpoint={"s3": {"region": "us-east-1"}}),
-                              "checkpoint.s3"),
-    "s3-with-gs-storage": (_spec(checkpoint={"storage": "gs://my-bucket",
-                                             "s3": {"region": "us-east-1"}}), "checkpoint.s3"),
-    "s3-endpoint-not-a-url": (_spec(checkpoint={"storage": "s3://my-bucket",
-                                                "s3": {"endpoint_url": "minio:9000"}}),
-                              "checkpoint.s3.endpoint_url"),
-    "s3-endpoint-with-userinfo": (_spec(checkpoint={
-        "storage": "s3://my-bucket", "s3": {"endpoint_url": "http://ak:sk@minio:9000"}}),
-        "checkpoint.s3.endpoint_url"),
-    "s3-region-with-spaces": (_spec(checkpoint={"storage": "s3://my-bucket",
-                                                "s3": {"region": "us east"}}),
-                              "checkpoint.s3.region"),
-    "s3-secret-looks-like-a-key": (_spec(checkpoint={
-        "storage": "s3://my-bucket", "s3": {"credentials_secret": "AKIAIOSFODNN7EXAMPLE"}}),
-        "checkpoint.s3.credentials_secret"),
-    "s3-secret-with-slash": (_spec(checkpoint={
-        "storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}}),
-        "checkpoint.s3.credentials_secret"),
+    "s3-without-s3-storage": (_spec(checkpoint={"s3": {"region": "us-east-1"}}), "checkpoint.s3"),
+    "s3-with-gs-storage": (
+        _spec(checkpoint={"storage": "gs://my-bucket", "s3": {"region": "us-east-1"}}),
+        "checkpoint.s3",
+    ),
+    "s3-endpoint-not-a-url": (
+        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"endpoint_url": "minio:9000"}}),
+        "checkpoint.s3.endpoint_url",
+    ),
+    "s3-endpoint-with-userinfo": (
+        _spec(
+            checkpoint={
+                "storage": "s3://my-bucket",
+                "s3": {"endpoint_url": "http://ak:sk@minio:9000"},
+            }
+        ),
+        "checkpoint.s3.endpoint_url",
+    ),
+    "s3-region-with-spaces": (
+        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"region": "us east"}}),
+        "checkpoint.s3.region",
+    ),
+    "s3-secret-looks-like-a-key": (
+        _spec(
+            checkpoint={
+                "storage": "s3://my-bucket",
+                "s3": {"credentials_secret": "AKIAIOSFODNN7EXAMPLE"},
+            }
+        ),
+        "checkpoint.s3.credentials_secret",
+    ),
+    "s3-secret-with-slash": (
+        _spec(
+            checkpoint={
+                "storage": "s3://my-bucket",
+                "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"},
+            }
+        ),
+        "checkpoint.s3.credentials_secret",
+    ),
     # checkpoint.gcs
-    "gcs-with-s3-storage": (_spec(checkpoint={"storage": "s3://my-bucket", "gcs": {
-        "endpoint_url": "http://gcs:9023"}}), "checkpoint.gcs"),
+    "gcs-with-s3-storage": (
+        _spec(checkpoint={"storage": "s3://my-bucket", "gcs": {"endpoint_url": "http://gcs:9023"}}),
+        "checkpoint.gcs",
+    ),
     "gcs-without-storage": (_spec(checkpoint={"gcs": {}}), "checkpoint.gcs"),
-    "gcs-endpoint-not-a-url": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
-        "endpoint_url": "gcs:9023"}}), "checkpoint.gcs.endpoint_url"),
-    "gcs-endpoint-with-a-path": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
-        "endpoint_url": "http://gcs:9023/storage/v1"}}), "checkpoint.gcs.endpoint_url"),
-    "gcs-endpoint-with-userinfo": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
-        "endpoint_url": "https://user:pw@gcs"}}), "checkpoint.gcs.endpoint_url"),
-    "gcs-unknown-field": (_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
-        "token": "x"}}), "token"),
+    "gcs-endpoint-not-a-url": (
+        _spec(checkpoint={"storage": "gs://my-bucket", "gcs": {"endpoint_url": "gcs:9023"}}),
+        "checkpoint.gcs.endpoint_url",
+    ),
+    "gcs-endpoint-with-a-path": (
+        _spec(
+            checkpoint={
+                "storage": "gs://my-bucket",
+                "gcs": {"endpoint_url": "http://gcs:9023/storage/v1"},
+            }
+        ),
+        "checkpoint.gcs.endpoint_url",
+    ),
+    "gcs-endpoint-with-userinfo": (
+        _spec(
+            checkpoint={"storage": "gs://my-bucket", "gcs": {"endpoint_url": "https://user:pw@gcs"}}
+        ),
+        "checkpoint.gcs.endpoint_url",
+    ),
+    "gcs-unknown-field": (
+        _spec(checkpoint={"storage": "gs://my-bucket", "gcs": {"token": "x"}}),
+        "token",
+    ),
     # retention and the automatic interval
     "keep-every-zero": (_spec(checkpoint={"keep_every": 0}), "keep_every"),
-    "keep-every-not-multiple-of-every-steps": (_spec(checkpoint={"keep_every": 25}),
-                                               "checkpoint.keep_every"),
+    "keep-every-not-multiple-of-every-steps": (
+        _spec(checkpoint={"keep_every": 25}),
+        "checkpoint.keep_every",
+    ),
     "interval-unknown": (_spec(checkpoint={"interval": "adaptive"}), "interval"),
-    "interval-auto-with-every-seconds": (_spec(checkpoint={"interval": "auto",
-                                                           "every_seconds": 60}),
-                                         "checkpoint.every_seconds"),
-    "interval-auto-without-every-steps": (_spec(checkpoint={"interval": "auto",
-                                                            "every_steps": None}),
-                                          "checkpoint.every_steps"),
-    "mtbf-prior-zero": (_spec(checkpoint={"interval": "auto", "mtbf_prior_s": 0}),
-                        "mtbf_prior_s"),
+    "interval-auto-with-every-seconds": (
+        _spec(checkpoint={"interval": "auto", "every_seconds": 60}),
+        "checkpoint.every_seconds",
+    ),
+    "interval-auto-without-every-steps": (
+        _spec(checkpoint={"interval": "auto", "every_steps": None}),
+        "checkpoint.every_steps",
+    ),
+    "mtbf-prior-zero": (_spec(checkpoint={"interval": "auto", "mtbf_prior_s": 0}), "mtbf_prior_s"),
     # warmup
     "warmup-equals-steps": (_spec(train={"steps": 10, "warmup_steps": 10}), "train.warmup_steps"),
     "warmup-above-steps": (_spec(train={"steps": 10, "warmup_steps": 20}), "train.warmup_steps"),
@@ -266,12 +402,18 @@ def test_bad_specs_are_rejected_naming_the_field(data, field):
     assert any(field in text for text in named), named
 
 
-@pytest.mark.parametrize(("data", "field"), [
-    (_spec(train={"global_batch_size": 10, "micro_batch_size": 4}), "train.micro_batch_size"),
-    (_spec(train={"steps": 10, "warmup_steps": 10}), "train.steps"),
-    (_spec(resources={"workers": {"min": 3, "max": 2}}), "resources.workers.max"),
-    (_spec(parallelism={"strategy": "tp", "tp": 2}, resources={"workers": 3}), "parallelism.tp"),
-])
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (_spec(train={"global_batch_size": 10, "micro_batch_size": 4}), "train.micro_batch_size"),
+        (_spec(train={"steps": 10, "warmup_steps": 10}), "train.steps"),
+        (_spec(resources={"workers": {"min": 3, "max": 2}}), "resources.workers.max"),
+        (
+            _spec(parallelism={"strategy": "tp", "tp": 2}, resources={"workers": 3}),
+            "parallelism.tp",
+        ),
+    ],
+)
 def test_cross_field_rejections_name_both_sides(data, field):
     with pytest.raises(ValidationError) as info:
         parse_spec(data)
@@ -280,8 +422,9 @@ def test_cross_field_rejections_name_both_sides(data, field):
 
 def test_batch_rejection_suggests_a_valid_global_batch_size():
     with pytest.raises(ValidationError) as info:
-        parse_spec(_spec(resources={"workers": 3}, train={"global_batch_size": 16,
-                                                           "micro_batch_size": 4}))
+        parse_spec(
+            _spec(resources={"workers": 3}, train={"global_batch_size": 16, "micro_batch_size": 4})
+        )
     assert "multiple of 12" in str(info.value)
 
 
@@ -290,8 +433,9 @@ def test_name_with_trailing_newline_is_rejected():
         parse_spec({"name": "tiny\n"})
 
 
-@pytest.mark.parametrize("section, key", [("resources", "cpus_per_worker"),
-                                          ("checkpoint", "every_seconds")])
+@pytest.mark.parametrize(
+    "section, key", [("resources", "cpus_per_worker"), ("checkpoint", "every_seconds")]
+)
 def test_infinite_values_are_rejected(section, key):
     with pytest.raises(ValidationError, match=key):
         parse_spec(_spec(**{section: {key: float("inf")}}))
@@ -315,24 +459,42 @@ def test_async_alias_dumps_and_loads_as_async():
 
 
 def test_storage_uris_are_normalised():
-    assert parse_spec(_spec(checkpoint={"storage": "s3://my-bucket/a/b/"})).checkpoint.storage \
+    assert (
+        parse_spec(_spec(checkpoint={"storage": "s3://my-bucket/a/b/"})).checkpoint.storage
         == "s3://my-bucket/a/b"
-    s3 = parse_spec(_spec(checkpoint={"storage": "s3://my-bucket", "s3": {
-        "endpoint_url": "http://minio:9000/"}})).checkpoint.s3
+    )
+    s3 = parse_spec(
+        _spec(
+            checkpoint={"storage": "s3://my-bucket", "s3": {"endpoint_url": "http://minio:9000/"}}
+        )
+    ).checkpoint.s3
     assert s3.endpoint_url == "http://minio:9000"
-    gcs = parse_spec(_spec(checkpoint={"storage": "gs://my-bucket", "gcs": {
-        "endpoint_url": "http://gcs-emulator:9023/"}})).checkpoint.gcs
+    gcs = parse_spec(
+        _spec(
+            checkpoint={
+                "storage": "gs://my-bucket",
+                "gcs": {"endpoint_url": "http://gcs-emulator:9023/"},
+            }
+        )
+    ).checkpoint.gcs
     assert gcs.endpoint_url == "http://gcs-emulator:9023"
 
 
-@pytest.mark.parametrize("checkpoint", [
-    {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG@my-bucket/p"},
-    {"storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
-    {"storage": "s3://my-bucket", "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:"
-                                                         "wJalrXUtnFEMI@minio:9000"}},
-    {"storage": "gs://my-bucket", "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:"
-                                                          "wJalrXUtnFEMI@gcs:9023"}},
-])
+@pytest.mark.parametrize(
+    "checkpoint",
+    [
+        {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG@my-bucket/p"},
+        {"storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
+        {
+            "storage": "s3://my-bucket",
+            "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@minio:9000"},
+        },
+        {
+            "storage": "gs://my-bucket",
+            "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@gcs:9023"},
+        },
+    ],
+)
 def test_rejections_never_repeat_what_may_be_a_key(checkpoint):
     with pytest.raises(ValidationError) as info:
         parse_spec(_spec(checkpoint=checkpoint))
@@ -347,8 +509,12 @@ def test_checkpoint_defaults_keep_the_fixed_interval():
 
 
 def test_elastic_workers_round_trip_as_a_range():
-    spec = parse_spec(_spec(resources={"workers": {"min": 1, "max": 4}},
-                            train={"global_batch_size": 48, "micro_batch_size": 4}))
+    spec = parse_spec(
+        _spec(
+            resources={"workers": {"min": 1, "max": 4}},
+            train={"global_batch_size": 48, "micro_batch_size": 4},
+        )
+    )
     assert spec.resources.min_workers == 1 and spec.resources.max_workers == 4
     assert spec.model_dump(mode="json")["resources"]["workers"] == {"min": 1, "max": 4}
 
@@ -367,16 +533,38 @@ def test_spec_is_frozen():
         spec.name = "other"
 
 
-@pytest.mark.parametrize(("overrides", "world_size", "dp", "accum"), [
-    ({}, 2, 2, 2),                                                           # 16 / (4 x 2)
-    ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 1, 1, 4),
-    ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 4, 4, 1),
-    ({"parallelism": {"strategy": "tp", "tp": 2}, "resources": {"workers": 4}}, 4, 2, 2),
-    ({"parallelism": {"strategy": "hybrid", "tp": 2, "pp": 2, "pipeline": {"microbatches": 2}},
-      "resources": {"workers": 8}}, 8, 2, 2),
-    ({"resources": {"workers": {"min": 1, "max": 4}},
-      "train": {"global_batch_size": 48, "micro_batch_size": 4}}, 3, 3, 4),
-])
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "dp", "accum"),
+    [
+        ({}, 2, 2, 2),  # 16 / (4 x 2)
+        ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 1, 1, 4),
+        ({"train": {"global_batch_size": 16, "micro_batch_size": 4}}, 4, 4, 1),
+        ({"parallelism": {"strategy": "tp", "tp": 2}, "resources": {"workers": 4}}, 4, 2, 2),
+        (
+            {
+                "parallelism": {
+                    "strategy": "hybrid",
+                    "tp": 2,
+                    "pp": 2,
+                    "pipeline": {"microbatches": 2},
+                },
+                "resources": {"workers": 8},
+            },
+            8,
+            2,
+            2,
+        ),
+        (
+            {
+                "resources": {"workers": {"min": 1, "max": 4}},
+                "train": {"global_batch_size": 48, "micro_batch_size": 4},
+            },
+            3,
+            3,
+            4,
+        ),
+    ],
+)
 def test_data_parallel_size_and_grad_accum_steps(overrides, world_size, dp, accum):
     spec = parse_spec(_spec(**overrides))
     assert spec.data_parallel_size(world_size) == dp
@@ -386,8 +574,12 @@ def test_data_parallel_size_and_grad_accum_steps(overrides, world_size, dp, accu
 
 
 def test_every_elastic_size_keeps_the_global_batch():
-    spec = parse_spec(_spec(resources={"workers": {"min": 1, "max": 4}},
-                            train={"global_batch_size": 48, "micro_batch_size": 4}))
+    spec = parse_spec(
+        _spec(
+            resources={"workers": {"min": 1, "max": 4}},
+            train={"global_batch_size": 48, "micro_batch_size": 4},
+        )
+    )
     for n in range(1, 5):
         dp = spec.data_parallel_size(n)
         assert spec.grad_accum_steps(n) * spec.train.micro_batch_size * dp == 48

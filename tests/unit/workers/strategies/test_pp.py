@@ -17,7 +17,8 @@ from workers.strategies.pp import split_model, stage_layer_ranges
 def stage_params(cfg, ranges) -> list[int]:
     """Parameters per stage, counted independently of the implementation."""
     block = count_params(dataclasses.replace(cfg, n_layers=2)) - count_params(
-        dataclasses.replace(cfg, n_layers=1))
+        dataclasses.replace(cfg, n_layers=1)
+    )
     sizes = [len(r) * block for r in ranges]
     sizes[0] += cfg.vocab_size * cfg.dim
     sizes[-1] += cfg.vocab_size * cfg.dim + cfg.dim
@@ -29,13 +30,14 @@ def naive(n_layers: int, n_stages: int) -> list[range]:
     base, rest = divmod(n_layers, n_stages)
     counts = [base + (s < rest) for s in range(n_stages)]
     starts = [sum(counts[:s]) for s in range(n_stages)]
-    return [range(a, a + n) for a, n in zip(starts, counts)]
+    return [range(a, a + n) for a, n in zip(starts, counts, strict=True)]
 
 
 def layouts(stage_counts) -> list[tuple[str, int]]:
     """(preset, stages) for every preset deep enough for that many stages."""
-    return [(preset, n) for preset, cfg in PRESETS.items() for n in stage_counts
-            if n <= cfg.n_layers]
+    return [
+        (preset, n) for preset, cfg in PRESETS.items() for n in stage_counts if n <= cfg.n_layers
+    ]
 
 
 @pytest.mark.parametrize("preset, n_stages", layouts([1, 2, 3, 4, 8, 16]))
@@ -51,7 +53,8 @@ def test_every_layer_once_in_order(preset, n_stages):
 def test_never_worse_than_equal_layer_counts(preset, n_stages):
     cfg = get_model_config(preset)
     assert max(stage_params(cfg, stage_layer_ranges(cfg, n_stages))) <= max(
-        stage_params(cfg, naive(cfg.n_layers, n_stages)))
+        stage_params(cfg, naive(cfg.n_layers, n_stages))
+    )
 
 
 def test_big_vocab_puts_fewer_layers_on_the_ends():
@@ -89,16 +92,22 @@ class _MeshDim:
 
 
 def split(model, *, pp: int, rank: int, schedule: str):
-    cfg = StrategyConfig(parallelism=ParallelismSpec(
-        strategy="pp", pp=pp, pipeline=PipelineSpec(schedule=schedule, microbatches=pp)))
+    cfg = StrategyConfig(
+        parallelism=ParallelismSpec(
+            strategy="pp", pp=pp, pipeline=PipelineSpec(schedule=schedule, microbatches=pp)
+        )
+    )
     return split_model(model, mesh={"pp": _MeshDim(pp, rank)}, cfg=cfg)
 
 
-@pytest.mark.parametrize("schedule, pp, expect", [
-    ("1f1b", 2, {0: [(0, ["0", "1"])], 1: [(1, ["2", "3"])]}),
-    ("gpipe", 4, {r: [(r, [str(r)])] for r in range(4)}),
-    ("interleaved_1f1b", 2, {0: [(0, ["0"]), (2, ["2"])], 1: [(1, ["1"]), (3, ["3"])]}),
-])
+@pytest.mark.parametrize(
+    "schedule, pp, expect",
+    [
+        ("1f1b", 2, {0: [(0, ["0", "1"])], 1: [(1, ["2", "3"])]}),
+        ("gpipe", 4, {r: [(r, [str(r)])] for r in range(4)}),
+        ("interleaved_1f1b", 2, {0: [(0, ["0"]), (2, ["2"])], 1: [(1, ["1"]), (3, ["3"])]}),
+    ],
+)
 def test_split_model_gives_each_rank_its_stages(schedule, pp, expect):
     model = build_model(get_model_config("gpt-small"), seed=0)
     full = {k: v.clone() for k, v in model.state_dict().items()}
@@ -121,8 +130,11 @@ def test_split_model_gives_each_rank_its_stages(schedule, pp, expect):
 
 def test_stages_chained_equal_the_full_model():
     model = build_model(get_model_config("gpt-small"), seed=0)
-    stages = dict(stage for rank in range(2)
-                  for stage in split(model, pp=2, rank=rank, schedule="interleaved_1f1b"))
+    stages = dict(
+        stage
+        for rank in range(2)
+        for stage in split(model, pp=2, rank=rank, schedule="interleaved_1f1b")
+    )
     tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     h = tokens
     for index in range(4):

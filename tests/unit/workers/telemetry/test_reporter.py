@@ -19,7 +19,7 @@ class Endpoint:
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 code = 503 if outer.fail else 200
                 if not outer.fail:
@@ -48,8 +48,10 @@ def test_batches_carry_token_and_survive_an_outage():
     r.close(timeout=5)
     steps = [m["step"] for _, _, b in ep.posts for m in b["metrics"]]
     assert steps == [1, 2, 3]
-    assert all(path == "/v1/jobs/j-1/telemetry" and auth == "Bearer secret-tok"
-               for path, auth, _ in ep.posts)
+    assert all(
+        path == "/v1/jobs/j-1/telemetry" and auth == "Bearer secret-tok"
+        for path, auth, _ in ep.posts
+    )
     events = [e for _, _, b in ep.posts for e in b["events"]]
     assert [(e["kind"], e["dedup_key"]) for e in events] == [("restored", "k1")]
     # What was posted is the contract's batch, exactly (no field the receiver would refuse).
@@ -65,7 +67,10 @@ def test_without_url_prints_json_lines(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("ETRAIN_TELEMETRY "))
     assert json.loads(line.removeprefix("ETRAIN_TELEMETRY "))["metrics"] == {
-        **MetricPoint(step=1, world_size=1).model_dump(), "step": 1, "world_size": 1}
+        **MetricPoint(step=1, world_size=1).model_dump(),
+        "step": 1,
+        "world_size": 1,
+    }
 
 
 def test_flush_sends_now_and_reports_an_unreachable_control_plane():

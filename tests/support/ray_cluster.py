@@ -1,0 +1,52 @@
+"""Ray on this machine for the tests and benchmarks: more nodes, and jobs that report to a
+telemetry endpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from service.backends.base import Backend, LaunchRequest
+from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV
+
+
+def start_node(*, gcs_port: int, cpus: int) -> subprocess.Popen:
+    """Another Ray node joining the head at ``gcs_port``, in its own process group (so that
+    killing the group takes its raylet and workers down as a lost node would)."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    command = [
+        ray,
+        "start",
+        f"--address=127.0.0.1:{gcs_port}",
+        f"--num-cpus={cpus}",
+        "--block",
+        "--disable-usage-stats",
+    ]
+    return subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+
+
+def submit_job(
+    backend: Backend,
+    *,
+    job_id: str,
+    spec: dict,
+    report_url: str,
+    env: dict | None = None,
+    submission_id: str | None = None,
+) -> str:
+    """Start the job driver for ``spec`` on ``backend``, reporting to ``report_url``; return
+    the submission id."""
+    submission_id = submission_id or f"it-{job_id}"
+    backend.submit(
+        LaunchRequest(
+            job_id=job_id,
+            submission_id=submission_id,
+            spec_json=json.dumps(spec),
+            env={REPORT_URL_ENV: report_url, REPORT_TOKEN_ENV: "test-token", **(env or {})},
+        )
+    )
+    return submission_id
