@@ -20,7 +20,7 @@ import enum
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 # --- the cluster ---------------------------------------------------------------------------
 
@@ -121,6 +121,12 @@ class MetricPoint(BaseModel):
     epoch: int | None = Field(None, description="Epoch of the sampler's cursor after the step.")
     epoch_position: int | None = Field(None, description="Samples of that epoch consumed.")
     epoch_size: int | None = Field(None, description="Samples per epoch.")
+
+    @model_serializer(mode="wrap")
+    def _as_measured(self, handler: SerializerFunctionWrapHandler):
+        # A point carries what was measured: a field nobody set is left out, not sent
+        # (or stored, or served) as null.
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
 
 class TelemetryEvent(BaseModel):

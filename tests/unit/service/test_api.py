@@ -854,3 +854,17 @@ def test_memory_endpoint_returns_the_newest_per_rank_report(client):
     got = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()
     assert [rk["params_bytes"] for rk in got["ranks"]] == [200, 201]
     assert got["measured_at"] is not None
+
+
+def test_stored_points_keep_the_fields_the_workers_sent(client):
+    """Typed on the wire, but a point is stored as sent: no null stand-ins for fields a
+    worker did not report, and a newer worker's extra metric is kept."""
+    job_id = _submit(client)["id"]
+    _make_pending(client, job_id, submission_id="etrain-x-0")
+    point = _point(1, mfu=0.41)
+    r = client.post(
+        f"/v1/jobs/{job_id}/telemetry", headers=_reporter(client, job_id), json={"metrics": [point]}
+    )
+    assert r.status_code == 200
+    (stored,) = client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"]
+    assert set(stored) == set(point) and stored["mfu"] == 0.41
