@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.polling import wait_for
+
 BIN = Path(sys.executable).parent
 
 
@@ -109,17 +111,6 @@ def served(ray_backend, tmp_path_factory):
     s = start_serve(tmp_path_factory.mktemp("etrain-e2e"), ray_address=ray_backend.address)
     yield s
     s.stop()
-
-
-def wait_for(fn, *, timeout: float = 240, every: float = 0.5, what: str = "condition"):
-    """Poll ``fn`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="session")

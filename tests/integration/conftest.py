@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,12 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 from service.backends.base import RunState
-from service.backends.ray_jobs import RayJobBackend
 from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the GCS endpoint fixture
 from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
 from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
 from tests.support.postgres import postgres_server
-from tests.support.ray_cluster import submit_job
+from tests.support.ray_cluster import submit_job, wait_for_job
 from tests.support.s3_fixture import s3_server  # noqa: F401 - the S3 endpoint fixture
 from tests.support.telemetry_sink import TelemetrySink
 
@@ -63,23 +61,6 @@ def telemetry_sink() -> TelemetrySink:
     )
 
 
-def wait_for_ray_job(
-    backend: RayJobBackend, submission_id: str, *, timeout: float = 300
-) -> RunState:
-    """Wait for a submitted Ray job to end; its final state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = backend.status(submission_id).state
-        if state not in (RunState.PENDING, RunState.RUNNING):
-            return state
-        time.sleep(0.5)
-    backend.stop(submission_id)
-    raise TimeoutError(
-        f"Ray job {submission_id} did not finish in {timeout}s:\n"
-        + backend.logs(submission_id)[-3000:]
-    )
-
-
 def load_checkpoint_tensors(path: str | Path) -> dict:
     """All tensors of a committed DCP checkpoint as one plain state dict."""
     import torch
@@ -99,7 +80,7 @@ def run_job(ray_backend, telemetry_sink):
         submission = submit_job(
             ray_backend, job_id=job_id, spec=spec, report_url=telemetry_sink.url, env=extra_env
         )
-        return wait_for_ray_job(ray_backend, submission)
+        return wait_for_job(ray_backend, submission)
 
     return run
 

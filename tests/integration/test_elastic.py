@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import torch
 
 from service.backends.base import RunState
 from tests.support.faults import fault_env
-from tests.support.ray_cluster import start_node, submit_job
+from tests.support.polling import wait_for
+from tests.support.ray_cluster import start_node, submit_job, wait_for_job
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -53,15 +53,6 @@ def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: P
     )
 
 
-def _wait(pred, timeout: float, what: str, detail=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := pred():
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"{what}: {detail()}")
-
-
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink, tmp_path):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
@@ -75,28 +66,30 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
         logs = ray_backend.logs(f"it-{job_id}")[-2500:]
         return f"events={events} last steps={steps[-8:]} logs={logs}"
 
-    _wait(lambda: len(sizes()) >= 15, 240, "training at 2 workers")
+    wait_for(lambda: len(sizes()) >= 15, timeout=240, what="training at 2 workers")
     assert set(sizes()) == {2}
     node = start_node(gcs_port=6510, cpus=2)
     try:
-        _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", detail)
+        wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=detail)
         grown_at = len(sizes())
-        _wait(lambda: len(sizes()) >= grown_at + 10, 180, "training at 4 workers", detail)
+        wait_for(
+            lambda: len(sizes()) >= grown_at + 10,
+            timeout=180,
+            what="training at 4 workers",
+            detail=detail,
+        )
     finally:
         os.killpg(node.pid, signal.SIGKILL)  # the node is lost, with its workers
         node.wait()
     shrunk_at = len(sizes())
-    _wait(lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2, 180, "back at 2", detail)
-    throttle.unlink()
-    state = _wait(
-        lambda: (
-            (s := ray_backend.status(f"it-{job_id}").state)
-            not in (RunState.PENDING, RunState.RUNNING)
-            and s
-        ),
-        400,
-        "job end",
+    wait_for(
+        lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2,
+        timeout=180,
+        what="back at 2",
+        detail=detail,
     )
+    throttle.unlink()
+    state = wait_for_job(ray_backend, f"it-{job_id}", timeout=400)
     assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]
 
     metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
@@ -131,23 +124,20 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
     _submit(ray_backend, telemetry_sink, job_id=job_id, spec=spec, throttle=throttle)
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
     kinds = lambda: [e["kind"] for e in telemetry_sink.items("events", job_id)]  # noqa: E731
-    _wait(lambda: len(sizes()) >= 5, 240, "training at 2 workers")
+    wait_for(lambda: len(sizes()) >= 5, timeout=240, what="training at 2 workers")
     nodes = [start_node(gcs_port=6510, cpus=1)]
     try:
-        _wait(lambda: "layout_unused" in kinds(), 120, "the unused-slot event", kinds)
+        wait_for(
+            lambda: "layout_unused" in kinds(),
+            timeout=120,
+            what="the unused-slot event",
+            detail=kinds,
+        )
         assert set(sizes()) == {2}
         nodes.append(start_node(gcs_port=6510, cpus=1))
-        _wait(lambda: sizes()[-1] == 4, 180, "growing to 4 workers", kinds)
+        wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=kinds)
         throttle.unlink()
-        state = _wait(
-            lambda: (
-                (s := ray_backend.status(f"it-{job_id}").state)
-                not in (RunState.PENDING, RunState.RUNNING)
-                and s
-            ),
-            400,
-            "job end",
-        )
+        state = wait_for_job(ray_backend, f"it-{job_id}", timeout=400)
     finally:
         for node in nodes:
             os.killpg(node.pid, signal.SIGKILL)

@@ -17,19 +17,11 @@ import pytest
 
 from service.backends.base import RunState
 from tests.support.faults import fault_env
-from tests.support.ray_cluster import submit_job
+from tests.support.polling import wait_for
+from tests.support.ray_cluster import submit_job, wait_for_job
 from workers.elastic.warm_spares import READY, SPARES_ROOT, WARMING, spares_in
 
 pytestmark = pytest.mark.slow
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := pred():
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(f"{what} not seen in {timeout:.0f}s")
 
 
 def _train_worker_pids() -> list[int]:
@@ -64,46 +56,48 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
     try:
         # After its first step, the group's node asks for as many spares as it runs
         # workers (the workers' own processes stopped counting when they started).
-        _wait(lambda: len(telemetry_sink.losses(job_id)) >= 2, 180, "2 steps")
+        wait_for(
+            lambda: len(telemetry_sink.losses(job_id)) >= 2, timeout=180, every=0.3, what="2 steps"
+        )
         spares = set(
-            _wait(
-                lambda: (s := spares_in(SPARES_ROOT)) and len(s) >= 2 and s, 180, "2 ready spares"
+            wait_for(
+                lambda: (s := spares_in(SPARES_ROOT)) and len(s) >= 2 and s,
+                timeout=180,
+                every=0.3,
+                what="2 ready spares",
             )
         )
-        workers = _wait(_train_worker_pids, 30, "the training workers")
+        workers = wait_for(_train_worker_pids, timeout=30, every=0.3, what="the training workers")
         assert not spares & set(workers)
         t_kill = time.time()
         os.kill(workers[0], signal.SIGKILL)
-        restored = _wait(
+        restored = wait_for(
             lambda: [
                 e
                 for e in telemetry_sink.items("events", job_id)
                 if e["kind"] == "restored" and e["ts"] > t_kill
             ],
-            180,
-            "a restore",
+            timeout=180,
+            every=0.3,
+            what="a restore",
         )
         assert restored
         # The restarted group runs in the spares: processes that were running before
         # the failure, with the training stack imported.
-        assert set(_wait(_train_worker_pids, 30, "the new workers")) <= spares
-        throttle.unlink()
-        state = _wait(
-            lambda: (
-                (s := ray_backend.status(f"it-{job_id}").state)
-                not in (RunState.PENDING, RunState.RUNNING)
-                and s
-            ),
-            300,
-            "the job's end",
+        assert (
+            set(wait_for(_train_worker_pids, timeout=30, every=0.3, what="the new workers"))
+            <= spares
         )
+        throttle.unlink()
+        state = wait_for_job(ray_backend, f"it-{job_id}", timeout=300)
         assert state == RunState.SUCCEEDED
     finally:
         throttle.unlink(missing_ok=True)
         ray_backend.stop(f"it-{job_id}")
     # The raylet ends a finished job's idle workers, spares included.
-    _wait(
+    wait_for(
         lambda: not spares_in(SPARES_ROOT, states=(WARMING, READY)) or None,
-        60,
-        "every spare gone after the job",
+        timeout=60,
+        every=0.3,
+        what="every spare gone after the job",
     )

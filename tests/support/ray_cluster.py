@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.backends.base import Backend, LaunchRequest
+from service.backends.base import Backend, LaunchRequest, RunState
+from tests.support.polling import wait_for
 from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV
 
 
@@ -50,3 +51,18 @@ def submit_job(
         )
     )
     return submission_id
+
+
+def wait_for_job(backend: Backend, submission_id: str, *, timeout: float = 300) -> RunState:
+    """Wait for a submitted Ray job to end and return its final state; on a timeout, stop it
+    and raise with the end of its log."""
+    running = (RunState.PENDING, RunState.RUNNING)
+    try:
+        return wait_for(
+            lambda: (s := backend.status(submission_id).state) not in running and s,
+            timeout=timeout,
+            what=f"Ray job {submission_id} to end",
+        )
+    except TimeoutError as e:
+        backend.stop(submission_id)
+        raise TimeoutError(f"{e}\n{backend.logs(submission_id)[-3000:]}") from None
