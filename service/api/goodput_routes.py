@@ -14,4 +14,4 @@ v1 = APIRouter(prefix="/v1")
 def read_job_goodput(job_id: str, user: User, queries: Queries) -> GoodputPublic:
     """Productive training time over wall time, with start-up, waiting, checkpoint
     blocking, restart/restore, recomputed steps and other time broken down (seconds)."""
-    return GoodputPublic.of(queries.goodput(user, job_id))
+    return GoodputPublic.model_validate(queries.goodput(user, job_id))

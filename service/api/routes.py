@@ -145,7 +145,9 @@ def read_job_metrics(job_id: str, user: User, queries: Queries, after_step: int 
 def read_job_events(job_id: str, user: User, queries: Queries, after_id: int = 0) -> EventPage:
     """Lifecycle events in order."""
     return EventPage(
-        items=[EventPublic.of(e) for e in queries.events(user, job_id, after_id=after_id)]
+        items=[
+            EventPublic.model_validate(e) for e in queries.events(user, job_id, after_id=after_id)
+        ]
     )
 
 
@@ -158,7 +160,7 @@ def read_job_checkpoints(job_id: str, user: User, queries: Queries) -> Checkpoin
 @v1.get("/jobs/{job_id}/memory")
 def read_job_memory(job_id: str, user: User, queries: Queries) -> MemoryPublic:
     """Per-rank memory the workers measured at their latest start (bytes of local shards)."""
-    return MemoryPublic.of(queries.memory(user, job_id))
+    return MemoryPublic.model_validate(queries.memory(user, job_id))
 
 
 @v1.post(
@@ -187,7 +189,7 @@ async def create_plan(request: Request, user: User, submission: Submissions) -> 
 def read_cluster(user: User, submission: Submissions) -> ClusterPublic:
     """Ray nodes, resources and the dashboard URL."""
     del user
-    return ClusterPublic.of(submission.cluster())
+    return ClusterPublic.model_validate(submission.cluster())
 
 
 @v1.post("/tokens", status_code=201)

@@ -1,7 +1,9 @@
 """Response bodies of the REST API, as typed models: ``/openapi.json`` documents each.
 
-Each model's ``of`` builds it from what the domain returned; the routes return
-the model and FastAPI serializes it (timestamps as ISO 8601 UTC).
+A model whose fields have the names of what the domain returns is a ``View``:
+``model_validate`` reads those attributes. The others build themselves with
+``of``. The routes return the model and FastAPI serializes it (timestamps as
+ISO 8601 UTC).
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from service.backends.base import ClusterInfo
-from service.domain.goodput import Goodput
 from service.domain.queries import JobDetail as Detail
-from service.domain.queries import MemoryReport
 from service.status import JobStatus
-from service.store import EventRecord, JobRecord
+from service.store import JobRecord
 from workers.contract import MetricPoint
 from workers.spec import JobSpec
+
+
+class View(BaseModel):
+    """A response read from a domain value's attributes of the same names."""
+
+    model_config = ConfigDict(from_attributes=True)
 
 
 class JobPublic(BaseModel):
@@ -94,7 +99,7 @@ class JobPage(BaseModel):
     total: int
 
 
-class EventPublic(BaseModel):
+class EventPublic(View):
     """A lifecycle event of a job."""
 
     id: int = Field(description="Increasing; page with ?after_id=.")
@@ -104,19 +109,6 @@ class EventPublic(BaseModel):
     message: str
     data: dict[str, Any] | None
     dedup_key: str | None
-
-    @classmethod
-    def of(cls, event: EventRecord) -> EventPublic:
-        """The public view of a stored event."""
-        return cls(
-            id=event.id,
-            job_id=event.job_id,
-            ts=event.ts,
-            kind=event.kind,
-            message=event.message,
-            data=event.data,
-            dedup_key=event.dedup_key,
-        )
 
 
 class EventPage(BaseModel):
@@ -157,7 +149,7 @@ class CheckpointPage(BaseModel):
     items: list[CheckpointPublic]
 
 
-class MemoryPublic(BaseModel):
+class MemoryPublic(View):
     """Per-rank memory the workers measured at their latest start."""
 
     ranks: list[dict[str, Any]] = Field(
@@ -165,11 +157,6 @@ class MemoryPublic(BaseModel):
         "gathered params and the peak, by name (``*_bytes``)."
     )
     measured_at: datetime | None
-
-    @classmethod
-    def of(cls, report: MemoryReport) -> MemoryPublic:
-        """The public view of a memory report."""
-        return cls(ranks=report.ranks, measured_at=report.measured_at)
 
 
 class GoodputBreakdown(BaseModel):
@@ -183,7 +170,7 @@ class GoodputBreakdown(BaseModel):
     other_s: float
 
 
-class GoodputPublic(BaseModel):
+class GoodputPublic(View):
     """Productive training time over wall time, and where the rest went."""
 
     wall_s: float
@@ -193,19 +180,6 @@ class GoodputPublic(BaseModel):
     steps: int
     recomputed_steps: int
     notes: list[str] = Field(description="Which parts are estimates.")
-
-    @classmethod
-    def of(cls, g: Goodput) -> GoodputPublic:
-        """The public view of a computed goodput."""
-        return cls(
-            wall_s=g.wall_s,
-            productive_s=g.productive_s,
-            goodput=g.goodput,
-            breakdown=GoodputBreakdown(**g.breakdown),
-            steps=g.steps,
-            recomputed_steps=g.recomputed_steps,
-            notes=list(g.notes),
-        )
 
 
 class NodePublic(BaseModel):
@@ -217,23 +191,13 @@ class NodePublic(BaseModel):
     resources: dict[str, float]
 
 
-class ClusterPublic(BaseModel):
+class ClusterPublic(View):
     """Nodes and resources of the connected cluster."""
 
     nodes: list[NodePublic]
     total: dict[str, float]
     available: dict[str, float]
     dashboard_url: str | None
-
-    @classmethod
-    def of(cls, info: ClusterInfo) -> ClusterPublic:
-        """The public view of the backend's cluster."""
-        return cls(
-            nodes=[NodePublic(**n) for n in info.nodes],
-            total=info.total,
-            available=info.available,
-            dashboard_url=info.dashboard_url,
-        )
 
 
 class TokenRequest(BaseModel):
