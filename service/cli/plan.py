@@ -28,6 +28,11 @@ def _human_count(n: Any) -> str:
     return str(n)
 
 
+def _yes_no(value: bool | None, *, no: str = "no") -> str:
+    """yes / no / unknown for a fit that may be unknown (null)."""
+    return "unknown" if value is None else ("yes" if value else no)
+
+
 def _memory_table(plan: dict[str, Any]) -> Table:
     """Memory per rank by kind, then the buffers and host memory behind it."""
     per_rank = plan.get("per_rank") or {}
@@ -46,7 +51,10 @@ def _memory_table(plan: dict[str, Any]) -> Table:
 def _print_plan(s: Session, plan: dict[str, Any]) -> None:
     """Render a plan: fit, parameter count, memory per rank, layout, estimates, findings."""
     console = s.console
-    console.print(f"fits: {'yes' if plan.get('fits') else 'NO'}", markup=False)
+    fits = plan.get("fits")
+    console.print(f"fits: {_yes_no(fits, no='NO')}", markup=False)
+    if fits is None and plan.get("unknown_reason"):
+        console.print(f"  {plan['unknown_reason']}", markup=False)
     count = plan.get("num_params")
     console.print(f"parameters: {_human_count(count)} ({count})", markup=False)
     console.print(_memory_table(plan))
@@ -81,7 +89,7 @@ def _print_estimates(s: Session, plan: dict[str, Any]) -> None:
         table.add_row(
             str(c.get("layout")),
             fmt(c.get("total_gib")),
-            "yes" if c.get("fits") else "no",
+            _yes_no(c.get("fits")),
             fmt(c.get("step_s")),
             f"{c['comm_share']:.0%}" if "comm_share" in c else "-",
         )
@@ -135,7 +143,8 @@ def plan(
         float | None, typer.Option(help="Host memory per node in GiB.")
     ] = None,
 ) -> None:
-    """Dry-run a spec: memory per rank, parallel layout, warnings. Exits 1 if it does not fit.
+    """Dry-run a spec: memory per rank, parallel layout, warnings. Exits 1 if it does not fit
+    (not when it cannot tell: a GPU job without known GPU memory says so and exits 0).
 
     The cluster is the connected one unless --cluster or the options describe
     another (options override the file).
@@ -155,7 +164,7 @@ def plan(
     with s.api_errors():
         result = client(ctx).plan(body, cluster_body)
     _print_plan(s, result)
-    if not result.get("fits") or result.get("errors"):
+    if result.get("fits") is False or result.get("errors"):
         raise typer.Exit(1)
 
 

@@ -33,7 +33,7 @@ class Submission:
         """Validate, plan and store a job as QUEUED; the scheduler takes it from there."""
         spec = self._with_default_storage(validate_spec(data))
         plan = plan_job(spec, cluster=self.cluster_shape())
-        if plan.errors or not plan.fits:
+        if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
                 "the plan for this job has errors",
                 [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors],

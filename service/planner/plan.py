@@ -8,6 +8,7 @@ JSON of a :class:`Plan` is what the API returns.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -171,7 +172,7 @@ class CandidateView(BaseModel):
     tp: int
     pp: int
     total_gib: float = Field(description="Device memory of its worst rank, GiB.")
-    fits: bool
+    fits: bool | None = Field(description="Null when the GPUs' memory is unknown.")
     step_s: float | None = Field(None, exclude_if=_unknown)
     compute_s: float | None = Field(None, exclude_if=_unknown)
     comm_s: float | None = Field(None, exclude_if=_unknown)
@@ -223,7 +224,16 @@ class RecommendedLayout(CandidateView):
 class Plan(BaseModel):
     """A job's plan: whether it fits, its memory per rank, layout, estimates and findings."""
 
-    fits: bool = Field(description="False when there is any error.")
+    fits: bool | None = Field(
+        description="False when there is any error; null when the planner cannot tell "
+        "(a GPU job without known GPU memory: see unknown_reason)."
+    )
+    verdict: Literal["fits", "does not fit", "unknown"] = Field(
+        description="fits / does not fit / unknown, as `fits` is true / false / null."
+    )
+    unknown_reason: str | None = Field(
+        None, description="Why the planner cannot tell, and what to give it (verdict unknown)."
+    )
     num_params: int
     per_rank: PerRank
     breakdown: Breakdown

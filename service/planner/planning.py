@@ -106,11 +106,35 @@ def layout_of(spec: JobSpec, world: int) -> Layout:
 
 
 def _per_node(spec: JobSpec, hw: ClusterHardware) -> tuple[float | None, float, str]:
-    """(devices per node, devices per worker, their name) the TP rule counts in."""
+    """(devices per node, devices per worker, their name) the TP rule counts in.
+
+    A GPU job on a cluster without GPUs counts in unknown nodes (None), not in
+    nodes of 0 GPUs: the rules cannot size layouts for GPUs that are not there.
+    """
     res = spec.resources
     if res.gpus_per_worker:
-        return hw.gpus_per_node, res.gpus_per_worker, "GPUs"
+        return hw.gpus_per_node or None, res.gpus_per_worker, "GPUs"
     return hw.cpus_per_node, res.cpus_per_worker, "CPUs"
+
+
+def cannot_tell(spec: JobSpec, hw: ClusterHardware) -> str | None:
+    """Why the planner cannot tell whether ``spec`` fits ``hw`` (None when it can).
+
+    A GPU job is sized against the memory of its GPUs; without it (no cluster
+    described, or a cluster with no GPUs) "fits" would be a guess.
+    """
+    if not spec.resources.gpus_per_worker or hw.gpu_memory_bytes is not None:
+        return None
+    where = (
+        "the cluster has no GPUs"
+        if hw.gpus_per_node == 0
+        else "the GPUs' model and memory are unknown"
+    )
+    return (
+        f"cannot tell whether the job fits: it needs GPUs but {where}; plan it for the "
+        "cluster it will run on: `etrain plan SPEC --gpu h100 --gpus-per-node 8 --nodes N` "
+        "or `--cluster FILE` (POST /v1/plan with cluster.gpu or cluster.gpu_memory_gb)"
+    )
 
 
 def _static_findings(
@@ -144,7 +168,16 @@ def _capacity_findings(
             )
     gpus = spec.resources.min_workers * spec.resources.gpus_per_worker
     have = (hw.nodes or 0) * (hw.gpus_per_node or 0)
-    if gpus and hw.nodes and hw.gpus_per_node is not None and gpus > have:
+    if gpus and hw.nodes and hw.gpus_per_node == 0:
+        out.append(
+            rules.Finding(
+                "warning",
+                "resources.gpus_per_worker",
+                f"the job needs {gpus} GPUs but the cluster has none now; it waits until GPU "
+                "nodes join (an autoscaling cluster adds them)",
+            )
+        )
+    elif gpus and hw.nodes and hw.gpus_per_node is not None and gpus > have:
         out.append(
             rules.Finding(
                 "warning",
@@ -185,11 +218,14 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> Plan:
         )
         if c.layout != layout
     ] + [job]
-    rec = rules.recommend(cands, hw, workers_per_node=workers_per_node)
+    unknown = cannot_tell(spec, hw)
+    rec = None if unknown else rules.recommend(cands, hw, workers_per_node=workers_per_node)
     findings = _findings(spec, hw, work, job, cands, rec, cluster_errors, workers_per_node)
     errors = [f.message for f in findings if f.level == "error"]
     return Plan(
-        fits=not errors,
+        fits=False if errors else (None if unknown else True),
+        verdict="does not fit" if errors else ("unknown" if unknown else "fits"),
+        unknown_reason=unknown,
         num_params=count_params(work.cfg),
         per_rank=PerRank.of(job),
         breakdown=Breakdown.of(job, work, hw, workers_per_node),
@@ -203,14 +239,26 @@ def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> Plan:
         ),
         step_estimate=StepEstimateView.of(job.step) if job.step else None,
         cluster=ClusterView.of(hw),
-        candidates=[CandidateView.of(c) for c in sorted(cands, key=_rank_key)],
+        candidates=_candidate_views(cands, known=unknown is None),
         warnings=[f.message for f in findings if f.level == "warning"],
         errors=errors,
-        notes=_notes(work, hw),
+        notes=[ACTIVATIONS_NOTE],
         recommendation=rec.candidate.layout.strategy if rec else None,
         recommended_layout=RecommendedLayout.of(rec) if rec else None,
         method=METHOD,
     )
+
+
+def _candidate_views(cands: list[rules.Candidate], *, known: bool) -> list[CandidateView]:
+    """The candidates as rows, best first, each row once; ``fits`` null when unknown."""
+    rows: list[CandidateView] = []
+    for c in sorted(cands, key=_rank_key):
+        view = CandidateView.of(c)
+        if not known:
+            view = view.model_copy(update={"fits": None})
+        if view not in rows:
+            rows.append(view)
+    return rows
 
 
 def _findings(
@@ -241,14 +289,3 @@ def _findings(
         findings += rules.hardware_findings(job, hw)
         findings += rules.accumulation_finding(job, work)
     return findings + _capacity_findings(spec, hw, job, workers_per_node)
-
-
-def _notes(work: Workload, hw: ClusterHardware) -> list[str]:
-    """What the numbers cannot vouch for."""
-    notes = [ACTIVATIONS_NOTE]
-    if work.on_gpu and hw.gpu_memory_bytes is None:
-        notes.append(
-            "GPU memory unknown: set cluster.gpu or cluster.gpu_memory_gb to check "
-            "that the job fits"
-        )
-    return notes

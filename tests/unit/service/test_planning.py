@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from service.planner import planning
 from service.planner.planning import GIB
@@ -14,6 +17,8 @@ def plan_job(spec: JobSpec, **kwargs) -> dict:
     """The plan as its JSON: what ``POST /v1/plan`` answers."""
     return planning.plan_job(spec, **kwargs).model_dump(mode="json")
 
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 PER_RANK_KEYS = {
     "params_bytes",
@@ -154,7 +159,52 @@ def test_tp_group_spanning_nodes_is_refused_with_the_field():
     plan = plan_job(_layout_spec(strategy="tp", tp=4), cluster={"gpus_per_node": 2})
     assert not plan["fits"]
     assert any("parallelism.tp (4)" in e and "<= 2" in e for e in plan["errors"])
-    assert plan_job(_layout_spec(strategy="tp", tp=2), cluster={"gpus_per_node": 2})["fits"]
+    fine = plan_job(_layout_spec(strategy="tp", tp=2), cluster={"gpus_per_node": 2})
+    assert not fine["errors"]
+    assert fine["fits"] is None and fine["verdict"] == "unknown"  # no GPU memory given
+    sized = {"gpus_per_node": 2, "gpu": "a100"}
+    assert plan_job(_layout_spec(strategy="tp", tp=2), cluster=sized)["fits"] is True
+
+
+@pytest.mark.parametrize(
+    "cluster,why",
+    [
+        ({}, "GPUs' model and memory are unknown"),
+        ({"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 2}, "the cluster has no GPUs"),
+    ],
+)
+def test_gpu_job_without_known_gpu_memory_is_unknown_not_fits(cluster, why):
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"preset": "llama-7b"},
+            "resources": {"workers": 2, "gpus_per_worker": 1},
+        }
+    )
+    plan = plan_job(spec, cluster=cluster)
+    assert plan["fits"] is None and plan["verdict"] == "unknown"
+    assert why in plan["unknown_reason"] and "--gpu" in plan["unknown_reason"]
+    assert plan["recommendation"] is None and plan["recommended_layout"] is None
+    assert all(c["fits"] is None for c in plan["candidates"])
+
+
+def test_gpu_job_on_a_cluster_without_gpus_is_not_told_to_shrink_to_zero():
+    spec = parse_spec(yaml.safe_load((EXAMPLES / "llama-70b-hybrid-32gpu.yaml").read_text()))
+    plan = plan_job(spec, cluster={"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 2})
+    text = " ".join(plan["errors"] + plan["warnings"])
+    assert "<= 0" not in text and not plan["errors"]
+    assert "has none now" in text
+    assert plan["recommendation"] is None
+
+
+@pytest.mark.parametrize(
+    "par", [{"strategy": "ddp"}, {"strategy": "fsdp"}, {"strategy": "tp", "tp": 2}]
+)
+def test_candidate_rows_are_unique(par):
+    """The job's own layout is listed once, not again as one of the alternatives."""
+    cluster = {"gpu": "a100", "gpus_per_node": 4, "nodes": 1}
+    rows = [c["layout"] for c in plan_job(_layout_spec(**par), cluster=cluster)["candidates"]]
+    assert len(rows) > 3 and len(rows) == len(set(rows))
 
 
 def _gpt_small_numel():
