@@ -89,8 +89,13 @@ class Settings(BaseSettings):
     def _safe_outside_development(self) -> Settings:
         if self.env == "production" and self.admin_token is None:
             raise ValueError("ETRAIN_ADMIN_TOKEN must be set when ETRAIN_ENV=production")
-        if self.env == "production" and (self.database_url or "").startswith("sqlite"):
-            raise ValueError("ETRAIN_DATABASE_URL must point at PostgreSQL in production")
+        if self.env == "production" and not self.db_url.startswith("postgresql"):
+            # db_url, not database_url: unset means the SQLite default, refused just the same.
+            raise ValueError(
+                "ETRAIN_DATABASE_URL must point at PostgreSQL (postgresql+psycopg://...) "
+                "when ETRAIN_ENV=production; SQLite (the default when it is unset) is for "
+                "development"
+            )
         return self
 
     @property
