@@ -53,3 +53,9 @@ class BackendError(EtrainError):
     """The backend refused or failed an operation."""
 
     status_code = 502
+
+
+class QuotaExceeded(EtrainError):
+    """A tenant's quota refuses the request (for now)."""
+
+    status_code = 429

@@ -5,8 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TenantQuota(BaseModel):
+    """One tenant's quotas and fair-share weight (``ETRAIN_TENANT_QUOTAS``); unset = default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(None, ge=0, description="QUEUED jobs.")
+    max_running_workers: int | None = Field(None, ge=1, description="Admitted workers.")
+    max_running_gpus: float | None = Field(None, ge=0, description="Admitted GPUs.")
+    weight: float = Field(1.0, gt=0, le=1000, description="Fair-share weight.")
 
 
 class Settings(BaseSettings):
@@ -84,6 +95,37 @@ class Settings(BaseSettings):
     )
     k8s_max_gpus: float = Field(8, ge=0, description="GPUs one per-job cluster may use (kuberay).")
     k8s_max_cpus: float = Field(64, gt=0, description="CPUs one per-job cluster may use (kuberay).")
+    # -- per-tenant quotas and the scheduler (service/domain/scheduler.py) --
+    max_queued_jobs_per_tenant: int = Field(
+        100,
+        ge=0,
+        description="Jobs one tenant may have QUEUED; one more is a 429 "
+        "(per tenant: ETRAIN_TENANT_QUOTAS).",
+    )
+    max_running_workers_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="Workers (at each job's minimum) one tenant's admitted jobs may hold; "
+        "unset = no limit (per tenant: ETRAIN_TENANT_QUOTAS).",
+    )
+    max_running_gpus_per_tenant: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs (at each job's minimum) one tenant's admitted jobs may hold; "
+        "unset = no limit (per tenant: ETRAIN_TENANT_QUOTAS).",
+    )
+    tenant_quotas: dict[str, TenantQuota] = Field(
+        default_factory=dict,
+        description='Per-tenant overrides by tenant name, as JSON, e.g. {"team-a": '
+        '{"max_queued_jobs": 500, "max_running_gpus": 16, "weight": 2}}; unset fields '
+        "take the ETRAIN_MAX_* defaults.",
+    )
+    scheduler_reserve_after_s: float | None = Field(
+        300.0,
+        ge=0,
+        description="A queued job that waited this long (the longest-waiting one) reserves "
+        "the room it needs: smaller jobs stop going around it; unset = never.",
+    )
 
     @model_validator(mode="after")
     def _safe_outside_development(self) -> Settings:

@@ -9,7 +9,14 @@ from datetime import UTC, datetime
 from service.auth import create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.recovery import decide_recovery
-from service.domain.scheduler import Demand, decide_admissions
+from service.domain.scheduler import (
+    Demand,
+    WaitCode,
+    Waiting,
+    decide_admissions,
+    policy_of,
+    queue_demand,
+)
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
@@ -49,6 +56,8 @@ class Reconciler:
         # submission id -> reporter token, kept across retries: a submit that timed out may
         # have reached Ray, and that driver keeps reporting with the token it was given.
         self._tokens: dict[str, str] = {}
+        # job id -> the waiting reason last recorded, so a tick writes only what changed.
+        self._waiting: dict[str, WaitCode] = {}
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
@@ -61,34 +70,44 @@ class Reconciler:
         self._admit()
 
     def _admit(self) -> None:
-        queued = self.jobs.list_jobs_fifo({JobStatus.QUEUED})
+        queued = self.jobs.list_queue({JobStatus.QUEUED})
         if not queued:
             return
-        info = self.backend.cluster()
-        held = [demand_of(j) for j in self.jobs.list_jobs_fifo(ACTIVE)]
+        info, now = self.backend.cluster(), _now()
+        held = [queue_demand(e, now) for e in self.jobs.list_queue(ACTIVE)]
+        cpus, gpus = info.total.get("CPU", 0.0), info.total.get("GPU", 0.0)
         decision = decide_admissions(
-            [demand_of(j) for j in queued],
-            free_cpus=info.total.get("CPU", 0.0) - sum(d.cpus for d in held),
-            free_gpus=info.total.get("GPU", 0.0) - sum(d.gpus for d in held),
+            [queue_demand(e, now) for e in queued],
+            free_cpus=cpus - sum(d.cpus for d in held),
+            free_gpus=gpus - sum(d.gpus for d in held),
+            total_cpus=cpus,
+            total_gpus=gpus,
+            held=held,
+            policy=policy_of(self.settings),
         )
-        by_id = {j.id: j for j in queued}
         for job_id in decision.admit:
             job = change_status(
                 self.jobs,
-                by_id[job_id],
+                self.jobs.get_job(job_id),
                 JobStatus.PENDING,
                 event=(EventKind.ADMITTED, "admitted by the scheduler", None),
             )
             if job is not None:
                 self._submit(job)
-        waiting = [j for j in queued if j.id not in decision.admit]
-        if waiting and decision.waiting_reason:
-            self.stores.events.add_event(
-                waiting[0].id,
-                kind=EventKind.WAITING,
-                message=decision.waiting_reason,
-                dedup_key="waiting",
-            )
+        self._record_waiting(decision.waiting)
+
+    def _record_waiting(self, waiting: tuple[Waiting, ...]) -> None:
+        """One ``waiting`` event per job and kind of reason (scheduler.WaitCode)."""
+        known, self._waiting = self._waiting, {w.job_id: w.code for w in waiting}
+        for w in waiting:
+            if known.get(w.job_id) != w.code:
+                self.stores.events.add_event(
+                    w.job_id,
+                    kind=EventKind.WAITING,
+                    message=w.reason,
+                    data={"reason": w.code.value},
+                    dedup_key=f"waiting:{w.code.value}",
+                )
 
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
+from service.domain.scheduler import max_queued_jobs
 from service.domain.storage_check import check_checkpoint_storage
 from service.domain.validation import field_errors, validate_spec
 from service.errors import BackendUnavailable, InvalidSpec
@@ -45,6 +46,8 @@ class Submission:
             spec=spec,
             min_workers=spec.resources.min_workers,
             warnings=plan.warnings,
+            # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
+            max_queued=max_queued_jobs(self.settings, self.jobs.tenant_name(principal.tenant_id)),
         )
 
     def _with_default_storage(self, spec: JobSpec) -> JobSpec:

@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, update
 
-from service.errors import JobNotFound
+from service.errors import JobNotFound, QuotaExceeded
 from service.status import JobStatus
 from service.store.database import Database
-from service.store.models import JobRecord, new_id, utcnow
-from service.store.tables import JOBS, insert_event, require_job
+from service.store.models import JobRecord, QueueEntry, new_id, utcnow
+from service.store.tables import JOBS, TENANTS, insert_event, require_job
 from workers.contract import EventKind
 from workers.spec import JobSpec
 
@@ -76,8 +76,13 @@ class JobStore:
         spec: JobSpec,
         min_workers: int,
         warnings: list[str] | None = None,
+        max_queued: int | None = None,
     ) -> JobRecord:
-        """Store a new QUEUED job and its "submitted" event in one transaction."""
+        """Store a new QUEUED job and its "submitted" event in one transaction.
+
+        With ``max_queued``, QuotaExceeded (nothing stored) when the tenant already has
+        that many QUEUED jobs; concurrent submits of one tenant cannot slip past it.
+        """
         now = utcnow()
         values = {
             "id": new_id("j-"),
@@ -101,6 +106,8 @@ class JobStore:
             "updated_at": now,
         }
         with self._db.begin() as conn:
+            if max_queued is not None:
+                self._check_queue_quota(conn, tenant_id, max_queued)
             conn.execute(insert(JOBS).values(values))
             insert_event(
                 self._db,
@@ -113,6 +120,58 @@ class JobStore:
             )
         # Built from what was stored, so it equals what get_job reads back.
         return _job_record(values)
+
+    @staticmethod
+    def _check_queue_quota(conn: Any, tenant_id: str, max_queued: int) -> None:
+        """Raise QuotaExceeded when ``tenant_id`` has ``max_queued`` QUEUED jobs.
+
+        The no-op UPDATE of the tenant's row first takes a lock that a concurrent submit
+        of the same tenant waits on (a row lock on PostgreSQL, the write lock on SQLite),
+        so the count below cannot be stale when the insert follows it.
+        """
+        conn.execute(update(TENANTS).where(TENANTS.c.id == tenant_id).values(name=TENANTS.c.name))
+        queued = conn.execute(
+            select(func.count())
+            .select_from(JOBS)
+            .where(JOBS.c.tenant_id == tenant_id, JOBS.c.status == JobStatus.QUEUED.value)
+        ).scalar_one()
+        if queued >= max_queued:
+            raise QuotaExceeded(
+                f"this tenant has {queued} queued jobs, its quota of {max_queued} "
+                "(ETRAIN_MAX_QUEUED_JOBS_PER_TENANT, or max_queued_jobs in the tenant's "
+                "ETRAIN_TENANT_QUOTAS entry): wait until some start or cancel some, or ask "
+                "the operator to raise it"
+            )
+
+    def tenant_name(self, tenant_id: str) -> str:
+        """The name of tenant ``tenant_id`` ('' when there is none)."""
+        with self._db.connect() as conn:
+            name = conn.execute(
+                select(TENANTS.c.name).where(TENANTS.c.id == tenant_id)
+            ).scalar_one_or_none()
+        return name or ""
+
+    def list_queue(self, statuses: Iterable[JobStatus]) -> list[QueueEntry]:
+        """Every job in ``statuses``, oldest first, with only what the scheduler needs
+        (its spec is not read whole)."""
+        query = (
+            select(
+                JOBS.c.id,
+                JOBS.c.tenant_id,
+                func.coalesce(TENANTS.c.name, "").label("tenant"),
+                JOBS.c.status,
+                JOBS.c.min_workers,
+                JOBS.c.spec[("resources", "cpus_per_worker")].as_float().label("cpus_per_worker"),
+                JOBS.c.spec[("resources", "gpus_per_worker")].as_integer().label("gpus_per_worker"),
+                JOBS.c.created_at,
+            )
+            .select_from(JOBS.outerjoin(TENANTS, TENANTS.c.id == JOBS.c.tenant_id))
+            .where(JOBS.c.status.in_(_status_values(statuses) or []))
+            .order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
+        )
+        with self._db.connect() as conn:
+            rows = conn.execute(query).all()
+        return [QueueEntry(**{**row._mapping, "status": JobStatus(row.status)}) for row in rows]
 
     def get_job(self, job_id: str, *, tenant_id: str | None = None) -> JobRecord:
         """Return the job, or raise JobNotFound (also when it belongs to another tenant)."""

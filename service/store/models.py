@@ -237,6 +237,20 @@ class JobRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """What the scheduler needs of a job, read without its whole spec."""
+
+    id: str
+    tenant_id: str
+    tenant: str  # the tenant's name (quotas and weights are set by name)
+    status: JobStatus
+    min_workers: int
+    cpus_per_worker: float
+    gpus_per_worker: int
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventRecord:
     """A stored job event."""
 
