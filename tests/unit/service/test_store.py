@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from service.errors import JobNotFound
+from service.errors import JobNotFound, QuotaExceeded
 from service.status import JobStatus
 from service.store import Stores, head_revision, migrate
 from service.store import jobs as jobs_module
@@ -136,6 +136,60 @@ def test_fifo_order(stores, tenant):
     stores.jobs.update_job(ids[2], status=JobStatus.CANCELLED)
     fifo = stores.jobs.list_jobs_fifo({JobStatus.QUEUED, JobStatus.PENDING})
     assert [j.id for j in fifo] == [ids[0], ids[1], ids[3]]
+
+
+def test_list_queue_reads_what_the_scheduler_needs_oldest_first(stores, tenant):
+    spec = JobSpec.model_validate(
+        {"name": "g", "resources": {"workers": 4, "cpus_per_worker": 0.5, "gpus_per_worker": 2}}
+    )
+    first = stores.jobs.create_job(tenant_id=tenant, name="a", spec=SPEC, min_workers=2)
+    second = stores.jobs.create_job(tenant_id=tenant, name="g", spec=spec, min_workers=4)
+    stores.jobs.update_job(first.id, status=JobStatus.RUNNING)
+    entries = stores.jobs.list_queue({JobStatus.QUEUED, JobStatus.RUNNING})
+    assert [(e.id, e.tenant, e.status) for e in entries] == [
+        (first.id, "acme", JobStatus.RUNNING),
+        (second.id, "acme", JobStatus.QUEUED),
+    ]
+    assert (entries[0].min_workers, entries[0].cpus_per_worker, entries[0].gpus_per_worker) == (
+        2,
+        1.0,
+        0,
+    )
+    assert (entries[1].cpus_per_worker, entries[1].gpus_per_worker) == (0.5, 2)
+    assert entries[1].created_at == second.created_at
+    assert stores.jobs.list_queue({JobStatus.CANCELLED}) == []
+    assert stores.jobs.tenant_name(tenant) == "acme" and stores.jobs.tenant_name("t-none") == ""
+
+
+def test_queued_quota_holds_under_concurrent_submits(stores, tenant):
+    for i in range(3):
+        stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1)
+    other = stores.tokens.create_tenant("other").id
+    outcomes: list[str] = []
+
+    def submit(n: int) -> None:
+        try:
+            stores.jobs.create_job(
+                tenant_id=tenant, name=f"c{n}", spec=SPEC, min_workers=1, max_queued=5
+            )
+            outcomes.append("stored")
+        except QuotaExceeded as e:
+            assert "ETRAIN_MAX_QUEUED_JOBS_PER_TENANT" in str(e)
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["refused"] * 8 + ["stored"] * 2
+    assert stores.jobs.count_jobs(tenant_id=tenant, statuses={JobStatus.QUEUED}) == 5
+    # Jobs that left the queue do not count; other tenants have their own quota.
+    stores.jobs.update_job(stores.jobs.list_jobs(tenant_id=tenant)[0].id, status=JobStatus.PENDING)
+    stores.jobs.create_job(tenant_id=tenant, name="n", spec=SPEC, min_workers=1, max_queued=5)
+    stores.jobs.create_job(tenant_id=other, name="o", spec=SPEC, min_workers=1, max_queued=5)
+    with pytest.raises(QuotaExceeded):
+        stores.jobs.create_job(tenant_id=tenant, name="x", spec=SPEC, min_workers=1, max_queued=5)
 
 
 def test_compare_and_set(stores, tenant):
