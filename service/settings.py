@@ -127,6 +127,71 @@ class Settings(BaseSettings):
         "the room it needs: smaller jobs stop going around it; unset = never.",
     )
 
+    # -- what a job spec may touch (service/domain/access_policy.py, docs/job-spec.md) --
+    policy_checkpoint_root: Path | None = Field(
+        None,
+        description="Tenant T's file:// checkpoint.storage must lie in <this>/T (its "
+        "default storage); unset = <data_dir>/checkpoints.",
+    )
+    policy_data_root: Path | None = Field(
+        None,
+        description="Tenant T's data.path must lie in <this>/T (or a shared data root); "
+        "unset = <data_dir>/tenants.",
+    )
+    policy_shared_data_roots: list[Path] = Field(
+        default_factory=list,
+        description='Folders every tenant\'s data.path may read, as JSON, e.g. ["/datasets"].',
+    )
+    policy_admin_roots: list[Path] = Field(
+        default_factory=lambda: [Path("/")],
+        description="Where admin tokens may name file:// storage and data.path, as JSON; the "
+        "service's data dir, other tenants' areas and /etc, /proc, /sys, /dev, /boot, /root "
+        "and /run stay refused.",
+    )
+    policy_object_stores: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='s3:// and gs:// prefixes each tenant (by name; "*" = every tenant) may '
+        'use as checkpoint.storage, as JSON, e.g. {"*": ["s3://ckpt/{tenant}"]}; '
+        "{tenant} is the tenant's name. Unset = none.",
+    )
+    policy_endpoints: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='Object-store endpoint URLs each tenant ("*" = every tenant) may name '
+        'in checkpoint.s3/gcs.endpoint_url, as JSON, e.g. {"*": ["http://minio:9000"]}. '
+        "Unset = none: the service sends requests only to endpoints listed here.",
+    )
+    policy_secrets: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='checkpoint.s3.credentials_secret names each tenant ("*" = every '
+        "tenant) may use, as JSON; a tenant not listed may use the secret named after it.",
+    )
+    policy_ambient_credentials: list[str] = Field(
+        default_factory=list,
+        description="Tenants whose s3:// jobs may run without credentials_secret, with the "
+        "service's own AWS_* keys, as JSON; unset = none.",
+    )
+    policy_admin_any_store: bool = Field(
+        True,
+        description="Admin tokens may name any bucket, endpoint and credentials secret and use "
+        "the service's own keys.",
+    )
+    probe_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=120,
+        description="Connect and read timeout of the object-store probe at submit and plan; "
+        "a store that does not answer in time is a 422.",
+    )
+    probe_workers: int = Field(
+        8, ge=1, le=256, description="Object-store probes in flight at once (their own threads)."
+    )
+    probe_per_tenant: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="Probes one tenant may have in flight; one more is a 429.",
+    )
+
     @model_validator(mode="after")
     def _safe_outside_development(self) -> Settings:
         if self.env == "production" and self.admin_token is None:

@@ -92,8 +92,9 @@ def read_prometheus_metrics(request: Request) -> Response:
 async def create_job(request: Request, user: User, submission: Submissions) -> JobPublic:
     """Submit a job spec (JSON, or YAML with Content-Type: application/yaml)."""
     data = parse_body(await request.body(), request.headers.get("content-type"))
-    # Off the event loop: submit may probe the job's object storage over the network.
-    job = await run_in_threadpool(submission.submit, user, data)
+    prepared = await run_in_threadpool(submission.prepare, user, data)  # store, cluster
+    await submission.probe(prepared)  # object storage: its own threads, awaited here
+    job = await run_in_threadpool(submission.store, prepared)
     prom.SUBMITTED.inc()
     return JobPublic.of(job)
 
@@ -180,9 +181,10 @@ async def create_job_telemetry(
 @v1.post("/plan", openapi_extra=openapi.body(_PLAN_REQUEST))
 async def create_plan(request: Request, user: User, submission: Submissions) -> Plan:
     """Dry run: memory per rank, layout, warnings, errors and a recommendation."""
-    del user
     data = parse_body(await request.body(), request.headers.get("content-type"))
-    return await run_in_threadpool(submission.plan, data)  # may probe object storage
+    prepared = await run_in_threadpool(submission.prepare_plan, user, data)
+    await submission.probe(prepared)  # object storage: its own threads, awaited here
+    return prepared.plan
 
 
 @v1.get("/cluster")

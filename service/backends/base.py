@@ -38,6 +38,7 @@ class LaunchRequest:
     submission_id: str
     spec_json: str  # the JobSpec as the driver reads it (ETRAIN_JOB_SPEC)
     env: dict[str, str] = field(default_factory=dict)  # may hold secrets: never log it
+    tenant: str | None = None  # the job's tenant: KubeRay scopes its pods' Secret and volume
 
     @property
     def spec(self) -> JobSpec:

@@ -8,6 +8,12 @@ object is validated before it is sent. Cancelling deletes the RayJob; the
 operator's finalizer stops the Ray job. Logs come from the cluster's Ray job
 API, through the same code as :class:`RayJobBackend`.
 
+Tenants: a per-job cluster's pods get the job's storage credentials from its
+tenant's Secret only (``<prefix>-<tenant>``, one ``secretKeyRef`` per variable
+the job's storage reads) and mount only the tenant's folder of the checkpoint
+claim (``subPath: <tenant>``). A shared cluster's pods hold no tenant's keys,
+so a job that names ``checkpoint.s3.credentials_secret`` is refused there.
+
 The control plane's RBAC needs: rayjobs create/get/list/watch/delete and
 rayclusters get/list/watch, in its namespace (``deploy/base/rbac.yaml``).
 """
@@ -29,6 +35,7 @@ from service.k8s.manifests import (
     rayjob_name,
     worker_group_for_job,
 )
+from service.k8s.pod_security import DEFAULT_STORAGE_SECRET_PREFIX, tenant_storage_env
 from service.k8s.validate import ManifestError, validate_objects
 
 GROUP, VERSION = "ray.io", "v1"
@@ -84,6 +91,7 @@ class KubeRayBackend(Backend):
         ttl_seconds_after_finished: int = 3600,
         active_deadline_seconds: int | None = None,
         quota: dict[str, float] | None = None,
+        storage_secret_prefix: str = DEFAULT_STORAGE_SECRET_PREFIX,
         api_factory: Callable[[], Any] = load_custom_objects_api,
     ):
         self.namespace = namespace
@@ -93,6 +101,7 @@ class KubeRayBackend(Backend):
         self.ttl = ttl_seconds_after_finished
         self.active_deadline = active_deadline_seconds
         self.quota = quota or {"CPU": 64.0, "GPU": 8.0}
+        self.storage_secret_prefix = storage_secret_prefix
         self._api_factory, self._api_obj = api_factory, None
 
     def _api(self):
@@ -114,6 +123,8 @@ class KubeRayBackend(Backend):
     # --- building -----------------------------------------------------------------------
     def build(self, req: LaunchRequest) -> dict:
         """The RayJob for ``req``, validated (raises BackendError if KubeRay would refuse it)."""
+        if self.cluster_name:
+            self._check_fits_shared_cluster(req)
         cluster = None if self.cluster_name else self._cluster_for(req)
         cfg = RayJobConfig(
             name=rayjob_name(req.submission_id),
@@ -133,12 +144,29 @@ class KubeRayBackend(Backend):
             raise BackendError(f"RayJob for job {req.job_id} is invalid: {e}") from e
         return body
 
+    def _check_fits_shared_cluster(self, req: LaunchRequest) -> None:
+        """Refuse a job that needs a tenant's keys: the shared cluster's pods hold none."""
+        s3 = _spec(req).checkpoint.s3
+        if s3 is not None and s3.credentials_secret:
+            raise BackendError(
+                "checkpoint.s3.credentials_secret needs a RayCluster per job: the shared "
+                f"RayCluster {self.cluster_name} holds no tenant's storage keys (unset "
+                "ETRAIN_RAYCLUSTER_NAME, Helm controlPlane.sharedCluster=false)"
+            )
+
     def _cluster_for(self, req: LaunchRequest) -> RayClusterConfig:
-        """A RayCluster of the template's image, sized from the job's resources."""
+        """A RayCluster of the template's image, sized from the job's resources, that sees
+        only the job's tenant's checkpoint folder and storage Secret."""
+        spec = _spec(req)
+        if not req.tenant:
+            raise BackendError(f"job {req.job_id} has no tenant: cannot scope its RayCluster")
         try:
-            res = req.spec.resources
-        except ValueError as e:  # pydantic's ValidationError is a ValueError
-            raise BackendError(f"cannot size a RayCluster from this spec: {e}") from e
+            storage_env = tenant_storage_env(
+                req.tenant, spec.checkpoint, prefix=self.storage_secret_prefix
+            )
+        except ValueError as e:
+            raise BackendError(str(e)) from e
+        res = spec.resources
         template = self.template.worker_groups[0]
         group = worker_group_for_job(
             min_workers=res.min_workers,
@@ -147,7 +175,13 @@ class KubeRayBackend(Backend):
             cpus_per_worker=res.cpus_per_worker,
             template=template,
         )
-        return dataclasses.replace(self.template, namespace=self.namespace, worker_groups=(group,))
+        return dataclasses.replace(
+            self.template,
+            namespace=self.namespace,
+            worker_groups=(group,),
+            checkpoint_subpath=req.tenant if self.template.checkpoint_claim else None,
+            storage_env=storage_env,
+        )
 
     def dashboard_job_url(self, submission_id: str) -> str:
         """Link to the job's page in the Ray dashboard (``kuberay://`` when none is known)."""
@@ -302,6 +336,14 @@ class KubeRayBackend(Backend):
             )
         except ApiException as e:
             raise _translate(e, "list RayJobs") from e
+
+
+def _spec(req: LaunchRequest):
+    """The request's job spec; a spec that does not validate is a BackendError."""
+    try:
+        return req.spec
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise BackendError(f"cannot build a RayJob from this spec: {e}") from e
 
 
 def _translate(e, what: str) -> Exception:

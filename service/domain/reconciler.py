@@ -122,6 +122,7 @@ class Reconciler:
             job_id=job.id,
             submission_id=submission_id,
             spec_json=job.spec.model_dump_json(by_alias=True),
+            tenant=getattr(self.stores.tokens.get_tenant(job.tenant_id), "name", None),
             env={
                 **self._storage_env(job),
                 REPORT_URL_ENV: self.settings.report_url,

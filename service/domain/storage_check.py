@@ -7,13 +7,22 @@ it is queued, so a missing bucket or a refused key is a 422 now, not a failed
 job after the first checkpoint. ``file://`` storage is not probed: the service
 may not share the workers' file system (the embedded default is its own data
 directory, which it created).
+
+Probes run in :class:`StorageProbes`' own threads, never on the event loop or in
+the API's thread pool: each is bounded by ``ETRAIN_PROBE_TIMEOUT_S`` (a store that
+does not answer is a 422 then), at most ``ETRAIN_PROBE_WORKERS`` are in flight, and
+at most ``ETRAIN_PROBE_PER_TENANT`` of one tenant (one more is a 429).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
-from service.errors import InvalidSpec
+from service.errors import EtrainError, InvalidSpec
 from workers.checkpoint.probe import check_storage
 from workers.checkpoint.storage import (
     StorageError,
@@ -25,18 +34,28 @@ from workers.spec import CheckpointSpec
 OBJECT_STORE_SCHEMES = ("s3://", "gs://")
 
 
+class TooManyProbes(EtrainError):
+    """A tenant (or the service) already has as many storage probes in flight as allowed."""
+
+    status_code = 429
+
+
 def check_checkpoint_storage(
-    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
+    checkpoint: CheckpointSpec,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 10.0,
 ) -> None:
     """Raise InvalidSpec (422) unless an object-store ``checkpoint.storage`` can be written.
 
-    Credentials come from ``env`` (default: the service's environment); the
+    Credentials come from ``env`` (default: the service's environment), chosen as the
+    job's workers choose them (``checkpoint.s3.credentials_secret``, else AWS_*); the
     error names checkpoint.storage and the fix, never a credential value.
     """
     if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
         return
     try:
-        check_storage(resolve_checkpoint_storage(checkpoint, env=env))
+        check_storage(resolve_checkpoint_storage(checkpoint, env=env), timeout_s=timeout_s)
     except StorageError as e:
         where = (
             ["s3", "credentials_secret"]
@@ -56,3 +75,76 @@ def storage_launch_env(
     ``ETRAIN_SECRET_<NAME>_*`` for ``checkpoint.s3.credentials_secret: NAME``.
     """
     return checkpoint_credential_env(checkpoint, env=env)
+
+
+class StorageProbes:
+    """Object-store probes in their own bounded thread pool, with a deadline and a
+    per-tenant bound (see the module docstring)."""
+
+    def __init__(self, *, workers: int, per_tenant: int, timeout_s: float):
+        """At most ``workers`` probes at once, ``per_tenant`` of one tenant, each given
+        ``timeout_s`` (connect and read timeouts, and the caller's deadline)."""
+        self.workers, self.per_tenant, self.timeout_s = workers, per_tenant, timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etrain-probe")
+        self._lock = threading.Lock()
+        self._active: dict[str, int] = {}
+
+    def _start(self, tenant: str, checkpoint: CheckpointSpec) -> Future | None:
+        """The probe of ``checkpoint`` started for ``tenant`` (None: nothing to probe)."""
+        if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
+            return None
+        with self._lock:
+            if sum(self._active.values()) >= self.workers:
+                raise TooManyProbes(
+                    f"{self.workers} object-store checks are in flight "
+                    "(ETRAIN_PROBE_WORKERS); retry in a few seconds"
+                )
+            if self._active.get(tenant, 0) >= self.per_tenant:
+                raise TooManyProbes(
+                    f"tenant {tenant!r} already has {self.per_tenant} object-store checks in "
+                    "flight (ETRAIN_PROBE_PER_TENANT); retry once they answered"
+                )
+            self._active[tenant] = self._active.get(tenant, 0) + 1
+        future = self._pool.submit(check_checkpoint_storage, checkpoint, timeout_s=self.timeout_s)
+        # The slot is held until the probe's thread is done, not until the caller gave up.
+        future.add_done_callback(lambda _: self._release(tenant))
+        return future
+
+    def _release(self, tenant: str) -> None:
+        with self._lock:
+            self._active[tenant] -= 1
+            if not self._active[tenant]:
+                del self._active[tenant]
+
+    def _too_slow(self, checkpoint: CheckpointSpec) -> InvalidSpec:
+        msg = (
+            f"checkpoint.storage {checkpoint.storage}: the store did not answer within "
+            f"{self.timeout_s:g} s (ETRAIN_PROBE_TIMEOUT_S); check checkpoint.storage, its "
+            "endpoint_url and the network"
+        )
+        return InvalidSpec(msg, [{"loc": ["body", "checkpoint", "storage"], "msg": msg}])
+
+    def check(self, tenant: str, checkpoint: CheckpointSpec) -> None:
+        """Probe ``checkpoint``'s storage for ``tenant``, waiting in this thread."""
+        future = self._start(tenant, checkpoint)
+        if future is None:
+            return
+        try:
+            future.result(timeout=self.timeout_s)
+        except FutureTimeout as e:
+            future.cancel()
+            raise self._too_slow(checkpoint) from e
+
+    async def check_async(self, tenant: str, checkpoint: CheckpointSpec) -> None:
+        """:meth:`check` for the event loop: it waits without holding any thread."""
+        future = self._start(tenant, checkpoint)
+        if future is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+        except TimeoutError as e:
+            raise self._too_slow(checkpoint) from e
+
+    def close(self) -> None:
+        """Stop taking probes; those in flight end on their own timeouts."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,19 +1,26 @@
 """Submitting jobs: validate the spec, plan it on the connected cluster, store it QUEUED.
 
 The same steps, without storing, answer a dry run (``POST /v1/plan``), which
-may also describe a cluster other than the connected one.
+may also describe a cluster other than the connected one. Both check the places
+the spec names against the operator's access policy
+(:mod:`service.domain.access_policy`) before an object store is probed, so the
+service sends requests only to stores the tenant may use, with the credentials
+its job will use. The API calls the steps one by one (``prepare``, ``probe``,
+``store``) so that the probe waits on the event loop, not in a thread the API needs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
+from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.scheduler import max_queued_jobs
-from service.domain.storage_check import check_checkpoint_storage
+from service.domain.storage_check import StorageProbes
 from service.domain.validation import field_errors, validate_spec
 from service.errors import BackendUnavailable, InvalidSpec
 from service.planner import ClusterSpec, Plan, plan_job
@@ -23,54 +30,99 @@ from service.store import JobRecord, JobStore
 from workers.spec import JobSpec
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A spec that passed validation, the access policy and planning, not yet probed."""
+
+    tenant: Tenant
+    tenant_id: str
+    spec: JobSpec
+    plan: Plan
+
+
 class Submission:
     """Validation, planning and storing of new jobs."""
 
     def __init__(self, jobs: JobStore, backend: Backend, settings: Settings):
-        """Store into ``jobs``; plan on ``backend``'s cluster; defaults from ``settings``."""
+        """Store into ``jobs``; plan on ``backend``'s cluster; defaults and the access
+        policy from ``settings``."""
         self.jobs, self.backend, self.settings = jobs, backend, settings
+        self.policy = AccessPolicy(settings)
+        self.probes = StorageProbes(
+            workers=settings.probe_workers,
+            per_tenant=settings.probe_per_tenant,
+            timeout_s=settings.probe_timeout_s,
+        )
+
+    def tenant(self, principal: Principal) -> Tenant:
+        """The tenant the access policy checks ``principal``'s specs for."""
+        name = self.jobs.tenant_name(principal.tenant_id) or principal.tenant_id
+        return Tenant(name=name, admin=principal.role == "admin")
 
     def submit(self, principal: Principal, data: Any) -> JobRecord:
-        """Validate, plan and store a job as QUEUED; the scheduler takes it from there."""
-        spec = self._with_default_storage(validate_spec(data))
+        """Validate, check, plan, probe and store a job as QUEUED (all in this thread)."""
+        prepared = self.prepare(principal, data)
+        self.probes.check(prepared.tenant.name, prepared.spec.checkpoint)
+        return self.store(prepared)
+
+    def prepare(self, principal: Principal, data: Any) -> Prepared:
+        """Validate ``data``, fill in the tenant's default storage, apply the access
+        policy and plan the job; InvalidSpec (422) when any of them refuses."""
+        tenant = self.tenant(principal)
+        spec = self._with_default_storage(validate_spec(data), tenant)
+        self.policy.check(tenant, spec)
         plan = plan_job(spec, cluster=self.cluster_shape())
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
                 "the plan for this job has errors",
                 [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors],
             )
-        check_checkpoint_storage(spec.checkpoint)  # s3:// and gs:// only: a write probe
+        return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
+
+    async def probe(self, prepared: Prepared) -> None:
+        """Write-probe an object-store ``checkpoint.storage`` (422 when it cannot be
+        written or does not answer in time; 429 past the probe bounds)."""
+        await self.probes.check_async(prepared.tenant.name, prepared.spec.checkpoint)
+
+    def store(self, prepared: Prepared) -> JobRecord:
+        """Store a prepared (and probed) job as QUEUED; the scheduler takes it from there."""
+        spec = prepared.spec
         return self.jobs.create_job(
-            tenant_id=principal.tenant_id,
+            tenant_id=prepared.tenant_id,
             name=spec.name,
             spec=spec,
             min_workers=spec.resources.min_workers,
-            warnings=plan.warnings,
+            warnings=prepared.plan.warnings,
             # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
-            max_queued=max_queued_jobs(self.settings, self.jobs.tenant_name(principal.tenant_id)),
+            max_queued=max_queued_jobs(self.settings, prepared.tenant.name),
         )
 
-    def _with_default_storage(self, spec: JobSpec) -> JobSpec:
-        """``spec`` with the service's checkpoint storage when it names none."""
+    def _with_default_storage(self, spec: JobSpec, tenant: Tenant) -> JobSpec:
+        """``spec`` with the tenant's checkpoint area as storage when it names none."""
         if spec.checkpoint.storage is not None:
             return spec
         checkpoint = spec.checkpoint.model_copy(
-            update={"storage": self.settings.default_checkpoint_storage}
+            update={"storage": self.policy.default_storage(tenant)}
         )
         return spec.model_copy(update={"checkpoint": checkpoint})
 
-    def plan(self, data: Any) -> Plan:
-        """Dry run: validate ``{"spec": ..., "cluster": ...}`` and plan it (stores nothing).
+    def plan(self, principal: Principal, data: Any) -> Plan:
+        """Dry run in this thread: :meth:`prepare_plan`, then the storage probe."""
+        prepared = self.prepare_plan(principal, data)
+        self.probes.check(prepared.tenant.name, prepared.spec.checkpoint)
+        return prepared.plan
 
-        Without ``cluster`` the plan is for the connected cluster.
-        """
+    def prepare_plan(self, principal: Principal, data: Any) -> Prepared:
+        """Validate ``{"spec": ..., "cluster": ...}``, apply the access policy and plan it
+        (stores nothing). Without ``cluster`` the plan is for the connected cluster."""
         if not isinstance(data, dict) or "spec" not in data:
             raise InvalidSpec(
                 'body must be {"spec": JobSpec, "cluster": {...}}',
                 [{"loc": ["body", "spec"], "msg": "field required", "type": "missing"}],
             )
+        tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
-        check_checkpoint_storage(spec.checkpoint)
+        self.policy.check(tenant, spec)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
@@ -80,7 +132,8 @@ class Submission:
         shape = (
             cluster.model_dump(exclude_none=True) if data.get("cluster") else self.cluster_shape()
         )
-        return plan_job(spec, cluster=shape)
+        plan = plan_job(spec, cluster=shape)
+        return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
 
     def cluster_shape(self) -> dict:
         """Nodes, per-node CPUs, GPUs (and their model) and host memory of the connected

@@ -16,13 +16,21 @@ from dataclasses import dataclass, field
 import yaml
 
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
+from service.k8s.pod_security import CHECKPOINT_MOUNT as CHECKPOINT_MOUNT  # the CLI's default
+from service.k8s.pod_security import (
+    RAY_GID,
+    RAY_UID,
+    checkpoint_mount,
+    container_security,
+    pod_security,
+    writable_mounts,
+    writable_volumes,
+)
 from service.ray_head import FAST_NODE_FAILURE_ENV
 from workers.contract import RAY_VERSION, driver_command, launch_env
 
 DEFAULT_WORKER_IMAGE = "etrain/worker:0.1.0"
-CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
 ENTRYPOINT = driver_command("python")  # the image's python
-RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # Token auth (Ray >= 2.52, KubeRay >= 1.5.1): the operator reads the token from key
@@ -61,7 +69,12 @@ class RayClusterConfig:
     idle_timeout_seconds: int = 60
     upscaling_mode: str = "Default"  # Default | Aggressive | Conservative
     checkpoint_claim: str | None = "etrain-checkpoints"  # RWX PVC on every Ray pod
-    storage_secret: str | None = "etrain-storage"  # optional env (S3 keys) for every Ray pod
+    # Set for a per-job cluster: the pods mount only this folder of the claim (the job's
+    # tenant's), at CHECKPOINT_MOUNT/<subpath>; unset: the whole claim at CHECKPOINT_MOUNT.
+    checkpoint_subpath: str | None = None
+    # Container env entries (secretKeyRef to one tenant's storage Secret) for every Ray
+    # container; a shared cluster gets none, so no pod holds any tenant's keys.
+    storage_env: tuple[Mapping, ...] = ()
     metrics_port: int = 8080
     auth_secret: str | None = DEFAULT_RAY_AUTH_SECRET  # Ray token Secret; None = no token auth
 
@@ -102,13 +115,13 @@ def _ray_container(
         "imagePullPolicy": "IfNotPresent",
         "resources": {"requests": {"cpu": str(cpus), "memory": memory}, "limits": limits},
         "ports": ports,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "securityContext": container_security(),
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, *writable_mounts()],
     }
     if cfg.checkpoint_claim:
-        container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
-    if cfg.storage_secret:
-        container["envFrom"] = [{"secretRef": {"name": cfg.storage_secret, "optional": True}}]
+        container["volumeMounts"].append(checkpoint_mount(cfg.checkpoint_subpath))
+    if cfg.storage_env:
+        container["env"] = [dict(e) for e in cfg.storage_env]
     return container
 
 
@@ -120,18 +133,16 @@ def _pod_spec(
     node_selector: Mapping[str, str] | None = None,
     tolerations: Iterable[Mapping] = (),
 ) -> dict:
-    volumes: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
+    volumes: list[dict] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+        *writable_volumes(),
+    ]
     if cfg.checkpoint_claim:
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": cfg.checkpoint_claim}}
         )
     spec: dict = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RAY_UID,
-            "runAsGroup": RAY_GID,
-            "fsGroup": RAY_GID,
-        },
+        "securityContext": pod_security(RAY_UID, RAY_GID),
         "containers": [container],
         "volumes": volumes,
     }
@@ -168,7 +179,8 @@ def build_head_group(cfg: RayClusterConfig) -> dict:
         cfg, name="ray-head", cpus=cfg.head_cpus, memory=cfg.head_memory, gpus=0, ports=ports
     )
     # GCS settings: the GCS runs in the head pod, so only the head needs them.
-    container["env"] = [{"name": k, "value": v} for k, v in sorted(FAST_NODE_FAILURE_ENV.items())]
+    gcs_env = [{"name": k, "value": v} for k, v in sorted(FAST_NODE_FAILURE_ENV.items())]
+    container["env"] = container.get("env", []) + gcs_env
     return {
         "serviceType": "ClusterIP",
         "rayStartParams": {
@@ -237,6 +249,9 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
                 "requests": {"cpu": "500m", "memory": "512Mi"},
                 "limits": {"cpu": "500m", "memory": "512Mi"},
             },
+            # The autoscaler sidecar (same image) runs as locked down as the Ray containers.
+            "securityContext": container_security(),
+            "volumeMounts": writable_mounts(),
         },
         "headGroupSpec": build_head_group(cfg),
         "workerGroupSpecs": [build_worker_group(cfg, g) for g in cfg.worker_groups],

@@ -33,6 +33,12 @@ class TokenStore:
             row = conn.execute(select(TENANTS).where(TENANTS.c.name == name)).first()
         return None if row is None else TenantRecord(**row._mapping)
 
+    def get_tenant(self, tenant_id: str) -> TenantRecord | None:
+        """Return the tenant with id ``tenant_id``, or None."""
+        with self._db.connect() as conn:
+            row = conn.execute(select(TENANTS).where(TENANTS.c.id == tenant_id)).first()
+        return None if row is None else TenantRecord(**row._mapping)
+
     def add_token(
         self, *, tenant_id: str, token_hash: str, name: str, role: str, job_id: str | None = None
     ) -> TokenRecord:

@@ -54,14 +54,16 @@ def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
 def _probe_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
     """A fresh (uncached) file system with short timeouts: a probe must answer quickly."""
     if loc.scheme == "s3":
+        # One attempt, in botocore and in s3fs (which retries timeouts 5 times itself):
+        # a store that does not answer costs the caller timeout_s, not minutes.
         config = {
             "connect_timeout": timeout_s,
             "read_timeout": timeout_s,
-            "retries": {"max_attempts": 2, "mode": "standard"},
+            "retries": {"max_attempts": 1, "mode": "standard"},
         }
-        return fsspec.filesystem(
-            "s3", skip_instance_cache=True, config_kwargs=config, **loc.options
-        )
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs=config, **loc.options)
+        fs.retries = 1  # this instance only (uncached)
+        return fs
     if loc.scheme == "gs":
         return fsspec.filesystem(
             "gs", skip_instance_cache=True, requests_timeout=timeout_s, **loc.options

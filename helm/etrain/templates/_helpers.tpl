@@ -54,13 +54,16 @@ prometheus.io/port: {{ . | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 
-{{/* Pod-level security of Ray pods: the `ray` user (1000:100) of the rayproject images. */}}
+{{/* Pod-level security of Ray pods: the `ray` user (1000:100) of the rayproject images,
+the runtime's default seccomp profile (service/k8s/pod_security.py). */}}
 {{- define "etrain.rayPodSecurity" -}}
 securityContext:
   runAsNonRoot: true
   runAsUser: 1000
   runAsGroup: 100
   fsGroup: 100
+  seccompProfile:
+    type: RuntimeDefault
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- range . }}
@@ -69,25 +72,47 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
-{{/* The end of every Ray container: security, /dev/shm and checkpoint mounts, storage env. */}}
-{{- define "etrain.rayContainerTail" -}}
+{{/* Container-level security of every Ray container (and the autoscaler sidecar). */}}
+{{- define "etrain.rayContainerSecurity" -}}
 securityContext:
   allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
   capabilities:
     drop: ["ALL"]
+{{- end }}
+
+{{/* The folders Ray writes on a read-only root file system (emptyDirs). */}}
+{{- define "etrain.rayWritableMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: cache
+  mountPath: /home/ray/.cache
+{{- end }}
+
+{{/* Volumes of a Ray pod after /dev/shm: writable emptyDirs, the checkpoint claim. */}}
+{{- define "etrain.rayVolumes" -}}
+- name: tmp
+  emptyDir: {sizeLimit: 32Gi}
+- name: cache
+  emptyDir: {sizeLimit: 32Gi}
+{{- with include "etrain.checkpointClaim" . }}
+- name: checkpoints
+  persistentVolumeClaim: {claimName: {{ . }}}
+{{- end }}
+{{- end }}
+
+{{/* The end of every Ray container: security, /dev/shm, writable and checkpoint mounts.
+No storage Secret: the shared cluster runs every tenant's jobs. */}}
+{{- define "etrain.rayContainerTail" -}}
+{{ include "etrain.rayContainerSecurity" . }}
 volumeMounts:
   - name: shm
     mountPath: /dev/shm
+  {{- include "etrain.rayWritableMounts" . | nindent 2 }}
   {{- if include "etrain.checkpointClaim" . }}
   - name: checkpoints
     mountPath: /var/lib/etrain/checkpoints
   {{- end }}
-{{- with .Values.checkpoints.storageSecret }}
-envFrom:
-  - secretRef:
-      name: {{ . }}
-      optional: true
-{{- end }}
 {{- end }}
 
 {{/* MinIO root credentials from the existing Secret. */}}

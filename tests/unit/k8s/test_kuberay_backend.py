@@ -37,6 +37,7 @@ def _req(sub="etrain-j-0a1b2c3d4e5f-0", workers=None):
         submission_id=sub,
         spec_json=_spec(workers or {"min": 2, "max": 4}),
         env={"ETRAIN_REPORT_URL": "http://etrain.etrain.svc:8000", "ETRAIN_REPORT_TOKEN": SECRET},
+        tenant="team-a",
     )
 
 

@@ -105,7 +105,9 @@ def test_kuberay_backend_gives_per_job_clusters_the_configured_secret(monkeypatc
         namespace="etrain",
         api_factory=lambda: api,
         cluster_template=RayClusterConfig(auth_secret="team-a-token"),
-    ).submit(LaunchRequest(job_id="j-1", submission_id="etrain-j-1-0", spec_json=spec))
+    ).submit(
+        LaunchRequest(job_id="j-1", submission_id="etrain-j-1-0", spec_json=spec, tenant="team-a")
+    )
     (job,) = api.objects.values()
     cluster = job["spec"]["rayClusterSpec"]
     assert cluster["authOptions"] == {"mode": "token", "secretName": "team-a-token"}

@@ -168,7 +168,7 @@ def test_submit_json_is_queued_with_default_checkpoint_storage(client, tmp_path)
     job = _submit(client)
     assert job["status"] == "QUEUED"
     assert job["id"].startswith("j-") and job["name"] == "tiny"
-    assert job["spec"]["checkpoint"]["storage"] == f"file://{tmp_path / 'checkpoints'}"
+    assert job["spec"]["checkpoint"]["storage"] == f"file://{tmp_path / 'checkpoints' / 'admin'}"
     assert job["spec"]["train"]["steps"] == 5
     assert job["restarts"] == 0 and job["step"] == 0 and job["metrics"] is None
     assert "tenant_id" not in job
@@ -190,7 +190,7 @@ def test_submit_yaml(client, tmp_path, content_type):
     job = r.json()
     assert job["status"] == "QUEUED"
     assert job["spec"]["checkpoint"]["every_steps"] == 2
-    assert job["spec"]["checkpoint"]["storage"] == f"file://{tmp_path / 'checkpoints'}"
+    assert job["spec"]["checkpoint"]["storage"] == f"file://{tmp_path / 'checkpoints' / 'admin'}"
 
 
 def test_submit_keeps_an_explicit_checkpoint_storage(client):

@@ -1,0 +1,216 @@
+"""What a job spec may touch: the operator's access policy, applied at submit and plan.
+
+Every field of a spec that names a place is checked here against the ``ETRAIN_POLICY_*``
+settings, for the tenant that sends it:
+
+- ``checkpoint.storage`` ``file://``: inside the tenant's checkpoint area,
+  ``<policy_checkpoint_root>/<tenant>`` (its default storage). ``data.path``: inside
+  its data area, ``<policy_data_root>/<tenant>``, or a shared data root. Both are
+  resolved first (``..`` and symlinks, as the service sees the file system). Admin
+  tokens may also name places under ``policy_admin_roots``. Refused for everyone: the
+  service's data dir (database, admin and Ray tokens), other tenants' areas and the
+  system folders (``/etc``, ``/proc``, ...).
+- ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
+  tenant (``policy_object_stores``).
+- ``checkpoint.s3.endpoint_url`` / ``checkpoint.gcs.endpoint_url``: only endpoints the
+  operator lists (``policy_endpoints``), so the service's probe and the job's workers
+  send requests only where the operator allows.
+- ``checkpoint.s3.credentials_secret``: only the tenant's own names (by default, the
+  secret named after the tenant); without one, an ``s3://`` job would run with the
+  service's own keys, which only tenants in ``policy_ambient_credentials`` may.
+
+A job restores from its own ``checkpoint.storage`` only, so what a restore reads
+(DCP's pickled ``.metadata`` included) comes from a place this policy allowed.
+Each refusal is one 422 item whose loc names the field and whose msg names the rule
+and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.errors import InvalidSpec
+from service.settings import Settings
+from workers.spec import JobSpec
+
+# Never named by any spec, admin's included.
+SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run")
+SETTINGS_DOC = "docs/settings.md"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who a spec is checked for: the tenant's name and whether the caller is an admin."""
+
+    name: str
+    admin: bool = False
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether the resolved ``path`` is ``root`` or lies below it."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _real(path: str | Path) -> str:
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+class AccessPolicy:
+    """The operator's rules for the places a spec may name (see the module docstring)."""
+
+    def __init__(self, settings: Settings):
+        """Roots and lists from ``settings`` (``ETRAIN_POLICY_*``)."""
+        self.settings = settings
+        data = settings.data_path
+        self.checkpoint_root = Path(settings.policy_checkpoint_root or data / "checkpoints")
+        self.data_root = Path(settings.policy_data_root or data / "tenants")
+
+    def checkpoint_area(self, tenant: Tenant) -> Path:
+        """The folder a tenant's ``file://`` checkpoints live in."""
+        return self.checkpoint_root.expanduser() / tenant.name
+
+    def data_area(self, tenant: Tenant) -> Path:
+        """The folder a tenant's data files live in."""
+        return self.data_root.expanduser() / tenant.name
+
+    def default_storage(self, tenant: Tenant) -> str:
+        """``checkpoint.storage`` for a spec that names none: the tenant's checkpoint area."""
+        return f"file://{self.checkpoint_area(tenant)}"
+
+    def check(self, tenant: Tenant, spec: JobSpec, *, loc: tuple = ("body",)) -> None:
+        """Raise InvalidSpec (422) listing every field of ``spec`` the policy refuses."""
+        errors = []
+        for field, msg in self.refusals(tenant, spec):
+            errors.append({"loc": [*loc, *field], "msg": msg, "type": "policy"})
+        if errors:
+            raise InvalidSpec("the job spec names places its tenant may not use", errors)
+
+    def refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
+        """(field path, why and what to do) for each field the policy refuses."""
+        out: list[tuple[tuple, str]] = []
+        if spec.data.path is not None:
+            why = self._file_refusal(tenant, spec.data.path, field="data.path", data=True)
+            if why:
+                out.append((("data", "path"), why))
+        ck = spec.checkpoint
+        storage = ck.storage or ""
+        if storage.startswith("file://"):
+            why = self._file_refusal(
+                tenant, storage.removeprefix("file://"), field="checkpoint.storage", data=False
+            )
+            if why:
+                out.append((("checkpoint", "storage"), why))
+        elif storage:
+            out.extend(self._object_store_refusals(tenant, spec))
+        return out
+
+    # -- files ------------------------------------------------------------------------------
+
+    def _forbidden(self) -> list[tuple[str, str]]:
+        """(resolved root, what it is) of the places no spec may name."""
+        places = [(d, f"{d} (a system folder)") for d in SYSTEM_DIRS]
+        places.append((_real(self.settings.data_path), "the service's data dir"))
+        places += [
+            (_real(self.checkpoint_root), "another tenant's checkpoint area"),
+            (_real(self.data_root), "another tenant's data area"),
+        ]
+        return [(_real(p), what) for p, what in places]
+
+    def _file_refusal(self, tenant: Tenant, path: str, *, field: str, data: bool) -> str | None:
+        """Why ``path`` may not be used as ``field`` by ``tenant``; None when it may."""
+        area = self.data_area(tenant) if data else self.checkpoint_area(tenant)
+        own = _real(area)
+        fix = f"use a path inside {area} (ETRAIN_POLICY_{'DATA' if data else 'CHECKPOINT'}_ROOT)"
+        if not path.startswith("/"):
+            return f"{field} must be an absolute path; {fix}"
+        real = _real(path)
+        if _inside(real, own):
+            return None
+        for root, what in self._forbidden():
+            if _inside(real, root) or (not data and _inside(root, real)):
+                where = "is inside" if _inside(real, root) else "contains"
+                return f"{field} {path} {where} {what}, which no job may use; {fix}"
+        extra = list(self.settings.policy_shared_data_roots) if data else []
+        if tenant.admin:
+            extra += self.settings.policy_admin_roots
+        if any(_inside(real, _real(root)) for root in extra):
+            return None
+        return f"{field} {path} is outside tenant {tenant.name!r}'s area (resolved: {real}); {fix}"
+
+    # -- object stores ----------------------------------------------------------------------
+
+    def _listed(self, mapping: dict[str, list[str]], tenant: Tenant) -> list[str]:
+        """The entries of ``mapping`` for ``tenant`` and for every tenant (``*``)."""
+        values = [*mapping.get(tenant.name, []), *mapping.get("*", [])]
+        return [v.replace("{tenant}", tenant.name) for v in values]
+
+    def allowed_secrets(self, tenant: Tenant) -> list[str]:
+        """The ``credentials_secret`` names ``tenant`` may use."""
+        mapping = self.settings.policy_secrets
+        own = mapping.get(tenant.name, [tenant.name])
+        names = [*own, *mapping.get("*", [])]
+        return list(dict.fromkeys(v.replace("{tenant}", tenant.name) for v in names))
+
+    def _object_store_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
+        ck = spec.checkpoint
+        storage = ck.storage or ""
+        if tenant.admin and self.settings.policy_admin_any_store:
+            return []
+        out = []
+        prefixes = [p.rstrip("/") for p in self._listed(self.settings.policy_object_stores, tenant)]
+        if not any(storage == p or storage.startswith(p + "/") for p in prefixes):
+            allowed = ", ".join(prefixes) or "none"
+            out.append(
+                (
+                    ("checkpoint", "storage"),
+                    f"checkpoint.storage {storage} is not an object-store prefix tenant "
+                    f"{tenant.name!r} may use (allowed: {allowed}); use one of them, or a "
+                    f"file:// path inside {self.checkpoint_area(tenant)}, or ask the operator "
+                    "to list it in ETRAIN_POLICY_OBJECT_STORES",
+                )
+            )
+        endpoints = {e.rstrip("/") for e in self._listed(self.settings.policy_endpoints, tenant)}
+        for section in ("s3", "gcs"):
+            endpoint = getattr(getattr(ck, section), "endpoint_url", None)
+            if endpoint is not None and endpoint.rstrip("/") not in endpoints:
+                out.append(
+                    (
+                        ("checkpoint", section, "endpoint_url"),
+                        f"checkpoint.{section}.endpoint_url is not an endpoint the operator "
+                        f"allows for tenant {tenant.name!r} (allowed: "
+                        f"{', '.join(sorted(endpoints)) or 'none'}); remove it or use one of "
+                        "them (ETRAIN_POLICY_ENDPOINTS)",
+                    )
+                )
+        if storage.startswith("s3://"):
+            out.extend(self._secret_refusals(tenant, spec))
+        return out
+
+    def _secret_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
+        s3 = spec.checkpoint.s3
+        secret = s3.credentials_secret if s3 is not None else None
+        allowed = self.allowed_secrets(tenant)
+        loc = ("checkpoint", "s3", "credentials_secret")
+        if secret is None:
+            if tenant.name in self.settings.policy_ambient_credentials:
+                return []
+            return [
+                (
+                    loc,
+                    "checkpoint.s3.credentials_secret is required: without it the job would run "
+                    f"with the service's own keys, which tenant {tenant.name!r} may not use "
+                    f"(ETRAIN_POLICY_AMBIENT_CREDENTIALS); set it to one of: {', '.join(allowed)}",
+                )
+            ]
+        if secret not in allowed:
+            return [
+                (
+                    loc,
+                    f"checkpoint.s3.credentials_secret {secret!r} is not a secret tenant "
+                    f"{tenant.name!r} may use; use one of: {', '.join(allowed)} "
+                    "(ETRAIN_POLICY_SECRETS)",
+                )
+            ]
+        return []
