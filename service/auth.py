@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import Forbidden, Unauthorized
-from service.store import TokenStore
+from service.store import TokenRecord, TokenStore
 
 ADMIN_TENANT = "admin"
 TOKEN_FILE = "admin_token"
@@ -54,40 +54,53 @@ def require_user(principal: Principal) -> Principal:
     return principal
 
 
+def _write_secret(path: Path, secret: str) -> None:
+    """Write ``secret`` to a new file only its owner can read (0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+
+
 def ensure_admin_token(
     tokens: TokenStore, *, configured: str | None, data_dir: Path
 ) -> Path | None:
-    """Make sure an admin token exists; return the file it was written to, if any.
+    """Make sure the admin token is live; return the file it was written to, if any.
 
-    ``ETRAIN_ADMIN_TOKEN`` wins. Otherwise a token is generated once, written
-    to ``<data_dir>/admin_token`` (mode 0600) and reused on later starts.
+    ``ETRAIN_ADMIN_TOKEN`` wins and replaces the admin token of earlier starts
+    (which is revoked, and its generated file removed). Otherwise a token is
+    generated once, written to ``<data_dir>/admin_token`` (mode 0600) and reused on
+    later starts.
     """
-    tenant = tokens.get_tenant_by_name(ADMIN_TENANT) or tokens.create_tenant(ADMIN_TENANT)
-    path = None
+    tenant = tokens.ensure_tenant(ADMIN_TENANT)
+    path = data_dir / TOKEN_FILE
     if configured:
         token = configured
+        path.unlink(missing_ok=True)  # it would hold a revoked token
+        path = None
     else:
-        path = data_dir / TOKEN_FILE
         token = path.read_text().strip() if path.is_file() else ""
         if not token:  # absent, or left empty by an interrupted first start
             token = new_token()
-            data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
-    if tokens.find_token(hash_token(token)) is None:
-        tokens.add_token(
-            tenant_id=tenant.id, token_hash=hash_token(token), name="admin", role="admin"
-        )
+            _write_secret(path, token)
+    tokens.set_bootstrap_admin(tenant_id=tenant.id, token_hash=hash_token(token), name="admin")
     return path
+
+
+def issue_user_token(tokens: TokenStore, *, tenant: str, name: str) -> tuple[str, TokenRecord]:
+    """Create (if needed) ``tenant`` and a user token for it; return the token (once) and
+    its stored record."""
+    record = tokens.ensure_tenant(tenant)
+    token = new_token()
+    stored = tokens.add_token(
+        tenant_id=record.id, token_hash=hash_token(token), name=name, role="user"
+    )
+    return token, stored
 
 
 def create_user_token(tokens: TokenStore, *, tenant: str, name: str) -> str:
     """Create (if needed) ``tenant`` and a user token for it; return the token once."""
-    record = tokens.get_tenant_by_name(tenant) or tokens.create_tenant(tenant)
-    token = new_token()
-    tokens.add_token(tenant_id=record.id, token_hash=hash_token(token), name=name, role="user")
-    return token
+    return issue_user_token(tokens, tenant=tenant, name=name)[0]
 
 
 def create_reporter_token(tokens: TokenStore, *, tenant_id: str, job_id: str) -> str:

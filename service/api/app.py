@@ -7,8 +7,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from service.api import goodput_routes, routes
+from service.api import goodput_routes, routes, token_routes
 from service.api.deps import Runtime
+from service.api.limits import BodyLimit
 from service.api.metrics import JOB_METRICS
 from service.api.openapi import document_bodies
 from service.auth import ensure_admin_token
@@ -26,7 +27,7 @@ from service.store import Stores, migrate
 
 def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> Runtime:
     """Migrate and open the store, make sure an admin token exists, wire the domain."""
-    settings.data_path.mkdir(parents=True, exist_ok=True)
+    settings.data_path.mkdir(mode=0o700, parents=True, exist_ok=True)
     migrate(settings.db_url)
     stores = Stores.open(settings.db_url)
     token_file = ensure_admin_token(
@@ -89,8 +90,11 @@ def create_app(
             return JSONResponse(status_code=422, content={"detail": exc.errors})
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
 
+    # Outermost: a too-large body is refused before any route or dependency reads it.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(routes.probes)
     app.include_router(routes.v1)
     app.include_router(goodput_routes.v1)
-    document_bodies(app, routes.BODY_MODELS)
+    app.include_router(token_routes.v1)
+    document_bodies(app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS))
     return app

@@ -52,6 +52,17 @@ def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Princip
     return require_user(principal)
 
 
+def scrape_with_jobs(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> bool:
+    """Whether a /metrics scrape gets the per-job series: with an admin token, or any
+    scrape when ETRAIN_METRICS_JOB_LABELS is on. A token that is sent must be valid."""
+    rt = runtime(request)
+    if authorization is not None and authenticate(rt.stores.tokens, authorization).role == "admin":
+        return True
+    return rt.settings.metrics_job_labels
+
+
 def get_submission(request: Request) -> Submission:
     """Submitting and planning jobs."""
     return runtime(request).submission
@@ -78,3 +89,4 @@ Submissions = Annotated[Submission, Depends(get_submission)]
 Queries = Annotated[JobQueries, Depends(get_queries)]
 Lifecycles = Annotated[Lifecycle, Depends(get_lifecycle)]
 Ingest = Annotated[TelemetryIngest, Depends(get_ingest)]
+JobSeries = Annotated[bool, Depends(scrape_with_jobs)]

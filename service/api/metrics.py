@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from service.domain.job_metrics import JobMetrics
 from service.status import JobStatus
@@ -20,8 +21,17 @@ JOBS = Gauge("etrain_jobs", "Jobs by status", ["status"], registry=REGISTRY)
 JOB_METRICS = JobMetrics(REGISTRY)
 
 
-def render(jobs_by_status: Mapping[JobStatus, int]) -> bytes:
-    """Set the job gauges from a scrape's counts and render the exposition format."""
+class _WithoutJobs:
+    """REGISTRY less the per-job families: what an unauthenticated scrape sees."""
+
+    def collect(self) -> Iterator[Metric]:
+        hidden = JOB_METRICS.families()
+        return (family for family in REGISTRY.collect() if family.name not in hidden)
+
+
+def render(jobs_by_status: Mapping[JobStatus, int], *, with_jobs: bool) -> bytes:
+    """Set the job gauges from a scrape's counts and render the exposition format; the
+    per-job series (job ids, losses) only ``with_jobs``."""
     for status, count in jobs_by_status.items():
         JOBS.labels(status=status.value).set(count)
-    return generate_latest(REGISTRY)
+    return generate_latest(REGISTRY if with_jobs else _WithoutJobs())  # type: ignore[arg-type]

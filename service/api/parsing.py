@@ -1,4 +1,11 @@
-"""Request bodies: JSON, or YAML by Content-Type, decoded before any domain code sees them."""
+"""Request bodies: JSON, or YAML by Content-Type, decoded before any domain code sees them.
+
+Only JSON and YAML media types are read (a ``text/plain`` or form body, the kind a
+cross-site request sends without a preflight, is a 415), and a decoded body is
+bounded in nesting depth and in the number of values it holds, so neither a
+deeply nested document nor a YAML alias bomb reaches the validators. The body's
+size is bounded before it is read (``service.api.limits``).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +14,84 @@ from typing import Any
 
 import yaml
 
-from service.errors import InvalidSpec
+from service.errors import EtrainError, InvalidSpec
 
+JSON_TYPE = "application/json"
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+# Deeper than any job spec or telemetry batch; far below Python's recursion limit.
+MAX_DEPTH = 64
+# Values (scalars, lists and mappings, an alias counted each time it is used) in one body.
+MAX_VALUES = 200_000
 
 
-def parse_body(raw: bytes, content_type: str | None) -> Any:
-    """Decode a JSON or YAML request body, or raise InvalidSpec saying where it broke."""
-    ct = (content_type or "application/json").split(";")[0].strip().lower()
+class UnsupportedMediaType(EtrainError):
+    """A request body in a media type the route does not read."""
+
+    status_code = 415
+
+
+def _media_type(content_type: str | None, accepted: tuple[str, ...]) -> str:
+    """The body's media type if ``accepted`` has it (UTF-8 only), else raise 415."""
+    parts = [p.strip().lower() for p in (content_type or "").split(";")]
+    media_type, params = parts[0], dict(p.partition("=")[::2] for p in parts[1:] if p)
+    charset = params.get("charset", "utf-8").strip('"')
+    if media_type in accepted and charset in ("utf-8", "utf8"):
+        return media_type
+    raise UnsupportedMediaType(
+        f"Content-Type {content_type or '(none)'!r} is not accepted here: send "
+        f"{' or '.join(accepted)} (UTF-8, charset utf-8 or none)"
+    )
+
+
+def _malformed(media_type: str, why: str) -> InvalidSpec:
+    return InvalidSpec(
+        f"request body is not valid {media_type}: {why}",
+        [{"loc": ["body"], "msg": f"malformed {media_type}: {why}", "type": "parse_error"}],
+    )
+
+
+def _check_shape(data: Any, media_type: str) -> None:
+    """Raise 422 when ``data`` nests deeper than MAX_DEPTH or holds over MAX_VALUES values.
+
+    Iterative, and counts a shared (YAML alias) value each time it is reached, so an
+    alias bomb stops at MAX_VALUES instead of being expanded.
+    """
+    stack, seen = [(data, 1)], 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise _malformed(media_type, f"more than {MAX_VALUES} values")
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise _malformed(media_type, f"nested deeper than {MAX_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; one that overflows to infinity is malformed."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_body(raw: bytes, content_type: str | None, *, yaml_ok: bool = True) -> Any:
+    """Decode a JSON (or, with ``yaml_ok``, YAML) request body, or raise 415 / 422."""
+    media_type = _media_type(content_type, (JSON_TYPE, *YAML_TYPES) if yaml_ok else (JSON_TYPE,))
     try:
-        if ct in YAML_TYPES:
-            return yaml.safe_load(raw.decode("utf-8"))
-        return json.loads(raw)
-    except (ValueError, yaml.YAMLError) as e:
-        raise InvalidSpec(
-            f"request body is not valid {ct}: {e}",
-            [{"loc": ["body"], "msg": f"malformed {ct}: {e}", "type": "parse_error"}],
-        ) from e
+        if media_type in YAML_TYPES:
+            data = yaml.safe_load(raw.decode("utf-8"))
+        else:
+            data = json.loads(raw.decode("utf-8"), parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError as e:
+        raise _malformed(media_type, f"nested deeper than {MAX_DEPTH} levels") from e
+    except (ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+        raise _malformed(media_type, str(e)) from e
+    _check_shape(data, media_type)
+    return data

@@ -11,7 +11,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.api import metrics as prom
 from service.api import openapi
-from service.api.deps import Caller, Ingest, Lifecycles, Queries, Submissions, User, runtime
+from service.api.deps import (
+    Caller,
+    Ingest,
+    JobSeries,
+    Lifecycles,
+    Queries,
+    Submissions,
+    User,
+    runtime,
+)
 from service.api.parsing import parse_body
 from service.api.schemas import (
     CheckpointPage,
@@ -28,11 +37,7 @@ from service.api.schemas import (
     NotReady,
     Ready,
     TelemetryAccepted,
-    TokenPublic,
-    TokenRequest,
 )
-from service.auth import create_user_token
-from service.errors import Forbidden
 from service.planner import ClusterSpec, Plan
 from service.status import JobStatus
 from workers.contract import TELEMETRY_ROUTE, TelemetryBatch
@@ -42,6 +47,8 @@ probes = APIRouter()
 v1 = APIRouter(prefix="/v1")
 
 _V1 = v1.prefix
+# Bound of integer query parameters: the largest value a database integer holds.
+MAX_INT = 2**63 - 1
 # Bodies the routes decode themselves (JSON, or YAML); app.create_app documents them.
 BODY_MODELS = (JobSpec, ClusterSpec, TelemetryBatch)
 _PLAN_REQUEST = {
@@ -81,11 +88,11 @@ def readyz(request: Request) -> Ready | JSONResponse:
     response_class=Response,
     responses=_text(CONTENT_TYPE_LATEST, "The Prometheus text exposition format."),
 )
-def read_prometheus_metrics(request: Request) -> Response:
-    """Prometheus metrics of the control plane."""
-    return Response(
-        prom.render(runtime(request).monitoring.scrape()), media_type=CONTENT_TYPE_LATEST
-    )
+def read_prometheus_metrics(request: Request, with_jobs: JobSeries) -> Response:
+    """Prometheus metrics of the control plane. Per-job series (labelled job_id) only to a
+    scrape with an admin token, unless ETRAIN_METRICS_JOB_LABELS is on."""
+    scrape = runtime(request).monitoring.scrape()
+    return Response(prom.render(scrape, with_jobs=with_jobs), media_type=CONTENT_TYPE_LATEST)
 
 
 @v1.post("/jobs", status_code=201, openapi_extra=openapi.body(openapi.ref(JobSpec)))
@@ -105,7 +112,7 @@ def read_jobs(
     queries: Queries,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> JobPage:
     """List the caller's jobs, newest first."""
     items, total = queries.list(user, status=status, limit=limit, offset=offset)
@@ -137,13 +144,20 @@ def read_job_logs(job_id: str, user: User, queries: Queries, follow: bool = Fals
 
 
 @v1.get("/jobs/{job_id}/metrics")
-def read_job_metrics(job_id: str, user: User, queries: Queries, after_step: int = -1) -> MetricPage:
+def read_job_metrics(
+    job_id: str,
+    user: User,
+    queries: Queries,
+    after_step: Annotated[int, Query(ge=-1, le=MAX_INT)] = -1,
+) -> MetricPage:
     """Per-step metrics (step, loss, lr, samples/s, tokens/s, world_size, ...)."""
     return MetricPage(items=queries.metrics(user, job_id, after_step=after_step))
 
 
 @v1.get("/jobs/{job_id}/events")
-def read_job_events(job_id: str, user: User, queries: Queries, after_id: int = 0) -> EventPage:
+def read_job_events(
+    job_id: str, user: User, queries: Queries, after_id: Annotated[int, Query(ge=0, le=MAX_INT)] = 0
+) -> EventPage:
     """Lifecycle events in order."""
     return EventPage(
         items=[
@@ -172,7 +186,7 @@ async def create_job_telemetry(
     job_id: str, request: Request, principal: Caller, ingest: Ingest
 ) -> TelemetryAccepted:
     """Metrics, events and checkpoints from a job's workers (its reporter token only)."""
-    data = parse_body(await request.body(), "application/json")
+    data = parse_body(await request.body(), request.headers.get("content-type"), yaml_ok=False)
     accepted = ingest.ingest(principal, job_id, data)
     prom.TELEMETRY_POINTS.inc(accepted)
     return TelemetryAccepted(accepted=accepted)
@@ -192,12 +206,3 @@ def read_cluster(user: User, submission: Submissions) -> ClusterPublic:
     """Ray nodes, resources and the dashboard URL."""
     del user
     return ClusterPublic.model_validate(submission.cluster())
-
-
-@v1.post("/tokens", status_code=201)
-def create_token(body: TokenRequest, user: User, request: Request) -> TokenPublic:
-    """Admin only: create a tenant's API token. The token is shown only in this answer."""
-    if user.role != "admin":
-        raise Forbidden("only an admin token can create tokens")
-    token = create_user_token(runtime(request).stores.tokens, tenant=body.tenant, name=body.name)
-    return TokenPublic(tenant=body.tenant, name=body.name, token=token)

@@ -215,9 +215,26 @@ class TokenRequest(BaseModel):
 class TokenPublic(BaseModel):
     """A new API token; shown only in this answer."""
 
+    id: str = Field(description="The token's id (for DELETE /v1/tokens/{token_id}).")
     tenant: str
     name: str
     token: str
+
+
+class TokenInfo(BaseModel):
+    """A live API token, without its secret (only a hash of it is stored)."""
+
+    id: str
+    tenant: str
+    name: str
+    role: str = Field(description="admin or user.")
+    created_at: datetime
+
+
+class TokenPage(BaseModel):
+    """Live user and admin tokens, oldest first."""
+
+    items: list[TokenInfo]
 
 
 class TelemetryAccepted(BaseModel):

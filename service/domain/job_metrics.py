@@ -1,7 +1,8 @@
 """Per-job Prometheus series, fed by the telemetry the domain has just stored.
 
-Every series carries a ``job_id`` label. Gauges are set from what the store
-holds after a batch (the job's newest metric point, its newest checkpoint), so
+Every series carries a ``job_id`` label; ``/metrics`` serves them only to a scrape
+with an admin token, or to any when the operator turns ETRAIN_METRICS_JOB_LABELS on.
+Gauges are set from what the store holds after a batch (the job's newest metric point, its newest checkpoint), so
 a replayed batch writes the same values again; counters only move for events
 the store newly inserted (``add_event`` de-duplicates on ``dedup_key``).
 
@@ -24,6 +25,7 @@ from service.store import JobStore
 from workers.contract import EventKind, MetricPoint
 
 LABEL = "job_id"  # not "job": Prometheus' scrape config owns that label
+_BLOCKING = "etrain_job_checkpoint_blocking_seconds"
 
 
 def _point_gauges(**gauges: tuple[str, str]) -> dict[str, tuple[str, str]]:
@@ -77,7 +79,7 @@ class JobMetrics:
             for kind, (name, text) in _EVENT_COUNTERS.items()
         }
         self._checkpoint_blocking = Gauge(
-            "etrain_job_checkpoint_blocking_seconds",
+            _BLOCKING,
             "Seconds training waited for the newest committed checkpoint",
             [LABEL],
             registry=registry,
@@ -85,6 +87,12 @@ class JobMetrics:
         self._lock = threading.Lock()
         self._jobs: set[str] = set()
         self._ended_since: dict[str, float] = {}
+
+    @staticmethod
+    def families() -> frozenset[str]:
+        """Names of the metric families labelled by job id."""
+        named = (*_POINT_GAUGES.values(), *_EVENT_COUNTERS.values(), (_BLOCKING, ""))
+        return frozenset(name for name, _ in named)
 
     def _track(self, job_id: str) -> None:
         with self._lock:

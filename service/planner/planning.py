@@ -10,6 +10,7 @@ and warnings (it runs, but wastefully: stored on the job). Imports no torch.
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,19 +43,23 @@ ACTIVATIONS_NOTE = (
 )
 
 
+# GiB of one GPU: bounded so memory arithmetic stays finite (a 422, not an overflow).
+_GpuMemory = Annotated[float, Field(gt=0, le=4096)]
+
+
 class ClusterSpec(BaseModel):
     """The hypothetical cluster of a dry run (POST /v1/plan ``cluster``)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    nodes: int | None = Field(None, ge=1, description="Nodes.")
-    gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
+    nodes: int | None = Field(None, ge=1, le=100_000, description="Nodes.")
+    gpus_per_node: int | None = Field(None, ge=0, le=64, description="GPUs per node.")
     gpu: str | list[str] | None = Field(
         None,
         description="GPU model (h100, h200, a100, l40s, rtx4090, rtx3060, ...); a list "
         "for a cluster with several kinds.",
     )
-    gpu_memory_gb: float | list[float] | None = Field(
+    gpu_memory_gb: _GpuMemory | list[_GpuMemory] | None = Field(
         None,
         description="Memory of one GPU in GiB (overrides the table); a list for GPUs of "
         "different sizes: the plan uses the smallest.",
@@ -69,8 +74,10 @@ class ClusterSpec(BaseModel):
         description="Link between nodes: ib-hdr, ib-ndr, ib-xdr, ethernet-10g/25g/100g/"
         "400g; default: the GPU model's usual network.",
     )
-    cpus_per_node: float | None = Field(None, gt=0, description="CPUs per node.")
-    host_memory_gb: float | None = Field(None, gt=0, description="Host memory per node in GiB.")
+    cpus_per_node: float | None = Field(None, gt=0, le=65_536, description="CPUs per node.")
+    host_memory_gb: float | None = Field(
+        None, gt=0, le=1_048_576, description="Host memory per node in GiB."
+    )
 
 
 def workload_of(spec: JobSpec) -> Workload:

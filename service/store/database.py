@@ -3,6 +3,7 @@ dialect."""
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.close()
 
 
+def _private_file(path: Path) -> None:
+    """Create the SQLite file (and its folder) readable by its owner only, before SQLite does.
+
+    The database holds token hashes and specs; SQLite gives its -wal and -shm files
+    the main file's mode. A file an older version left group- or world-readable is
+    tightened.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
 def build_engine(url: str) -> Engine:
     """Create an Engine for ``url`` with the settings the store relies on.
 
@@ -50,7 +64,7 @@ def build_engine(url: str) -> Engine:
         # Every new connection to :memory: is a new empty database; share one.
         kwargs["poolclass"] = StaticPool
     elif not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(database).expanduser())
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _configure_sqlite)
     return engine

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from service.store.database import Database
 from service.store.models import TenantRecord, TokenRecord, new_id, utcnow
 from service.store.tables import TENANTS, TOKENS
 
 ROLES = frozenset({"admin", "user", "reporter"})
+_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(TokenRecord))
+
+
+def _record(row: Any) -> TokenRecord:
+    """The token of a row that may carry more columns (a join)."""
+    return TokenRecord(**{name: row._mapping[name] for name in _TOKEN_FIELDS})
 
 
 class TokenStore:
@@ -26,6 +34,20 @@ class TokenStore:
         with self._db.begin() as conn:
             conn.execute(insert(TENANTS).values(dataclasses.asdict(record)))
         return record
+
+    def ensure_tenant(self, name: str) -> TenantRecord:
+        """The tenant called ``name``, created if there is none; safe when callers race.
+
+        The insert does nothing on a duplicate name (the unique constraint decides
+        which racing caller created it) and the row is read back in the same
+        transaction.
+        """
+        record = TenantRecord(id=new_id("t-"), name=name, created_at=utcnow())
+        query = self._db.insert(TENANTS).values(dataclasses.asdict(record))
+        with self._db.begin() as conn:
+            conn.execute(query.on_conflict_do_nothing(index_elements=["name"]))
+            row = conn.execute(select(TENANTS).where(TENANTS.c.name == name)).one()
+        return TenantRecord(**row._mapping)
 
     def get_tenant_by_name(self, name: str) -> TenantRecord | None:
         """Return the tenant called ``name``, or None."""
@@ -79,3 +101,69 @@ class TokenStore:
         )
         with self._db.begin() as conn:
             return conn.execute(stmt).rowcount
+
+    def list_tokens(self, *, tenant_id: str | None = None) -> list[tuple[TokenRecord, str]]:
+        """Unrevoked user and admin tokens with their tenant's name, oldest first.
+
+        Reporter tokens (one per job, revoked when it ends) are not listed.
+        """
+        query = (
+            select(TOKENS, TENANTS.c.name.label("tenant_name"))
+            .join(TENANTS, TENANTS.c.id == TOKENS.c.tenant_id)
+            .where(TOKENS.c.revoked_at.is_(None), TOKENS.c.role != "reporter")
+            .order_by(TOKENS.c.created_at, TOKENS.c.id)
+        )
+        if tenant_id is not None:
+            query = query.where(TOKENS.c.tenant_id == tenant_id)
+        with self._db.connect() as conn:
+            rows = conn.execute(query).all()
+        fields = [f.name for f in dataclasses.fields(TokenRecord)]
+        return [
+            (TokenRecord(**{f: row._mapping[f] for f in fields}), row.tenant_name) for row in rows
+        ]
+
+    def revoke_token(
+        self, token_id: str, *, tenant_id: str | None = None
+    ) -> tuple[TokenRecord, str] | None:
+        """Revoke one live token by id (only ``tenant_id``'s, when given); return it with its
+        tenant's name, or None when there is no such live token."""
+        stmt = update(TOKENS).where(TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None))
+        if tenant_id is not None:
+            stmt = stmt.where(TOKENS.c.tenant_id == tenant_id)
+        query = (
+            select(TOKENS, TENANTS.c.name.label("tenant_name"))
+            .join(TENANTS, TENANTS.c.id == TOKENS.c.tenant_id)
+            .where(TOKENS.c.id == token_id)
+        )
+        with self._db.begin() as conn:
+            if conn.execute(stmt.values(revoked_at=utcnow())).rowcount != 1:
+                return None
+            row = conn.execute(query).one()
+        return _record(row), row.tenant_name
+
+    def set_bootstrap_admin(self, *, tenant_id: str, token_hash: str, name: str) -> None:
+        """Make ``token_hash`` the one live admin token called ``name`` of ``tenant_id``.
+
+        Every other admin-role token of that name and tenant is revoked, so a new
+        configured admin token replaces the old one rather than adding to it. A
+        hash stored before (and maybe revoked) is made live again.
+        """
+        revoke = update(TOKENS).where(
+            TOKENS.c.tenant_id == tenant_id,
+            TOKENS.c.role == "admin",
+            TOKENS.c.name == name,
+            TOKENS.c.token_hash != token_hash,
+            TOKENS.c.revoked_at.is_(None),
+        )
+        live = update(TOKENS).where(TOKENS.c.token_hash == token_hash, TOKENS.c.role == "admin")
+        for _ in range(2):  # a second pass when another process inserted it first
+            with self._db.begin() as conn:
+                conn.execute(revoke.values(revoked_at=utcnow()))
+                if conn.execute(live.values(revoked_at=None)).rowcount == 1:
+                    return
+            try:
+                self.add_token(tenant_id=tenant_id, token_hash=token_hash, name=name, role="admin")
+                return
+            except IntegrityError:
+                continue
+        raise ValueError("the admin token must differ from every other API token")

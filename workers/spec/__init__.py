@@ -16,7 +16,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from workers.contract import STRATEGIES
 from workers.models.config import PRESETS, get_model_config
-from workers.spec.base import SECRET_SAFE, Spec
+from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 
@@ -66,7 +66,10 @@ class DataSpec(Spec):
     )
     seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
     num_samples: int = Field(
-        4096, ge=1, description="Samples per epoch for source synthetic (ignored otherwise)."
+        4096,
+        ge=1,
+        le=MAX_STEPS,
+        description="Samples per epoch for source synthetic (ignored otherwise).",
     )
 
     @model_validator(mode="after")
@@ -81,8 +84,8 @@ class DataSpec(Spec):
 class WorkerRange(Spec):
     """An elastic worker range: the job uses what the cluster offers between min and max."""
 
-    min: int = Field(ge=1, description="Fewest workers the job runs with.")
-    max: int = Field(ge=1, description="Most workers the job uses.")
+    min: int = Field(ge=1, le=MAX_WORKERS, description="Fewest workers the job runs with.")
+    max: int = Field(ge=1, le=MAX_WORKERS, description="Most workers the job uses.")
 
     @model_validator(mode="after")
     def _ordered(self) -> WorkerRange:
@@ -96,7 +99,8 @@ class WorkerRange(Spec):
 # Tagged so a bad range reports one error at resources.workers.range, not an extra
 # "should be a valid integer" and a loc holding pydantic's validator name.
 Workers = Annotated[
-    Annotated[int, Tag("count")] | Annotated[WorkerRange, Tag("range")],
+    Annotated[Annotated[int, Field(le=MAX_WORKERS)], Tag("count")]
+    | Annotated[WorkerRange, Tag("range")],
     Discriminator(lambda v: "range" if isinstance(v, (dict, WorkerRange)) else "count"),
 ]
 
@@ -104,9 +108,13 @@ Workers = Annotated[
 class ResourcesSpec(Spec):
     """What each worker asks of the cluster."""
 
-    workers: Workers = Field(2, description="Fixed worker count, or {min, max} for an elastic job.")
+    workers: Workers = Field(
+        2, description=f"Fixed worker count, or {{min, max}} for an elastic job; <= {MAX_WORKERS}."
+    )
     gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
-    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per worker; may be fractional.")
+    cpus_per_worker: float = Field(
+        1.0, ge=0.01, le=1024, description="CPUs per worker; may be fractional (>= 0.01)."
+    )
 
     @field_validator("workers")
     @classmethod
@@ -129,22 +137,31 @@ class ResourcesSpec(Spec):
 class TrainSpec(Spec):
     """The optimisation itself."""
 
-    steps: int = Field(50, ge=1, description="Optimizer steps to run.")
+    steps: int = Field(50, ge=1, le=MAX_STEPS, description="Optimizer steps to run.")
     global_batch_size: int = Field(
-        16, ge=1, description="Samples per optimizer step; invariant under elastic resizes."
+        16,
+        ge=1,
+        le=2**24,
+        description="Samples per optimizer step; invariant under elastic resizes.",
     )
-    micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward on a worker.")
+    micro_batch_size: int = Field(
+        4, ge=1, le=2**16, description="Samples per forward/backward on a worker."
+    )
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before cosine decay.")
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Linear warmup steps before cosine decay."
+    )
     min_lr_ratio: float = Field(
         0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr."
     )
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw | sgd.")
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (SGD) decay.")
+    weight_decay: float = Field(
+        0.0, ge=0, le=10, description="Decoupled (AdamW) or L2 (SGD) decay."
+    )
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
-    grad_clip: float = Field(0.0, ge=0, description="Clip the global grad norm; 0 = off.")
+    grad_clip: float = Field(0.0, ge=0, le=1e6, description="Clip the global grad norm; 0 = off.")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 autocast.")
-    seed: int = Field(0, ge=0, description="Seed for init, data order and dropout.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for init, data order and dropout.")
 
     @model_validator(mode="after")
     def _batch_and_warmup(self) -> TrainSpec:
@@ -164,11 +181,12 @@ class FailureSpec(Spec):
     """How failures are retried."""
 
     max_failures: int = Field(
-        3, ge=-1, description="Worker-group restarts inside one Ray job; -1 = unlimited."
+        3, ge=-1, le=10_000, description="Worker-group restarts inside one Ray job; -1 = unlimited."
     )
     max_resubmits: int = Field(
         2,
         ge=0,
+        le=1000,
         description="Times the service resubmits the whole Ray job when its driver "
         "or cluster dies (resuming from the newest checkpoint).",
     )

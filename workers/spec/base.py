@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+# Upper bounds of the spec's counts, so that neither validation nor planning can be made
+# to take unbounded time or overflow (each one is far beyond any real job).
+MAX_WORKERS = 4096  # workers of one job, and any parallel degree
+MAX_STEPS = 10**9  # steps, step intervals and sample counts
+MAX_SECONDS = 10**8  # any duration (about three years)
+
 
 class Spec(BaseModel):
     """A section of the job spec: unknown fields are an error, not a silent no-op."""

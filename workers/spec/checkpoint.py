@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from workers.spec.base import SECRET_SAFE, Spec
+from workers.spec.base import MAX_SECONDS, MAX_STEPS, SECRET_SAFE, Spec
 
 STORAGE_SCHEMES = ("file", "s3", "gs")
 BUCKET_RE = {
@@ -148,11 +148,15 @@ class CheckpointSpec(Spec):
     every_steps: int | None = Field(
         10,
         ge=1,
+        le=MAX_STEPS,
         description="Save every N optimizer steps; with interval 'auto', the "
         "starting interval until a save and the step time have been measured.",
     )
     every_seconds: float | None = Field(
-        None, gt=0, description="Save when this many seconds passed since the last save."
+        None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Save when this many seconds passed since the last save.",
     )
     interval: Literal["auto"] | None = Field(
         None,
@@ -163,16 +167,18 @@ class CheckpointSpec(Spec):
     mtbf_prior_s: float = Field(
         86400.0,
         gt=0,
+        le=MAX_SECONDS,
         description="Prior mean time between failures, in seconds, for "
         "interval 'auto' before failures have been observed (ignored otherwise).",
     )
     async_: bool = Field(
         False, alias="async", description="Write shards in the background (DCP async_save)."
     )
-    keep_last: int = Field(3, ge=1, description="Newest committed checkpoints to keep.")
+    keep_last: int = Field(3, ge=1, le=100_000, description="Newest committed checkpoints to keep.")
     keep_every: int | None = Field(
         None,
         ge=1,
+        le=MAX_STEPS,
         description="Also keep every checkpoint whose step is a multiple of N "
         "(e.g. 1000 keeps steps 1000, 2000, ...), on top of keep_last; unset = none.",
     )

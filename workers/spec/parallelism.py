@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from workers.contract import STRATEGIES
-from workers.spec.base import Spec
+from workers.spec.base import MAX_WORKERS, Spec
 
 
 class FsdpSpec(Spec):
@@ -29,7 +29,9 @@ class PipelineSpec(Spec):
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
         "1f1b", description="Pipeline schedule."
     )
-    microbatches: int = Field(4, ge=1, description="Microbatches per pipeline step.")
+    microbatches: int = Field(
+        4, ge=1, le=MAX_WORKERS, description="Microbatches per pipeline step."
+    )
 
 
 class ParallelismSpec(Spec):
@@ -39,10 +41,13 @@ class ParallelismSpec(Spec):
         "ddp", description=" | ".join(STRATEGIES) + "."
     )
     dp: int | None = Field(
-        None, ge=1, description="Data-parallel degree; default: workers / (tp x pp)."
+        None,
+        ge=1,
+        le=MAX_WORKERS,
+        description="Data-parallel degree; default: workers / (tp x pp).",
     )
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    tp: int = Field(1, ge=1, le=MAX_WORKERS, description="Tensor-parallel degree.")
+    pp: int = Field(1, ge=1, le=MAX_WORKERS, description="Pipeline-parallel degree.")
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options.")
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipeline options.")
 

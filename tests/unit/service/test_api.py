@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from service.api import goodput_routes, routes
+from service.api import goodput_routes, routes, token_routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
 from service.errors import BackendUnavailable, Unauthorized
@@ -111,12 +111,14 @@ PROTECTED = [
     ("POST", "/v1/plan", {"spec": SPEC}),
     ("GET", "/v1/cluster", None),
     ("POST", "/v1/tokens", {"tenant": "acme"}),
+    ("GET", "/v1/tokens", None),
+    ("DELETE", "/v1/tokens/{token_id}", None),
 ]
 
 
 def test_protected_table_lists_every_v1_route(tmp_path):
     table = {(m, p) for m, p, _ in PROTECTED}
-    v1_routes = [*routes.v1.routes, *goodput_routes.v1.routes]
+    v1_routes = [*routes.v1.routes, *goodput_routes.v1.routes, *token_routes.v1.routes]
     assert {(m, r.path) for r in v1_routes for m in r.methods - {"HEAD"}} == table
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     documented = {
@@ -138,7 +140,9 @@ def test_protected_table_lists_every_v1_route(tmp_path):
 def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers):
     client, job_id = shared
     before = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
-    r = client.request(method, path.format(job_id=job_id), json=body, headers=headers)
+    r = client.request(
+        method, path.format(job_id=job_id, token_id="k-000000000000"), json=body, headers=headers
+    )
     assert r.status_code == 401, r.text
     assert "token" in r.json()["detail"]
     assert _total(client) == 1  # nothing was created or changed
@@ -153,7 +157,10 @@ def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers)
 def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
     client, job_id = shared
     r = client.request(
-        method, path.format(job_id=job_id), json=body, headers=_reporter(client, job_id)
+        method,
+        path.format(job_id=job_id, token_id="k-000000000000"),
+        json=body,
+        headers=_reporter(client, job_id),
     )
     assert r.status_code == 403, r.text
     assert _total(client) == 1

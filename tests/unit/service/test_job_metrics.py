@@ -47,7 +47,7 @@ def _post(client, job_id, headers, **batch) -> None:
 
 def _series(client: TestClient, job_id: str) -> dict[str, float]:
     """Sample name -> value of every series labelled with ``job_id``."""
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers=ADMIN_H)  # per-job series: admin scrapes only
     assert r.status_code == 200
     return {
         s.name: s.value
