@@ -111,10 +111,11 @@ class AccessPolicy:
     def _forbidden(self) -> list[tuple[str, str]]:
         """(resolved root, what it is) of the places no spec may name."""
         places = [(d, f"{d} (a system folder)") for d in SYSTEM_DIRS]
-        places.append((_real(self.settings.data_path), "the service's data dir"))
+        # Most specific first: the tenant areas usually lie inside the data dir.
         places += [
-            (_real(self.checkpoint_root), "another tenant's checkpoint area"),
-            (_real(self.data_root), "another tenant's data area"),
+            (str(self.checkpoint_root), "another tenant's checkpoint area"),
+            (str(self.data_root), "another tenant's data area"),
+            (str(self.settings.data_path), "the service's data dir"),
         ]
         return [(_real(p), what) for p, what in places]
 
@@ -128,10 +129,13 @@ class AccessPolicy:
         real = _real(path)
         if _inside(real, own):
             return None
-        for root, what in self._forbidden():
-            if _inside(real, root) or (not data and _inside(root, real)):
-                where = "is inside" if _inside(real, root) else "contains"
-                return f"{field} {path} {where} {what}, which no job may use; {fix}"
+        forbidden = self._forbidden()
+        inside = [what for root, what in forbidden if _inside(real, root)]
+        # A storage folder holding one of them would put the job's files among them.
+        holds = [what for root, what in forbidden if not data and _inside(root, real)]
+        if inside or holds:
+            where = f"is inside {inside[0]}" if inside else f"contains {holds[0]}"
+            return f"{field} {path} {where}, which no job may use; {fix}"
         extra = list(self.settings.policy_shared_data_roots) if data else []
         if tenant.admin:
             extra += self.settings.policy_admin_roots

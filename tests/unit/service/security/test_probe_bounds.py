@@ -1,0 +1,122 @@
+"""A storage endpoint that accepts connections and never answers cannot stall the control
+plane (item 8): each plan or submit that probes it is a 422 within ETRAIN_PROBE_TIMEOUT_S,
+and while twenty of them hang, /healthz and another tenant's job list answer at once; a
+tenant past its probe bound gets a 429.
+
+The store is a real TCP listener on loopback (a thread; no process), reached by the real
+probe (s3fs) from the real app.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+
+TIMEOUT_S = 1.5
+TENANTS = ("team-a", "team-b")
+
+
+@pytest.fixture
+def black_hole():
+    """http://127.0.0.1:<port>: accepts every connection, reads nothing, answers nothing."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def _app(tmp_path, monkeypatch, endpoint, **probe):
+    for tenant in TENANTS:
+        prefix = f"ETRAIN_SECRET_{tenant.upper().replace('-', '_')}"
+        monkeypatch.setenv(f"{prefix}_ACCESS_KEY_ID", "AKIAPROBETEST0000001")
+        monkeypatch.setenv(f"{prefix}_SECRET_ACCESS_KEY", "probe-test-secret")
+    settings = dev_settings(tmp_path).model_copy(
+        update={
+            "policy_object_stores": {"*": ["s3://ckpt/{tenant}"]},
+            "policy_endpoints": {"*": [endpoint]},
+            "probe_timeout_s": TIMEOUT_S,
+            **probe,
+        }
+    )
+    return create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)
+
+
+def _tokens(c):
+    out = {}
+    for tenant in TENANTS:
+        r = c.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
+        out[tenant] = {"Authorization": f"Bearer {r.json()['token']}"}
+    return out
+
+
+def _plan(c, headers, tenant, endpoint):
+    spec = {
+        "name": "probe",
+        "resources": {"workers": 1},
+        "checkpoint": {
+            "storage": f"s3://ckpt/{tenant}/run",
+            "s3": {"endpoint_url": endpoint, "credentials_secret": tenant},
+        },
+    }
+    t0 = time.monotonic()
+    r = c.post("/v1/plan", json={"spec": spec}, headers=headers)
+    return r, time.monotonic() - t0
+
+
+def test_item08_hanging_probes_do_not_stall_the_api(tmp_path, monkeypatch, black_hole):
+    app = _app(tmp_path, monkeypatch, black_hole, probe_workers=32, probe_per_tenant=32)
+    with TestClient(app) as c, ThreadPoolExecutor(20) as pool:
+        tokens = _tokens(c)
+        a_job = c.post("/v1/jobs", json={"name": "a-job"}, headers=tokens["team-a"])
+        assert a_job.status_code == 201, a_job.text
+        hanging = [pool.submit(_plan, c, tokens["team-b"], "team-b", black_hole) for _ in range(20)]
+        time.sleep(0.3)  # every probe has connected and waits for an answer
+        assert not any(f.done() for f in hanging)
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert c.get("/healthz").status_code == 200
+            jobs = c.get("/v1/jobs", headers=tokens["team-a"])
+            assert jobs.status_code == 200 and jobs.json()["total"] == 1
+            assert time.monotonic() - t0 < 0.5
+        for f in hanging:
+            r, elapsed = f.result()
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"][0]["loc"] == ["body", "checkpoint", "storage"]
+            assert elapsed < TIMEOUT_S + 1.5, elapsed
+
+
+def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, black_hole):
+    app = _app(tmp_path, monkeypatch, black_hole, probe_workers=8, probe_per_tenant=2)
+    with TestClient(app) as c, ThreadPoolExecutor(6) as pool:
+        tokens = _tokens(c)
+        b = [pool.submit(_plan, c, tokens["team-b"], "team-b", black_hole) for _ in range(5)]
+        time.sleep(0.3)
+        a, elapsed_a = _plan(c, tokens["team-a"], "team-a", black_hole)
+        codes = sorted(f.result()[0].status_code for f in b)
+        assert codes == [422, 422, 429, 429, 429], codes
+        refused = next(f.result()[0] for f in b if f.result()[0].status_code == 429)
+        assert "ETRAIN_PROBE_PER_TENANT" in refused.json()["detail"]
+        assert a.status_code == 422 and elapsed_a < TIMEOUT_S + 1.5  # its own probe ran

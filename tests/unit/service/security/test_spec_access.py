@@ -1,0 +1,244 @@
+"""What a tenant's job spec may touch (items 1, 2, 4, 5): every field that names a place,
+through submit and plan, against the real app on a fake backend.
+
+Each refused case is a 422 whose loc names the field and whose msg names the rule and
+the fix, and no probe request leaves the service for it; the allowed cases are 201
+(submit) and 200 (plan). The object-store probe itself is replaced by a recorder
+here (there is no store in this tier); tests/integration/test_storage_check.py probes
+real ones, and test_probe_bounds.py a store that never answers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.domain import storage_check
+from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+
+A, B = "team-a", "team-b"
+ENDPOINT = "http://minio.internal:9000"
+SECRET_ENV = {
+    f"ETRAIN_SECRET_{t.upper().replace('-', '_')}_{k}": f"{t}-{k.lower()}-value"
+    for t in (A, B)
+    for k in ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY")
+}
+POLICY = {
+    "policy_object_stores": {"*": ["s3://ckpt/{tenant}"]},
+    "policy_endpoints": {"*": [ENDPOINT]},
+}
+TINY = {
+    "name": "tiny",
+    "resources": {"workers": 1},
+    "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 4},
+    "data": {"seq_len": 16, "num_samples": 32},
+}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """An app with the POLICY above, tokens of tenants A and B, and a recording probe."""
+    for name, value in SECRET_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASERVICEOWNKEY000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "service-own-secret")
+    probed = []
+    monkeypatch.setattr(storage_check, "check_storage", lambda loc, **_: probed.append(loc))
+    settings = dev_settings(tmp_path).model_copy(update=POLICY)
+    with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
+        tokens = {}
+        for tenant in (A, B):
+            r = c.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
+            assert r.status_code == 201, r.text
+            tokens[tenant] = {"Authorization": f"Bearer {r.json()['token']}"}
+        yield c, tokens, probed, tmp_path
+
+
+def _layout(data_dir):
+    """Files and links the cases name: A's checkpoints and data, B's escaping symlinks."""
+    a_ckpt = data_dir / "checkpoints" / A / "j-aaaa"
+    (a_ckpt / "checkpoints").mkdir(parents=True)
+    a_data = data_dir / "tenants" / A
+    a_data.mkdir(parents=True)
+    (a_data / "corpus.txt").write_text("team a's private text\n")
+    b_ckpt, b_data = data_dir / "checkpoints" / B, data_dir / "tenants" / B
+    b_ckpt.mkdir(parents=True)
+    b_data.mkdir(parents=True)
+    os.symlink(a_ckpt, b_ckpt / "escape")
+    os.symlink("/etc/passwd", b_data / "passwd")
+    for name in ("admin_token", "ray_auth_token"):
+        (data_dir / name).touch()
+    return a_ckpt, a_data
+
+
+def _storage(v):
+    return {"checkpoint": {"storage": v}}
+
+
+def _data(v):
+    return {"data": {"source": "text", "path": v, "seq_len": 16}}
+
+
+def _s3(storage="s3://ckpt/team-b/run", **s3):
+    return {"checkpoint": {"storage": storage, **({"s3": s3} if s3 else {})}}
+
+
+STORAGE = ["checkpoint", "storage"]
+DATA = ["data", "path"]
+ENDPOINT_LOC = ["checkpoint", "s3", "endpoint_url"]
+SECRET_LOC = ["checkpoint", "s3", "credentials_secret"]
+D = "{data}"  # the service's data dir, filled in per test
+
+# (id, tenant, spec section, loc of the refusal, words its msg must hold)
+REFUSED = [
+    ("item01-storage-etc", B, _storage("file:///etc"), STORAGE, "system folder"),
+    ("item01-storage-root", B, _storage("file:///"), STORAGE, "no job may use"),
+    ("item01-storage-proc-self", B, _storage("file:///proc/self"), STORAGE, "system folder"),
+    ("item01-storage-dotdot-etc", B, _storage("file:///tmp/../etc"), STORAGE, "system folder"),
+    ("item01-storage-data-dir", B, _storage(f"file://{D}"), STORAGE, "data dir"),
+    ("item01-storage-tenant-root", B, _storage(f"file://{D}/checkpoints"), STORAGE, "tenant"),
+    (
+        "item01-storage-other-tenant",
+        B,
+        _storage(f"file://{D}/checkpoints/team-a/j-aaaa"),
+        STORAGE,
+        "another tenant's checkpoint area",
+    ),
+    (
+        "item01-storage-dotdot-other-tenant",
+        B,
+        _storage(f"file://{D}/checkpoints/team-b/../team-a"),
+        STORAGE,
+        "another tenant's checkpoint area",
+    ),
+    (
+        "item01-storage-symlink-escape",
+        B,
+        _storage(f"file://{D}/checkpoints/team-b/escape"),
+        STORAGE,
+        "another tenant's checkpoint area",
+    ),
+    ("item01-storage-elsewhere", B, _storage("file:///tmp/ckpt"), STORAGE, "outside tenant"),
+    ("item02-data-etc-shadow", B, _data("/etc/shadow"), DATA, "system folder"),
+    ("item02-data-admin-token", B, _data(f"{D}/admin_token"), DATA, "data dir"),
+    ("item02-data-ray-token", B, _data(f"{D}/ray_auth_token"), DATA, "data dir"),
+    ("item02-data-database", B, _data(f"{D}/etrain.db"), DATA, "data dir"),
+    ("item02-data-proc-environ", B, _data("/proc/self/environ"), DATA, "system folder"),
+    ("item02-data-other-tenant", B, _data(f"{D}/tenants/team-a/corpus.txt"), DATA, "another"),
+    ("item02-data-symlink-escape", B, _data(f"{D}/tenants/team-b/passwd"), DATA, "system"),
+    ("item02-data-relative", B, _data("corpus.txt"), DATA, "absolute path"),
+    ("item02-data-admin-too", "admin", _data(f"{D}/admin_token"), DATA, "data dir"),
+    (
+        "item04-tenant-endpoint",
+        B,
+        _s3(endpoint_url="http://169.254.169.254", credentials_secret=B),
+        ENDPOINT_LOC,
+        "ETRAIN_POLICY_ENDPOINTS",
+    ),
+    (
+        "item04-gcs-endpoint",
+        B,
+        {"checkpoint": {"storage": "gs://ckpt/team-b", "gcs": {"endpoint_url": "http://10.0.0.9"}}},
+        ["checkpoint", "gcs", "endpoint_url"],
+        "ETRAIN_POLICY_ENDPOINTS",
+    ),
+    ("item04-service-own-keys", B, _s3(endpoint_url=ENDPOINT), SECRET_LOC, "service's own keys"),
+    (
+        "item04-unlisted-bucket",
+        B,
+        _s3("s3://ckpt/team-a", endpoint_url=ENDPOINT, credentials_secret=B),
+        STORAGE,
+        "ETRAIN_POLICY_OBJECT_STORES",
+    ),
+    (
+        "item05-other-tenant-secret",
+        B,
+        _s3(endpoint_url=ENDPOINT, credentials_secret=A),
+        SECRET_LOC,
+        "may use; use one of: team-b",
+    ),
+]
+
+# (id, tenant, spec section, stored checkpoint.storage or None to skip that check)
+ALLOWED = [
+    ("item01-default-storage-is-the-tenant-area", B, {}, f"file://{D}/checkpoints/team-b"),
+    ("item01-own-area", B, _storage(f"file://{D}/checkpoints/team-b/exp"), None),
+    ("item02-own-data", B, _data(f"{D}/tenants/team-b/corpus.txt"), None),
+    (
+        "item04-listed-store-with-own-secret",
+        B,
+        _s3(endpoint_url=ENDPOINT, credentials_secret=B),
+        None,
+    ),
+    ("item01-admin-elsewhere", "admin", _storage("file:///mnt/ckpt"), "file:///mnt/ckpt"),
+]
+
+
+def _fill(value, data_dir):
+    """``value`` with every "{data}" replaced by the data dir."""
+    if isinstance(value, dict):
+        return {k: _fill(v, data_dir) for k, v in value.items()}
+    return value.replace(D, str(data_dir)) if isinstance(value, str) else value
+
+
+def _headers(tokens, tenant):
+    return ADMIN_H if tenant == "admin" else tokens[tenant]
+
+
+def _body(section, data_dir):
+    section = _fill(section, data_dir)
+    return {**TINY, **section, "data": {**TINY["data"], **section.get("data", {})}}
+
+
+@pytest.mark.parametrize(
+    ("case", "tenant", "section", "loc", "words"), REFUSED, ids=[r[0] for r in REFUSED]
+)
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+def test_spec_access_refused(env, route, case, tenant, section, loc, words):
+    c, tokens, probed, data_dir = env
+    _layout(data_dir)
+    spec = _body(section, data_dir)
+    r = c.post(
+        route,
+        json=spec if route == "/v1/jobs" else {"spec": spec},
+        headers=_headers(tokens, tenant),
+    )
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    mine = [e for e in errors if e["loc"] == ["body", *loc]]
+    assert mine, errors
+    assert words in mine[0]["msg"], mine[0]["msg"]
+    assert probed == []  # the service sent nothing to a store it refused
+    assert not any(v in r.text for v in SECRET_ENV.values())
+    assert c.get("/v1/jobs", headers=_headers(tokens, tenant)).json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("case", "tenant", "section", "stored"), ALLOWED, ids=[a[0] for a in ALLOWED]
+)
+def test_spec_access_allowed(env, case, tenant, section, stored):
+    c, tokens, _, data_dir = env
+    spec = _body(section, data_dir)
+    r = c.post("/v1/jobs", json=spec, headers=_headers(tokens, tenant))
+    assert r.status_code == 201, r.text
+    if stored is not None:
+        assert r.json()["spec"]["checkpoint"]["storage"] == _fill(stored, data_dir)
+    assert (
+        c.post("/v1/plan", json={"spec": spec}, headers=_headers(tokens, tenant)).status_code == 200
+    )
+
+
+def test_item04_probe_uses_the_jobs_own_secret_not_the_service_keys(env):
+    """The probe is sent to the operator-listed endpoint with the tenant's secret: the
+    credentials the job will run with, never the service's AWS_* keys."""
+    c, tokens, probed, _ = env
+    spec = {**TINY, **_s3(endpoint_url=ENDPOINT, credentials_secret=B)}
+    assert c.post("/v1/jobs", json=spec, headers=tokens[B]).status_code == 201
+    (loc,) = probed
+    assert loc.endpoint_url == ENDPOINT
+    assert loc.options["key"] == SECRET_ENV["ETRAIN_SECRET_TEAM_B_ACCESS_KEY_ID"]
+    assert "ETRAIN_SECRET_TEAM_B" in loc.credentials_source
+    assert "AKIASERVICEOWNKEY000" not in repr(loc.options)
