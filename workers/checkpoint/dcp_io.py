@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+from workers.checkpoint.safe_load import SafeMetadataReader
 from workers.checkpoint.storage import StorageError, StorageLocation
 
 
@@ -49,15 +53,20 @@ def dcp_reader(loc: StorageLocation, path: str):
     """A torch.distributed.checkpoint StorageReader for the checkpoint folder ``path``.
 
     Object stores are read through ``loc``'s fsspec file system, shard by shard
-    (ranged reads), without downloading the checkpoint first.
+    (ranged reads), without downloading the checkpoint first. Nothing read runs code:
+    see :mod:`workers.checkpoint.safe_load` (load with its ``SafeLoadPlanner``).
     """
     if loc.scheme == "file":
-        from torch.distributed.checkpoint import FileSystemReader
+        return _SafeFileSystemReader(_local_path(path))
+    return _SafeFsspecReader(_as_uri(loc, path), **loc.options)
 
-        return FileSystemReader(_local_path(path))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-    return FsspecReader(_as_uri(loc, path), **loc.options)
+class _SafeFileSystemReader(SafeMetadataReader, FileSystemReader):
+    """DCP's local reader; ``.metadata`` unpickled with an allow-list (safe_load)."""
+
+
+class _SafeFsspecReader(SafeMetadataReader, FsspecReader):
+    """DCP's fsspec reader; ``.metadata`` unpickled with an allow-list (safe_load)."""
 
 
 def _local_path(path: str) -> str:

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from workers.checkpoint.safe_load import SafeLoadPlanner
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir, read_error
 from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
@@ -160,7 +161,7 @@ def _load_model_tensors(src: ExportSource, reader, batch: list[_Entry]) -> dict[
         # One process, no process group, on purpose: DCP warns that it assumes so.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(state, storage_reader=reader, no_dist=True)
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
         except (Exception, CheckpointException) as e:
             raise read_error(src.loc, src.uri, e) from e
     return state["app"]["model"]

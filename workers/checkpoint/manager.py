@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from workers.checkpoint.dcp_io import dcp_reader, dcp_writer
 from workers.checkpoint.retention import retained_steps
+from workers.checkpoint.safe_load import SafeLoadPlanner, load_tensors
 from workers.checkpoint.state import rng_state, set_rng_state
 from workers.checkpoint.storage import StorageLocation, resolve_storage
 
@@ -297,12 +298,15 @@ class CheckpointManager:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(
-                {"app": app_state}, storage_reader=dcp_reader(self.loc, info.path), no_dist=True
+                {"app": app_state},
+                storage_reader=dcp_reader(self.loc, info.path),
+                planner=SafeLoadPlanner(),
+                no_dist=True,
             )
         rng_file = posixpath.join(info.path, "rng", f"rank_{self.rank}.pt")
         if self.fs.exists(rng_file):
             with self.fs.open(rng_file, "rb") as f:
-                set_rng_state(torch.load(f, weights_only=False))
+                set_rng_state(load_tensors(f))  # a dict of tensors: no code runs
         return info.extra
 
 
