@@ -155,7 +155,8 @@ class Settings(BaseSettings):
     )
     policy_admin_roots: list[Path] = Field(
         default_factory=lambda: [Path("/")],
-        description="Where admin tokens may name file:// storage and data.path, as JSON; the "
+        description="Where admin tokens may name file:// storage and data.path, as JSON "
+        '(default ["/"]); the '
         "service's data dir, other tenants' areas and /etc, /proc, /sys, /dev, /boot, /root "
         "and /run stay refused.",
     )

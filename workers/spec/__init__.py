@@ -62,7 +62,11 @@ class DataSpec(Spec):
         "tokens) or jsonl (one JSON object per line with a 'text' field).",
     )
     path: str | None = Field(
-        None, description="File to read for source text or jsonl; must exist on every worker."
+        None,
+        description="Absolute path of the file to read for source text or jsonl; must exist "
+        "on every worker and lie inside the tenant's data area, <data dir>/tenants/<tenant> "
+        "(ETRAIN_POLICY_DATA_ROOT), or a shared data root (ETRAIN_POLICY_SHARED_DATA_ROOTS), "
+        "resolved through '..' and symlinks.",
     )
     seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
     num_samples: int = Field(

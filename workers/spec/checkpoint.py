@@ -41,7 +41,8 @@ class S3Spec(Spec):
     endpoint_url: str | None = Field(
         None,
         description="S3 API endpoint, http(s)://host[:port], for MinIO and other "
-        "S3-compatible stores; unset = AWS S3.",
+        "S3-compatible stores; unset = AWS S3. Only endpoints the operator lists for the "
+        "tenant (ETRAIN_POLICY_ENDPOINTS) are accepted.",
     )
     region: str | None = Field(
         None, description="Region of the bucket, e.g. us-east-1; unset = the SDK's default."
@@ -50,7 +51,10 @@ class S3Spec(Spec):
         None,
         description="NAME of a credentials secret (never a key): its values are read "
         "from ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY "
-        "in the service's and the workers' environment; unset = the AWS_* variables.",
+        "in the service's and the workers' environment; unset = the AWS_* variables. A "
+        "tenant may name only its own secrets (default: the one named after the tenant; "
+        "ETRAIN_POLICY_SECRETS) and, unless the operator allows it "
+        "(ETRAIN_POLICY_AMBIENT_CREDENTIALS), must name one.",
     )
 
     @field_validator("endpoint_url")
@@ -104,7 +108,8 @@ class GcsSpec(Spec):
         description="GCS JSON API endpoint, http(s)://host[:port] with no path: an "
         "emulator (fake-gcs-server, gcp-storage-emulator; http:// is anonymous) or a private "
         "endpoint (https:// uses the Google credentials); unset = STORAGE_EMULATOR_HOST when "
-        "set, else storage.googleapis.com.",
+        "set, else storage.googleapis.com. Only endpoints the operator lists for the tenant "
+        "(ETRAIN_POLICY_ENDPOINTS) are accepted.",
     )
 
     @field_validator("endpoint_url")
@@ -134,10 +139,14 @@ class CheckpointSpec(Spec):
 
     storage: str | None = Field(
         None,
-        description="file:///abs/path (default: the service's data dir), s3://bucket[/prefix] "
+        description="file:///abs/path inside the tenant's checkpoint area, "
+        "<data dir>/checkpoints/<tenant> (ETRAIN_POLICY_CHECKPOINT_ROOT; the default), "
+        "resolved through '..' and symlinks; or s3://bucket[/prefix] "
         "(AWS S3 or, with checkpoint.s3.endpoint_url, MinIO or any S3-compatible store) or "
         "gs://bucket[/prefix] (Google Cloud Storage or, with checkpoint.gcs.endpoint_url, an "
-        "emulator). Object stores are checked for write access at submit.",
+        "emulator) under a prefix the operator lists for the tenant "
+        "(ETRAIN_POLICY_OBJECT_STORES). Object stores are checked for write access at submit, "
+        "with the credentials the job will use.",
     )
     s3: S3Spec | None = Field(
         None, description="Endpoint, region and credentials secret name for s3:// storage."
