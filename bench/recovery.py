@@ -56,7 +56,6 @@ from tests.support.ray_cluster import start_node, submit_job  # noqa: E402
 from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
 from workers.elastic.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
 
-GCS_PORT, DASHBOARD_PORT = 6440, 8292
 # Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).
 RAY_DEFAULTS = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2",
@@ -175,7 +174,14 @@ def kill_a_worker() -> float:
 
 
 def run_once(
-    backend: RayJobBackend, sink: TelemetrySink, env: dict, work: Path, every: int, *, spares: bool
+    head: EmbeddedRay,
+    backend: RayJobBackend,
+    sink: TelemetrySink,
+    env: dict,
+    work: Path,
+    every: int,
+    *,
+    spares: bool,
 ) -> dict:
     """One job through (ii), (i) and (iii); returns the measurements."""
     job_id = f"bench-rec-{uuid.uuid4().hex[:6]}"
@@ -191,7 +197,7 @@ def run_once(
         job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
-        node = start_node(gcs_port=GCS_PORT, cpus=2)
+        node = start_node(head, cpus=2)
         t_alive = job.wait(
             lambda: len(backend.cluster().nodes) == 2 and time.time(), 120, "the new node ALIVE"
         )
@@ -275,15 +281,19 @@ def main(argv: list[str] | None = None) -> int:
             head = EmbeddedRay(
                 data_dir=work,
                 num_cpus=2,
-                dashboard_port=DASHBOARD_PORT,
-                gcs_port=GCS_PORT,
                 fast_node_failure=FAST_NODE_FAILURE[name],
             )
             backend = RayJobBackend(head.start(), python=sys.executable)
             try:
                 for r in range(args.repeats):
                     run = run_once(
-                        backend, sink, CONFIGS[name], work, args.every, spares=WARM_SPARES[name]
+                        head,
+                        backend,
+                        sink,
+                        CONFIGS[name],
+                        work,
+                        args.every,
+                        spares=WARM_SPARES[name],
                     )
                     results[name].append(run)
                     print(f"{name} run {r + 1}: {json.dumps(run)}", flush=True)

@@ -53,8 +53,45 @@ class Settings(BaseSettings):
         "interpreter for the embedded Ray, 'python' for an external cluster.",
     )
     ray_num_cpus: int | None = Field(None, description="CPUs of the embedded Ray head.")
-    ray_dashboard_port: int = Field(8265, description="Embedded Ray dashboard port.")
-    ray_gcs_port: int = Field(6379, description="Embedded Ray GCS port.")
+    ray_dashboard_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray dashboard (job API) port; 0 = a free port."
+    )
+    ray_gcs_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray GCS port; 0 = a free port."
+    )
+    ray_client_server_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray client server port; 0 = a free port."
+    )
+    ray_dashboard_agent_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray dashboard agent HTTP port; 0 = a free port."
+    )
+    ray_dashboard_agent_grpc_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray dashboard agent gRPC port; 0 = a free port."
+    )
+    ray_metrics_export_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray Prometheus metrics port; 0 = a free port."
+    )
+    ray_runtime_env_agent_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray runtime-env agent port; 0 = a free port."
+    )
+    ray_node_manager_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray node manager port; 0 = a free port."
+    )
+    ray_object_manager_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray object manager port; 0 = a free port."
+    )
+    ray_min_worker_port: int = Field(
+        0, ge=0, le=65535, description="Lowest port of embedded Ray workers; 0 = any free port."
+    )
+    ray_max_worker_port: int = Field(
+        0, ge=0, le=65535, description="Highest port of embedded Ray workers; 0 = any free port."
+    )
+    ray_head_env: str = Field(
+        "",
+        description="Comma-separated names of more variables the embedded Ray head (and so "
+        "every job) inherits from the service, beyond its allow-list (PATH, HOME, LANG, LC_*, "
+        "RAY_*, PYTHONPATH, ...); never ETRAIN_*, AWS_* or GOOGLE_* unless named here.",
+    )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
     backend: Literal["ray-jobs", "kuberay"] = Field(
         "ray-jobs",

@@ -65,7 +65,7 @@ def client(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def ray_backend(tmp_path_factory):
+def ray_backend(ray_head):
     """A token-auth Ray head (dashboard on) shared by the session, behind the real backend.
 
     Integration tests submit jobs through it; e2e tests point `etrain serve
@@ -74,12 +74,21 @@ def ray_backend(tmp_path_factory):
     """
     import sys
 
-    from service.backends.embedded import EmbeddedRay
     from service.backends.ray_jobs import RayJobBackend
 
-    head = EmbeddedRay(
-        data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2, dashboard_port=8310, gcs_port=6510
-    )
-    backend = RayJobBackend(head.start(), python=sys.executable)
+    backend = RayJobBackend(ray_head.address, python=sys.executable)
     yield backend
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """The session's Ray head (``ray_backend`` submits to it), on free ports: another test
+    run, a dev server or a second checkout on this machine does not collide with it.
+    ``ray_head.gcs_address`` is where more nodes join (tests.support.ray_cluster.start_node).
+    """
+    from service.backends.embedded import EmbeddedRay
+
+    head = EmbeddedRay(data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2)
+    head.start()
+    yield head
     head.stop()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -17,6 +24,43 @@ from service.errors import BackendUnavailable
 from service.ray_head import FAST_NODE_FAILURE_ENV
 
 log = logging.getLogger(__name__)
+
+# What the head (and so every job's driver and workers) inherits from this process: the
+# names below and those starting with a prefix below; nothing else. Not the admin token,
+# not the AWS_* / GOOGLE_* keys, not any ETRAIN_* (ETRAIN_SECRET_<NAME>_* are tenants'
+# keys): a job gets its own tenant's storage variables in its runtime env instead.
+HEAD_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_HOME",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        # Storage switches that hold no secret (workers.checkpoint.storage).
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+        "STORAGE_EMULATOR_HOST",
+    }
+)
+HEAD_ENV_PREFIXES = ("LC_", "RAY_", "NCCL_", "GLOO_", "NVIDIA_")
+
+
+def head_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """The allow-listed part of ``environ`` (plus the names in ``extra``) a Ray head gets."""
+    allowed = HEAD_ENV_NAMES | set(extra)
+    return {k: v for k, v in environ.items() if k in allowed or k.startswith(HEAD_ENV_PREFIXES)}
 
 
 def ensure_ray_token(data_dir: Path) -> Path | None:
@@ -44,11 +88,80 @@ def ensure_ray_token(data_dir: Path) -> Path | None:
     return path
 
 
+def free_port() -> int:
+    """A TCP port no one listens on now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """Every port the embedded head opens; 0 = a free one, chosen at each start.
+
+    The GCS, dashboard and Ray client ports are chosen here (this process must know
+    them); the others are left to Ray, which binds port 0 and records what it got.
+    Worker ports 0/0 mean each worker binds any free port.
+    """
+
+    gcs: int = 0
+    dashboard: int = 0
+    client_server: int = 0
+    dashboard_agent_http: int = 0
+    dashboard_agent_grpc: int = 0
+    metrics_export: int = 0
+    runtime_env_agent: int = 0
+    node_manager: int = 0
+    object_manager: int = 0
+    min_worker: int = 0
+    max_worker: int = 0
+
+    def chosen(self) -> RayPorts:
+        """These ports with a free one for each of the GCS, dashboard and client server at 0."""
+        return dataclasses.replace(
+            self,
+            **{
+                k: free_port()
+                for k in ("gcs", "dashboard", "client_server")
+                if not getattr(self, k)
+            },
+        )
+
+    @property
+    def auto(self) -> bool:
+        """Whether a start chooses any port (so a failed start may be retried with others)."""
+        return not (self.gcs and self.dashboard and self.client_server)
+
+    def flags(self, *, head: bool = True) -> list[str]:
+        """The ``ray start`` flags for these ports (a node joining a head: not the head's
+        GCS, dashboard and client server ports)."""
+        names = {
+            "gcs": "port",
+            "dashboard": "dashboard-port",
+            "client_server": "ray-client-server-port",
+            "dashboard_agent_http": "dashboard-agent-listen-port",
+            "dashboard_agent_grpc": "dashboard-agent-grpc-port",
+            "metrics_export": "metrics-export-port",
+            "runtime_env_agent": "runtime-env-agent-port",
+            "node_manager": "node-manager-port",
+            "object_manager": "object-manager-port",
+            "min_worker": "min-worker-port",
+            "max_worker": "max-worker-port",
+        }
+        if not head:
+            names = {
+                k: v for k, v in names.items() if k not in ("gcs", "dashboard", "client_server")
+            }
+        return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
+
+
 class EmbeddedRay:
     """``ray start --head --block`` as a child process, with dashboard and token auth.
 
     ``--block`` keeps the head in the foreground so that stopping this one
     child takes the whole local cluster (raylet, GCS, dashboard) down with it.
+    The head runs with an allow-listed environment (:func:`head_env`), its own
+    temp dir, and ports that do not collide with another head on this machine.
     """
 
     def __init__(
@@ -56,53 +169,75 @@ class EmbeddedRay:
         *,
         data_dir: Path,
         num_cpus: int | None = None,
-        dashboard_port: int = 8265,
-        gcs_port: int = 6379,
+        ports: RayPorts | None = None,
         fast_node_failure: bool = True,
+        extra_env: Iterable[str] = (),
     ):
         self.data_dir = data_dir
         self.gcs_env = FAST_NODE_FAILURE_ENV if fast_node_failure else {}
         self.num_cpus = num_cpus
-        self.dashboard_port = dashboard_port
-        self.gcs_port = gcs_port
+        self.requested = ports or RayPorts()
+        self.ports = self.requested
+        self.extra_env = tuple(extra_env)
         self.proc: subprocess.Popen | None = None
-        # Ray's unix socket paths must stay short; keep its temp dir near /tmp.
-        self.temp_dir = Path("/tmp") / f"etrain-ray-{gcs_port}"
+        self.temp_dir: Path | None = None
 
     @property
     def address(self) -> str:
         """The job API / dashboard URL."""
-        return f"http://127.0.0.1:{self.dashboard_port}"
+        return f"http://127.0.0.1:{self.ports.dashboard}"
 
-    def start(self, *, timeout: float = 120.0) -> str:
-        """Start the head and wait until its job API answers; return its address."""
+    @property
+    def gcs_address(self) -> str:
+        """Where another node joins this head (``ray start --address``)."""
+        return f"127.0.0.1:{self.ports.gcs}"
+
+    def start(self, *, timeout: float = 120.0, attempts: int = 3) -> str:
+        """Start the head and wait until its job API answers; return its address.
+
+        A start whose ports were chosen here and that fails (another process took
+        one of them in between) is tried again with other ports.
+        """
         ensure_ray_token(self.data_dir)
-        ray_bin = str(Path(sys.executable).with_name("ray"))
+        tries = attempts if self.requested.auto else 1
+        for attempt in range(1, tries + 1):
+            try:
+                self._start_once(timeout)
+                return self.address
+            except BackendUnavailable:
+                if attempt == tries:
+                    raise
+                log.warning("embedded Ray head failed to start; retrying with other ports")
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> None:
+        self.ports = self.requested.chosen()
+        # Ray's unix socket paths must stay short: a unique dir directly under /tmp.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="etrain-ray-", dir="/tmp"))
         cmd = [
-            ray_bin,
+            str(Path(sys.executable).with_name("ray")),
             "start",
             "--head",
             "--block",
-            f"--port={self.gcs_port}",
+            *self.ports.flags(),
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={self.dashboard_port}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
         ]
         if self.num_cpus is not None:
             cmd.append(f"--num-cpus={self.num_cpus}")
         log_path = self.data_dir / "ray-head.log"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, **self.gcs_env},
+                env={**head_env(os.environ, self.extra_env), **self.gcs_env},
             )
         self._wait_ready(timeout, log_path)
-        return self.address
 
     def _wait_ready(self, timeout: float, log_path: Path) -> None:
         from workers.ray_compat import auth_headers
@@ -110,9 +245,12 @@ class EmbeddedRay:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BackendUnavailable(
-                    f"embedded Ray head exited with {self.proc.returncode}; see {log_path}"
-                )
+                code = self.proc.returncode
+                # Whatever it had started before it gave up goes with its process group.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.stop()
+                raise BackendUnavailable(f"embedded Ray head exited with {code}; see {log_path}")
             try:
                 # Ready means the job API answers and the head's raylet has registered
                 # (the dashboard comes up a moment before the node is listed).
@@ -132,13 +270,14 @@ class EmbeddedRay:
         )
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Stop the head and everything it started."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """Stop the head and everything it started; remove its temp dir."""
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)

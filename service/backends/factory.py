@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from service.backends.base import Backend
-from service.backends.embedded import EmbeddedRay, ensure_ray_token
+from service.backends.embedded import EmbeddedRay, RayPorts, ensure_ray_token
 from service.backends.ray_jobs import RayJobBackend
 from service.settings import Settings
 
@@ -21,11 +21,28 @@ def build_backend(settings: Settings) -> tuple[Backend, EmbeddedRay | None]:
     embedded = EmbeddedRay(
         data_dir=settings.data_path,
         num_cpus=settings.ray_num_cpus,
-        dashboard_port=settings.ray_dashboard_port,
-        gcs_port=settings.ray_gcs_port,
+        ports=embedded_ports(settings),
+        extra_env=[n.strip() for n in settings.ray_head_env.split(",") if n.strip()],
     )
     address = embedded.start()
     return RayJobBackend(address, python=settings.worker_python or sys.executable), embedded
+
+
+def embedded_ports(settings: Settings) -> RayPorts:
+    """The embedded head's ports from the ``ETRAIN_RAY_*_PORT`` settings (0 = a free one)."""
+    return RayPorts(
+        gcs=settings.ray_gcs_port,
+        dashboard=settings.ray_dashboard_port,
+        client_server=settings.ray_client_server_port,
+        dashboard_agent_http=settings.ray_dashboard_agent_port,
+        dashboard_agent_grpc=settings.ray_dashboard_agent_grpc_port,
+        metrics_export=settings.ray_metrics_export_port,
+        runtime_env_agent=settings.ray_runtime_env_agent_port,
+        node_manager=settings.ray_node_manager_port,
+        object_manager=settings.ray_object_manager_port,
+        min_worker=settings.ray_min_worker_port,
+        max_worker=settings.ray_max_worker_port,
+    )
 
 
 def build_kuberay_backend(settings: Settings) -> Backend:

@@ -53,7 +53,9 @@ def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: P
     )
 
 
-def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_sink, tmp_path):
+def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
+    ray_backend, ray_head, telemetry_sink, tmp_path
+):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
     throttle = tmp_path / "slow"
@@ -68,7 +70,7 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
 
     wait_for(lambda: len(sizes()) >= 15, timeout=240, what="training at 2 workers")
     assert set(sizes()) == {2}
-    node = start_node(gcs_port=6510, cpus=2)
+    node = start_node(ray_head, cpus=2)
     try:
         wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=detail)
         grown_at = len(sizes())
@@ -111,7 +113,7 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(ray_backend, telemetry_
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
 
 
-def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
+def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, tmp_path):
     """pp=2: a 1-CPU node makes 3 workers possible, which the layout cannot use; a
     second one makes 4, and the job grows to dp=2 (its losses still match)."""
     job_id = f"j-elastic-pp-{uuid.uuid4().hex[:6]}"
@@ -125,7 +127,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
     kinds = lambda: [e["kind"] for e in telemetry_sink.items("events", job_id)]  # noqa: E731
     wait_for(lambda: len(sizes()) >= 5, timeout=240, what="training at 2 workers")
-    nodes = [start_node(gcs_port=6510, cpus=1)]
+    nodes = [start_node(ray_head, cpus=1)]
     try:
         wait_for(
             lambda: "layout_unused" in kinds(),
@@ -134,7 +136,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, telemetry_sink, tmp_path):
             detail=kinds,
         )
         assert set(sizes()) == {2}
-        nodes.append(start_node(gcs_port=6510, cpus=1))
+        nodes.append(start_node(ray_head, cpus=1))
         wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=kinds)
         throttle.unlink()
         state = wait_for_job(ray_backend, f"it-{job_id}", timeout=400)

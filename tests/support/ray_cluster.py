@@ -4,29 +4,37 @@ telemetry endpoint."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from service.backends.base import Backend, LaunchRequest, RunState
+from service.backends.embedded import EmbeddedRay, RayPorts, head_env
 from tests.support.polling import wait_for
 from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV
 
 
-def start_node(*, gcs_port: int, cpus: int) -> subprocess.Popen:
-    """Another Ray node joining the head at ``gcs_port``, in its own process group (so that
-    killing the group takes its raylet and workers down as a lost node would)."""
+def start_node(head: EmbeddedRay, *, cpus: int) -> subprocess.Popen:
+    """Another Ray node joining ``head``, in its own process group (so that killing the
+    group takes its raylet and workers down as a lost node would). Its ports are free ones
+    (0: Ray's choice), like the head's, and it gets the head's allow-listed environment."""
     ray = str(Path(sys.executable).with_name("ray"))
     command = [
         ray,
         "start",
-        f"--address=127.0.0.1:{gcs_port}",
+        f"--address={head.gcs_address}",
         f"--num-cpus={cpus}",
         "--block",
         "--disable-usage-stats",
+        *RayPorts().flags(head=False),
     ]
     return subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        command,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=head_env(os.environ),
     )
 
 

@@ -1,4 +1,4 @@
-"""ensure_ray_token: keep a token the environment already names; create one otherwise."""
+"""The embedded Ray head: its token, its ports (free unless pinned) and its environment."""
 
 from __future__ import annotations
 
@@ -25,3 +25,90 @@ def test_without_one_a_private_token_file_is_created(tmp_path, monkeypatch):
 
     assert os.environ["RAY_AUTH_MODE"] == "token"
     assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(path)
+
+
+# -- ports: a second head on this machine must not collide with the first -----------------
+
+
+def test_every_port_ray_opens_is_set_and_free_ones_are_chosen_per_start():
+    from service.backends.embedded import RayPorts
+
+    chosen = RayPorts().chosen()
+    flags = dict(f.lstrip("-").split("=") for f in chosen.flags())
+    assert set(flags) == {
+        "port",
+        "dashboard-port",
+        "ray-client-server-port",
+        "dashboard-agent-listen-port",  # Ray's default 52365 made a second head's jobs fail
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "node-manager-port",
+        "object-manager-port",
+        "min-worker-port",
+        "max-worker-port",
+    }
+    # The three this process must know are chosen here, distinct; Ray binds the rest at 0.
+    mine = [chosen.gcs, chosen.dashboard, chosen.client_server]
+    assert all(p > 1024 for p in mine) and len(set(mine)) == 3
+    assert flags["dashboard-agent-listen-port"] == "0" and flags["min-worker-port"] == "0"
+    assert (
+        RayPorts().chosen().gcs != chosen.gcs or RayPorts().chosen().dashboard != chosen.dashboard
+    )
+
+
+def test_ports_an_operator_pins_are_kept():
+    from service.backends.factory import embedded_ports
+    from service.settings import Settings
+
+    pinned = Settings(ray_gcs_port=6400, ray_dashboard_port=8300, ray_dashboard_agent_port=52400)
+    ports = embedded_ports(pinned).chosen()
+    assert (ports.gcs, ports.dashboard, ports.dashboard_agent_http) == (6400, 8300, 52400)
+    assert "--dashboard-agent-listen-port=52400" in ports.flags()
+    assert "--port=6400" not in ports.flags(head=False)
+
+
+def test_defaults_leave_every_port_free():
+    from service.settings import Settings
+
+    s = Settings()
+    assert all(
+        getattr(s, f) == 0
+        for f in type(s).model_fields
+        if f.startswith("ray_") and f.endswith("_port")
+    )
+
+
+# -- environment: the head (and so every job) gets an allow-list, not the service's secrets -
+
+
+def test_the_head_inherits_only_allow_listed_variables():
+    from service.backends.embedded import head_env
+
+    service_env = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/svc",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/src",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": "/data/ray_auth_token",
+        "ETRAIN_ADMIN_TOKEN": "et_admin",
+        "ETRAIN_DATABASE_URL": "postgresql://u:pw@db/etrain",
+        "ETRAIN_SECRET_TEAMA_SECRET_ACCESS_KEY": "a-key",
+        "AWS_ACCESS_KEY_ID": "AKIA",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/keys/sa.json",
+        "OPERATOR_EXTRA": "kept-when-named",
+    }
+    got = head_env(service_env)
+    assert sorted(got) == [
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "PATH",
+        "PYTHONPATH",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN_PATH",
+    ]
+    assert head_env(service_env, ["OPERATOR_EXTRA"])["OPERATOR_EXTRA"] == "kept-when-named"
