@@ -219,3 +219,15 @@ class EtrainClient:
         if cluster is not None:
             body["cluster"] = cluster
         return self._request("POST", "/v1/plan", json=body).json()
+
+    def create_token(self, tenant: str, name: str = "token") -> dict[str, Any]:
+        """POST /v1/tokens (admin): a new user token of ``tenant`` (created if new)."""
+        return self._request("POST", "/v1/tokens", json={"tenant": tenant, "name": name}).json()
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        """GET /v1/tokens: live tokens (id, tenant, name, role, created_at), never secrets."""
+        return self._request("GET", "/v1/tokens").json()["items"]
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        """DELETE /v1/tokens/{id}: revoke a token at once; returns the token revoked."""
+        return self._request("DELETE", f"/v1/tokens/{quote(token_id, safe='')}").json()

@@ -199,8 +199,11 @@ def api_markdown() -> str:
         "Every `/v1` route needs `Authorization: Bearer <token>`. Errors are "
         '`{"detail": ...}`: 401 unknown token, 403 not allowed, 404 no such job '
         "(also for another tenant's), 409 a status change the job's state forbids, 422 "
-        "an invalid spec or body (a list of `{loc, msg, type}` naming each field), 502 "
-        "and 503 when the Ray cluster refuses or cannot be reached. The full document "
+        "an invalid spec or body (a list of `{loc, msg, type}` naming each field), 413 a "
+        "body over `ETRAIN_MAX_BODY_BYTES` (refused before it is read or authenticated), "
+        "415 a body that is not JSON or YAML (UTF-8), 502 "
+        "and 503 when the Ray cluster refuses or cannot be reached. Bodies nest at most 64 "
+        "levels and hold at most 200,000 values. The full document "
         "is [openapi.json](openapi.json) (served at `/openapi.json`, browsable at "
         "`/docs`).\n\n",
         _table(("route", "what", "query", "answers"), iter(rows)),

@@ -30,19 +30,76 @@ def body(schema: dict, *, yaml: bool = True) -> dict:
     return {"requestBody": {"required": True, "content": content}}
 
 
+ERROR = {
+    "type": "object",
+    "required": ["detail"],
+    "properties": {
+        "detail": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"$ref": REF.format(model="ValidationError")}},
+            ],
+            "description": "What was wrong and what to send instead; a list of field "
+            "errors (loc, msg, type) for a 422.",
+        }
+    },
+    "title": "Error",
+}
+# The errors each kind of operation can answer, beyond what FastAPI documents itself.
+_AUTH_ERRORS = {
+    "401": "Missing, unknown or revoked API token.",
+    "403": "The token may not call this route (a job's reporter token, or not an admin).",
+}
+_BODY_ERRORS = {
+    "413": "The body is larger than ETRAIN_MAX_BODY_BYTES.",
+    "415": "The body is not in a media type the route reads (JSON or YAML, UTF-8).",
+    "422": "The body is malformed, nests too deep, or names a field wrongly.",
+}
+_ID_ERRORS = {"404": "No such job or token visible to the caller."}
+
+
+def _error(description: str) -> dict:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
+    }
+
+
+def _document_errors(document: dict) -> None:
+    """Add the error answers of every operation (auth, ids, bodies) to ``document``."""
+    document["components"]["schemas"].setdefault("Error", ERROR)
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            errors: dict[str, str] = {}
+            if path.startswith("/v1/"):
+                errors |= _AUTH_ERRORS
+            elif path == "/metrics":
+                errors["401"] = "An Authorization header with an unknown or revoked token."
+            if "{" in path:
+                errors |= _ID_ERRORS
+            if "requestBody" in operation:
+                errors |= _BODY_ERRORS
+            responses = operation.setdefault("responses", {})
+            for code, description in errors.items():
+                responses.setdefault(code, _error(description))
+
+
 def document_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
-    """Make ``app.openapi()`` carry the schemas of ``models`` and of the models they use."""
+    """Make ``app.openapi()`` carry the schemas of ``models`` and of the models they use,
+    and every operation's error answers."""
     models = tuple(models)
     generate = app.openapi
 
     def openapi() -> dict:
         """FastAPI's document (built once) with the body models' schemas added."""
         if app.openapi_schema is None:
-            schemas = generate().setdefault("components", {}).setdefault("schemas", {})
+            document = generate()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
             for model in models:
                 schema = model.model_json_schema(by_alias=True, ref_template=REF)
                 for name, part in {**schema.pop("$defs", {}), model.__name__: schema}.items():
                     schemas.setdefault(name, part)
+            _document_errors(document)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -875,3 +875,26 @@ def test_stored_points_keep_the_fields_the_workers_sent(client):
     assert r.status_code == 200
     (stored,) = client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"]
     assert set(stored) == set(point) and stored["mfu"] == 0.41
+
+
+def test_a_user_lists_and_revokes_only_its_own_tenants_tokens(client):
+    team_a = _tenant_token(client, "team-a")
+    team_b = _tenant_token(client, "team-b")
+    listed = client.get("/v1/tokens", headers=team_a).json()["items"]
+    assert {t["tenant"] for t in listed} == {"team-a"}
+    everyone = client.get("/v1/tokens", headers=ADMIN_H).json()["items"]
+    assert {t["tenant"] for t in everyone} == {"admin", "team-a", "team-b"}
+    (b_token,) = [t["id"] for t in everyone if t["tenant"] == "team-b"]
+    r = client.delete(f"/v1/tokens/{b_token}", headers=team_a)
+    assert r.status_code == 404, r.text
+    assert client.get("/v1/jobs", headers=team_b).status_code == 200
+    assert client.post("/v1/tokens", json={"tenant": "team-a"}, headers=team_a).status_code == 403
+    (a_token,) = [t["id"] for t in listed]
+    assert client.delete(f"/v1/tokens/{a_token}", headers=team_a).status_code == 200
+    assert client.get("/v1/jobs", headers=team_a).status_code == 401
+
+
+def test_a_bad_token_request_names_the_field(client):
+    r = client.post("/v1/tokens", json={"tenant": "Not A Name"}, headers=ADMIN_H)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "tenant"]

@@ -194,3 +194,33 @@ def test_empty_admin_token_file_never_makes_an_empty_token_valid(stores, tmp_pat
     ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path)
     with pytest.raises(Unauthorized):
         authenticate(stores.tokens, "Bearer ")
+
+
+def test_a_configured_admin_token_replaces_the_generated_one_and_back(stores, tmp_path):
+    generated = ensure_admin_token(stores.tokens, configured=None, data_dir=tmp_path)
+    old = generated.read_text().strip()
+    ensure_admin_token(
+        stores.tokens, configured="et_configured-admin-0123456789", data_dir=tmp_path
+    )
+    assert not generated.exists()  # it held a token that no longer works
+    with pytest.raises(Unauthorized):
+        authenticate(stores.tokens, f"Bearer {old}")
+    # Configured A, then B, then A again: only the one in force works each time.
+    ensure_admin_token(stores.tokens, configured="et_configured-admin-b", data_dir=tmp_path)
+    with pytest.raises(Unauthorized):
+        authenticate(stores.tokens, "Bearer et_configured-admin-0123456789")
+    ensure_admin_token(
+        stores.tokens, configured="et_configured-admin-0123456789", data_dir=tmp_path
+    )
+    assert authenticate(stores.tokens, "Bearer et_configured-admin-0123456789").role == "admin"
+    with pytest.raises(Unauthorized):
+        authenticate(stores.tokens, "Bearer et_configured-admin-b")
+    live = [r for r in _token_rows(stores) if r["role"] == "admin" and r["revoked_at"] is None]
+    assert len(live) == 1
+
+
+def test_user_tokens_survive_a_new_admin_token(stores, tmp_path):
+    ensure_admin_token(stores.tokens, configured="et_admin-one", data_dir=tmp_path)
+    user = create_user_token(stores.tokens, tenant="acme", name="ci")
+    ensure_admin_token(stores.tokens, configured="et_admin-two", data_dir=tmp_path)
+    assert authenticate(stores.tokens, f"Bearer {user}").role == "user"

@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from service import cli
+from tests.support.fakes import ADMIN, ADMIN_H
 
 TOKEN = "s3cret-token-value"
 REPO = Path(__file__).resolve().parents[3]
@@ -500,3 +501,41 @@ def test_serve_wires_run_server_lazily(monkeypatch):
         {"host": None, "port": None, "ray_address": None, "data_dir": None},
         {"host": "0.0.0.0", "port": 9000, "ray_address": "http://h:8265", "data_dir": "/d"},
     ]
+
+
+class _Delegate(httpx.BaseTransport):
+    """A transport that sends to the real app of a TestClient (and leaves it open)."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.api._transport.handle_request(request)
+
+
+def test_token_create_list_revoke_against_the_real_api(client, monkeypatch):
+    monkeypatch.setattr(cli, "_transport", lambda: _Delegate(client))
+    monkeypatch.setattr(cli, "console", Console(width=200, highlight=False))
+    env = {"ETRAIN_TOKEN": ADMIN, "ETRAIN_URL": "http://testserver"}
+
+    def etrain(*args: str):
+        result = CliRunner().invoke(cli.app, list(args), env=env)
+        assert ADMIN not in result.output
+        return result
+
+    created = etrain("token", "create", "team-a", "--name", "ci")
+    assert created.exit_code == 0, created.output
+    secret = created.stdout.strip()
+    assert secret.startswith("et_")
+    listed = etrain("token", "list")
+    assert listed.exit_code == 0 and "team-a" in listed.stdout and secret not in listed.stdout
+    token_id = next(
+        t["id"]
+        for t in client.get("/v1/tokens", headers=ADMIN_H).json()["items"]
+        if t["tenant"] == "team-a"
+    )
+    revoked = etrain("token", "revoke", token_id)
+    assert revoked.exit_code == 0 and token_id in revoked.stdout
+    assert client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    again = etrain("token", "revoke", token_id)
+    assert again.exit_code == 2 and "no live token" in again.stderr
