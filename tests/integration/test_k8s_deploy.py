@@ -335,7 +335,8 @@ def test_helm_template_renders_valid_objects(values_file, helm_home):
     assert {"Deployment", "NetworkPolicy"} <= {o["kind"] for o in objects}
 
 
-def test_helm_install_works_as_documented(helm_home):
+@pytest.mark.parametrize("values_file", VALUES)
+def test_helm_install_works_as_documented(values_file, helm_home):
     """`helm install etrain helm/etrain` as docs/kubernetes.md has it, in client dry-run.
 
     Helm 3 checks the chart's dependencies first (a listed one missing from charts/
@@ -354,6 +355,7 @@ def test_helm_install_works_as_documented(helm_home):
                 "ml",
                 "--dry-run=client",
                 "--disable-openapi-validation",
+                *_values_args(values_file),
             ],
             home=helm_home,
             server=server,
@@ -365,5 +367,5 @@ def test_helm_install_works_as_documented(helm_home):
     manifest = result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)
     objects = [o for o in yaml.safe_load_all(manifest[0]) if o]
     validate_objects(objects)
-    assert ("RayCluster", "etrain") in _by_kind(objects)
+    assert ("Deployment", "etrain") in _by_kind(objects)
     assert "port-forward svc/etrain-head-svc 8265:8265" in manifest[1]
