@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.backends.kuberay_capacity import raycluster_capacity
 from service.backends.ray_jobs import RayJobBackend, dashboard_links_at
 from service.errors import BackendError, BackendUnavailable
 from service.k8s.manifests import (
@@ -35,7 +36,11 @@ from service.k8s.manifests import (
     rayjob_name,
     worker_group_for_job,
 )
-from service.k8s.pod_security import DEFAULT_STORAGE_SECRET_PREFIX, tenant_storage_env
+from service.k8s.pod_security import (
+    DEFAULT_STORAGE_SECRET_PREFIX,
+    checkpoint_mount,
+    tenant_storage_env,
+)
 from service.k8s.validate import ManifestError, validate_objects
 
 GROUP, VERSION = "ray.io", "v1"
@@ -161,6 +166,7 @@ class KubeRayBackend(Backend):
         if not req.tenant:
             raise BackendError(f"job {req.job_id} has no tenant: cannot scope its RayCluster")
         try:
+            checkpoint_mount(req.tenant)  # the tenant's folder must be one folder name
             storage_env = tenant_storage_env(
                 req.tenant, spec.checkpoint, prefix=self.storage_secret_prefix
             )
@@ -352,47 +358,3 @@ def _translate(e, what: str) -> Exception:
     if e.status in (401, 403) or e.status is None or e.status >= 500:
         return BackendUnavailable(f"Kubernetes API refused to {reason}")
     return BackendError(f"Kubernetes API refused to {reason}")
-
-
-def _quantity(text: str | int | float | None) -> float:
-    """A CPU or count quantity ("4", "500m", 8) as a float."""
-    if text is None or text == "":
-        return 0.0
-    text = str(text)
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
-def _group_resources(group: dict) -> dict[str, float]:
-    params = group.get("rayStartParams") or {}
-    containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or [{}]
-    limits = (containers[0].get("resources") or {}).get("limits") or {}
-    cpu = params.get("num-cpus", limits.get("cpu"))
-    gpu = params.get("num-gpus", limits.get("nvidia.com/gpu"))
-    return {"CPU": _quantity(cpu), "GPU": _quantity(gpu)}
-
-
-def raycluster_capacity(obj: dict, *, dashboard_url: str | None) -> ClusterInfo:
-    """What a RayCluster holds when every worker group is at maxReplicas."""
-    spec = obj.get("spec") or {}
-    nodes = [
-        {
-            "node_id": "head",
-            "ip": None,
-            "is_head": True,
-            "resources": _group_resources(spec.get("headGroupSpec") or {}),
-        }
-    ]
-    for group in spec.get("workerGroupSpecs") or []:
-        res = _group_resources(group)
-        hosts = group.get("numOfHosts", 1)
-        for i in range(group.get("maxReplicas", 0) * hosts):
-            nodes.append(
-                {
-                    "node_id": f"{group.get('groupName')}-{i}",
-                    "ip": None,
-                    "is_head": False,
-                    "resources": dict(res),
-                }
-            )
-    total = {k: sum(n["resources"][k] for n in nodes) for k in ("CPU", "GPU")}
-    return ClusterInfo(nodes=nodes, total=total, available=dict(total), dashboard_url=dashboard_url)
