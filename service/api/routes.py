@@ -21,7 +21,7 @@ from service.api.deps import (
     User,
     runtime,
 )
-from service.api.parsing import parse_body
+from service.api.parsing import read_body
 from service.api.schemas import (
     CheckpointPage,
     CheckpointPublic,
@@ -98,7 +98,7 @@ def read_prometheus_metrics(request: Request, with_jobs: JobSeries) -> Response:
 @v1.post("/jobs", status_code=201, openapi_extra=openapi.body(openapi.ref(JobSpec)))
 async def create_job(request: Request, user: User, submission: Submissions) -> JobPublic:
     """Submit a job spec (JSON, or YAML with Content-Type: application/yaml)."""
-    data = parse_body(await request.body(), request.headers.get("content-type"))
+    data = await read_body(request)
     prepared = await run_in_threadpool(submission.prepare, user, data)  # store, cluster
     await submission.probe(prepared)  # object storage: its own threads, awaited here
     job = await run_in_threadpool(submission.store, prepared)
@@ -186,7 +186,7 @@ async def create_job_telemetry(
     job_id: str, request: Request, principal: Caller, ingest: Ingest
 ) -> TelemetryAccepted:
     """Metrics, events and checkpoints from a job's workers (its reporter token only)."""
-    data = parse_body(await request.body(), request.headers.get("content-type"), yaml_ok=False)
+    data = await read_body(request, yaml_ok=False)
     accepted = ingest.ingest(principal, job_id, data)
     prom.TELEMETRY_POINTS.inc(accepted)
     return TelemetryAccepted(accepted=accepted)
@@ -195,7 +195,7 @@ async def create_job_telemetry(
 @v1.post("/plan", openapi_extra=openapi.body(_PLAN_REQUEST))
 async def create_plan(request: Request, user: User, submission: Submissions) -> Plan:
     """Dry run: memory per rank, layout, warnings, errors and a recommendation."""
-    data = parse_body(await request.body(), request.headers.get("content-type"))
+    data = await read_body(request)
     prepared = await run_in_threadpool(submission.prepare_plan, user, data)
     await submission.probe(prepared)  # object storage: its own threads, awaited here
     return prepared.plan

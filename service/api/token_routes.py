@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from service.api import openapi
 from service.api.deps import User, runtime
-from service.api.parsing import parse_body
+from service.api.parsing import read_body
 from service.api.schemas import TokenInfo, TokenPage, TokenPublic, TokenRequest
 from service.auth import Principal, issue_user_token
 from service.domain.validation import field_errors
@@ -53,7 +53,7 @@ async def create_token(request: Request, user: User) -> TokenPublic:
     """Admin only: create a tenant's API token. The token is shown only in this answer."""
     if user.role != "admin":
         raise Forbidden("only an admin token can create tokens")
-    data = parse_body(await request.body(), request.headers.get("content-type"), yaml_ok=False)
+    data = await read_body(request, yaml_ok=False)
     try:
         body = TokenRequest.model_validate(data)
     except ValidationError as e:
