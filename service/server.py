@@ -25,6 +25,19 @@ def describe_ray(settings: Settings) -> str:
     return "an embedded local Ray head (starting)"
 
 
+def configure_logging() -> None:
+    """The service's log: ``ETRAIN_LOG_LEVEL`` (INFO), without client libraries' chatter."""
+    from workers.checkpoint.storage import quiet_storage_loggers
+    from workers.telemetry.reporter import quiet_http_loggers
+
+    logging.basicConfig(
+        level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    quiet_storage_loggers()  # even at DEBUG: botocore would log signed request headers
+    quiet_http_loggers()  # not a line per cluster poll
+
+
 def run_server(
     *,
     host: str | None = None,
@@ -37,7 +50,6 @@ def run_server(
 
     from service.api.app import create_app
     from service.settings import Settings
-    from workers.checkpoint.storage import quiet_storage_loggers
 
     overrides = {
         k: v
@@ -50,11 +62,7 @@ def run_server(
         if v is not None
     }
     settings = Settings(**overrides)
-    logging.basicConfig(
-        level=os.environ.get("ETRAIN_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    quiet_storage_loggers()  # even at DEBUG: botocore would log signed request headers
+    configure_logging()
     print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
     if settings.admin_token is None:
         print(

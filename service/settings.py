@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         "RAY_*, PYTHONPATH, ...); never ETRAIN_*, AWS_* or GOOGLE_* unless named here.",
     )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
+    submit_retry_s: float = Field(
+        300,
+        gt=0,
+        description="How long a job whose submission the cluster turns away for now (Ray job "
+        "API 5xx, no agent, unreachable) goes back to the queue and is tried again, with "
+        "backoff from 1 s to 30 s, before it fails; a refusal (4xx) fails it at once.",
+    )
     backend: Literal["ray-jobs", "kuberay"] = Field(
         "ray-jobs",
         description="ray-jobs: Ray's job API (embedded head, or ETRAIN_RAY_ADDRESS, "

@@ -76,7 +76,7 @@ def ray_backend(ray_head):
 
     from service.backends.ray_jobs import RayJobBackend
 
-    backend = RayJobBackend(ray_head.address, python=sys.executable)
+    backend = RayJobBackend(ray_head.address, python=sys.executable, probe_agent=True)
     yield backend
 
 

@@ -259,4 +259,6 @@ class NotReady(BaseModel):
     """The store or the backend does not answer."""
 
     status: str = "unavailable"
-    reason: str = Field(description="The failure's type name.")
+    reason: str = Field(
+        description="The failure's type name, or why the backend cannot accept a job now."
+    )

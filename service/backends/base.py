@@ -87,6 +87,16 @@ class Backend(ABC):
     def ping(self) -> None:
         """Raise BackendUnavailable when the cluster cannot be reached."""
 
+    def not_ready(self) -> str | None:
+        """Why the cluster cannot accept a job now (a short reason, no secrets); None when
+        it can. By default: ``ping`` answers. Backends override it with a check that
+        reaches what a submission needs, without submitting anything."""
+        try:
+            self.ping()
+        except Exception as e:  # noqa: BLE001 - any failure means not ready
+            return type(e).__name__
+        return None
+
     def dashboard_links(self, submission_id: str) -> dict[str, str]:
         """Links to a submission's pages in the Ray dashboard, by name; none by default.
 

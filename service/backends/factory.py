@@ -25,7 +25,10 @@ def build_backend(settings: Settings) -> tuple[Backend, EmbeddedRay | None]:
         extra_env=[n.strip() for n in settings.ray_head_env.split(",") if n.strip()],
     )
     address = embedded.start()
-    return RayJobBackend(address, python=settings.worker_python or sys.executable), embedded
+    backend = RayJobBackend(
+        address, python=settings.worker_python or sys.executable, probe_agent=True
+    )
+    return backend, embedded
 
 
 def embedded_ports(settings: Settings) -> RayPorts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
@@ -14,6 +15,8 @@ from workers.contract import driver_command, launch_env
 # with attempts and workers. It answers once a driver ran with
 # RAY_TRAIN_ENABLE_STATE_TRACKING=1 (the reconciler sets it); there is no per-run URL.
 TRAIN_RUNS_PATH = "/api/train/v2/runs/v1"
+# Seconds each readiness request may take (GET /readyz answers within a few of them).
+READY_TIMEOUT_S = 3.0
 _STATES = {
     "PENDING": RunState.PENDING,
     "RUNNING": RunState.RUNNING,
@@ -31,9 +34,10 @@ class RayJobBackend(Backend):
     this process's environment, as Ray's own clients do.
     """
 
-    def __init__(self, address: str, *, python: str = "python"):
+    def __init__(self, address: str, *, python: str = "python", probe_agent: bool = False):
         self.address = address.rstrip("/")
         self.python = python
+        self.probe_agent = probe_agent
         self._client = None
 
     def _jobs(self):
@@ -65,8 +69,11 @@ class RayJobBackend(Backend):
                 metadata={"etrain_job_id": req.job_id},
             )
         except RuntimeError as e:
-            if "already exists" not in str(e):
+            if "already exists" in str(e):
+                return self.dashboard_job_url(req.submission_id)
+            if refused(str(e)):
                 raise BackendError(f"Ray refused job {req.job_id}: {e}") from e
+            raise BackendUnavailable(f"Ray's job API cannot take job {req.job_id} now: {e}") from e
         except Exception as e:
             raise BackendUnavailable(f"cannot submit to Ray at {self.address}: {e}") from e
         return self.dashboard_job_url(req.submission_id)
@@ -111,21 +118,83 @@ class RayJobBackend(Backend):
 
     def cluster(self) -> ClusterInfo:
         """Alive nodes and their total and available resources, from the dashboard."""
+        return _cluster_from_summary(self._summary(timeout=10), self.address)
+
+    def _summary(self, *, timeout: float) -> list[dict]:
+        """The dashboard's node summary (every node, dead ones too)."""
         import httpx
 
         from workers.ray_compat import auth_headers
 
         try:
-            r = httpx.get(f"{self.address}/nodes?view=summary", headers=auth_headers(), timeout=10)
+            r = httpx.get(
+                f"{self.address}/nodes?view=summary", headers=auth_headers(), timeout=timeout
+            )
             r.raise_for_status()
-            summary = r.json()["data"]["summary"]
+            return r.json()["data"]["summary"]
         except Exception as e:
             raise BackendUnavailable(f"cannot read cluster state from {self.address}: {e}") from e
-        return _cluster_from_summary(summary, self.address)
 
     def ping(self) -> None:
         """Raise BackendUnavailable unless the job API answers."""
         self.cluster()
+
+    def not_ready(self) -> str | None:
+        """Whether Ray's job API could start a job now, checked without submitting one.
+
+        A submission needs the job API (``/api/version``), an ALIVE head node, and that
+        node's dashboard agent serving HTTP: the job API hands every submission to it, and
+        without it answers ``No available agent to submit job``. With ``probe_agent`` (the
+        embedded head, whose agent this process can reach) the agent's own health check
+        must answer too; else its registered HTTP port must be set.
+        """
+        import httpx
+
+        from workers.ray_compat import auth_headers
+
+        try:
+            headers = auth_headers()
+            r = httpx.get(f"{self.address}/api/version", headers=headers, timeout=READY_TIMEOUT_S)
+            if r.status_code != 200:
+                return f"Ray job API answered {r.status_code}"
+            head = _alive_head(self._summary(timeout=READY_TIMEOUT_S))
+            if head is None:
+                return "Ray has no ALIVE head node yet"
+            port = int(head.get("dashboardAgentListenPort") or 0)
+            if port <= 0:
+                return "the Ray head's dashboard agent serves no HTTP, so no job can start"
+            if self.probe_agent:
+                agent = f"http://{head.get('nodeManagerAddress', '127.0.0.1')}:{port}"
+                r = httpx.get(f"{agent}/api/healthz", headers=headers, timeout=READY_TIMEOUT_S)
+                if r.status_code != 200:
+                    return f"the Ray head's dashboard agent answered {r.status_code}"
+        except (httpx.HTTPError, BackendUnavailable, ValueError, KeyError) as e:
+            return f"cannot reach Ray's job API ({type(e).__name__})"
+        return None
+
+
+def _alive_head(summary: list[dict]) -> dict | None:
+    """The raylet record of the ALIVE head node in a node summary, if there is one."""
+    for node in summary:
+        raylet = node.get("raylet", {})
+        if raylet.get("isHeadNode") and raylet.get("state") == "ALIVE":
+            return raylet
+    return None
+
+
+def refused(error: str) -> bool:
+    """Whether an error of Ray's job client is a refusal (a 4xx), not a failure to try again.
+
+    The client raises ``Request failed with status code N: <body>``. The head wraps what
+    its job agent answered, so ``500: ... status code 400: ...`` is the agent's refusal:
+    the innermost code decides. 5xx (``No available agent to submit job, please try again
+    later``), 408 and 429 are worth retrying; so is an error with no code.
+    """
+    codes = re.findall(r"status code (\d{3})", error)
+    if not codes:
+        return False
+    code = int(codes[-1])
+    return 400 <= code < 500 and code not in (408, 429)
 
 
 def dashboard_links_at(base: str, submission_id: str) -> dict[str, str]:

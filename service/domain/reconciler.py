@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from service.auth import create_reporter_token
@@ -44,13 +47,67 @@ def demand_of(job: JobRecord) -> Demand:
     )
 
 
+class SubmitBackoff:
+    """When a job whose submission the cluster turned away for now is tried again.
+
+    Delays double from ``base_s`` up to ``max_s``; once ``give_up_after_s`` passed since
+    the first failure, ``failed`` answers None: the job fails instead. In memory: a
+    restarted service starts counting again.
+    """
+
+    def __init__(
+        self,
+        *,
+        give_up_after_s: float,
+        base_s: float = 1.0,
+        max_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.give_up_after_s, self.base_s, self.max_s, self.clock = (
+            give_up_after_s,
+            base_s,
+            max_s,
+            clock,
+        )
+        self._tries: dict[str, tuple[int, float, float]] = {}  # job -> (tries, first, next)
+
+    def failed(self, job_id: str) -> tuple[int, float] | None:
+        """Record a failed try; (tries so far, seconds until the next) or None to give up."""
+        now = self.clock()
+        tries, first, _ = self._tries.get(job_id, (0, now, now))
+        tries += 1
+        if now - first >= self.give_up_after_s:
+            self._tries.pop(job_id, None)
+            return None
+        delay = min(self.max_s, self.base_s * 2 ** (tries - 1))
+        self._tries[job_id] = (tries, first, now + delay)
+        return tries, delay
+
+    def due(self, job_id: str) -> bool:
+        """Whether the job may be tried (again) now."""
+        entry = self._tries.get(job_id)
+        return entry is None or self.clock() >= entry[2]
+
+    def clear(self, job_id: str) -> None:
+        """The job was accepted or refused: forget its tries."""
+        self._tries.pop(job_id, None)
+
+
 class Reconciler:
     """One ``tick`` moves every job one step closer to what the cluster says."""
 
-    def __init__(self, stores: Stores, backend: Backend, settings: Settings):
+    def __init__(
+        self,
+        stores: Stores,
+        backend: Backend,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """Follow the jobs of ``stores`` on ``backend``; poll every ``reconcile_interval_s``."""
         self.stores, self.backend, self.settings = stores, backend, settings
         self.jobs = stores.jobs
+        self.backoff = SubmitBackoff(give_up_after_s=settings.submit_retry_s, clock=clock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # submission id -> reporter token, kept across retries: a submit that timed out may
@@ -70,7 +127,8 @@ class Reconciler:
         self._admit()
 
     def _admit(self) -> None:
-        queued = self.jobs.list_queue({JobStatus.QUEUED})
+        # A job the cluster turned away for now waits out its backoff in the queue.
+        queued = [e for e in self.jobs.list_queue({JobStatus.QUEUED}) if self.backoff.due(e.id)]
         if not queued:
             return
         info, now = self.backend.cluster(), _now()
@@ -133,18 +191,15 @@ class Reconciler:
         try:
             url = self.backend.submit(req)
         except BackendUnavailable as e:
-            change_status(
-                self.jobs,
-                job,
-                JobStatus.QUEUED,
-                event=(EventKind.REQUEUED, f"backend unavailable: {e}", None),
-            )
+            self._submit_failed(job, submission_id, e)
             return
         except BackendError as e:
             self._tokens.pop(submission_id, None)
+            self.backoff.clear(job.id)
             self._finish(job, JobStatus.FAILED, f"submission refused: {e}")
             return
         self._tokens.pop(submission_id, None)
+        self.backoff.clear(job.id)
         updated = self.jobs.update_job(
             job.id,
             expect_status=JobStatus.PENDING,
@@ -158,6 +213,33 @@ class Reconciler:
         )
         if updated is None:  # cancelled while we were submitting: do not leave it running
             self.backend.stop(submission_id)
+
+    def _submit_failed(self, job: JobRecord, submission_id: str, error: Exception) -> None:
+        """The cluster could not take the job now: back to the queue to be tried again after
+        a backoff, or, once ``submit_retry_s`` is spent, FAILED with the last error."""
+        why = _tail(str(error), 500)
+        retry = self.backoff.failed(job.id)
+        if retry is None:
+            self._tokens.pop(submission_id, None)
+            with contextlib.suppress(Exception):  # a try that timed out may have reached Ray
+                self.backend.stop(submission_id)
+            limit = f"{self.settings.submit_retry_s:g}s"
+            self._finish(
+                job, JobStatus.FAILED, f"the cluster did not accept the job within {limit}: {why}"
+            )
+            return
+        tries, delay = retry
+        change_status(
+            self.jobs,
+            job,
+            JobStatus.QUEUED,
+            event=(
+                EventKind.REQUEUED,
+                f"the cluster cannot take the job now (try {tries}); trying again in "
+                f"{delay:g}s: {why}",
+                {"tries": tries, "retry_in_s": delay},
+            ),
+        )
 
     def _storage_env(self, job: JobRecord) -> dict[str, str]:
         """The object-store credentials the job's workers need, from the service's env.

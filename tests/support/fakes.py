@@ -27,12 +27,16 @@ class FakeBackend(Backend):
 
     def __init__(self, *, cpus: float = 2.0, gpus: float = 0.0):
         self.submitted: list[LaunchRequest] = []
+        self.submit_calls = 0
         self.stopped: list[str] = []
         self.statuses: dict[str, RunStatus] = {}
         self.log_text: dict[str, str] = {}
         self.submit_error: Exception | None = None
         self.status_error: Exception | None = None
         self.ping_error: Exception | None = None
+        self.not_ready_reason: str | None = None  # the job API cannot take a job now
+        # Raised by the next submits, one each, before ``submit_error`` is looked at.
+        self.submit_failures: list[Exception] = []
         self.on_submit: Callable[[LaunchRequest], None] | None = None
         total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         self.info = ClusterInfo(
@@ -43,6 +47,9 @@ class FakeBackend(Backend):
         )
 
     def submit(self, req: LaunchRequest) -> str:
+        self.submit_calls += 1
+        if self.submit_failures:
+            raise self.submit_failures.pop(0)
         if self.submit_error is not None:
             raise self.submit_error
         self.submitted.append(req)
@@ -71,3 +78,6 @@ class FakeBackend(Backend):
     def ping(self) -> None:
         if self.ping_error is not None:
             raise self.ping_error
+
+    def not_ready(self) -> str | None:
+        return self.not_ready_reason or super().not_ready()

@@ -36,6 +36,15 @@ from workers.contract import (
 log = logging.getLogger(__name__)
 
 _MAX_QUEUE = 20_000  # points kept while the control plane is unreachable
+# httpx logs every request at INFO: one line per telemetry post (twice a second) in the
+# job's own logs, one per cluster poll in the service's. Warnings and errors still show.
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+
+
+def quiet_http_loggers() -> None:
+    """Keep the HTTP client loggers at WARNING or above, whatever the root level is."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
 
 class TelemetryReporter:
@@ -56,6 +65,7 @@ class TelemetryReporter:
         # Items queued, and items sent (or dropped): flush() waits for the second to catch up.
         self._queued = self._done = 0
         self._progress = threading.Condition()
+        quiet_http_loggers()
         self._thread = threading.Thread(target=self._run, name="etrain-telemetry", daemon=True)
         self._thread.start()
 

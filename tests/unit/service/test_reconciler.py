@@ -31,9 +31,24 @@ def backend() -> FakeBackend:
     return FakeBackend(cpus=4)
 
 
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def reconciler(stores, backend, settings) -> Reconciler:
-    return Reconciler(stores, backend, settings)
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def reconciler(stores, backend, settings, clock) -> Reconciler:
+    return Reconciler(stores, backend, settings, clock=clock)
 
 
 @pytest.fixture
@@ -297,7 +312,13 @@ def test_job_cancelled_during_submit_has_its_submission_stopped(
         authenticate(stores.tokens, f"Bearer {backend.submitted[0].env['ETRAIN_REPORT_TOKEN']}")
 
 
-def test_backend_unavailable_on_submit_requeues(stores, tenant, backend, reconciler):
+NO_AGENT = BackendUnavailable(
+    "Ray's job API cannot take job j-1 now: Request failed with status code 500: "
+    "No available agent to submit job, please try again later.."
+)
+
+
+def test_backend_unavailable_on_submit_requeues(stores, tenant, backend, reconciler, clock):
     job = _job(stores, tenant)
     backend.submit_error = BackendUnavailable("ray head unreachable")
     reconciler.tick()
@@ -307,10 +328,59 @@ def test_backend_unavailable_on_submit_requeues(stores, tenant, backend, reconci
     assert len(requeued) == 1 and "ray head unreachable" in requeued[0].message
 
     backend.submit_error = None
+    clock.now += 1
     reconciler.tick()
     got = stores.jobs.get_job(job.id)
     assert got.status is JobStatus.PENDING
     assert got.submission_id == f"etrain-{job.id}-0"  # the same idempotent id
+
+
+def test_a_transient_submit_error_is_retried_with_backoff_until_ray_takes_the_job(
+    stores, tenant, backend, reconciler, clock
+):
+    job = _job(stores, tenant)
+    backend.submit_failures = [NO_AGENT, NO_AGENT, NO_AGENT]
+    waits = []
+    for _ in range(3):
+        reconciler.tick()
+        got = stores.jobs.get_job(job.id)
+        assert got.status is JobStatus.QUEUED and got.error is None
+        event = [e for e in stores.events.list_events(job.id) if e.kind == "requeued"][-1]
+        assert "No available agent" in event.message
+        waits.append(event.data["retry_in_s"])
+        calls = backend.submit_calls
+        reconciler.tick()  # still backing off: not tried again, not admitted
+        assert backend.submit_calls == calls
+        assert stores.jobs.get_job(job.id).status is JobStatus.QUEUED
+        clock.now += event.data["retry_in_s"]
+    assert waits == [1, 2, 4]  # doubling
+
+    reconciler.tick()
+    got = stores.jobs.get_job(job.id)
+    assert got.status is JobStatus.PENDING and got.submission_id == f"etrain-{job.id}-0"
+    assert backend.submit_calls == 4 and len(backend.submitted) == 1
+    assert _kinds(stores, job.id)[-2:] == ["admitted", "submitted"]
+
+
+def test_a_cluster_that_keeps_turning_the_job_away_fails_it_after_submit_retry_s(
+    stores, tenant, backend, tmp_path, clock
+):
+    settings = Settings(env="development", data_dir=tmp_path, submit_retry_s=60)
+    reconciler = Reconciler(stores, backend, settings, clock=clock)
+    job = _job(stores, tenant)
+    backend.submit_error = NO_AGENT
+    for _ in range(50):
+        reconciler.tick()
+        if stores.jobs.get_job(job.id).status is JobStatus.FAILED:
+            break
+        clock.now += 5
+    got = stores.jobs.get_job(job.id)
+    assert got.status is JobStatus.FAILED
+    assert "did not accept the job within 60s" in got.error and "No available agent" in got.error
+    # Bounded tries (1, 2, 4, 8, 16, 30 s apart), and a try that may have reached Ray is stopped.
+    assert 5 <= backend.submit_calls <= 8
+    assert backend.stopped == [f"etrain-{job.id}-0"]
+    assert _live_reporter_tokens(stores, job.id) == 0
 
 
 def _live_reporter_tokens(stores: Stores, job_id: str) -> int:
@@ -327,7 +397,7 @@ def _live_reporter_tokens(stores: Stores, job_id: str) -> int:
 
 
 def test_retried_submissions_keep_at_most_one_live_reporter_token(
-    stores, tenant, backend, reconciler
+    stores, tenant, backend, reconciler, clock
 ):
     # At most one, not zero: a submit that timed out may still have reached Ray, and that
     # driver (found again by its idempotent submission id) reports with the first token.
@@ -335,6 +405,8 @@ def test_retried_submissions_keep_at_most_one_live_reporter_token(
     backend.submit_error = BackendUnavailable("ray head unreachable")
     for _ in range(3):
         reconciler.tick()
+        clock.now += 30
+    assert backend.submit_calls == 3
     assert stores.jobs.get_job(job.id).status is JobStatus.QUEUED
     assert _live_reporter_tokens(stores, job.id) <= 1
 
@@ -344,6 +416,7 @@ def test_backend_refusing_a_submission_fails_the_job(stores, tenant, backend, re
     backend.submit_error = BackendError("runtime_env rejected")
     reconciler.tick()
     got = stores.jobs.get_job(job.id)
+    assert backend.submit_calls == 1  # a refusal is not tried again
     assert got.status is JobStatus.FAILED and got.finished_at is not None
     assert "submission refused" in got.error and "runtime_env rejected" in got.error
 
@@ -463,3 +536,89 @@ def test_exit_code_contract_matches_the_driver():
     import workers.launch
 
     assert workers.launch.EXIT_TRAINING_FAILED == EXIT_TRAINING_FAILED
+
+
+# -- Ray's job API: what is a refusal, what is worth another try ---------------------------
+
+
+class _JobClient:
+    """Ray's JobSubmissionClient, answering every submit with one error."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def submit_job(self, **_):
+        raise self.error
+
+
+def _ray_submit(error: Exception) -> str:
+    from service.backends.base import LaunchRequest
+    from service.backends.ray_jobs import RayJobBackend
+
+    backend = RayJobBackend("http://ray.test:8265")
+    backend._client = _JobClient(error)
+    req = LaunchRequest(job_id="j-1", submission_id="etrain-j-1-0", spec_json="{}")
+    return backend.submit(req)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Request failed with status code 500: No available agent to submit job, please "
+        "try again later..",
+        "Request failed with status code 503: Service Unavailable.",
+        "Request failed with status code 429: Too Many Requests.",
+    ],
+)
+def test_ray_job_api_errors_worth_another_try_are_unavailable(answer):
+    with pytest.raises(BackendUnavailable, match="cannot take job j-1 now"):
+        _ray_submit(RuntimeError(answer))
+    with pytest.raises(BackendUnavailable):
+        _ray_submit(ConnectionError("Connection refused"))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Request failed with status code 400: runtime_env: invalid env_vars.",
+        # The head wraps its agent's answer: the agent's 400 is the refusal.
+        "Request failed with status code 500: Traceback ...\nRuntimeError: Request failed "
+        "with status code 400: ValueError: invalid runtime_env.",
+    ],
+)
+def test_ray_job_api_refusals_are_backend_errors(answer):
+    with pytest.raises(BackendError, match="Ray refused job j-1"):
+        _ray_submit(RuntimeError(answer))
+
+
+def test_a_submission_ray_already_has_is_not_an_error():
+    already = "Request failed with status code 500: ... Job with submission_id etrain-j-1-0 "
+    url = _ray_submit(RuntimeError(already + "already exists. Please use a different one."))
+    assert url.endswith("/#/jobs/etrain-j-1-0")
+
+
+def test_ray_readiness_needs_the_head_agent_serving_http(monkeypatch):
+    import httpx
+
+    from service.backends.ray_jobs import RayJobBackend
+
+    agent_port = {"value": -1}
+
+    def get(url, **_):
+        if url.endswith("/api/version"):
+            return httpx.Response(200, json={"version": "4"})
+        raylet = {
+            "isHeadNode": True,
+            "state": "ALIVE",
+            "nodeManagerAddress": "10.0.0.1",
+            "dashboardAgentListenPort": agent_port["value"],
+        }
+        return httpx.Response(
+            200, json={"data": {"summary": [{"raylet": raylet}]}}, request=httpx.Request("GET", url)
+        )
+
+    monkeypatch.setattr(httpx, "get", get)
+    backend = RayJobBackend("http://ray.test:8265")
+    assert "dashboard agent serves no HTTP" in backend.not_ready()
+    agent_port["value"] = 52365
+    assert backend.not_ready() is None
