@@ -66,18 +66,20 @@ class Served:
 def start_serve(
     data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None, timeout: float = 180
 ) -> Served:
-    """Start `etrain serve` and wait for /readyz."""
+    """Start `etrain serve` and wait for /readyz. Without ``ray_address`` it starts its own
+    embedded Ray head; an ``ETRAIN_ADMIN_TOKEN`` in ``extra_env`` is used, none inherited."""
     port = int((extra_env or {}).get("ETRAIN_PORT") or free_port())
-    env = {
-        **os.environ,
-        "ETRAIN_DATA_DIR": str(data_dir),
-        "ETRAIN_PORT": str(port),
-        "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
-        # The session cluster runs on this machine, from this venv.
-        "ETRAIN_WORKER_PYTHON": sys.executable,
-        **(extra_env or {}),
-    }
-    env.pop("ETRAIN_ADMIN_TOKEN", None)
+    env = {k: v for k, v in os.environ.items() if k != "ETRAIN_ADMIN_TOKEN"}
+    env.update(
+        {
+            "ETRAIN_DATA_DIR": str(data_dir),
+            "ETRAIN_PORT": str(port),
+            "ETRAIN_RECONCILE_INTERVAL_S": "0.5",
+            # The session cluster runs on this machine, from this venv.
+            "ETRAIN_WORKER_PYTHON": sys.executable,
+            **(extra_env or {}),
+        }
+    )
     if ray_address:
         env["ETRAIN_RAY_ADDRESS"] = ray_address
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,7 @@ def start_serve(
     else:
         proc.kill()
         raise TimeoutError(f"etrain serve not ready:\n{log.read_text()[-3000:]}")
-    token = (data_dir / "admin_token").read_text().strip()
+    token = env.get("ETRAIN_ADMIN_TOKEN") or (data_dir / "admin_token").read_text().strip()
     return Served(proc=proc, url=url, data_dir=data_dir, token=token, log=log)
 
 
