@@ -2,9 +2,10 @@
 
 Every series carries a ``job_id`` label; ``/metrics`` serves them only to a scrape
 with an admin token, or to any when the operator turns ETRAIN_METRICS_JOB_LABELS on.
-Gauges are set from what the store holds after a batch (the job's newest metric point, its newest checkpoint), so
-a replayed batch writes the same values again; counters only move for events
-the store newly inserted (``add_event`` de-duplicates on ``dedup_key``).
+Gauges are set from what the store holds after a batch (the job's newest metric
+point, its newest checkpoint), so a replayed batch writes the same values again;
+counters only move for events the store newly inserted (``add_event``
+de-duplicates on ``dedup_key``).
 
 Cardinality: a job's series are removed at the first scrape at least
 ``ended_grace_s`` after a scrape first saw the job ended (or gone), so
