@@ -36,6 +36,8 @@ from workers.contract import (
 log = logging.getLogger(__name__)
 
 _MAX_QUEUE = 20_000  # points kept while the control plane is unreachable
+# Items in one telemetry post: a backlog goes in parts well under the API's 1 MiB body limit.
+_MAX_POST_ITEMS = 100
 # httpx logs every request at INFO: one line per telemetry post (twice a second) in the
 # job's own logs, one per cluster poll in the service's. Warnings and errors still show.
 HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
@@ -160,14 +162,29 @@ class TelemetryReporter:
                     if dropped:
                         self._count_done(dropped)
                     setattr(pending, key, merged[dropped:])
-                if pending and self._send(client, pending):
-                    self._count_done(pending.size())
-                    pending = TelemetryBatch()
+                pending = self._send_in_parts(client, pending)
                 if stopping and (not pending or not self.url):
                     return
                 if stopping:  # one last try, then give up rather than hang shutdown
-                    self._send(client, pending)
+                    self._send_in_parts(client, pending)
                     return
+
+    def _send_in_parts(self, client: httpx.Client, pending: TelemetryBatch) -> TelemetryBatch:
+        """Send ``pending`` in posts of at most _MAX_POST_ITEMS items, so that a backlog
+        stays under the API's body limit; return what was not taken."""
+        while pending:
+            part, rest = TelemetryBatch(), TelemetryBatch()
+            room = _MAX_POST_ITEMS
+            for key in TelemetryBatch.model_fields:
+                items = getattr(pending, key)
+                setattr(part, key, items[:room])
+                setattr(rest, key, items[room:])
+                room -= len(getattr(part, key))
+            if not self._send(client, part):
+                return pending
+            self._count_done(part.size())
+            pending = rest
+        return pending
 
     def _send(self, client: httpx.Client, batch: TelemetryBatch) -> bool:
         body = batch.model_dump(mode="json")

@@ -90,3 +90,21 @@ def test_flush_sends_now_and_reports_an_unreachable_control_plane():
     assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == [1, 2, 3]
     r.close()
     ep.server.shutdown()
+
+
+def test_a_backlog_is_sent_in_parts_under_the_body_limit():
+    """After an outage the backlog goes in posts of at most 100 items, each far below the
+    API's 1 MiB body limit, in order and complete."""
+    ep = Endpoint()
+    ep.fail = True
+    r = TelemetryReporter(url=ep.url, token="t", job_id="j-1", flush_interval=0.05)
+    for step in range(1, 1001):
+        r.metric(MetricPoint(step=step, world_size=2, loss=1.0, tokens_per_s=1e6))
+    time.sleep(0.3)
+    ep.fail = False
+    r.close(timeout=10)
+    sizes = [TelemetryBatch.model_validate(b).size() for _, _, b in ep.posts]
+    assert max(sizes) <= 100 and sum(sizes) == 1000
+    assert max(len(json.dumps(b)) for _, _, b in ep.posts) < 64 * 1024
+    assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == list(range(1, 1001))
+    ep.server.shutdown()
