@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     ray_max_worker_port: int = Field(
         0, ge=0, le=65535, description="Highest port of embedded Ray workers; 0 = any free port."
     )
+    ray_dashboard_metrics_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray dashboard's Prometheus port; 0 = a free port."
+    )
+    ray_autoscaler_metrics_port: int = Field(
+        0, ge=0, le=65535, description="Embedded Ray autoscaler's Prometheus port; 0 = a free port."
+    )
     ray_head_env: str = Field(
         "",
         description="Comma-separated names of more variables the embedded Ray head (and so "

@@ -77,8 +77,7 @@ def healthz() -> Health:
 @probes.get("/readyz", response_model=Ready, responses={503: {"model": NotReady}})
 def readyz(request: Request) -> Ready | JSONResponse:
     """Readiness: the store answers and the backend can accept a job now."""
-    rt = runtime(request)
-    reason = rt.monitoring.not_ready() or rt.backend.not_ready()
+    reason = runtime(request).monitoring.not_ready()
     if reason is not None:
         return JSONResponse(status_code=503, content=NotReady(reason=reason).model_dump())
     return Ready()

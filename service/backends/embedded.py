@@ -100,8 +100,10 @@ class RayPorts:
     """Every port the embedded head opens; 0 = a free one, chosen at each start.
 
     The GCS, dashboard and Ray client ports are chosen here (this process must know
-    them); the others are left to Ray, which binds port 0 and records what it got.
-    Worker ports 0/0 mean each worker binds any free port.
+    them), and so are the dashboard's and the autoscaler's Prometheus ports (set by
+    environment, 44227 and 44217 by default, and recorded as given); the others are
+    left to Ray, which binds port 0 and records what it got. Worker ports 0/0 mean
+    each worker binds any free port.
     """
 
     gcs: int = 0
@@ -115,22 +117,26 @@ class RayPorts:
     object_manager: int = 0
     min_worker: int = 0
     max_worker: int = 0
+    dashboard_metrics: int = 0
+    autoscaler_metrics: int = 0
 
     def chosen(self) -> RayPorts:
-        """These ports with a free one for each of the GCS, dashboard and client server at 0."""
+        """These ports with a free one for each of ``CHOSEN_HERE`` left at 0."""
         return dataclasses.replace(
-            self,
-            **{
-                k: free_port()
-                for k in ("gcs", "dashboard", "client_server")
-                if not getattr(self, k)
-            },
+            self, **{k: free_port() for k in CHOSEN_HERE if not getattr(self, k)}
         )
 
     @property
     def auto(self) -> bool:
         """Whether a start chooses any port (so a failed start may be retried with others)."""
-        return not (self.gcs and self.dashboard and self.client_server)
+        return not all(getattr(self, k) for k in CHOSEN_HERE)
+
+    def env(self) -> dict[str, str]:
+        """The variables that set the ports Ray takes from its environment."""
+        return {
+            "DASHBOARD_METRIC_PORT": str(self.dashboard_metrics),
+            "AUTOSCALER_METRIC_PORT": str(self.autoscaler_metrics),
+        }
 
     def flags(self, *, head: bool = True) -> list[str]:
         """The ``ray start`` flags for these ports (a node joining a head: not the head's
@@ -153,6 +159,9 @@ class RayPorts:
                 k: v for k, v in names.items() if k not in ("gcs", "dashboard", "client_server")
             }
         return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
+
+
+CHOSEN_HERE = ("gcs", "dashboard", "client_server", "dashboard_metrics", "autoscaler_metrics")
 
 
 class EmbeddedRay:
@@ -235,7 +244,7 @@ class EmbeddedRay:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**head_env(os.environ, self.extra_env), **self.gcs_env},
+                env={**head_env(os.environ, self.extra_env), **self.gcs_env, **self.ports.env()},
             )
         self._wait_ready(timeout, log_path)
 

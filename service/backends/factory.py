@@ -45,6 +45,8 @@ def embedded_ports(settings: Settings) -> RayPorts:
         object_manager=settings.ray_object_manager_port,
         min_worker=settings.ray_min_worker_port,
         max_worker=settings.ray_max_worker_port,
+        dashboard_metrics=settings.ray_dashboard_metrics_port,
+        autoscaler_metrics=settings.ray_autoscaler_metrics_port,
     )
 
 

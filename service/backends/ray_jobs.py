@@ -163,13 +163,16 @@ class RayJobBackend(Backend):
             port = int(head.get("dashboardAgentListenPort") or 0)
             if port <= 0:
                 return "the Ray head's dashboard agent serves no HTTP, so no job can start"
-            if self.probe_agent:
-                agent = f"http://{head.get('nodeManagerAddress', '127.0.0.1')}:{port}"
-                r = httpx.get(f"{agent}/api/healthz", headers=headers, timeout=READY_TIMEOUT_S)
-                if r.status_code != 200:
-                    return f"the Ray head's dashboard agent answered {r.status_code}"
         except (httpx.HTTPError, BackendUnavailable, ValueError, KeyError) as e:
             return f"cannot reach Ray's job API ({type(e).__name__})"
+        if self.probe_agent:
+            agent = f"http://{head.get('nodeManagerAddress', '127.0.0.1')}:{port}"
+            try:
+                r = httpx.get(f"{agent}/api/healthz", headers=headers, timeout=READY_TIMEOUT_S)
+            except httpx.HTTPError as e:
+                return f"the Ray head's dashboard agent does not answer ({type(e).__name__})"
+            if r.status_code != 200:
+                return f"the Ray head's dashboard agent answered {r.status_code}"
         return None
 
 

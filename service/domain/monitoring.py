@@ -16,14 +16,13 @@ class Monitoring:
         self.stores, self.backend, self.job_metrics = stores, backend, job_metrics
 
     def not_ready(self) -> str | None:
-        """Why the service cannot serve now (the failure's type name); None when the store
-        and the backend both answer."""
+        """Why the service cannot serve now (the store's failure's type name, or why the
+        backend cannot accept a job); None when the store answers and a job could start."""
         try:
             self.stores.ping()
-            self.backend.ping()
         except Exception as e:  # noqa: BLE001 - any failure means not ready
             return type(e).__name__
-        return None
+        return self.backend.not_ready()
 
     def scrape(self) -> dict[JobStatus, int]:
         """Jobs by status now; first drops the series of jobs that ended past their grace."""

@@ -48,9 +48,16 @@ def test_every_port_ray_opens_is_set_and_free_ones_are_chosen_per_start():
         "min-worker-port",
         "max-worker-port",
     }
-    # The three this process must know are chosen here, distinct; Ray binds the rest at 0.
+    # Those this process must know, or Ray only reads from its environment (the dashboard's
+    # and autoscaler's Prometheus ports, 44227 and 44217 by default), are chosen here,
+    # distinct; Ray binds the rest at 0.
     mine = [chosen.gcs, chosen.dashboard, chosen.client_server]
-    assert all(p > 1024 for p in mine) and len(set(mine)) == 3
+    mine += [chosen.dashboard_metrics, chosen.autoscaler_metrics]
+    assert all(p > 1024 for p in mine) and len(set(mine)) == 5
+    assert chosen.env() == {
+        "DASHBOARD_METRIC_PORT": str(chosen.dashboard_metrics),
+        "AUTOSCALER_METRIC_PORT": str(chosen.autoscaler_metrics),
+    }
     assert flags["dashboard-agent-listen-port"] == "0" and flags["min-worker-port"] == "0"
     assert (
         RayPorts().chosen().gcs != chosen.gcs or RayPorts().chosen().dashboard != chosen.dashboard
