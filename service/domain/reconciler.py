@@ -157,15 +157,19 @@ class Reconciler:
     def _record_waiting(self, waiting: tuple[Waiting, ...]) -> None:
         """One ``waiting`` event per job and kind of reason (scheduler.WaitCode)."""
         known, self._waiting = self._waiting, {w.job_id: w.code for w in waiting}
-        for w in waiting:
-            if known.get(w.job_id) != w.code:
-                self.stores.events.add_event(
+        self.stores.events.add_events(
+            [
+                (
                     w.job_id,
-                    kind=EventKind.WAITING,
-                    message=w.reason,
-                    data={"reason": w.code.value},
-                    dedup_key=f"waiting:{w.code.value}",
+                    EventKind.WAITING,
+                    w.reason,
+                    {"reason": w.code.value},
+                    f"waiting:{w.code}",
                 )
+                for w in waiting
+                if known.get(w.job_id) != w.code
+            ]
+        )
 
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""

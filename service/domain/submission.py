@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
 from service.domain.access_policy import AccessPolicy, Tenant
+from service.domain.cluster_view import cluster_info
 from service.domain.scheduler import max_queued_jobs
 from service.domain.storage_check import StorageProbes
 from service.domain.validation import field_errors, validate_spec
@@ -139,7 +140,7 @@ class Submission:
         """Nodes, per-node CPUs, GPUs (and their model) and host memory of the connected
         cluster, as a plan's ``cluster`` (empty if it cannot be reached)."""
         try:
-            nodes = self.backend.cluster().nodes
+            nodes = cluster_info(self.backend).nodes  # read at most every 2 s (cluster_view)
         except BackendUnavailable:
             return {}
         return cluster_from_nodes(nodes)

@@ -4,7 +4,9 @@ dialect."""
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,9 @@ from sqlalchemy.pool import StaticPool
 
 # SQLite waits this long for another writer's lock before failing with "database is locked".
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# Pooled connections: the API's threadpool (40 threads) and the reconciler share the pool;
+# a request waiting for a connection is a request not answered.
+POOL_SIZE, POOL_OVERFLOW = 10, 30
 
 
 def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
@@ -55,7 +60,9 @@ def build_engine(url: str) -> Engine:
         # psycopg (3) is the driver we ship; SQLAlchemy's bare default is psycopg2.
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        return create_engine(
+            parsed, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW
+        )
     kwargs: dict[str, Any] = {
         "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
     }
@@ -63,8 +70,10 @@ def build_engine(url: str) -> Engine:
     if not database or database == ":memory:":
         # Every new connection to :memory: is a new empty database; share one.
         kwargs["poolclass"] = StaticPool
-    elif not database.startswith("file:"):
-        _private_file(Path(database).expanduser())
+    else:
+        kwargs.update(pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
+        if not database.startswith("file:"):
+            _private_file(Path(database).expanduser())
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _configure_sqlite)
     return engine
@@ -82,10 +91,22 @@ class Database:
         self.url = url
         self._engine = build_engine(url)
         self._dialect = self._engine.dialect.name
+        # SQLite has one writer at a time, and a writer that finds the lock taken sleeps in
+        # growing steps (up to 100 ms) before it looks again. Writers of this process queue
+        # on a lock instead and start the moment the previous one commits.
+        self._write_lock = threading.RLock() if self._dialect == "sqlite" else None
 
     def begin(self) -> AbstractContextManager[Connection]:
         """A connection in a transaction that commits on exit (rolls back on an error)."""
-        return self._engine.begin()
+        if self._write_lock is None:
+            return self._engine.begin()
+        return self._serialised_begin()
+
+    @contextmanager
+    def _serialised_begin(self) -> Iterator[Connection]:
+        assert self._write_lock is not None
+        with self._write_lock, self._engine.begin() as conn:
+            yield conn
 
     def connect(self) -> AbstractContextManager[Connection]:
         """A connection for reads."""

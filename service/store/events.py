@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from sqlalchemy import select
 
 from service.store.database import Database
-from service.store.models import EventRecord
+from service.store.models import EventRecord, utcnow
 from service.store.tables import EVENTS, insert_event, require_job
+
+# (job_id, kind, message, data, dedup_key) of one event in add_events.
+JobEvent = tuple[str, str | enum.Enum, str, dict | None, str | None]
+_ROWS_PER_INSERT = 500  # well under SQLite's limit of bound variables per statement
 
 
 class EventStore:
@@ -31,6 +36,32 @@ class EventStore:
         with self._db.begin() as conn:
             require_job(conn, job_id)
             return insert_event(self._db, conn, job_id, kind, message, data, dedup_key)
+
+    def add_events(self, events: Sequence[JobEvent]) -> None:
+        """Store many events (of existing jobs) in one transaction; an event whose
+        ``dedup_key`` its job already has is skipped."""
+        now = utcnow()
+        rows = [
+            {
+                "job_id": job_id,
+                "ts": now,
+                "kind": kind.value if isinstance(kind, enum.Enum) else kind,
+                "message": message,
+                "data": data,
+                "dedup_key": dedup_key,
+            }
+            for job_id, kind, message, data, dedup_key in events
+        ]
+        if not rows:
+            return
+        with self._db.begin() as conn:
+            for start in range(0, len(rows), _ROWS_PER_INSERT):
+                query = (
+                    self._db.insert(EVENTS)
+                    .values(rows[start : start + _ROWS_PER_INSERT])
+                    .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
+                )
+                conn.execute(query)
 
     def list_events(
         self, job_id: str, *, after_id: int = 0, limit: int = 1000

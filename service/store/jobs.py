@@ -10,6 +10,8 @@ write lose instead of slipping through.
 from __future__ import annotations
 
 import enum
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,8 +41,44 @@ def _job_record(values: Any) -> JobRecord:
     """Convert a ``jobs`` row (or the values just inserted) into a JobRecord."""
     values = dict(values)
     values["status"] = JobStatus(values["status"])
-    values["spec"] = JobSpec.model_validate(values["spec"])
+    if not isinstance(values["spec"], JobSpec):
+        values["spec"] = JobSpec.model_validate(values["spec"])
     return JobRecord(**values)
+
+
+# Every column but the spec: pages of jobs read the spec through _SpecCache.
+_NO_SPEC = [c for c in JOBS.c if c.name != "spec"]
+
+
+class _SpecCache:
+    """Parsed specs by job id, the most recently used ``size`` of them.
+
+    A job's spec is written once, at submit (``update_job`` drops the entry should a spec
+    ever be rewritten), so a page of jobs reads and parses only the specs it has not seen:
+    decoding and validating 50 specs was most of a ``GET /v1/jobs``.
+    """
+
+    def __init__(self, size: int = 4096):
+        self._size, self._lock = size, threading.Lock()
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()
+
+    def get(self, job_id: str) -> JobSpec | None:
+        with self._lock:
+            spec = self._specs.get(job_id)
+            if spec is not None:
+                self._specs.move_to_end(job_id)
+            return spec
+
+    def put(self, job_id: str, spec: JobSpec) -> None:
+        with self._lock:
+            self._specs[job_id] = spec
+            self._specs.move_to_end(job_id)
+            while len(self._specs) > self._size:
+                self._specs.popitem(last=False)
+
+    def drop(self, job_id: str) -> None:
+        with self._lock:
+            self._specs.pop(job_id, None)
 
 
 def _status_values(statuses: Iterable[JobStatus | str] | None) -> list[str] | None:
@@ -67,6 +105,20 @@ class JobStore:
     def __init__(self, db: Database):
         """Use the tables of ``db``."""
         self._db = db
+        self._specs = _SpecCache()
+
+    def _records(self, conn: Any, query: Any) -> list[JobRecord]:
+        """Run ``query`` (a select of ``_NO_SPEC``) and attach each job's spec, reading and
+        parsing only those not cached."""
+        rows = conn.execute(query).all()
+        specs = {row.id: self._specs.get(row.id) for row in rows}
+        missing = [job_id for job_id, spec in specs.items() if spec is None]
+        if missing:
+            stored = select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(missing))
+            for job_id, raw in conn.execute(stored):
+                specs[job_id] = JobSpec.model_validate(raw)
+                self._specs.put(job_id, specs[job_id])
+        return [_job_record({**row._mapping, "spec": specs[row.id]}) for row in rows]
 
     def create_job(
         self,
@@ -119,7 +171,9 @@ class JobStore:
                 None,
             )
         # Built from what was stored, so it equals what get_job reads back.
-        return _job_record(values)
+        record = _job_record(values)
+        self._specs.put(record.id, record.spec)
+        return record
 
     @staticmethod
     def _check_queue_quota(conn: Any, tenant_id: str, max_queued: int) -> None:
@@ -176,11 +230,11 @@ class JobStore:
     def get_job(self, job_id: str, *, tenant_id: str | None = None) -> JobRecord:
         """Return the job, or raise JobNotFound (also when it belongs to another tenant)."""
         with self._db.connect() as conn:
-            row = conn.execute(select(JOBS).where(JOBS.c.id == job_id)).first()
+            rows = self._records(conn, select(*_NO_SPEC).where(JOBS.c.id == job_id))
         # Same error for "absent" and "not yours" so tenants cannot probe for ids.
-        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+        if not rows or (tenant_id is not None and rows[0].tenant_id != tenant_id):
             raise JobNotFound(f"no job {job_id!r}; list your jobs with GET /v1/jobs")
-        return _job_record(row._mapping)
+        return rows[0]
 
     def _job_filter(self, query: Any, tenant_id: str | None, statuses: Any) -> Any:
         """Apply the tenant and status filters shared by list_jobs and count_jobs."""
@@ -200,12 +254,12 @@ class JobStore:
         offset: int = 0,
     ) -> list[JobRecord]:
         """Return one page of jobs, newest first."""
-        query = self._job_filter(select(JOBS), tenant_id, statuses)
+        query = self._job_filter(select(*_NO_SPEC), tenant_id, statuses)
         query = (
             query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc()).limit(limit).offset(offset)
         )
         with self._db.connect() as conn:
-            return [_job_record(row._mapping) for row in conn.execute(query)]
+            return self._records(conn, query)
 
     def count_jobs(
         self, *, tenant_id: str | None = None, statuses: Iterable[JobStatus] | None = None
@@ -217,10 +271,10 @@ class JobStore:
 
     def list_jobs_fifo(self, statuses: Iterable[JobStatus]) -> list[JobRecord]:
         """Return every job in ``statuses``, oldest first (the scheduler's queue order)."""
-        query = self._job_filter(select(JOBS), None, statuses)
+        query = self._job_filter(select(*_NO_SPEC), None, statuses)
         query = query.order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
         with self._db.connect() as conn:
-            return [_job_record(row._mapping) for row in conn.execute(query)]
+            return self._records(conn, query)
 
     def update_job(
         self,
@@ -250,4 +304,9 @@ class JobStore:
             if event is not None:
                 kind, message, data = event
                 insert_event(self._db, conn, job_id, kind, message, data, None)
-            return _job_record(conn.execute(select(JOBS).where(JOBS.c.id == job_id)).one()._mapping)
+            if "spec" in values:
+                self._specs.drop(job_id)
+            (record,) = self._records(conn, select(*_NO_SPEC).where(JOBS.c.id == job_id))
+        if "spec" in values:  # a reader may have cached the old spec before this commit
+            self._specs.drop(job_id)
+        return record

@@ -15,6 +15,7 @@ from service.status import JobStatus
 from service.store import Stores, head_revision, migrate
 from service.store import jobs as jobs_module
 from service.store.models import Base
+from workers.contract import EventKind
 from workers.spec import JobSpec
 
 TABLES = {"tenants", "api_tokens", "jobs", "job_events", "job_metrics", "job_checkpoints"}
@@ -192,6 +193,30 @@ def test_queued_quota_holds_under_concurrent_submits(stores, tenant):
         stores.jobs.create_job(tenant_id=tenant, name="x", spec=SPEC, min_workers=1, max_queued=5)
 
 
+def test_pages_parse_each_spec_once_and_see_a_rewritten_spec(stores, tenant, monkeypatch):
+    ids = [
+        stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1).id
+        for i in range(3)
+    ]
+    fresh = Stores.open(stores.url)  # another process: nothing cached yet
+    parsed = []
+    real = JobSpec.model_validate
+    monkeypatch.setattr(
+        jobs_module.JobSpec, "model_validate", lambda v: parsed.append(v) or real(v)
+    )
+    try:
+        assert [j.spec for j in fresh.jobs.list_jobs(tenant_id=tenant)] == [SPEC] * 3
+        assert len(parsed) == 3
+        fresh.jobs.list_jobs(tenant_id=tenant)
+        fresh.jobs.get_job(ids[0])
+        assert len(parsed) == 3
+        bigger = SPEC.model_copy(update={"name": "renamed"})
+        fresh.jobs.update_job(ids[0], spec=bigger)
+        assert fresh.jobs.get_job(ids[0]).spec.name == "renamed"
+    finally:
+        fresh.close()
+
+
 def test_compare_and_set(stores, tenant):
     job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
     lost = stores.jobs.update_job(job.id, expect_status=JobStatus.PENDING, status=JobStatus.RUNNING)
@@ -277,6 +302,25 @@ def test_event_dedup(stores, tenant):
     ]
     with pytest.raises(JobNotFound):
         stores.events.add_event("j-000000000000", kind="x", message="y")
+
+
+def test_add_events_stores_many_in_one_go_and_skips_known_keys(stores, tenant):
+    jobs = [
+        stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1).id
+        for i in range(3)
+    ]
+    stores.events.add_event(jobs[0], kind="waiting", message="old", dedup_key="waiting:x")
+    stores.events.add_events(
+        [(j, EventKind.WAITING, f"why {j}", {"reason": "x"}, "waiting:x") for j in jobs]
+        + [(jobs[1], "note", "no key", None, None)] * 2
+    )
+    stores.events.add_events([])
+    waiting = {
+        j: [e.message for e in stores.events.list_events(j) if e.kind == "waiting"] for j in jobs
+    }
+    assert waiting == {jobs[0]: ["old"], jobs[1]: [f"why {jobs[1]}"], jobs[2]: [f"why {jobs[2]}"]}
+    assert stores.events.list_events(jobs[2])[-1].data == {"reason": "x"}
+    assert [e.kind for e in stores.events.list_events(jobs[1])].count("note") == 2
 
 
 def _point(step: int, ts: float, loss: float, **extra) -> dict:
