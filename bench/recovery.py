@@ -1,7 +1,7 @@
 """How fast an elastic job recovers: etrain's Ray Train settings against Ray's defaults.
 
-One run of this script starts a private Ray head (2 CPUs, token auth, GCS 6440,
-dashboard 8292) and, per repeat and per configuration, runs one elastic job
+One run of this script starts a private Ray head (2 CPUs, token auth, free ports)
+and, per repeat and per configuration, runs one elastic job
 (gpt-tiny, synthetic data, DDP, ``resources.workers: {min: 2, max: 4}``,
 checkpoints every ``--every`` steps) through ``python -m workers.launch`` as a
 Ray job, the way the service runs it. Workers report to a local telemetry sink;

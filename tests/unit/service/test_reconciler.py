@@ -198,6 +198,52 @@ def test_launch_request_carries_the_spec_and_a_job_scoped_reporter_token(
     assert other_req.env["ETRAIN_REPORT_TOKEN"] != req.env["ETRAIN_REPORT_TOKEN"]
 
 
+SERVICE_SECRETS = {
+    "ETRAIN_ADMIN_TOKEN": "et_admin-secret",
+    "AWS_ACCESS_KEY_ID": "AKIASERVICE000000001",
+    "AWS_SECRET_ACCESS_KEY": "service-secret",
+    "ETRAIN_SECRET_ACME_ACCESS_KEY_ID": "AKIAACME000000000001",
+    "ETRAIN_SECRET_ACME_SECRET_ACCESS_KEY": "acme-secret",
+    "ETRAIN_SECRET_TEAMB_ACCESS_KEY_ID": "AKIATEAMB00000000001",
+    "ETRAIN_SECRET_TEAMB_SECRET_ACCESS_KEY": "team-b-secret",
+}
+
+
+def test_a_jobs_ray_env_holds_only_its_own_storage_keys(
+    stores, tenant, backend, reconciler, monkeypatch
+):
+    from service.backends.ray_jobs import RayJobBackend
+
+    for name, value in SERVICE_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    checkpoint = {"storage": "s3://acme-bucket/ckpt", "s3": {"credentials_secret": "acme"}}
+    job = _job(stores, tenant, checkpoint=checkpoint)
+    reconciler.tick()
+    req = backend.submitted[0]
+    assert req.job_id == job.id
+    assert sorted(req.env) == [
+        "ETRAIN_REPORT_TOKEN",
+        "ETRAIN_REPORT_URL",
+        "ETRAIN_SECRET_ACME_ACCESS_KEY_ID",
+        "ETRAIN_SECRET_ACME_SECRET_ACCESS_KEY",
+        "RAY_TRAIN_ENABLE_STATE_TRACKING",
+    ]
+
+    # What Ray's job API is handed: that, and which job to run; nothing of the service's.
+    class Client:
+        def submit_job(self, **kwargs):
+            self.kwargs = kwargs
+
+    ray = RayJobBackend("http://ray.test:8265")
+    ray._client = client = Client()
+    ray.submit(req)
+    sent = client.kwargs["runtime_env"]["env_vars"]
+    assert set(sent) == {*req.env, "ETRAIN_JOB_ID", "ETRAIN_JOB_SPEC"}
+    assert not {"acme-secret", "AKIAACME000000000001"} ^ {
+        v for k, v in sent.items() if k.startswith("ETRAIN_SECRET_")
+    }
+
+
 def test_drivers_record_their_train_runs_for_the_dashboard(stores, tenant, backend, reconciler):
     """Ray's dashboard lists Train runs only for drivers with state tracking on."""
     _job(stores, tenant)
