@@ -56,6 +56,12 @@ _BODY_ERRORS = {
     "422": "The body is malformed, nests too deep, or names a field wrongly.",
 }
 _ID_ERRORS = {"404": "No such job or token visible to the caller."}
+_PROBES_BUSY = "the tenant has ETRAIN_PROBE_PER_TENANT storage probes in flight."
+_QUOTA_ERRORS = {
+    ("/v1/jobs", "post"): "The tenant has as many QUEUED jobs as its quota "
+    "(ETRAIN_MAX_QUEUED_JOBS_PER_TENANT, or its ETRAIN_TENANT_QUOTAS entry), or " + _PROBES_BUSY,
+    ("/v1/plan", "post"): "A tenant quota: " + _PROBES_BUSY,
+}
 
 
 def _error(description: str) -> dict:
@@ -69,8 +75,10 @@ def _document_errors(document: dict) -> None:
     """Add the error answers of every operation (auth, ids, bodies) to ``document``."""
     document["components"]["schemas"].setdefault("Error", ERROR)
     for path, operations in document["paths"].items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             errors: dict[str, str] = {}
+            if (path, method) in _QUOTA_ERRORS:
+                errors["429"] = _QUOTA_ERRORS[path, method]
             if path.startswith("/v1/"):
                 errors |= _AUTH_ERRORS
             elif path == "/metrics":
