@@ -270,3 +270,19 @@ def test_item09_concurrent_token_requests_for_a_new_tenant(tmp_path, monkeypatch
         assert {tenant for _, tenant in listed} == {"new-team"}
     finally:
         stores.close()
+
+
+def test_item13_no_route_has_its_body_read_before_authentication():
+    """FastAPI reads a declared body parameter before it resolves dependencies (the token);
+    every route that takes a body reads it itself, after authentication."""
+    from service.api import goodput_routes, routes, token_routes
+
+    every = [
+        *routes.probes.routes,
+        *routes.v1.routes,
+        *goodput_routes.v1.routes,
+        *token_routes.v1.routes,
+    ]
+    assert [r.path for r in every if r.body_field is not None] == []
+    posting = {r.path for r in every if r.methods & {"POST", "PUT", "PATCH"}}
+    assert {"/v1/tokens", "/v1/jobs", "/v1/plan"} <= posting
