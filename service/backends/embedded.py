@@ -161,6 +161,10 @@ class RayPorts:
         return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
 
 
+class HeadExited(BackendUnavailable):
+    """``ray start`` gave up while starting (e.g. a port it was given was taken)."""
+
+
 CHOSEN_HERE = ("gcs", "dashboard", "client_server", "dashboard_metrics", "autoscaler_metrics")
 
 
@@ -204,8 +208,8 @@ class EmbeddedRay:
     def start(self, *, timeout: float = 120.0, attempts: int = 3) -> str:
         """Start the head and wait until its job API answers; return its address.
 
-        A start whose ports were chosen here and that fails (another process took
-        one of them in between) is tried again with other ports.
+        A start whose ports were chosen here and whose ``ray start`` exits (another
+        process took one of them in between) is tried again with other ports.
         """
         ensure_ray_token(self.data_dir)
         tries = attempts if self.requested.auto else 1
@@ -213,7 +217,7 @@ class EmbeddedRay:
             try:
                 self._start_once(timeout)
                 return self.address
-            except BackendUnavailable:
+            except HeadExited:
                 if attempt == tries:
                     raise
                 log.warning("embedded Ray head failed to start; retrying with other ports")
@@ -259,7 +263,7 @@ class EmbeddedRay:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.stop()
-                raise BackendUnavailable(f"embedded Ray head exited with {code}; see {log_path}")
+                raise HeadExited(f"embedded Ray head exited with {code}; see {log_path}")
             try:
                 # Ready means the job API answers and the head's raylet has registered
                 # (the dashboard comes up a moment before the node is listed).

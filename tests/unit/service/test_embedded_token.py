@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import types
+
+import pytest
+
 from service.backends.embedded import ensure_ray_token
 
 
@@ -119,3 +124,39 @@ def test_the_head_inherits_only_allow_listed_variables():
         "RAY_AUTH_TOKEN_PATH",
     ]
     assert head_env(service_env, ["OPERATOR_EXTRA"])["OPERATOR_EXTRA"] == "kept-when-named"
+
+
+def test_a_head_that_exits_at_start_is_started_again_on_other_ports(tmp_path, monkeypatch):
+    from service.backends import embedded
+
+    class Exited:
+        """A ``ray start`` that gave up at once (a chosen port was taken meanwhile)."""
+
+        pid, returncode = 999_999_999, 1
+
+        def poll(self):
+            return 1
+
+    class Second(Exception):
+        pass
+
+    starts: list[list[str]] = []
+
+    def popen(cmd, **_):
+        starts.append(cmd)
+        if len(starts) == 1:
+            return Exited()
+        raise Second
+
+    # Only the embedded module's view of subprocess: Ray's own imports keep the real one.
+    fake = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    monkeypatch.setattr(embedded, "subprocess", fake)
+    monkeypatch.setattr(embedded.os, "killpg", lambda *_: None)
+    head = embedded.EmbeddedRay(data_dir=tmp_path, num_cpus=1)
+    try:
+        with pytest.raises(Second):
+            head.start()
+    finally:
+        head.stop()
+    first, second = ({f for f in cmd if f.startswith("--port=")} for cmd in starts)
+    assert len(starts) == 2 and first != second

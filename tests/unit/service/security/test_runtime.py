@@ -5,6 +5,9 @@ environment it hands to ``ray start`` (no process is started)."""
 
 from __future__ import annotations
 
+import subprocess
+import types
+
 import pytest
 
 from service.backends import embedded
@@ -42,7 +45,9 @@ def test_the_embedded_head_does_not_inherit_the_services_secrets(
         handed.update(env or {})
         raise _Recorded
 
-    monkeypatch.setattr(embedded.subprocess, "Popen", popen)
+    # Only the embedded module's view of subprocess: Ray's own imports keep the real one.
+    fake = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    monkeypatch.setattr(embedded, "subprocess", fake)
     head = EmbeddedRay(data_dir=tmp_path, num_cpus=1)
     try:
         with pytest.raises(_Recorded):
