@@ -170,8 +170,9 @@ class JobStore:
                 None,
                 None,
             )
-        # Built from what was stored, so it equals what get_job reads back.
-        record = _job_record(values)
+        # Built from what was stored (the spec is the model its JSON was dumped from, so it
+        # is not parsed back), so it equals what get_job reads back.
+        record = _job_record({**values, "spec": spec})
         self._specs.put(record.id, record.spec)
         return record
 
