@@ -92,6 +92,11 @@ class SubmitBackoff:
         """The job was accepted or refused: forget its tries."""
         self._tries.pop(job_id, None)
 
+    def keep_only(self, job_ids: set[str]) -> None:
+        """Forget the tries of every job not in ``job_ids`` (no longer waiting to be tried)."""
+        for job_id in self._tries.keys() - job_ids:
+            del self._tries[job_id]
+
 
 class Reconciler:
     """One ``tick`` moves every job one step closer to what the cluster says."""
@@ -128,7 +133,9 @@ class Reconciler:
 
     def _admit(self) -> None:
         # A job the cluster turned away for now waits out its backoff in the queue.
-        queued = [e for e in self.jobs.list_queue({JobStatus.QUEUED}) if self.backoff.due(e.id)]
+        in_queue = self.jobs.list_queue({JobStatus.QUEUED})
+        self.backoff.keep_only({e.id for e in in_queue})  # e.g. cancelled while waiting
+        queued = [e for e in in_queue if self.backoff.due(e.id)]
         if not queued:
             return
         info, now = self.backend.cluster(), _now()
