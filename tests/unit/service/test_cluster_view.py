@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -59,3 +60,20 @@ def test_an_unreachable_cluster_costs_one_read_per_period():
     backend.error = None
     time.sleep(0.25)
     assert cluster_info(backend, max_age_s=0.2).total == {"CPU": 2.0}
+
+
+def test_past_the_period_one_request_reads_while_the_others_keep_the_previous_answer():
+    backend = CountingBackend(cpus=2)
+    first = cluster_info(backend, max_age_s=0.05)
+    time.sleep(0.1)
+    backend.delay_s = 0.5
+    backend.info = dataclasses.replace(backend.info, total={"CPU": 6.0})
+    reader = threading.Thread(target=lambda: cluster_info(backend, max_age_s=0.05))
+    reader.start()
+    time.sleep(0.1)  # the reader is inside backend.cluster() now
+    t0 = time.monotonic()
+    assert cluster_info(backend, max_age_s=0.05) is first  # not waiting for the reader
+    assert time.monotonic() - t0 < 0.2
+    reader.join()
+    assert cluster_info(backend, max_age_s=5).total == {"CPU": 6.0}
+    assert backend.reads == 2
