@@ -163,7 +163,6 @@ class Reconciler:
 
     def _record_waiting(self, waiting: tuple[Waiting, ...]) -> None:
         """One ``waiting`` event per job and kind of reason (scheduler.WaitCode)."""
-        known, self._waiting = self._waiting, {w.job_id: w.code for w in waiting}
         self.stores.events.add_events(
             [
                 (
@@ -174,9 +173,11 @@ class Reconciler:
                     f"waiting:{w.code}",
                 )
                 for w in waiting
-                if known.get(w.job_id) != w.code
+                if self._waiting.get(w.job_id) != w.code
             ]
         )
+        # Remembered once stored: a failed write is tried again next tick.
+        self._waiting = {w.job_id: w.code for w in waiting}
 
     def _submit(self, job: JobRecord) -> None:
         """Hand a PENDING job to the backend (idempotent per submission id)."""

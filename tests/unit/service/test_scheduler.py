@@ -287,3 +287,32 @@ def test_policy_and_queued_quota_from_settings(tmp_path):
     assert policy.reserve_after_s == 60
     assert max_queued_jobs(settings, "anyone") == 50
     assert max_queued_jobs(settings, "big") == 500
+
+
+def test_the_reconciler_records_each_reason_once_and_retries_a_failed_write(stores, tmp_path):
+    from service.domain.reconciler import Reconciler
+    from tests.support.fakes import FakeBackend
+    from workers.spec import parse_spec
+
+    tenant = stores.tokens.create_tenant("team-a").id
+    train = {"steps": 5, "global_batch_size": 32, "micro_batch_size": 4}
+    spec = parse_spec({"name": "big", "resources": {"workers": 8}, "train": train})
+    job = stores.jobs.create_job(tenant_id=tenant, name="big", spec=spec, min_workers=8)
+    reconciler = Reconciler(stores, FakeBackend(cpus=4), Settings(data_dir=tmp_path))
+    real_add = stores.events.add_events
+    calls = []
+
+    def failing_once(events):
+        calls.append(events)
+        if len(calls) == 1:
+            raise RuntimeError("database is locked")
+        real_add(events)
+
+    object.__setattr__(stores.events, "add_events", failing_once)
+    with pytest.raises(RuntimeError):
+        reconciler.tick()
+    for _ in range(3):
+        reconciler.tick()
+    assert [len(c) for c in calls] == [1, 1, 0, 0]  # retried once, then nothing new
+    (event,) = [e for e in stores.events.list_events(job.id) if e.kind == "waiting"]
+    assert event.data == {"reason": "never_fits"} and "can never fit" in event.message
