@@ -145,17 +145,6 @@ class Settings(BaseSettings):
     )
     k8s_max_gpus: float = Field(8, ge=0, description="GPUs one per-job cluster may use (kuberay).")
     k8s_max_cpus: float = Field(64, gt=0, description="CPUs one per-job cluster may use (kuberay).")
-    max_body_bytes: int = Field(
-        1024 * 1024,
-        ge=1024,
-        description="Largest request body the API reads; a larger one is a 413 before "
-        "it is read or authenticated.",
-    )
-    metrics_job_labels: bool = Field(
-        False,
-        description="Serve per-job series (labelled job_id) on /metrics to any scraper; "
-        "off = only to a scrape with an admin token (Authorization: Bearer).",
-    )
     # -- per-tenant quotas and the scheduler (service/domain/scheduler.py) --
     max_queued_jobs_per_tenant: int = Field(
         100,
@@ -187,7 +176,17 @@ class Settings(BaseSettings):
         description="A queued job that waited this long (the longest-waiting one) reserves "
         "the room it needs: smaller jobs stop going around it; unset = never.",
     )
-
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request body the API reads; a larger one is a 413 before "
+        "it is read or authenticated.",
+    )
+    metrics_job_labels: bool = Field(
+        False,
+        description="Serve per-job series (labelled job_id) on /metrics to any scraper; "
+        "off = only to a scrape with an admin token (Authorization: Bearer).",
+    )
     # -- what a job spec may touch (service/domain/access_policy.py, docs/job-spec.md) --
     policy_checkpoint_root: Path | None = Field(
         None,
