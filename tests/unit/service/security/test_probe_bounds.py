@@ -100,16 +100,19 @@ def test_item08_hanging_probes_do_not_stall_the_api(tmp_path, monkeypatch, black
             assert c.get("/healthz").status_code == 200
             jobs = c.get("/v1/jobs", headers=tokens["team-a"])
             assert jobs.status_code == 200 and jobs.json()["total"] == 1
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < 1.0  # before: minutes, once the pool filled
         for f in hanging:
             r, elapsed = f.result()
             assert r.status_code == 422, r.text
             assert r.json()["detail"][0]["loc"] == ["body", "checkpoint", "storage"]
-            assert elapsed < TIMEOUT_S + 1.5, elapsed
+            assert elapsed < TIMEOUT_S + 3, elapsed  # before: 10 s x retries
 
 
 def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, black_hole):
-    app = _app(tmp_path, monkeypatch, black_hole, probe_workers=8, probe_per_tenant=2)
+    # A longer timeout here: the first two probes must still hang when the others arrive.
+    app = _app(
+        tmp_path, monkeypatch, black_hole, probe_workers=8, probe_per_tenant=2, probe_timeout_s=3.0
+    )
     with TestClient(app) as c, ThreadPoolExecutor(6) as pool:
         tokens = _tokens(c)
         b = [pool.submit(_plan, c, tokens["team-b"], "team-b", black_hole) for _ in range(5)]
@@ -119,4 +122,4 @@ def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, 
         assert codes == [422, 422, 429, 429, 429], codes
         refused = next(f.result()[0] for f in b if f.result()[0].status_code == 429)
         assert "ETRAIN_PROBE_PER_TENANT" in refused.json()["detail"]
-        assert a.status_code == 422 and elapsed_a < TIMEOUT_S + 1.5  # its own probe ran
+        assert a.status_code == 422 and elapsed_a < 3.0 + 3  # its own probe ran
