@@ -213,7 +213,8 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='s3:// and gs:// prefixes each tenant (by name; "*" = every tenant) may '
         'use as checkpoint.storage, as JSON, e.g. {"*": ["s3://ckpt/{tenant}"]}; '
-        "{tenant} is the tenant's name. Unset = none.",
+        "{tenant} is the tenant's name; gs:// jobs use the service's Google credentials. "
+        "Unset = none.",
     )
     policy_endpoints: dict[str, list[str]] = Field(
         default_factory=dict,
