@@ -35,6 +35,10 @@ class Runtime:
     admin_token_file: str | None
 
 
+# The dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` one in its
+# thread pool, and a hop there and back per dependency was a large part of every request.
+
+
 def runtime(request: Request) -> Runtime:
     """The runtime of the app serving ``request``."""
     return request.app.state.runtime
@@ -47,7 +51,7 @@ def get_principal(
     return authenticate(runtime(request).stores.tokens, authorization)
 
 
-def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     """A user or admin token (not a job's reporter token)."""
     return require_user(principal)
 
@@ -63,22 +67,22 @@ def scrape_with_jobs(
     return rt.settings.metrics_job_labels
 
 
-def get_submission(request: Request) -> Submission:
+async def get_submission(request: Request) -> Submission:
     """Submitting and planning jobs."""
     return runtime(request).submission
 
 
-def get_queries(request: Request) -> JobQueries:
+async def get_queries(request: Request) -> JobQueries:
     """Reading jobs and their telemetry."""
     return runtime(request).queries
 
 
-def get_lifecycle(request: Request) -> Lifecycle:
+async def get_lifecycle(request: Request) -> Lifecycle:
     """Cancelling jobs."""
     return runtime(request).lifecycle
 
 
-def get_ingest(request: Request) -> TelemetryIngest:
+async def get_ingest(request: Request) -> TelemetryIngest:
     """Storing workers' telemetry."""
     return runtime(request).ingest
 
