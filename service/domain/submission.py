@@ -70,6 +70,8 @@ class Submission:
         """Validate ``data``, fill in the tenant's default storage, apply the access
         policy and plan the job; InvalidSpec (422) when any of them refuses."""
         tenant = self.tenant(principal)
+        # A full queue is a 429 before the plan and the probe (store() checks again).
+        self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_default_storage(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
         plan = plan_job(spec, cluster=self.cluster_shape())

@@ -99,6 +99,21 @@ def _column_values(fields: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _refuse_a_full_queue(conn: Any, tenant_id: str, max_queued: int) -> None:
+    queued = conn.execute(
+        select(func.count())
+        .select_from(JOBS)
+        .where(JOBS.c.tenant_id == tenant_id, JOBS.c.status == JobStatus.QUEUED.value)
+    ).scalar_one()
+    if queued >= max_queued:
+        raise QuotaExceeded(
+            f"this tenant has {queued} queued jobs, its quota of {max_queued} "
+            "(ETRAIN_MAX_QUEUED_JOBS_PER_TENANT, or max_queued_jobs in the tenant's "
+            "ETRAIN_TENANT_QUOTAS entry): wait until some start or cancel some, or ask "
+            "the operator to raise it"
+        )
+
+
 class JobStore:
     """The ``jobs`` table. Every call is its own transaction; records are frozen values."""
 
@@ -185,18 +200,13 @@ class JobStore:
         so the count below cannot be stale when the insert follows it.
         """
         conn.execute(update(TENANTS).where(TENANTS.c.id == tenant_id).values(name=TENANTS.c.name))
-        queued = conn.execute(
-            select(func.count())
-            .select_from(JOBS)
-            .where(JOBS.c.tenant_id == tenant_id, JOBS.c.status == JobStatus.QUEUED.value)
-        ).scalar_one()
-        if queued >= max_queued:
-            raise QuotaExceeded(
-                f"this tenant has {queued} queued jobs, its quota of {max_queued} "
-                "(ETRAIN_MAX_QUEUED_JOBS_PER_TENANT, or max_queued_jobs in the tenant's "
-                "ETRAIN_TENANT_QUOTAS entry): wait until some start or cancel some, or ask "
-                "the operator to raise it"
-            )
+        _refuse_a_full_queue(conn, tenant_id, max_queued)
+
+    def check_queue_room(self, tenant_id: str, max_queued: int) -> None:
+        """QuotaExceeded now when ``tenant_id`` already has ``max_queued`` QUEUED jobs: a
+        cheap early answer before planning and probing (``create_job`` decides)."""
+        with self._db.connect() as conn:
+            _refuse_a_full_queue(conn, tenant_id, max_queued)
 
     def tenant_name(self, tenant_id: str) -> str:
         """The name of tenant ``tenant_id`` ('' when there is none)."""

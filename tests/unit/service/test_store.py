@@ -191,6 +191,10 @@ def test_queued_quota_holds_under_concurrent_submits(stores, tenant):
     stores.jobs.create_job(tenant_id=other, name="o", spec=SPEC, min_workers=1, max_queued=5)
     with pytest.raises(QuotaExceeded):
         stores.jobs.create_job(tenant_id=tenant, name="x", spec=SPEC, min_workers=1, max_queued=5)
+    with pytest.raises(QuotaExceeded, match="5 queued jobs, its quota of 5"):
+        stores.jobs.check_queue_room(tenant, 5)
+    stores.jobs.check_queue_room(tenant, 6)
+    stores.jobs.check_queue_room(other, 5)
 
 
 def test_pages_parse_each_spec_once_and_see_a_rewritten_spec(stores, tenant, monkeypatch):
