@@ -256,8 +256,9 @@ class Reconciler:
     def _storage_env(self, job: JobRecord) -> dict[str, str]:
         """The object-store credentials the job's workers need, from the service's env.
 
-        Not for KubeRay: its Ray pods read the same ``etrain-storage`` Secret with
-        envFrom, and a RayJob's runtime env is stored in the cluster in plain text.
+        Not for KubeRay: a RayJob's runtime env is stored in the cluster in plain text, so
+        its per-job pods take the same keys from the tenant's ``etrain-storage-<tenant>``
+        Secret instead (``backends/kuberay.py``).
         """
         if self.settings.backend == "kuberay":
             return {}

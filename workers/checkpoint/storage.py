@@ -13,8 +13,9 @@ from, never their values:
 - ``s3://`` with ``checkpoint.s3.credentials_secret: NAME``:
   ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
   (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_'. On
-  Kubernetes these are keys of the ``etrain-storage`` Secret, which the control
-  plane and every Ray pod read with ``envFrom``.
+  Kubernetes the control plane reads them from the ``etrain-storage`` Secret (for its
+  probes) and a per-job cluster's pods get only the ones their job reads, from the
+  tenant's ``etrain-storage-<tenant>`` Secret.
 - ``gs://``: ``GOOGLE_APPLICATION_CREDENTIALS`` (a credentials JSON file), else
   Google's default chain (workload identity, metadata server).
 - ``gs://`` with ``checkpoint.gcs.endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, as

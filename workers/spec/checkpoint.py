@@ -32,8 +32,10 @@ class S3Spec(Spec):
     ``AWS_SESSION_TOKEN``) environment variables, else the default AWS chain (instance
     role, ``~/.aws``). With ``credentials_secret: NAME`` they come from
     ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
-    (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_': on
-    Kubernetes, keys of the ``etrain-storage`` Secret that every pod reads with envFrom.
+    (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_'. Which NAMEs a
+    tenant may use, and whether it may use the service's own keys, is the operator's access
+    policy. On Kubernetes a per-job cluster's pods get only these keys, from the tenant's
+    own ``etrain-storage-<tenant>`` Secret.
     """
 
     model_config = SECRET_SAFE  # a mistyped value here may be a key
