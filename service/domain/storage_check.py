@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from service.errors import EtrainError, InvalidSpec
@@ -85,8 +85,8 @@ class StorageProbes:
         """At most ``workers`` probes at once, ``per_tenant`` of one tenant, each given
         ``timeout_s`` (connect and read timeouts, and the caller's deadline)."""
         self.workers, self.per_tenant, self.timeout_s = workers, per_tenant, timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etrain-probe")
         self._lock = threading.Lock()
+        self._closed = False
         self._active: dict[str, int] = {}
 
     def _start(self, tenant: str, checkpoint: CheckpointSpec) -> Future | None:
@@ -94,6 +94,8 @@ class StorageProbes:
         if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
             return None
         with self._lock:
+            if self._closed:
+                raise TooManyProbes("the service is shutting down; retry against the new one")
             if sum(self._active.values()) >= self.workers:
                 raise TooManyProbes(
                     f"{self.workers} object-store checks are in flight "
@@ -105,10 +107,26 @@ class StorageProbes:
                     "flight (ETRAIN_PROBE_PER_TENANT); retry once they answered"
                 )
             self._active[tenant] = self._active.get(tenant, 0) + 1
-        future = self._pool.submit(check_checkpoint_storage, checkpoint, timeout_s=self.timeout_s)
+        future: Future = Future()
         # The slot is held until the probe's thread is done, not until the caller gave up.
         future.add_done_callback(lambda _: self._release(tenant))
+        # A daemon thread per probe (at most ``workers``), not a ThreadPoolExecutor: the
+        # interpreter joins an executor's threads at exit, so one store that never answers
+        # would keep `etrain serve` (or a test run) from exiting.
+        threading.Thread(
+            target=self._run, args=(future, checkpoint), name="etrain-probe", daemon=True
+        ).start()
         return future
+
+    def _run(self, future: Future, checkpoint: CheckpointSpec) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            check_checkpoint_storage(checkpoint, timeout_s=self.timeout_s)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller, as an executor does
+            future.set_exception(e)
+        else:
+            future.set_result(None)
 
     def _release(self, tenant: str) -> None:
         with self._lock:
@@ -146,5 +164,7 @@ class StorageProbes:
             raise self._too_slow(checkpoint) from e
 
     def close(self) -> None:
-        """Stop taking probes; those in flight end on their own timeouts."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop taking probes; those in flight end on their own timeouts (their threads
+        are daemons: none keeps the process from exiting)."""
+        with self._lock:
+            self._closed = True

@@ -45,8 +45,12 @@ def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
     try:
         if loc.scheme == "file":
             fs.makedirs(loc.root, exist_ok=True)
-        fs.pipe_file(probe, b"etrain storage probe\n")
-        fs.rm_file(probe)
+        # An async (object-store) file system also gets fsspec's own deadline per call,
+        # which cancels the request: a store that accepts and never answers (or waits on
+        # `Expect: 100-continue`) cannot hold the probe past its socket timeouts.
+        deadline = {"timeout": timeout_s} if getattr(fs, "async_impl", False) else {}
+        fs.pipe_file(probe, b"etrain storage probe\n", **deadline)
+        fs.rm_file(probe, **deadline)
     except Exception as e:
         raise StorageError(redact_credentials(_explain(loc, e), loc)) from e
 

@@ -9,6 +9,7 @@ probe (s3fs) from the real app.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -123,3 +124,55 @@ def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, 
         refused = next(f.result()[0] for f in b if f.result()[0].status_code == 429)
         assert "ETRAIN_PROBE_PER_TENANT" in refused.json()["detail"]
         assert a.status_code == 422 and elapsed_a < 3.0 + 3  # its own probe ran
+
+
+@pytest.fixture
+def waits_for_the_body():
+    """http://127.0.0.1:<port>: reads a request's headers, then waits for a body that a
+    client sending `Expect: 100-continue` never sends (the server never says continue)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held, stop = [], threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = server.accept()[0]
+            except TimeoutError:
+                continue
+            held.append(conn)
+            conn.settimeout(0.2)
+            with contextlib.suppress(TimeoutError):
+                conn.recv(65536)  # the headers; then silence
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def _probe_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("etrain-probe")]
+
+
+def test_item08_probe_threads_end_on_their_deadline_and_never_block_exit(
+    tmp_path, monkeypatch, waits_for_the_body
+):
+    """The probe's own thread ends by its deadline (fsspec's per-call timeout cancels the
+    request), and it is a daemon: a store that never answers cannot keep `etrain serve`
+    (or a test run) from exiting, as an executor's joined-at-exit thread did."""
+    app = _app(tmp_path, monkeypatch, waits_for_the_body, probe_workers=4, probe_per_tenant=4)
+    with TestClient(app) as c:
+        tokens = _tokens(c)
+        r, elapsed = _plan(c, tokens["team-a"], "team-a", waits_for_the_body)
+        assert r.status_code == 422, r.text
+        assert elapsed < TIMEOUT_S + 3, elapsed
+        assert all(t.daemon for t in _probe_threads())
+        deadline = time.monotonic() + 2 * TIMEOUT_S + 3
+        while _probe_threads() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _probe_threads(), "a probe thread outlived its deadline"
