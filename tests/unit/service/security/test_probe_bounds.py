@@ -25,9 +25,10 @@ TIMEOUT_S = 1.5
 TENANTS = ("team-a", "team-b")
 
 
-@pytest.fixture
-def black_hole():
-    """http://127.0.0.1:<port>: accepts every connection, reads nothing, answers nothing."""
+@contextlib.contextmanager
+def _silent_server(on_connect=lambda conn: None):
+    """http://127.0.0.1:<port>: accepts every connection, hands it to ``on_connect`` (which
+    may read), and never answers."""
     server = socket.create_server(("127.0.0.1", 0))
     held, stop = [], threading.Event()
 
@@ -35,18 +36,29 @@ def black_hole():
         server.settimeout(0.2)
         while not stop.is_set():
             try:
-                held.append(server.accept()[0])
+                conn = server.accept()[0]
             except TimeoutError:
                 continue
+            held.append(conn)
+            on_connect(conn)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@pytest.fixture
+def black_hole():
+    """A store that accepts every connection, reads nothing, answers nothing."""
+    with _silent_server() as url:
+        yield url
 
 
 def _app(tmp_path, monkeypatch, endpoint, **probe):
@@ -126,33 +138,18 @@ def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, 
         assert a.status_code == 422 and elapsed_a < 3.0 + 3  # its own probe ran
 
 
+def _read_the_headers(conn) -> None:
+    conn.settimeout(0.2)
+    with contextlib.suppress(TimeoutError):
+        conn.recv(65536)  # the headers; then silence
+
+
 @pytest.fixture
 def waits_for_the_body():
-    """http://127.0.0.1:<port>: reads a request's headers, then waits for a body that a
-    client sending `Expect: 100-continue` never sends (the server never says continue)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held, stop = [], threading.Event()
-
-    def serve():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn = server.accept()[0]
-            except TimeoutError:
-                continue
-            held.append(conn)
-            conn.settimeout(0.2)
-            with contextlib.suppress(TimeoutError):
-                conn.recv(65536)  # the headers; then silence
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    """A store that reads a request's headers, then waits for a body that a client sending
+    `Expect: 100-continue` never sends (the server never says continue)."""
+    with _silent_server(_read_the_headers) as url:
+        yield url
 
 
 def _probe_threads() -> list[threading.Thread]:
