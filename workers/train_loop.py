@@ -130,6 +130,7 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     model = build_model(
         get_model_config(spec.model.preset), seed=spec.train.seed, device=str(env.device)
     )
+    model.checkpoint_blocks = spec.model.activation_checkpointing == "full"
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
     parts, pipeline = _split_and_apply(spec, env, model, mesh)
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]

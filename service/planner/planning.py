@@ -92,7 +92,7 @@ def workload_of(spec: JobSpec) -> Workload:
         optimizer=t.optimizer,
         momentum=t.momentum,
         on_gpu=spec.resources.gpus_per_worker > 0,
-        activation_checkpointing=bool(getattr(spec.model, "activation_checkpointing", False)),
+        activation_checkpointing=spec.model.activation_checkpointing == "full",
         async_checkpoint=spec.checkpoint.async_,
     )
 

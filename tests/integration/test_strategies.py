@@ -58,10 +58,19 @@ MATRIX = {
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}
 
 
-def make_spec(name: str, workers: int, parallelism: dict, optimizer: str, **train) -> dict:
+def make_spec(
+    name: str,
+    workers: int,
+    parallelism: dict,
+    optimizer: str,
+    *,
+    model: dict | None = None,
+    **train,
+) -> dict:
     """BASE with a row's overrides, validated as a user's spec would be."""
     spec = copy.deepcopy(BASE)
     spec["name"] = name
+    spec["model"].update(model or {})
     spec["resources"] = {"workers": workers, "cpus_per_worker": 1}
     spec["parallelism"] = parallelism
     spec["train"].update(OPTIMIZERS[optimizer], **train)
@@ -90,6 +99,11 @@ def references() -> dict[tuple[str, int], dict[int, float]]:
     refs[("sgd-clipped", STEPS)] = reference_losses("sgd", grad_clip=CLIP)
     return refs
 
+
+# Activation checkpointing recomputes each block in backward: the same losses on every
+# strategy (FSDP's hooks, DTensor and pipeline stages all run inside the recompute).
+CHECKPOINTED = ["ddp2", "fsdp2-zero3", "tp2", "pp2-1f1b", "hybrid-pp2-tp2"]
+FULL_AC = {"activation_checkpointing": "full"}
 
 # Gradient clipping needs the norm of the whole model: across shards, TP meshes and stages.
 CLIP = 0.05
@@ -121,6 +135,11 @@ def matrix_results(tmp_path_factory) -> dict:
     for name, (workers, par) in MATRIX.items():
         for opt in OPTIMIZERS:
             by_world[workers].append(LocalJob(f"{name}-{opt}", make_spec(name, workers, par, opt)))
+    for name in CHECKPOINTED:
+        workers, par = MATRIX[name]
+        for opt in OPTIMIZERS:
+            spec = make_spec(name, workers, par, opt, model=FULL_AC)
+            by_world[workers].append(LocalJob(f"{name}-{opt}-ac", spec))
     for name in CLIPPED:
         workers, par = MATRIX[name]
         by_world[workers].append(
@@ -151,6 +170,19 @@ def test_strategy_matches_single_process(matrix_results, references, row, optimi
     for step, loss in res.losses.items():
         assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
     assert res.losses[STEPS] < res.losses[1]
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("row", CHECKPOINTED)
+def test_activation_checkpointing_matches_single_process(
+    matrix_results, references, row, optimizer
+):
+    res = matrix_results[f"{row}-{optimizer}-ac"]
+    assert res.error is None, res.error
+    want = references[(optimizer, STEPS)]
+    assert sorted(res.losses) == list(range(1, STEPS + 1))
+    for step, loss in res.losses.items():
+        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
 
 
 @pytest.mark.parametrize("row", CLIPPED)

@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from workers.models.config import ModelConfig
 
@@ -145,6 +146,9 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # Non-persistent: derived from the config, so it stays out of checkpoints.
         self.register_buffer("freqs_cis", self._freqs_cis(device=None), persistent=False)
+        # Activation checkpointing (model.activation_checkpointing: full): each block
+        # saves only its input and recomputes its forward in backward.
+        self.checkpoint_blocks = False
 
     def _freqs_cis(self, *, device) -> torch.Tensor:
         return precompute_freqs_cis(
@@ -187,8 +191,13 @@ class Transformer(nn.Module):
                 f"sequence length {seqlen} exceeds model max_seq_len {self.cfg.max_seq_len}"
             )
         freqs_cis = self.freqs_cis[:seqlen]
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled()
         for layer in self.layers.values():
-            h = layer(h, freqs_cis)
+            if recompute:
+                # Non-reentrant: works with FSDP2's hooks, DTensor and pipeline stages.
+                h = checkpoint(layer, h, freqs_cis, use_reentrant=False)
+            else:
+                h = layer(h, freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

@@ -51,6 +51,12 @@ class ModelSpec(Spec):
         description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
         "gpt-small, llama-1b, llama-7b, llama-70b.",
     )
+    activation_checkpointing: Literal["none", "full"] = Field(
+        "none",
+        description="full: each decoder block keeps only its input for backward and runs "
+        "its forward again there (about a third more compute, activations of one block "
+        "instead of all), on every strategy; the planner counts it. none: keep all.",
+    )
 
 
 class DataSpec(Spec):
