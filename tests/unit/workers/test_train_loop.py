@@ -148,3 +148,26 @@ def test_installed_hooks_see_every_step_after_it_is_timed(tmp_path):
     assert hooks.steps == [(s, 0) for s in range(1, 7)]
     # Had the hook run inside the timed step, every step would take at least 0.1 s.
     assert min(result.step_times) < 0.1
+
+
+def test_activation_checkpointing_from_the_spec_recomputes_blocks_with_the_same_losses(
+    monkeypatch,
+):
+    import workers.models.llama as llama
+
+    calls = []
+    real = llama.checkpoint
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llama, "checkpoint", counting)
+    plain = run(spec(), env())
+    assert calls == []
+    with_ac = spec().model_copy(
+        update={"model": spec().model.model_copy(update={"activation_checkpointing": "full"})}
+    )
+    checkpointed = run(with_ac, env())
+    assert calls, "model.activation_checkpointing: full did not reach the model"
+    assert checkpointed.losses == plain.losses
