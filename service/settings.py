@@ -284,8 +284,3 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
-
-    @property
-    def default_checkpoint_storage(self) -> str:
-        """Checkpoint storage for specs that name none."""
-        return f"file://{self.data_path / 'checkpoints'}"

@@ -1,8 +1,9 @@
 """Object-storage checks at submit and plan time, and the credentials a launch forwards.
 
 A job whose ``checkpoint.storage`` is ``s3://`` or ``gs://`` is probed with the
-service's own credentials (its environment: the AWS_* variables, or the
-``ETRAIN_SECRET_<NAME>_*`` ones of ``checkpoint.s3.credentials_secret``) before
+credentials its workers will use, read from the service's environment (the
+``ETRAIN_SECRET_<NAME>_*`` variables of ``checkpoint.s3.credentials_secret``, or
+AWS_* where the access policy lets the tenant use the service's own keys) before
 it is queued, so a missing bucket or a refused key is a 422 now, not a failed
 job after the first checkpoint. ``file://`` storage is not probed: the service
 may not share the workers' file system (the embedded default is its own data
