@@ -15,12 +15,15 @@ from typing import Annotated, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from workers.contract import STRATEGIES
-from workers.models.config import PRESETS, get_model_config
+from workers.models.config import get_model_config
 from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
+from workers.spec.data import DataSpec
+from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 
 __all__ = [
+    "MODEL_PRESETS",
     "STRATEGIES",
     "CheckpointSpec",
     "DataSpec",
@@ -28,6 +31,7 @@ __all__ = [
     "FsdpSpec",
     "GcsSpec",
     "JobSpec",
+    "LoraSpec",
     "ModelSpec",
     "ParallelismSpec",
     "PipelineSpec",
@@ -40,55 +44,6 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-MODEL_PRESETS = tuple(PRESETS)
-
-
-class ModelSpec(Spec):
-    """Which model to train."""
-
-    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
-        "gpt-tiny",
-        description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
-        "gpt-small, llama-1b, llama-7b, llama-70b.",
-    )
-    activation_checkpointing: Literal["none", "full"] = Field(
-        "none",
-        description="full: each decoder block keeps only its input for backward and runs "
-        "its forward again there (about a third more compute, activations of one block "
-        "instead of all), on every strategy; the planner counts it. none: keep all.",
-    )
-
-
-class DataSpec(Spec):
-    """Where training samples come from."""
-
-    source: Literal["synthetic", "text", "jsonl"] = Field(
-        "synthetic",
-        description="synthetic (seeded random tokens), text (a UTF-8 file, byte-level "
-        "tokens) or jsonl (one JSON object per line with a 'text' field).",
-    )
-    path: str | None = Field(
-        None,
-        description="Absolute path of the file to read for source text or jsonl; must exist "
-        "on every worker and lie inside the tenant's data area, <data dir>/tenants/<tenant> "
-        "(ETRAIN_POLICY_DATA_ROOT), or a shared data root (ETRAIN_POLICY_SHARED_DATA_ROOTS), "
-        "resolved through '..' and symlinks.",
-    )
-    seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
-    num_samples: int = Field(
-        4096,
-        ge=1,
-        le=MAX_STEPS,
-        description="Samples per epoch for source synthetic (ignored otherwise).",
-    )
-
-    @model_validator(mode="after")
-    def _path_matches_source(self) -> DataSpec:
-        if self.source in ("text", "jsonl") and not self.path:
-            raise ValueError(f"data.path is required when data.source is {self.source!r}")
-        if self.source == "synthetic" and self.path:
-            raise ValueError("data.path is only used with data.source 'text' or 'jsonl'; remove it")
-        return self
 
 
 class WorkerRange(Spec):

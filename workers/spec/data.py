@@ -1,0 +1,65 @@
+"""The ``data`` section of the job spec: where samples come from and how they are shaped."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from workers.spec.base import MAX_STEPS, Spec
+
+FILE_SOURCES = ("text", "jsonl", "parquet", "prepared")
+
+
+class DataSpec(Spec):
+    """Where training samples come from."""
+
+    source: Literal["synthetic", "text", "jsonl", "parquet", "prepared"] = Field(
+        "synthetic",
+        description="synthetic (seeded random tokens); text (a UTF-8 file), jsonl (one JSON "
+        "object per line) or parquet, tokenized with the model's tokenizer (byte-level "
+        "tokens without one); prepared (a folder written by `etrain data prepare`).",
+    )
+    path: str | None = Field(
+        None,
+        description="Absolute path of the file (or prepared folder) to read; must exist "
+        "on every worker and lie inside the tenant's data area, <data dir>/tenants/<tenant> "
+        "(ETRAIN_POLICY_DATA_ROOT), or a shared data root (ETRAIN_POLICY_SHARED_DATA_ROOTS), "
+        "resolved through '..' and symlinks.",
+    )
+    shape: Literal["text", "instruction", "chat"] = Field(
+        "text",
+        description="text: documents packed to seq_len with EOS between them; instruction: "
+        "prompt + completion rows; chat: message lists rendered with the tokenizer's chat "
+        "template. For instruction and chat the loss counts only completion / assistant "
+        "tokens. instruction and chat need a tokenizer.",
+    )
+    text_field: str = Field("text", max_length=256, description="Row field for shape text.")
+    prompt_field: str = Field("prompt", max_length=256, description="Prompt field (instruction).")
+    completion_field: str = Field(
+        "completion", max_length=256, description="Completion field (instruction)."
+    )
+    messages_field: str = Field("messages", max_length=256, description="Messages field (chat).")
+    truncate: bool = Field(
+        False,
+        description="Cut instruction/chat samples longer than seq_len + 1 tokens; when false "
+        "such a sample is an error naming the file and row.",
+    )
+    seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
+    num_samples: int = Field(
+        4096,
+        ge=1,
+        le=MAX_STEPS,
+        description="Samples per epoch for source synthetic (ignored otherwise).",
+    )
+
+    @model_validator(mode="after")
+    def _path_matches_source(self) -> DataSpec:
+        if self.source in FILE_SOURCES and not self.path:
+            raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        if self.source == "synthetic" and self.path:
+            raise ValueError(
+                "data.path is only used with data.source text, jsonl, parquet or prepared; "
+                "remove it"
+            )
+        return self

@@ -1,0 +1,70 @@
+"""The ``model`` section of the job spec: a preset or a Hugging Face folder, LoRA, recompute."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from workers.models.config import PRESETS
+from workers.spec.base import Spec
+
+MODEL_PRESETS = tuple(PRESETS)
+# LoRA targets use the Hugging Face projection names people know from peft configs.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSpec(Spec):
+    """Low-rank adapters: the base weights stay frozen and only the adapters train."""
+
+    rank: int = Field(8, ge=1, le=4096, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, le=1e6, description="Scale numerator: updates are alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        max_length=len(LORA_TARGETS),
+        description="Projections that get adapters, by their Hugging Face names: "
+        + ", ".join(LORA_TARGETS)
+        + ".",
+    )
+    quantize: Literal["none", "4bit"] = Field(
+        "none",
+        description="4bit: QLoRA, the frozen base held in 4-bit NF4 through bitsandbytes "
+        "(GPU workers only).",
+    )
+
+
+class ModelSpec(Spec):
+    """Which model to train."""
+
+    preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
+        "gpt-tiny",
+        description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
+        "gpt-small, llama-1b, llama-7b, llama-70b. Leave it out when model.hf is set.",
+    )
+    hf: str | None = Field(
+        None,
+        max_length=4096,
+        description="A pretrained Hugging Face model folder (config.json + model.safetensors "
+        "or a sharded model.safetensors.index.json): an absolute path inside the tenant's "
+        "data area or a shared data root, or an s3:// / gs:// URL of a store the tenant may "
+        "use. Llama, Mistral and Qwen2 causal LMs.",
+    )
+    tokenizer: str | None = Field(
+        None,
+        max_length=4096,
+        description="A folder with tokenizer.json (and tokenizer_config.json); defaults to "
+        "model.hf. Same places as model.hf.",
+    )
+    lora: LoraSpec | None = Field(
+        None, description="Train low-rank adapters instead of the full model."
+    )
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none",
+        description="full: each decoder block keeps only its input for backward and runs "
+        "its forward again there (about a third more compute, activations of one block "
+        "instead of all). selective: keep the matmul outputs, recompute the cheap "
+        "element-wise parts (norms, activations, rotary). On every strategy; the planner "
+        "counts it. none: keep all.",
+    )
