@@ -22,6 +22,10 @@ class ModelConfig:
     max_seq_len: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Pretrained models (model.hf): Qwen2's q/k/v projections carry a bias, and
+    # export names the source architecture. Presets keep the defaults.
+    qkv_bias: bool = False
+    architecture: str = "LlamaForCausalLM"
 
     def __post_init__(self) -> None:
         for name in (
@@ -123,6 +127,8 @@ def count_params(cfg: ModelConfig) -> int:
     """Number of parameters of ``build_model(cfg)``, computed from the shapes alone."""
     kv_dim = cfg.n_kv_heads * cfg.head_dim
     attention = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv_dim
+    if cfg.qkv_bias:
+        attention += cfg.dim + 2 * kv_dim
     feed_forward = 3 * cfg.dim * cfg.ffn_hidden
     block = attention + feed_forward + 2 * cfg.dim  # two RMSNorm weights
     return cfg.n_layers * block + 2 * cfg.vocab_size * cfg.dim + cfg.dim

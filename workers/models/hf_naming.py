@@ -26,6 +26,9 @@ _IN_LAYER = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.bias": "self_attn.v_proj.bias",
     "attention.wo.weight": "self_attn.o_proj.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "feed_forward.w1.weight": "mlp.gate_proj.weight",
@@ -38,7 +41,11 @@ _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
 def to_hf_name(fqn: str) -> str:
-    """The Hugging Face Llama name of etrain parameter ``fqn`` (``KeyError`` if unknown)."""
+    """The Hugging Face Llama name of etrain parameter ``fqn`` (``KeyError`` if unknown).
+
+    A peft-wrapped projection's frozen ``.base_layer`` maps to the plain projection.
+    """
+    fqn = fqn.replace(".base_layer.", ".")
     if fqn in _TOP:
         return _TOP[fqn]
     m = _LAYER.match(fqn)
@@ -57,31 +64,37 @@ def from_hf_name(name: str) -> str:
     return f"layers.{m.group(1)}.{_IN_LAYER_BACK[m.group(2)]}"
 
 
-def _rope_heads(fqn: str, cfg: ModelConfig) -> int | None:
-    """Heads whose rows must be permuted for ``fqn`` (None: layout is the same)."""
-    if fqn.endswith("attention.wq.weight"):
-        return cfg.n_heads
-    if fqn.endswith("attention.wk.weight"):
-        return cfg.n_kv_heads
-    return None
+_ROPE_ROWS = (
+    "attention.wq.weight",
+    "attention.wq.bias",
+    "attention.wk.weight",
+    "attention.wk.bias",
+)
+
+
+def is_rope_permuted(fqn: str) -> bool:
+    """Whether ``fqn``'s rows are permuted within each head between etrain and HF layout.
+
+    The permutation stays inside a head, so a block of whole heads (rows a multiple
+    of the head width) converts on its own.
+    """
+    return fqn.replace(".base_layer.", ".").endswith(_ROPE_ROWS)
 
 
 def to_hf_tensor(fqn: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """``tensor`` of etrain parameter ``fqn`` in Hugging Face layout (interleaved -> halves)."""
-    heads = _rope_heads(fqn, cfg)
-    if heads is None:
+    if not is_rope_permuted(fqn):
         return tensor
-    rows, cols = tensor.shape
-    return tensor.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    half, rest = cfg.head_dim // 2, tensor.shape[1:]
+    return tensor.view(-1, half, 2, *rest).transpose(1, 2).reshape(tensor.shape)
 
 
 def from_hf_tensor(fqn: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """Undo :func:`to_hf_tensor`: a Hugging Face tensor back in etrain layout."""
-    heads = _rope_heads(fqn, cfg)
-    if heads is None:
+    if not is_rope_permuted(fqn):
         return tensor
-    rows, cols = tensor.shape
-    return tensor.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    half, rest = cfg.head_dim // 2, tensor.shape[1:]
+    return tensor.view(-1, 2, half, *rest).transpose(1, 2).reshape(tensor.shape)
 
 
 def from_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -72,9 +72,10 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.head_dim
         kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, kv_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, kv_dim, bias=False)
+        # Qwen2-style q/k/v biases (cfg.qkv_bias) shard with their weights under TP.
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -181,6 +182,8 @@ class Transformer(nn.Module):
                         std=out_std if is_residual_out else std,
                         generator=generator,
                     )
+                    if getattr(module, "bias", None) is not None:
+                        nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Return logits ``[B, T, V]`` (or hidden states when stages were removed)."""
