@@ -28,6 +28,7 @@ from workers.data import GlobalBatchSampler, build_dataset
 from workers.hooks import RunHooks
 from workers.models.config import get_model_config
 from workers.models.llama import build_model
+from workers.models.lora import init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy
@@ -130,9 +131,13 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     model = build_model(
         get_model_config(spec.model.preset), seed=spec.train.seed, device=str(env.device)
     )
-    model.checkpoint_blocks = spec.model.activation_checkpointing == "full"
+    model.checkpoint_blocks = spec.model.activation_checkpointing
+    if spec.model.lora is not None:  # adapters in, base frozen: before the strategy wraps it
+        inject_lora(model, spec.model.lora)
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
     parts, pipeline = _split_and_apply(spec, env, model, mesh)
+    if spec.model.lora is not None:  # seeded, layout-independent: after the base is in place
+        init_lora(parts, seed=spec.train.seed)
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]
     schedulers = [
         torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))

@@ -20,7 +20,18 @@ from workers.checkpoint.interval import AutoIntervalPolicy, IntervalDecision, ch
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
 from workers.contract import CheckpointRecord, EventKind
+from workers.models.lora import base_reference, check_base
 from workers.spec import JobSpec
+
+
+def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
+    """A LoRA job's base reference (None without LoRA); checked against the restored one."""
+    if spec.model.lora is None:
+        return None
+    current = base_reference(spec.model, seed=spec.train.seed)
+    if restored_extra is not None:
+        check_base(restored_extra.get("lora_base"), current)
+    return current
 
 
 class Checkpointer:
@@ -44,6 +55,8 @@ class Checkpointer:
             else None
         )
         self.last_save = time.monotonic()
+        # LoRA checkpoints hold only the adapters: they name the base they need.
+        self.lora_base = lora_base(spec, restored_extra)
         self.policy: AutoIntervalPolicy | None = None
         self.decision: IntervalDecision | None = None
         if ckpts is not None and ck.interval == "auto":
@@ -66,9 +79,10 @@ class Checkpointer:
 
     def extra_state(self) -> dict:
         """What the manifest keeps for the next run's interval policy."""
-        if self.policy is None:
-            return {}
-        return {"interval": {"failures": self.policy.failures, "run_s": self.policy.run_s}}
+        out = {} if self.lora_base is None else {"lora_base": self.lora_base}
+        if self.policy is not None:
+            out["interval"] = {"failures": self.policy.failures, "run_s": self.policy.run_s}
+        return out
 
     def after_step(
         self,

@@ -19,18 +19,29 @@ class ModelAndOptimizer(Stateful):
     FQN. Each rank contributes the keys of the parts it holds (one part, or
     its pipeline stages), which is what lets a checkpoint saved under one
     layout load under another.
-    """
 
-    _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+    When some parameters are frozen (LoRA: the base), only what trains is
+    saved and loaded (``ignore_frozen_params``): the frozen base is rebuilt
+    from the job's spec, so a checkpoint holds the adapters and their
+    optimizer state alone.
+    """
 
     def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
         self.parts, self.optimizers = parts, optimizers
+        self.trainable_only = any(not p.requires_grad for part in parts for p in part.parameters())
+
+    def _options(self, *, strict: bool = True) -> StateDictOptions:
+        return StateDictOptions(
+            flatten_optimizer_state_dict=True,
+            ignore_frozen_params=self.trainable_only,
+            strict=strict and not self.trainable_only,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state of every local part, keyed by parameter FQN."""
         model, optim = {}, {}
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            msd, osd = get_state_dict(part, opt, options=self._OPTIONS)
+            msd, osd = get_state_dict(part, opt, options=self._options())
             model.update(msd)
             optim.update(osd)
         return {"model": model, "optim": optim}
@@ -43,9 +54,7 @@ class ModelAndOptimizer(Stateful):
                 opt,
                 model_state_dict=state_dict["model"],
                 optim_state_dict=state_dict["optim"],
-                options=StateDictOptions(
-                    flatten_optimizer_state_dict=True, strict=len(self.parts) == 1
-                ),
+                options=self._options(strict=len(self.parts) == 1),
             )
 
 

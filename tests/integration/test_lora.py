@@ -1,0 +1,142 @@
+"""LoRA on every data-parallel layout against a single-process LoRA run, and its checkpoints.
+
+All 2-worker rows (DDP, FSDP zero 2/3, CPU offload, pipeline; SGD and AdamW;
+a save that stops at step 3 and its resume in the same folder) run in one
+group of 2 gloo processes. The references are plain single-process runs of
+the same specs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.local_launch import LocalJob, run_local
+from workers.models.config import get_model_config
+from workers.models.llama import build_model
+from workers.spec import JobSpec
+from workers.train_loop import RunEnv, run
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+LORA = {
+    "rank": 4,
+    "alpha": 8.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+}
+BASE = {
+    "model": {"preset": "gpt-tiny", "lora": LORA},
+    "data": {"seq_len": 16, "num_samples": 64},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "lr": 1e-2,
+        "warmup_steps": 1,
+        "seed": 3,
+    },
+    "checkpoint": {"every_steps": 2},
+}
+ROWS = {
+    "ddp": {"strategy": "ddp"},
+    "fsdp-zero2": {"strategy": "fsdp", "fsdp": {"zero_stage": 2}},
+    "fsdp-zero3": {"strategy": "fsdp", "fsdp": {"zero_stage": 3}},
+    "fsdp-offload": {"strategy": "fsdp", "fsdp": {"zero_stage": 3, "cpu_offload": True}},
+    "pp2": {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}},
+}
+OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}
+
+
+def make_spec(name: str, workers: int, parallelism: dict, optimizer: str) -> dict:
+    spec = copy.deepcopy(BASE)
+    spec["name"] = name
+    spec["resources"] = {"workers": workers, "cpus_per_worker": 1}
+    spec["parallelism"] = parallelism
+    spec["train"].update(OPTIMIZERS[optimizer])
+    return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+
+
+def single_process(optimizer: str):
+    spec = make_spec("reference", 1, {"strategy": "ddp"}, optimizer)
+    return run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+    )
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    return {opt: single_process(opt) for opt in OPTIMIZERS}
+
+
+@pytest.fixture(scope="module")
+def lora_results(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("lora")
+    jobs = [
+        LocalJob(f"{row}-{opt}", make_spec(row, 2, par, opt))
+        for row, par in ROWS.items()
+        for opt in OPTIMIZERS
+    ]
+    for name, par in (("fsdp", ROWS["fsdp-zero3"]), ("ddp", ROWS["ddp"])):
+        spec = make_spec(f"resume-{name}", 2, par, "adamw")
+        ckpt = str(root / name)
+        jobs.append(LocalJob(f"resume-{name}-full", spec, str(root / f"{name}-full")))
+        jobs.append(LocalJob(f"resume-{name}-save", spec, ckpt, stop_at=2))
+        jobs.append(LocalJob(f"resume-{name}-resume", spec, ckpt))
+    results = run_local(jobs, world_size=2)
+    results["root"] = root
+    return results
+
+
+def test_base_is_frozen_and_unchanged(references):
+    """The single-process run trained only the adapters: every base tensor is as built."""
+    model = references["adamw"].model
+    base = build_model(get_model_config("gpt-tiny"), seed=3)
+    trained = {n.replace(".base_layer", ""): p for n, p in model.named_parameters()}
+    for name, want in base.named_parameters():
+        assert not trained[name].requires_grad, name
+        assert torch.equal(trained[name], want), name
+    adapters = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert adapters and all(p.abs().sum() > 0 for p in adapters)  # B started at zero and trained
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("row", list(ROWS))
+def test_lora_matches_single_process(lora_results, references, row, optimizer):
+    res = lora_results[f"{row}-{optimizer}"]
+    assert res.error is None, res.error
+    want = references[optimizer].losses
+    assert sorted(res.losses) == list(range(1, STEPS + 1))
+    for step, loss in res.losses.items():
+        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
+    assert res.losses[STEPS] < res.losses[1]
+
+
+@pytest.mark.parametrize("name", ["fsdp", "ddp"])
+def test_lora_resume_is_bitwise(lora_results, name):
+    full = lora_results[f"resume-{name}-full"]
+    saved = lora_results[f"resume-{name}-save"]
+    resumed = lora_results[f"resume-{name}-resume"]
+    for res in (full, saved, resumed):
+        assert res.error is None, res.error
+    assert resumed.resumed_from == 2
+    assert {s: resumed.losses[s] for s in (3, 4)} == {s: full.losses[s] for s in (3, 4)}
+
+
+def test_lora_checkpoint_holds_only_adapters(lora_results):
+    """Only adapter tensors and their optimizer state, plus the base reference."""
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(lora_results["root"]) / "fsdp-full"
+    step_dir = sorted(p for p in root.iterdir() if p.name.startswith("step_"))[-1]
+    keys = list(dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata)
+    model_keys = [k for k in keys if k.startswith("app.model.")]
+    assert model_keys and all(".lora_A." in k or ".lora_B." in k for k in model_keys)
+    assert not [k for k in keys if "base_layer" in k or "tok_embeddings" in k]
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["extra"]["lora_base"] == {"preset": "gpt-tiny", "seed": 3}
