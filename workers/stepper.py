@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from workers.data import collate, shard_global_batch
+from workers.data import IGNORE_INDEX, collate, counted_labels, shard_global_batch
 from workers.strategies.mesh import Coordinates, total_grad_norm
 from workers.telemetry.memory import ActivationMeter
 
@@ -27,6 +27,8 @@ class Pipeline(Protocol):
 
     has_first: bool
     has_last: bool
+    # None: the loss is the token mean; else each micro-batch's summed loss times this.
+    token_scale: float | None
 
     def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
         """Forward and backward one batch in micro-batches; the mean loss on the last stage."""
@@ -38,6 +40,16 @@ class Pipeline(Protocol):
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Token-mean cross entropy in fp32."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def masked_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross entropy in fp32 summed over the positions whose target is not -100."""
+    return F.cross_entropy(
+        logits.float().flatten(0, 1),
+        targets.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
 
 
 class Stepper:
@@ -78,8 +90,15 @@ class Stepper:
     def step(self, batch: list, *, votes: tuple[bool, ...] = ()) -> tuple[float, tuple[int, ...]]:
         """One optimizer step on this rank's share of ``batch``.
 
-        Returns the global mean loss and, per vote, how many ranks voted yes.
+        Returns the global mean loss and, per vote, how many ranks voted yes. When the
+        dataset masks labels (instruction, chat) that mean is over the global batch's
+        counted labels: each micro-batch's summed loss is scaled by dp_size / (counted
+        labels of the global batch), which every rank counts from the dataset alone, so
+        the step is the same for any world size and micro-batch split (data-parallel
+        gradients are averaged over dp, hence the dp_size).
         """
+        counted = counted_labels(self.dataset, batch)
+        scale = None if counted is None else self.coords.dp_size / max(counted, 1)
         calls = shard_global_batch(
             batch,
             dp_rank=self.coords.dp_rank,
@@ -91,12 +110,12 @@ class Stepper:
             x, y = (t.to(self.device, non_blocking=True) for t in collate(self.dataset, items))
             last = i == len(calls) - 1
             loss = (
-                self._pipeline_call(x, y, len(calls))
+                self._pipeline_call(x, y, len(calls), scale)
                 if self.pipeline is not None
-                else self._micro_step(x, y, len(calls), sync=last)
+                else self._micro_step(x, y, len(calls), sync=last, scale=scale)
             )
             if loss is not None:
-                local += loss / len(calls)
+                local += loss
         self._clip()
         for opt in self.optimizers:
             opt.step()
@@ -107,25 +126,32 @@ class Stepper:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
-    def _micro_step(self, x, y, n_calls: int, *, sync: bool) -> float:
+    def _micro_step(self, x, y, n_calls: int, *, sync: bool, scale: float | None) -> float:
+        """Forward and backward one micro-batch; its share of the step's loss."""
         model = self.parts[0]
         with _grad_sync(model, sync), self.meter or contextlib.nullcontext():
             with self.autocast:
                 logits = model(x)
             if self.meter is not None:
                 self.meter.note_resident_params(self.parts)
+            if scale is not None:
+                loss = masked_loss_sum(logits, y) * scale
+                loss.backward()
+                return float(loss.detach())
             loss = loss_fn(logits, y)
             (loss / n_calls).backward()
-        return float(loss.detach())
+        return float(loss.detach()) / n_calls
 
-    def _pipeline_call(self, x, y, n_calls: int) -> float | None:
+    def _pipeline_call(self, x, y, n_calls: int, scale: float | None) -> float | None:
         # The pipeline's loss function divides by the number of calls per step
-        # (fixed when it is built), so gradients summed over calls are the mean.
-        del n_calls
+        # (fixed when it is built), so gradients summed over calls are the mean;
+        # with masked labels it scales each summed loss by token_scale instead.
+        self.pipeline.token_scale = scale
         with self.autocast, self.meter or contextlib.nullcontext():
-            return self.pipeline.run(
+            loss = self.pipeline.run(
                 x if self.pipeline.has_first else None, y if self.pipeline.has_last else None
             )
+        return None if loss is None else loss / n_calls
 
     def _clip(self) -> None:
         if self.grad_clip <= 0:

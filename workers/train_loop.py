@@ -24,7 +24,7 @@ from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
 from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_storage
 from workers.contract import EventKind, MetricPoint
-from workers.data import GlobalBatchSampler, build_dataset
+from workers.data import GlobalBatchSampler, dataset_for
 from workers.hooks import RunHooks
 from workers.models.config import get_model_config
 from workers.models.llama import build_model
@@ -179,12 +179,11 @@ def _restore(
 
 
 def _dataset(spec: JobSpec):
-    """The job's dataset (its items depend on the spec alone, never on the world size)."""
-    return build_dataset(
-        source=spec.data.source,
-        path=spec.data.path,
-        seq_len=spec.data.seq_len,
-        num_samples=spec.data.num_samples,
+    """The job's dataset (its items depend on the spec alone, never on the world size);
+    file sources are tokenized with model.tokenizer (else model.hf's) when there is one."""
+    return dataset_for(
+        spec.data,
+        tokenizer=spec.model.tokenizer or spec.model.hf,
         vocab_size=get_model_config(spec.model.preset).vocab_size,
         seed=spec.train.seed,
     )

@@ -1,6 +1,9 @@
 """Map-style token datasets: each item is a ``LongTensor`` of ``seq_len + 1`` tokens.
 
-The training loop uses ``x = s[:-1]`` and ``y = s[1:]``. Every item depends only
+The training loop uses ``x = s[:-1]`` and ``y = s[1:]``. Datasets whose loss
+counts only some tokens (instruction and chat data) instead return
+``(tokens, labels)`` with ``labels[t] == -100`` where position ``t`` is not
+trained on, and tell each sample's counted labels (``counted(i)``). Every item depends only
 on the dataset arguments and its index, never on the order of access or the
 world size, so an elastic resize or a resume reads exactly the same samples.
 """
@@ -13,7 +16,13 @@ import os
 import numpy as np
 import torch
 
-SOURCES = ("synthetic", "text", "jsonl")
+from workers.data.prepare import ensure_prepared, read_index
+from workers.data.tokens import ShapeOptions
+
+SOURCES = ("synthetic", "text", "jsonl", "parquet", "prepared")
+# Sources read as raw bytes (token = byte) when no tokenizer is given.
+_BYTE_SOURCES = ("text", "jsonl")
+IGNORE_INDEX = -100
 
 # Synthetic Markov chain: each token has this many likely successors, picked with
 # these weights; with probability _NOISE the next token is uniform instead. Peaked
@@ -83,6 +92,42 @@ class ByteWindowDataset:
         return torch.from_numpy(chunk)
 
 
+class TokenDataset:
+    """Samples of a prepared folder (:mod:`workers.data.prepare`), memory-mapped."""
+
+    def __init__(self, folder: str, *, vocab_size: int | None = None) -> None:
+        self.index = index = read_index(folder)
+        self.seq_len, self.num_samples = index["seq_len"], index["num_samples"]
+        self.masked = bool(index["masked"])
+        if vocab_size is not None and index["max_token_id"] >= vocab_size:
+            raise ValueError(
+                f"data.path {folder!r} holds token ids up to {index['max_token_id']} but the "
+                f"model's vocab_size is {vocab_size}; prepare it with the model's tokenizer"
+            )
+        load = lambda name: np.load(os.path.join(folder, name), mmap_mode="r")  # noqa: E731
+        self.tokens = load("tokens.npy")
+        self.targets = load("targets.npy") if self.masked else None
+        self.counts = np.asarray(load("counts.npy"), dtype=np.int64)
+
+    def __len__(self) -> int:
+        """Number of samples."""
+        return self.num_samples
+
+    def __getitem__(self, index: int):
+        """Sample ``index``: its tokens, and for masked data also its labels."""
+        index = _check_index(index, self.num_samples)
+        w = self.seq_len + 1
+        tokens = torch.from_numpy(np.asarray(self.tokens[index * w : (index + 1) * w], np.int64))
+        if self.targets is None:
+            return tokens
+        keep = torch.from_numpy(np.asarray(self.targets[index * w + 1 : (index + 1) * w], bool))
+        return tokens, torch.where(keep, tokens[1:], IGNORE_INDEX)
+
+    def counted(self, index: int) -> int:
+        """How many labels of sample ``index`` the loss counts."""
+        return int(self.counts[_check_index(index, self.num_samples)])
+
+
 def _check_index(index: int, length: int) -> int:
     index = int(index)
     if not 0 <= index < length:
@@ -146,8 +191,11 @@ def build_dataset(
         return SyntheticDataset(
             seq_len=seq_len, num_samples=num_samples, vocab_size=vocab_size, seed=seed
         )
-    if source not in SOURCES:
-        raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(SOURCES)}")
+    if source not in _BYTE_SOURCES:
+        raise ValueError(
+            f"data.source {source!r} is not read byte-level; set one of: "
+            f"synthetic, {', '.join(_BYTE_SOURCES)} (or use dataset_for with a tokenizer)"
+        )
     if vocab_size < 256:
         raise ValueError(
             f"data.source {source!r} is byte-level and needs a model vocab_size >= 256, "
@@ -156,3 +204,44 @@ def build_dataset(
     path = _require_file(path, source)
     data = _read_text(path) if source == "text" else _read_jsonl(path)
     return ByteWindowDataset(data, seq_len=seq_len, path=path)
+
+
+def dataset_for(
+    data, *, tokenizer: str | None, vocab_size: int, seed: int
+) -> SyntheticDataset | ByteWindowDataset | TokenDataset:
+    """The dataset of a job's ``data`` spec section.
+
+    ``prepared`` reads a folder written by ``etrain data prepare``. With a
+    ``tokenizer`` folder, file sources are tokenized once per node (a cached
+    prepared folder); without one, text and jsonl are read as bytes.
+    """
+    if data.source == "prepared":
+        return TokenDataset(data.path, vocab_size=vocab_size)
+    if data.source == "synthetic" or tokenizer is None:
+        if data.shape != "text" or data.source == "parquet":
+            what = f"data.shape {data.shape!r}" if data.shape != "text" else "data.source parquet"
+            raise ValueError(
+                f"{what} needs a tokenizer: set model.tokenizer (or model.hf) to a folder "
+                "with tokenizer.json"
+            )
+        return build_dataset(
+            source=data.source,
+            path=data.path,
+            seq_len=data.seq_len,
+            num_samples=data.num_samples,
+            vocab_size=vocab_size,
+            seed=seed,
+        )
+    opts = ShapeOptions(
+        shape=data.shape,
+        seq_len=data.seq_len,
+        truncate=data.truncate,
+        text_field=data.text_field,
+        prompt_field=data.prompt_field,
+        completion_field=data.completion_field,
+        messages_field=data.messages_field,
+    )
+    folder = ensure_prepared(
+        source=data.source, path=data.path, tokenizer=tokenizer, opts=opts, vocab_size=vocab_size
+    )
+    return TokenDataset(folder, vocab_size=vocab_size)

@@ -115,12 +115,31 @@ def shard_global_batch(
 
 
 class _Indexable(Protocol):
-    def __getitem__(self, index: int) -> torch.Tensor: ...
+    def __getitem__(self, index: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def collate(dataset: _Indexable, items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack the samples of ``(epoch, index)`` items into ``(inputs, targets)``, each ``[B, T]``."""
+    """Stack the samples of ``(epoch, index)`` items into ``(inputs, targets)``, each ``[B, T]``.
+
+    For a dataset whose items are ``(tokens, labels)`` the targets are the labels
+    (-100 where the loss ignores a position).
+    """
     if not items:
         raise ValueError("collate needs at least one item")
-    samples = torch.stack([dataset[index] for _epoch, index in items])
-    return samples[:, :-1].contiguous(), samples[:, 1:].contiguous()
+    samples = [dataset[index] for _epoch, index in items]
+    if isinstance(samples[0], tuple):
+        tokens = torch.stack([t for t, _ in samples])
+        return tokens[:, :-1].contiguous(), torch.stack([lab for _, lab in samples])
+    stacked = torch.stack(samples)
+    return stacked[:, :-1].contiguous(), stacked[:, 1:].contiguous()
+
+
+def counted_labels(dataset, items: list[tuple[int, int]]) -> int | None:
+    """Labels the loss counts over ``items``, or None when the dataset counts every position.
+
+    Every rank knows the whole global batch, so each can compute the global
+    count without communication.
+    """
+    if not getattr(dataset, "masked", False):
+        return None
+    return sum(dataset.counted(index) for _epoch, index in items)

@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
@@ -141,6 +142,9 @@ class StagePipeline:
     ):
         self.schedule, self.stages, self.pp_group = schedule, stages, pp_group
         self.calls_per_step = calls_per_step
+        # Set by the stepper per step: None for token-mean losses, else the factor that
+        # turns a micro-batch's summed loss over counted labels into its share.
+        self.token_scale: float | None = None
         self.has_first = any(s.is_first for s in stages)
         self.has_last = any(s.is_last for s in stages)
 
@@ -202,7 +206,11 @@ def build_pipeline(
     microbatches = cfg.parallelism.pipeline.microbatches
     loss_scale = microbatches * calls_per_step
 
+    pipeline: StagePipeline | None = None  # bound below; read when the schedule runs
+
     def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if pipeline is not None and pipeline.token_scale is not None:
+            return _masked_loss_sum(output, target) * pipeline.token_scale
         return loss_fn(output, target) / loss_scale
 
     # scale_grads=False: the schedule's own scaling divides the accumulated
@@ -215,4 +223,12 @@ def build_pipeline(
         loss_fn=scaled_loss,
         scale_grads=False,
     )
-    return StagePipeline(schedule, pstages, calls_per_step=calls_per_step, pp_group=group)
+    pipeline = StagePipeline(schedule, pstages, calls_per_step=calls_per_step, pp_group=group)
+    return pipeline
+
+
+def _masked_loss_sum(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """fp32 cross entropy summed over the labels that are not -100 (masked data)."""
+    return F.cross_entropy(
+        output.float().flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum"
+    )

@@ -1,0 +1,95 @@
+"""Reading rows of the file formats people have: jsonl, parquet and plain text.
+
+Every reader yields ``(row, record)`` pairs, ``row`` counted from 1 (a jsonl
+file's line number), so that any error can name the file and the row. Plain
+text is one document: the whole file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+FORMATS = ("text", "jsonl", "parquet")
+# Parquet rows are read in batches of this many rows (bounded memory on big files).
+_PARQUET_BATCH = 4096
+
+
+def require_file(path: str | None, source: str) -> str:
+    """``path`` if it is an existing file; else a ValueError naming data.path."""
+    if not path:
+        raise ValueError(f"data.path is required when data.source is {source!r}")
+    if path.startswith("file://"):
+        path = path.removeprefix("file://")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"data.path {path!r} does not exist or is not a file; set data.path to a readable file"
+        )
+    return path
+
+
+def read_rows(path: str, source: str) -> Iterator[tuple[int, object]]:
+    """``(row, record)`` pairs of ``path`` read as ``source`` (text, jsonl or parquet)."""
+    if source == "text":
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            yield 1, {"text": raw.decode("utf-8")}
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
+    elif source == "jsonl":
+        yield from _jsonl_rows(path)
+    elif source == "parquet":
+        yield from _parquet_rows(path)
+    else:
+        raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(FORMATS)}")
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[int, object]]:
+    # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[int, object]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"data.path {path!r}: not a readable parquet file ({e})") from e
+    row = 0
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record
+
+
+def field(path: str, row: int, record: object, name: str, kind: type, what: str):
+    """``record[name]`` checked to be a ``kind``; else a ValueError naming file, row, field."""
+    where = f"data.path {path!r} row {row}"
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected an object with a {what} field {name!r}")
+    if name not in record or record[name] is None:
+        raise ValueError(
+            f"{where}: no field {name!r}; rows need a {what} field (set data.{_option(what)} "
+            "to the field name the file uses)"
+        )
+    value = record[name]
+    if not isinstance(value, kind):
+        raise ValueError(f"{where}: field {name!r} must be a {kind.__name__}")
+    return value
+
+
+def _option(what: str) -> str:
+    return {"text": "text_field", "prompt": "prompt_field", "completion": "completion_field"}.get(
+        what, "messages_field"
+    )
