@@ -19,7 +19,7 @@ from workers.models.config import get_model_config
 from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
 from workers.spec.data import DataSpec
-from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec
+from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 
 __all__ = [
@@ -263,6 +263,18 @@ class JobSpec(Spec):
                 f"data.seq_len ({self.data.seq_len}) exceeds the max_seq_len of model.preset "
                 f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits_layout(self) -> JobSpec:
+        if self.model.lora is not None:
+            error = lora_layout_error(
+                self.model.lora,
+                tp=self.parallelism.tp,
+                gpus_per_worker=self.resources.gpus_per_worker,
+            )
+            if error:
+                raise ValueError(error)
         return self
 
     def data_parallel_size(self, world_size: int) -> int:

@@ -35,6 +35,36 @@ class LoraSpec(Spec):
     )
 
 
+def lora_layout_error(lora: LoraSpec, *, tp: int, gpus_per_worker: int) -> str | None:
+    """Why ``lora`` cannot run on this layout and these resources (None: it can).
+
+    LoRA goes through peft, whose ``lora.Linear`` wraps the projection it
+    adapts; PyTorch's tensor-parallel plans shard only plain ``nn.Linear``
+    modules, so LoRA runs with DDP, FSDP (zero 2/3, CPU offload) and pipeline
+    parallelism but not with tp > 1. QLoRA's 4-bit base needs bitsandbytes'
+    CUDA kernels, which etrain's workers do not ship.
+    """
+    if tp > 1:
+        return (
+            f"model.lora cannot run with parallelism.tp = {tp}: tensor parallelism shards "
+            "plain linear layers and LoRA wraps them; use parallelism.strategy ddp, fsdp "
+            "(zero 2/3, cpu_offload) or pp with tp = 1"
+        )
+    if lora.quantize == "4bit" and gpus_per_worker == 0:
+        return (
+            "model.lora.quantize 4bit (QLoRA) needs GPU workers: bitsandbytes' 4-bit "
+            "kernels are GPU-only and resources.gpus_per_worker is 0; use quantize none on "
+            "a CPU cluster"
+        )
+    if lora.quantize == "4bit":
+        return (
+            "model.lora.quantize 4bit (QLoRA) needs bitsandbytes on the workers, which this "
+            "etrain build does not include; use quantize none (LoRA over the bf16/fp32 base, "
+            "with parallelism.fsdp.cpu_offload to fit a large base)"
+        )
+    return None
+
+
 class ModelSpec(Spec):
     """Which model to train."""
 
