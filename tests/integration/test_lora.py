@@ -140,3 +140,55 @@ def test_lora_checkpoint_holds_only_adapters(lora_results):
     assert not [k for k in keys if "base_layer" in k or "tok_embeddings" in k]
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["extra"]["lora_base"] == {"preset": "gpt-tiny", "seed": 3}
+
+
+def _train_with_checkpoints(tmp_path, model: dict) -> tuple:
+    """One process, AdamW, checkpoints every 2 steps: (trained etrain model, newest step dir)."""
+    spec = make_spec("export", 1, {"strategy": "ddp"}, "adamw")
+    spec["model"] = {**spec["model"], **model}
+    root = tmp_path / "ckpt"
+    res = run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(root)),
+    )
+    step_dir = sorted(p for p in root.iterdir() if p.name.startswith("step_"))[-1]
+    return res.model.eval(), step_dir
+
+
+def _hf_logits(model, tokens) -> torch.Tensor:
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+@pytest.mark.parametrize("base", ["preset", "hf-llama", "hf-qwen2"])
+def test_adapter_export_loads_with_peft_and_merges(tmp_path, base):
+    """peft loads the adapter over the base and gives etrain's logits; so does the merge."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.support.hf_fixtures import make_hf_folder
+    from workers.checkpoint.export_lora import export_adapter, export_merged, write_preset_base
+
+    model = {}
+    if base != "preset":
+        make_hf_folder(tmp_path / "base", base.removeprefix("hf-"), vocab_size=256)
+        model = {"hf": str(tmp_path / "base")}
+    trained, step_dir = _train_with_checkpoints(tmp_path, model)
+    base_dir = tmp_path / "base" if model else write_preset_base("gpt-tiny", 3, tmp_path / "base")
+    result = export_adapter(step_dir, tmp_path / "adapter", lora=LORA)
+    assert result.num_tensors == 2 * 5 * 2  # A and B, five targets, two layers
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = trained(tokens)
+    hf_base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    before = _hf_logits(hf_base, tokens)
+    peft_model = PeftModel.from_pretrained(hf_base, str(tmp_path / "adapter")).eval()
+    got = _hf_logits(peft_model, tokens)
+    assert (want - before).abs().max() > 1e-3  # the adapters changed the output
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    export_merged(step_dir, tmp_path / "merged", lora=LORA)
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32)
+    torch.testing.assert_close(_hf_logits(merged, tokens), want, atol=1e-5, rtol=1e-5)
+    if model:
+        assert (tmp_path / "merged" / "tokenizer.json").is_file()

@@ -1,0 +1,224 @@
+"""Export a LoRA job's adapters in ``peft``'s format, or merged into its base.
+
+A LoRA checkpoint holds only the adapters (``layers.N.attention.wq.lora_A.default.weight``
+...) and names its base in the manifest (``lora_base``: a preset and seed, or a
+``model.hf`` folder and its fingerprint). :func:`export_adapter` writes
+``adapter_config.json`` (``peft``'s ``LoraConfig.save_pretrained``) and
+``adapter_model.safetensors`` under the names ``PeftModel.from_pretrained``
+expects (``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``).
+etrain rotates adjacent query/key feature pairs where Hugging Face rotates
+halves (:mod:`workers.models.hf_naming`), so the output rows of ``lora_B`` for
+``q_proj``/``k_proj`` are permuted like the base rows (``lora_A`` acts on the
+input side and stays as it is).
+
+:func:`export_merged` lets ``peft`` itself merge (``merge_and_unload``) over
+the base loaded with ``transformers`` and saves a full Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from workers.checkpoint.export import (
+    _Entry,
+    _load_model_tensors,
+    _stored_model_tensors,
+    hf_config,
+)
+from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
+from workers.models.config import ModelConfig, get_model_config
+from workers.models.hf_naming import to_hf_name, to_hf_tensor
+from workers.models.llama import build_model
+from workers.models.lora import ADAPTER, lora_config
+from workers.spec.model import LoraSpec
+
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PREFIX = "base_model.model."
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+_ADAPTER_KEY = re.compile(rf"^(.+)\.(lora_[AB])\.{ADAPTER}\.weight$")
+
+
+@dataclass(frozen=True)
+class AdapterExportResult:
+    """What :func:`export_adapter` / :func:`export_merged` wrote."""
+
+    out_dir: str
+    step: int
+    num_tensors: int
+    num_params: int
+    bytes: int
+    merged: bool
+
+
+def _source(checkpoint: ExportSource | str | os.PathLike) -> ExportSource:
+    return checkpoint if isinstance(checkpoint, ExportSource) else open_checkpoint_dir(checkpoint)
+
+
+def base_of(src: ExportSource) -> dict:
+    """The checkpoint's base reference; ExportError for a checkpoint without adapters."""
+    base = (src.info.extra or {}).get("lora_base")
+    if not base:
+        raise ExportError(
+            f"checkpoint {src.uri} is not a LoRA checkpoint (its manifest names no "
+            "lora_base); export it without --adapter/--merge"
+        )
+    return base
+
+
+def base_config(base: dict) -> ModelConfig:
+    """The base's shapes: the preset's, or the model.hf folder's (its config.json)."""
+    if "preset" in base:
+        return get_model_config(base["preset"])
+    from workers.models.hf_load import hf_model_config
+
+    try:
+        return hf_model_config(base["hf"])
+    except ValueError as e:
+        raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
+
+
+def peft_name(fqn: str) -> str:
+    """``layers.0.attention.wq.lora_A.default.weight`` -> peft's saved Hugging Face name."""
+    m = _ADAPTER_KEY.match(fqn)
+    if m is None:
+        raise ExportError(f"checkpoint tensor {fqn!r} is not a LoRA adapter")
+    hf_module = to_hf_name(f"{m.group(1)}.weight").removesuffix(".weight")
+    return f"{PEFT_PREFIX}{hf_module}.{m.group(2)}.weight"
+
+
+def adapter_tensors(src: ExportSource, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every adapter of the checkpoint in peft's names and Hugging Face's row layout."""
+    stored = _stored_model_tensors(src)
+    keys = [k for k in stored if _ADAPTER_KEY.match(k)]
+    if not keys or len(keys) != len(stored):
+        raise ExportError(f"checkpoint {src.uri} does not hold LoRA adapters alone")
+    entries = [
+        _Entry(fqn=k, name=k, shape=tuple(stored[k].size), stored_dtype=stored[k].properties.dtype)
+        for k in keys
+    ]
+    loaded = _load_model_tensors(src, src.reader(), entries)
+    out = {}
+    for fqn in sorted(loaded):
+        t = loaded[fqn]
+        m = _ADAPTER_KEY.match(fqn)
+        if m.group(2) == "lora_B":  # output rows follow the base's RoPE layout
+            t = to_hf_tensor(f"{m.group(1)}.weight", t, cfg)
+        out[peft_name(fqn)] = t.contiguous()
+    return out
+
+
+def export_adapter(
+    checkpoint: ExportSource | str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    lora: LoraSpec | dict,
+    base_model_name_or_path: str | None = None,
+) -> AdapterExportResult:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` into ``out_dir``.
+
+    ``lora`` is the job's ``model.lora``; ``base_model_name_or_path`` goes into
+    the config (default: the job's ``model.hf``, or nothing for a preset base).
+    """
+    src = _source(checkpoint)
+    spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)
+    base = base_of(src)
+    tensors = adapter_tensors(src, base_config(base))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = lora_config(spec, hf_names=True)
+    config.base_model_name_or_path = base_model_name_or_path or base.get("hf")
+    config.save_pretrained(str(out))
+    save_file(tensors, str(out / ADAPTER_FILE), metadata={"format": "pt"})
+    return AdapterExportResult(
+        out_dir=str(out),
+        step=src.info.step,
+        num_tensors=len(tensors),
+        num_params=sum(t.numel() for t in tensors.values()),
+        bytes=(out / ADAPTER_FILE).stat().st_size,
+        merged=False,
+    )
+
+
+def write_preset_base(preset: str, seed: int, out_dir: str | os.PathLike) -> Path:
+    """A preset's seeded random base as a Hugging Face folder (a preset LoRA job's base)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = get_model_config(preset)
+    model = build_model(cfg, seed=seed)
+    hf = LlamaForCausalLM(LlamaConfig.from_dict(hf_config(cfg, dtype=torch.float32)))
+    state = {to_hf_name(k): to_hf_tensor(k, v, cfg) for k, v in model.state_dict().items()}
+    hf.load_state_dict(state, strict=True)
+    hf.save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
+def _local_base_dir(base: dict, tmp: str) -> Path:
+    if "preset" in base:
+        return write_preset_base(base["preset"], int(base["seed"]), Path(tmp) / "base")
+    path = base["hf"].removeprefix("file://")
+    if "://" in path or not Path(path, "config.json").is_file():
+        raise ExportError(
+            f"--merge reads the base model.hf {base['hf']!r} from the local file system; "
+            "mount or copy it here, or export the adapter alone (--adapter)"
+        )
+    return Path(path)
+
+
+def export_merged(
+    checkpoint: ExportSource | str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    lora: LoraSpec | dict,
+) -> AdapterExportResult:
+    """The base with the adapters merged in, as a Hugging Face folder (peft merges).
+
+    The base is the job's ``model.hf`` folder (read locally; its tokenizer files
+    are copied beside the weights) or the preset's seeded random weights.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    src = _source(checkpoint)
+    base = base_of(src)
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        base_dir = _local_base_dir(base, tmp)
+        export_adapter(src, Path(tmp) / "adapter", lora=lora, base_model_name_or_path=str(base_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto")
+        merged = PeftModel.from_pretrained(model, str(Path(tmp) / "adapter")).merge_and_unload()
+        merged.save_pretrained(str(out))
+        for name in TOKENIZER_FILES:
+            if (base_dir / name).is_file():
+                shutil.copy2(base_dir / name, out / name)
+    (out / "etrain_export.json").write_text(
+        json.dumps(
+            {"step": src.info.step, "source_uri": src.uri, "lora_base": base, "merged": True},
+            indent=2,
+        )
+        + "\n"
+    )
+    files = list(out.glob("*.safetensors"))
+    return AdapterExportResult(
+        out_dir=str(out),
+        step=src.info.step,
+        num_tensors=0,
+        num_params=sum(p.numel() for p in merged.parameters()),
+        bytes=sum(f.stat().st_size for f in files),
+        merged=True,
+    )
