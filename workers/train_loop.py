@@ -26,7 +26,14 @@ from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_stora
 from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, dataset_for
 from workers.hooks import RunHooks
-from workers.models.config import get_model_config
+from workers.models.config import ModelConfig, get_model_config
+from workers.models.hf_load import (
+    hf_model_config,
+    load_device,
+    load_pretrained,
+    loads_before_strategy,
+    materialize,
+)
 from workers.models.llama import build_model
 from workers.models.lora import init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
@@ -126,16 +133,34 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
     return t.global_batch_size // (spec.data_parallel_size(world_size) * t.micro_batch_size * mb)
 
 
+def _new_model(spec: JobSpec, env: RunEnv) -> tuple[nn.Module, ModelConfig | None]:
+    """A preset initialised from the seed, or (model.hf) an empty meta model and its config."""
+    if spec.model.hf is None:
+        cfg = get_model_config(spec.model.preset)
+        return build_model(cfg, seed=spec.train.seed, device=str(env.device)), None
+    cfg = hf_model_config(spec.model.hf)
+    return build_model(cfg, seed=spec.train.seed, device="meta"), cfg
+
+
+def _load_hf(spec: JobSpec, env: RunEnv, parts: list[nn.Module], cfg: ModelConfig) -> None:
+    for part in parts:
+        materialize(part, device=load_device(spec, env.device))
+    load_pretrained(parts, spec.model.hf, cfg)
+
+
 def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     torch.manual_seed(spec.train.seed)
-    model = build_model(
-        get_model_config(spec.model.preset), seed=spec.train.seed, device=str(env.device)
-    )
+    model, pretrained = _new_model(spec, env)
     model.checkpoint_blocks = spec.model.activation_checkpointing
     if spec.model.lora is not None:  # adapters in, base frozen: before the strategy wraps it
         inject_lora(model, spec.model.lora)
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
+    early = pretrained is not None and loads_before_strategy(spec, mesh)
+    if early:  # the layout replicates the whole model on every rank
+        _load_hf(spec, env, [model], pretrained)
     parts, pipeline = _split_and_apply(spec, env, model, mesh)
+    if pretrained is not None and not early:  # each rank reads only its shards
+        _load_hf(spec, env, parts, pretrained)
     if spec.model.lora is not None:  # seeded, layout-independent: after the base is in place
         init_lora(parts, seed=spec.train.seed)
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]

@@ -1,0 +1,92 @@
+"""Pretrained Hugging Face models (model.hf): etrain's decoder reproduces transformers' exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.support.hf_fixtures import hf_config, make_hf_model
+from workers.models.config import count_params
+from workers.models.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
+from workers.models.hf_load import hf_model_config, load_pretrained, materialize
+from workers.models.llama import build_model
+from workers.stepper import loss_fn
+
+CASES = [
+    ("llama", {}),
+    ("llama", {"tied": True}),
+    ("mistral", {}),
+    ("qwen2", {}),
+    ("qwen2", {"tied": True}),
+]
+
+
+def _etrain_from(folder):
+    cfg = hf_model_config(str(folder))
+    model = build_model(cfg, seed=0, device="meta")
+    materialize(model, device="cpu")
+    assert load_pretrained([model], str(folder), cfg) == len(list(model.parameters()))
+    return model.eval(), cfg
+
+
+@pytest.mark.parametrize(("arch", "extra"), CASES, ids=[f"{a}-{sorted(e)}" for a, e in CASES])
+def test_logits_and_first_loss_equal_transformers(tmp_path, arch, extra):
+    # Sharded and in bf16 on disk for one case each: the index and the cast are read too.
+    shard = {"max_shard_size": "40KB"} if arch == "qwen2" and not extra else {}
+    ref = make_hf_model(tmp_path, arch, seed=3, **extra, **shard)
+    model, cfg = _etrain_from(tmp_path)
+    assert cfg.qkv_bias is (arch == "qwen2")
+    assert count_params(cfg) == sum(p.numel() for p in model.parameters())
+    tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ref(tokens).logits
+        got = model(tokens)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        ref_loss = ref(tokens, labels=tokens).loss  # transformers shifts the labels itself
+        loss = loss_fn(model(inputs), targets)
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+
+
+def test_bf16_weights_load_cast(tmp_path):
+    ref = make_hf_model(tmp_path, "llama", dtype=torch.bfloat16)
+    model, _ = _etrain_from(tmp_path)
+    weight = ref.model.layers[1].mlp.down_proj.weight.to(torch.bfloat16).float()
+    assert torch.equal(model.layers["1"].feed_forward.w2.weight, weight)
+
+
+def test_unsupported_architecture_names_model_hf_and_the_supported_list():
+    config = hf_config("llama").to_dict() | {"architectures": ["GPT2LMHeadModel"]}
+    with pytest.raises(ValueError, match="model.hf") as info:
+        config_from_hf(config)
+    for arch in SUPPORTED_ARCHITECTURES:
+        assert arch in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling 'yarn'"),
+        ({"head_dim": 32}, "head_dim"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_attention_heads": 5, "head_dim": None}, "divisible"),
+    ],
+)
+def test_config_it_cannot_reproduce_is_refused(change, message):
+    config = json.loads(json.dumps(hf_config("llama").to_dict())) | change
+    with pytest.raises(ValueError, match=message):
+        config_from_hf(config)
+
+
+def test_mistral_sliding_window_clamps_max_seq_len():
+    config = hf_config("mistral", max_position_embeddings=4096, sliding_window=512).to_dict()
+    assert config_from_hf(config).max_seq_len == 512
+
+
+def test_missing_weights_name_model_hf(tmp_path):
+    (tmp_path / "config.json").write_text(hf_config("llama").to_json_string())
+    with pytest.raises(ValueError, match="model.hf.*safetensors"):
+        load_pretrained([], str(tmp_path), hf_model_config(str(tmp_path)))
