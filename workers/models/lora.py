@@ -20,13 +20,11 @@ import json
 import math
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
-
-from workers.spec.model import LoraSpec
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -42,9 +40,11 @@ HF_TO_ETRAIN = {
     "down_proj": "w2",
 }
 ADAPTER = "default"
+# ``spec`` arguments below are the job's ``model.lora`` (workers.spec.model.LoraSpec; not
+# imported: the spec package sits above the models in the workers' layers).
 
 
-def lora_config(spec: LoraSpec, *, hf_names: bool = False) -> LoraConfig:
+def lora_config(spec: Any, *, hf_names: bool = False) -> LoraConfig:
     """The ``peft`` LoraConfig of ``spec`` (targets in etrain's or Hugging Face's names)."""
     from peft import LoraConfig  # imported here: peft (and transformers) load in seconds
 
@@ -61,7 +61,7 @@ def lora_config(spec: LoraSpec, *, hf_names: bool = False) -> LoraConfig:
     )
 
 
-def inject_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
+def inject_lora(model: nn.Module, spec: Any) -> nn.Module:
     """Add adapters to ``model`` in place and freeze everything else; returns ``model``.
 
     Works on a model built on the meta device too (the adapters are then on
