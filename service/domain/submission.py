@@ -20,6 +20,7 @@ from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
 from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.cluster_view import cluster_info
+from service.domain.data_check import data_refusals
 from service.domain.scheduler import max_queued_jobs
 from service.domain.storage_check import StorageProbes
 from service.domain.validation import field_errors, validate_spec
@@ -74,6 +75,7 @@ class Submission:
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_default_storage(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
+        check_data(spec)
         plan = plan_job(spec, cluster=self.cluster_shape())
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
@@ -126,6 +128,7 @@ class Submission:
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
         self.policy.check(tenant, spec)
+        check_data(spec)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
@@ -150,3 +153,14 @@ class Submission:
     def cluster(self) -> ClusterInfo:
         """Nodes and resources of the connected cluster."""
         return self.backend.cluster()
+
+
+def check_data(spec: JobSpec, *, loc: tuple = ("body",)) -> None:
+    """InvalidSpec (422) naming the field when ``spec``'s data cannot be trained on (only
+    after the access policy allowed the path: the check reads the file)."""
+    refusals = data_refusals(spec)
+    if refusals:
+        raise InvalidSpec(
+            "the job's data cannot be used",
+            [{"loc": [*loc, *f], "msg": m, "type": "data"} for f, m in refusals],
+        )

@@ -216,7 +216,13 @@ def dataset_for(
     prepared folder); without one, text and jsonl are read as bytes.
     """
     if data.source == "prepared":
-        return TokenDataset(data.path, vocab_size=vocab_size)
+        ds = TokenDataset(data.path, vocab_size=vocab_size)
+        if ds.seq_len != data.seq_len:
+            raise ValueError(
+                f"data.path {data.path!r} was prepared with seq_len {ds.seq_len}, the spec says "
+                f"data.seq_len {data.seq_len}; set data.seq_len: {ds.seq_len}"
+            )
+        return ds
     if data.source == "synthetic" or tokenizer is None:
         if data.shape != "text" or data.source == "parquet":
             what = f"data.shape {data.shape!r}" if data.shape != "text" else "data.source parquet"
