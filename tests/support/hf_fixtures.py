@@ -153,3 +153,27 @@ def make_hf_folder(path: str | Path, arch: str = "llama", **kwargs):
     model = make_hf_model(path, arch, **kwargs)
     make_tokenizer(path, vocab_size=model.config.vocab_size)
     return model
+
+
+def make_word_tokenizer(path: str | Path, *, corpus: list[str] | None = None):
+    """A word-level tokenizer (whitespace split) small enough for the built-in presets'
+    256-token vocabulary; same special tokens, ids and chat template as :func:`make_tokenizer`.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for line in corpus or CORPUS for w in line.split()})
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "<unk>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return fast
