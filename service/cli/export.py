@@ -21,6 +21,7 @@ from service.client import EtrainClient
 
 if TYPE_CHECKING:
     from workers.checkpoint.export import ExportResult
+    from workers.checkpoint.export_lora import AdapterExportResult
     from workers.spec import CheckpointSpec
 
 
@@ -104,6 +105,11 @@ def export_job(
     the service refuses, ``ExportRefused`` when the checkpoint cannot be exported.
     """
     job = api.get_job(job_id)
+    if ((job.get("spec") or {}).get("model") or {}).get("lora"):
+        raise ExportRefused(
+            f"job {job_id} trained LoRA adapters (model.lora), its checkpoints hold no base: "
+            "export the adapter with --adapter, or the base with it merged in with --merge"
+        )
     preset = job_preset(job)
     chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
     checkpoint = job_checkpoint_section(job)
@@ -127,6 +133,48 @@ def export_job(
         raise ExportRefused(str(e)) from None
 
 
+def export_lora_job(
+    api: EtrainClient, job_id: str, *, step: int | None, out: Path | None, merge: bool
+) -> AdapterExportResult:
+    """A LoRA job's adapter in peft's format, or (``merge``) merged into its base."""
+    job = api.get_job(job_id)
+    lora = ((job.get("spec") or {}).get("model") or {}).get("lora")
+    if not lora:
+        raise ExportRefused(
+            f"job {job_id} has no model.lora: --adapter and --merge export LoRA jobs; "
+            "export its full model without them"
+        )
+    chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
+    checkpoint = job_checkpoint_section(job)
+    from workers.checkpoint.export import ExportError, open_checkpoint_dir
+    from workers.checkpoint.export_lora import export_adapter, export_merged
+    from workers.checkpoint.storage import quiet_storage_loggers
+
+    quiet_storage_loggers()
+    kind = "merged" if merge else "adapter"
+    try:
+        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
+        write = export_merged if merge else export_adapter
+        return write(source, out or Path(f"{job_id}-step{chosen['step']}-{kind}"), lora=lora)
+    except ExportError as e:
+        raise ExportRefused(str(e)) from None
+
+
+def _export_lora(ctx: typer.Context, job_id: str, *, step, out, merge: bool) -> None:
+    s = session(ctx)
+    with s.api_errors():
+        try:
+            r = export_lora_job(client(ctx), job_id, step=step, out=out, merge=merge)
+        except ExportRefused as e:
+            raise s.fail(str(e)) from None
+    what = "merged model (Hugging Face folder)" if r.merged else "LoRA adapter (peft format)"
+    s.console.print(
+        f"exported job {job_id} step {r.step} {what}, {r.num_params:,} parameters, "
+        f"{r.bytes:,} bytes, to {r.out_dir}",
+        markup=False,
+    )
+
+
 def export(
     ctx: typer.Context,
     job_id: JobIdArg,
@@ -143,9 +191,17 @@ def export(
     naming: Annotated[
         ExportNaming, typer.Option(help="Parameter names: etrain's, or Hugging Face Llama's.")
     ] = ExportNaming.etrain,
+    adapter: Annotated[
+        bool, typer.Option("--adapter", help="LoRA jobs: the adapter alone, in peft's format.")
+    ] = False,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="LoRA jobs: the base with the adapter merged in.")
+    ] = False,
 ) -> None:
     """Export a job's checkpoint as one model.safetensors plus config.json (reads storage
-    directly)."""
+    directly); a LoRA job's adapter with --adapter, merged into its base with --merge."""
+    if adapter or merge:
+        return _export_lora(ctx, job_id, step=step, out=out, merge=merge)
     s = session(ctx)
     with s.api_errors():
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.test_cli_export import api  # noqa: F401 - the fixture
 from tests.support.local_launch import LocalJob, run_local
 from workers.models.config import get_model_config
 from workers.models.llama import build_model
@@ -192,3 +193,43 @@ def test_adapter_export_loads_with_peft_and_merges(tmp_path, base):
     torch.testing.assert_close(_hf_logits(merged, tokens), want, atol=1e-5, rtol=1e-5)
     if model:
         assert (tmp_path / "merged" / "tokenizer.json").is_file()
+
+
+def test_cli_exports_adapter_and_merge(api, tmp_path, tmp_path_factory):  # noqa: F811
+    """`etrain export --adapter / --merge` on a LoRA job; a plain export says what to pass."""
+    from service.auth import create_reporter_token
+    from tests.integration.test_cli_export import etrain
+
+    storage = {"storage": f"file://{tmp_path_factory.mktemp('store')}", "every_steps": 2}
+    spec = make_spec("cli-lora", 1, {"strategy": "ddp"}, "adamw")
+    spec["checkpoint"] = storage
+    reply = api.post("/v1/jobs", json=spec)
+    assert reply.status_code == 201, reply.text
+    job_id = reply.json()["id"]
+    root = f"{storage['storage']}/{job_id}/checkpoints"
+    run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root),
+    )
+    stores = api.app.state.runtime.stores
+    token = create_reporter_token(
+        stores.tokens, tenant_id=stores.jobs.get_job(job_id).tenant_id, job_id=job_id
+    )
+    items = [{"step": s, "uri": f"{root}/step_{s:08d}", "bytes": 1, "save_s": 0.1} for s in (2, 4)]
+    r = api.post(
+        f"/v1/jobs/{job_id}/telemetry",
+        json={"checkpoints": items},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert r.status_code == 200, r.text
+
+    plain = etrain("export", job_id, "--out", str(tmp_path / "plain"))
+    assert plain.exit_code != 0 and "--adapter" in plain.output, plain.output
+    adapter = etrain("export", job_id, "--adapter", "--out", str(tmp_path / "adapter"))
+    assert adapter.exit_code == 0, adapter.output
+    assert "LoRA adapter (peft format)" in adapter.output
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    merged = etrain("export", job_id, "--merge", "--step", "2", "--out", str(tmp_path / "m"))
+    assert merged.exit_code == 0, merged.output
+    assert json.loads((tmp_path / "m" / "etrain_export.json").read_text())["step"] == 2
+    assert (tmp_path / "m" / "config.json").is_file()
