@@ -26,13 +26,13 @@ from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_stora
 from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, dataset_for
 from workers.hooks import RunHooks
-from workers.models.config import ModelConfig, get_model_config
+from workers.models.config import ModelConfig
 from workers.models.hf_load import (
-    hf_model_config,
     load_device,
     load_pretrained,
     loads_before_strategy,
     materialize,
+    spec_model_config,
 )
 from workers.models.llama import build_model
 from workers.models.lora import init_lora, inject_lora
@@ -135,10 +135,9 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
 
 def _new_model(spec: JobSpec, env: RunEnv) -> tuple[nn.Module, ModelConfig | None]:
     """A preset initialised from the seed, or (model.hf) an empty meta model and its config."""
+    cfg = spec_model_config(spec)
     if spec.model.hf is None:
-        cfg = get_model_config(spec.model.preset)
         return build_model(cfg, seed=spec.train.seed, device=str(env.device)), None
-    cfg = hf_model_config(spec.model.hf)
     return build_model(cfg, seed=spec.train.seed, device="meta"), cfg
 
 
@@ -209,7 +208,7 @@ def _dataset(spec: JobSpec):
     return dataset_for(
         spec.data,
         tokenizer=spec.model.tokenizer or spec.model.hf,
-        vocab_size=get_model_config(spec.model.preset).vocab_size,
+        vocab_size=spec_model_config(spec).vocab_size,
         seed=spec.train.seed,
     )
 

@@ -21,6 +21,7 @@ Choices worth knowing:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from workers.models.config import ModelConfig
@@ -142,3 +143,35 @@ def config_from_hf(config: dict, *, where: str = "model.hf") -> ModelConfig:
         )
     except ValueError as exc:
         raise ValueError(f"{where}: config.json does not fit etrain's decoder: {exc}") from None
+
+
+def check_layout(cfg: ModelConfig, *, tp: int, stages: int, seq_len: int, where: str) -> None:
+    """``ValueError`` naming ``where`` unless tp, pipeline stages and seq_len fit ``cfg``.
+
+    The same rules the spec applies to presets, for a model whose shape comes from a
+    config.json (the service calls it at submit, the workers when they build).
+    """
+    sizes = {
+        "attention heads": cfg.n_heads,
+        "KV heads": cfg.n_kv_heads,
+        "hidden size": cfg.dim,
+        "FFN hidden size": cfg.ffn_hidden,
+    }
+    bad = {k: v for k, v in sizes.items() if v % tp}
+    if bad:
+        raise ValueError(
+            f"parallelism.tp ({tp}) must divide the {', '.join(bad)} of {where} "
+            f"({', '.join(map(str, bad.values()))}); use a tp that divides "
+            f"{math.gcd(*sizes.values())}"
+        )
+    if stages > cfg.n_layers:
+        raise ValueError(
+            f"parallelism.pp needs {stages} pipeline stages but {where} has {cfg.n_layers} "
+            "layers; reduce parallelism.pp"
+        )
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(
+            f"data.seq_len ({seq_len}) exceeds the {cfg.max_seq_len} positions {where} "
+            f"trains on (max_position_embeddings, or the sliding window); set data.seq_len "
+            f"<= {cfg.max_seq_len}"
+        )

@@ -28,8 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from workers.models.config import ModelConfig
-from workers.models.hf_config import config_from_hf, read_hf_config_text
+from workers.models.config import ModelConfig, get_model_config
+from workers.models.hf_config import check_layout, config_from_hf, read_hf_config_text
 from workers.models.hf_naming import from_hf_tensor, is_rope_permuted, to_hf_name
 from workers.models.llama import Transformer
 
@@ -56,6 +56,24 @@ def hf_model_config(root: str) -> ModelConfig:
     """The :class:`ModelConfig` of the model folder ``root`` (its ``config.json``)."""
     text = (local_folder(root) / "config.json").read_bytes()
     return config_from_hf(read_hf_config_text(text))
+
+
+def spec_model_config(spec) -> ModelConfig:
+    """The job's model shape: its preset's, or (model.hf) its config.json's, checked
+    against the job's layout (tp, pipeline stages, seq_len)."""
+    if spec.model.hf is None:
+        return get_model_config(spec.model.preset)
+    cfg = hf_model_config(spec.model.hf)
+    par = spec.parallelism
+    stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
+    check_layout(
+        cfg,
+        tp=par.tp,
+        stages=stages if par.pp > 1 else 1,
+        seq_len=spec.data.seq_len,
+        where="model.hf",
+    )
+    return cfg
 
 
 def weight_files(root: str) -> dict[str, Path]:

@@ -235,6 +235,10 @@ class JobSpec(Spec):
 
     @model_validator(mode="after")
     def _layout_fits_model(self) -> JobSpec:
+        if self.model.hf is not None:
+            # The shape is in the folder's config.json: the service checks it at submit
+            # (workers.models.hf_config.check_layout) and the workers again when they build.
+            return self
         par = self.parallelism
         cfg = get_model_config(self.model.preset)
         if par.tp > 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from workers.models.config import PRESETS
 from workers.spec.base import Spec
@@ -98,3 +98,12 @@ class ModelSpec(Spec):
         "element-wise parts (norms, activations, rotary). On every strategy; the planner "
         "counts it. none: keep all.",
     )
+
+    @model_validator(mode="after")
+    def _preset_or_hf(self) -> ModelSpec:
+        if self.hf is not None and "preset" in self.model_fields_set:
+            raise ValueError(
+                "set model.preset or model.hf, not both: model.hf brings its own shape "
+                "(config.json); leave model.preset out"
+            )
+        return self
