@@ -243,9 +243,9 @@ def fit_findings(
         else:
             fix = (
                 f"no layout of {job.layout.world} workers fits: reduce train.micro_batch_size "
-                f"or data.seq_len, add workers, or use a smaller model.preset (with activation "
-                f"checkpointing, not in this build, activations would be "
-                f"{gib(m.activations_checkpointed)})"
+                f"or data.seq_len, add workers, set model.activation_checkpointing full "
+                f"(activations {gib(m.activations_checkpointed)}), train LoRA adapters "
+                f"(model.lora), or use a smaller model"
             )
         return [Finding("error", "parallelism", f"{head}; {fix}")]
     if total > HEADROOM * budget:

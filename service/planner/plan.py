@@ -16,6 +16,7 @@ from service.planner.hardware import GIB, ClusterHardware
 from service.planner.layout_rules import Candidate, Recommendation
 from service.planner.memory_model import FP32, Workload
 from service.planner.step_time import StepEstimate
+from service.planner.workload import adapter_numel
 from workers.models.config import count_params
 from workers.spec import WorkerRange
 
@@ -69,7 +70,10 @@ class Breakdown(BaseModel):
     activations_checkpointed_bytes: int = Field(
         description="Activations with full activation checkpointing."
     )
-    activation_checkpointing: bool
+    activation_checkpointing: str = Field(description="none, full or selective.")
+    lora_trainable_params: int | None = Field(
+        None, description="Adapter parameters with LoRA (everything else is frozen)."
+    )
     buffers: dict[str, int] = Field(description="Buffer bytes by cause.")
     host: dict[str, int] = Field(description="Host bytes per rank by cause.")
     host_bytes: int
@@ -93,7 +97,10 @@ class Breakdown(BaseModel):
             state_offloaded_to_host=m.offloaded,
             unsharded_state_bytes=n * (2 * FP32 + work.optimizer_bytes_per_param),
             activations_checkpointed_bytes=m.activations_checkpointed,
-            activation_checkpointing=work.activation_checkpointing,
+            activation_checkpointing=work.recompute,
+            lora_trainable_params=(
+                work.cfg.n_layers * adapter_numel(work.cfg, work.lora) if work.lora else None
+            ),
             buffers=m.detail["buffers"],
             host=m.detail["host"],
             host_bytes=m.host,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import service.planner.layout_rules as rules
 from service.planner.hardware import GIB, ClusterHardware, resolve_cluster
-from service.planner.memory_model import Layout, Workload
+from service.planner.memory_model import Layout, LoraShape, Workload
 from service.planner.plan import (
     Breakdown,
     CandidateView,
@@ -27,7 +27,7 @@ from service.planner.plan import (
     RecommendedLayout,
     StepEstimateView,
 )
-from workers.models.config import count_params, get_model_config
+from workers.models.config import ModelConfig, count_params, get_model_config
 from workers.spec import JobSpec
 
 __all__ = ["GIB", "ClusterSpec", "Plan", "layout_of", "plan_job", "workload_of"]
@@ -80,11 +80,15 @@ class ClusterSpec(BaseModel):
     )
 
 
-def workload_of(spec: JobSpec) -> Workload:
-    """The slice of ``spec`` memory and step time depend on."""
-    t = spec.train
+def workload_of(spec: JobSpec, model_config: ModelConfig | None = None) -> Workload:
+    """The slice of ``spec`` memory and step time depend on.
+
+    ``model_config``: the real shape of a pretrained model (``model.hf``'s
+    config.json, read by the service); without it, the preset's.
+    """
+    t, lora = spec.train, spec.model.lora
     return Workload(
-        cfg=get_model_config(spec.model.preset),
+        cfg=model_config or get_model_config(spec.model.preset),
         seq_len=spec.data.seq_len,
         micro_batch_size=t.micro_batch_size,
         global_batch_size=t.global_batch_size,
@@ -92,8 +96,9 @@ def workload_of(spec: JobSpec) -> Workload:
         optimizer=t.optimizer,
         momentum=t.momentum,
         on_gpu=spec.resources.gpus_per_worker > 0,
-        activation_checkpointing=spec.model.activation_checkpointing == "full",
+        activation_checkpointing=spec.model.activation_checkpointing,
         async_checkpoint=spec.checkpoint.async_,
+        lora=LoraShape(lora.rank, tuple(lora.target_modules)) if lora is not None else None,
     )
 
 
@@ -203,15 +208,18 @@ def _rank_key(c: rules.Candidate) -> tuple:
     return (not c.fits, c.step.step_s if c.step else 0.0, c.memory.device_total)
 
 
-def plan_job(spec: JobSpec, *, cluster: dict | None = None) -> Plan:
+def plan_job(
+    spec: JobSpec, *, cluster: dict | None = None, model_config: ModelConfig | None = None
+) -> Plan:
     """Plan ``spec`` on ``cluster`` (a :class:`ClusterSpec` mapping; empty: unknown hardware).
 
+    ``model_config`` is the shape of ``model.hf`` (see ``service.domain.model_source``).
     The job is planned at its minimum worker count. ``fits`` is False when
     there is any error; ``recommendation`` names the strategy of the layout the
     rules recommend for these workers (``recommended_layout`` has the rest).
     """
     hw, cluster_errors = resolve_cluster(cluster or {})
-    work, world = workload_of(spec), spec.resources.min_workers
+    work, world = workload_of(spec, model_config), spec.resources.min_workers
     layout = layout_of(spec, world)
     per_node, unit, _ = _per_node(spec, hw)
     workers_per_node = int(per_node // unit) if per_node else None

@@ -69,9 +69,10 @@ def estimate_step(
     n = count_params(cfg)
     tokens = work.global_batch_size * work.seq_len
     # Causal attention: 6 * layers * seq * dim per token for QK^T and AV, forward + backward.
-    flops = tokens * (6 * n + 6 * cfg.n_layers * work.seq_len * cfg.dim)
-    if work.activation_checkpointing:
-        flops *= 8 / 6  # one more forward
+    # LoRA: the frozen base needs no weight gradients, a third less backward work.
+    flops = tokens * ((4 if work.lora else 6) * n + 6 * cfg.n_layers * work.seq_len * cfg.dim)
+    if work.recompute == "full":
+        flops *= 8 / 6  # one more forward (selective redoes only element-wise ops)
     compute = flops / layout.world / (tflops * 1e12 * MFU)
     if layout.pp > 1:
         compute *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)

@@ -15,9 +15,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from workers.models.config import ModelConfig
+from workers.models.recompute import run_block
 
 
 def precompute_freqs_cis(
@@ -147,9 +147,10 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # Non-persistent: derived from the config, so it stays out of checkpoints.
         self.register_buffer("freqs_cis", self._freqs_cis(device=None), persistent=False)
-        # Activation checkpointing (model.activation_checkpointing: full): each block
-        # saves only its input and recomputes its forward in backward.
-        self.checkpoint_blocks = False
+        # Activation checkpointing (model.activation_checkpointing): "full" keeps each
+        # block's input and recomputes its forward in backward, "selective" keeps the
+        # matmul and attention outputs and recomputes the rest (True means "full").
+        self.checkpoint_blocks: bool | str = False
 
     def _freqs_cis(self, *, device) -> torch.Tensor:
         return precompute_freqs_cis(
@@ -194,13 +195,10 @@ class Transformer(nn.Module):
                 f"sequence length {seqlen} exceeds model max_seq_len {self.cfg.max_seq_len}"
             )
         freqs_cis = self.freqs_cis[:seqlen]
-        recompute = self.checkpoint_blocks and torch.is_grad_enabled()
+        mode = {True: "full", False: "none"}.get(self.checkpoint_blocks, self.checkpoint_blocks)
+        mode = mode if torch.is_grad_enabled() else "none"
         for layer in self.layers.values():
-            if recompute:
-                # Non-reentrant: works with FSDP2's hooks, DTensor and pipeline stages.
-                h = checkpoint(layer, h, freqs_cis, use_reentrant=False)
-            else:
-                h = layer(h, freqs_cis)
+            h = run_block(layer, h, freqs_cis, mode)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

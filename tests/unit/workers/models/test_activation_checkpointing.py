@@ -1,8 +1,9 @@
-"""Activation checkpointing (model.activation_checkpointing: full): the same numbers, fewer
-saved tensors, and as many saved as the planner counts."""
+"""Activation checkpointing (model.activation_checkpointing: full, selective): the same
+numbers, fewer saved tensors, and as many saved as the planner counts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,7 +16,7 @@ CFG = get_model_config("gpt-tiny")
 BATCH, SEQ = 2, 32
 
 
-def _loss_and_saved(checkpointed: bool) -> tuple[torch.Tensor, dict, int]:
+def _loss_and_saved(checkpointed: bool | str) -> tuple[torch.Tensor, dict, int]:
     """Loss, parameter gradients and the bytes autograd saved during the forward."""
     model = build_model(CFG, seed=0)
     model.checkpoint_blocks = checkpointed
@@ -39,9 +40,10 @@ def _loss_and_saved(checkpointed: bool) -> tuple[torch.Tensor, dict, int]:
     return loss.detach(), grads, sum(saved.values())
 
 
-def test_checkpointing_changes_no_number():
+@pytest.mark.parametrize("mode", [True, "full", "selective"])
+def test_checkpointing_changes_no_number(mode):
     loss, grads, _ = _loss_and_saved(False)
-    loss_ckpt, grads_ckpt, _ = _loss_and_saved(True)
+    loss_ckpt, grads_ckpt, _ = _loss_and_saved(mode)
     assert torch.equal(loss, loss_ckpt)
     assert grads.keys() == grads_ckpt.keys()
     for name in grads:
