@@ -89,6 +89,9 @@ def lora_results(tmp_path_factory) -> dict:
         jobs.append(LocalJob(f"resume-{name}-full", spec, str(root / f"{name}-full")))
         jobs.append(LocalJob(f"resume-{name}-save", spec, ckpt, stop_at=2))
         jobs.append(LocalJob(f"resume-{name}-resume", spec, ckpt))
+    # Elastic shrink: saved by 2 FSDP ranks, resumed by one process (DCP reshards).
+    elastic = make_spec("elastic", 2, ROWS["fsdp-zero3"], "adamw")
+    jobs.append(LocalJob("elastic-save", elastic, str(root / "elastic"), stop_at=2))
     results = run_local(jobs, world_size=2)
     results["root"] = root
     return results
@@ -129,6 +132,20 @@ def test_lora_resume_is_bitwise(lora_results, name):
     assert {s: resumed.losses[s] for s in (3, 4)} == {s: full.losses[s] for s in (3, 4)}
 
 
+def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
+    assert lora_results["elastic-save"].error is None, lora_results["elastic-save"].error
+    spec = make_spec("elastic", 1, {"strategy": "ddp"}, "adamw")
+    root = str(Path(lora_results["root"]) / "elastic")
+    res = run(
+        JobSpec.model_validate(spec),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root),
+    )
+    assert res.resumed_from == 2
+    want = references["adamw"].losses
+    for step in (3, 4):
+        assert res.losses[step] == pytest.approx(want[step], rel=1e-4), step
+
+
 def test_lora_checkpoint_holds_only_adapters(lora_results):
     """Only adapter tensors and their optimizer state, plus the base reference."""
     import torch.distributed.checkpoint as dcp
@@ -146,7 +163,7 @@ def test_lora_checkpoint_holds_only_adapters(lora_results):
 def _train_with_checkpoints(tmp_path, model: dict) -> tuple:
     """One process, AdamW, checkpoints every 2 steps: (trained etrain model, newest step dir)."""
     spec = make_spec("export", 1, {"strategy": "ddp"}, "adamw")
-    spec["model"] = {**spec["model"], **model}
+    spec["model"] = {"lora": LORA, **model} if model else spec["model"]
     root = tmp_path / "ckpt"
     res = run(
         JobSpec.model_validate(spec),
