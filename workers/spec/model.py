@@ -30,8 +30,9 @@ class LoraSpec(Spec):
     )
     quantize: Literal["none", "4bit"] = Field(
         "none",
-        description="4bit: QLoRA, the frozen base held in 4-bit NF4 through bitsandbytes "
-        "(GPU workers only).",
+        description="4bit: QLoRA, the frozen base held in 4-bit NF4 through bitsandbytes. "
+        "Refused at submit: bitsandbytes is GPU-only (a CPU job, resources.gpus_per_worker "
+        "0) and etrain's workers do not ship it; use none.",
     )
 
 
@@ -88,7 +89,13 @@ class ModelSpec(Spec):
         "model.hf. Same places as model.hf.",
     )
     lora: LoraSpec | None = Field(
-        None, description="Train low-rank adapters instead of the full model."
+        None,
+        description="Train low-rank adapters (peft LoRA) instead of the full model: the "
+        "base is frozen and never enters the optimizer; checkpoints hold only the adapters, "
+        "their optimizer state and a reference to the base (preset + train.seed, or model.hf "
+        "with a fingerprint that must match on resume). Runs with ddp, fsdp (zero 2/3, "
+        "cpu_offload), pp and hybrid without tp; tp > 1 is refused. `etrain export "
+        "--adapter` writes the adapter in peft's format, `--merge` the merged model.",
     )
     activation_checkpointing: Literal["none", "full", "selective"] = Field(
         "none",
