@@ -108,9 +108,10 @@ class ModelSpec(Spec):
 
     @model_validator(mode="after")
     def _preset_or_hf(self) -> ModelSpec:
-        if self.hf is not None and "preset" in self.model_fields_set:
+        # A stored spec carries the default preset beside hf, so only a chosen one clashes.
+        if self.hf is not None and self.preset != "gpt-tiny":
             raise ValueError(
-                "set model.preset or model.hf, not both: model.hf brings its own shape "
-                "(config.json); leave model.preset out"
+                f"set model.preset ({self.preset!r}) or model.hf, not both: model.hf brings "
+                "its own shape (config.json); leave model.preset out"
             )
         return self

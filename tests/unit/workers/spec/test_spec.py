@@ -165,7 +165,8 @@ BAD = {
     "seq-len-beyond-preset": (_spec(data={"seq_len": 4096}), "data.seq_len"),
     # unknown fields, at every level
     "unknown-top": (_spec(bogus=1), "bogus"),
-    "unknown-model": (_spec(model={"preset": "gpt-tiny", "hf": "x"}), "hf"),
+    "unknown-model": (_spec(model={"preset": "gpt-tiny", "weights": "x"}), "weights"),
+    "preset-and-hf": (_spec(model={"preset": "llama-7b", "hf": "/m"}), "model.hf"),
     "unknown-data": (_spec(data={"tokenizer": "bpe"}), "tokenizer"),
     "unknown-parallelism": (_spec(parallelism={"zero": 3}), "zero"),
     "unknown-fsdp": (_spec(parallelism={"fsdp": {"offload": True}}), "offload"),
