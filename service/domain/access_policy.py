@@ -9,7 +9,8 @@ settings, for the tenant that sends it:
   resolved first (``..`` and symlinks, as the service sees the file system). Admin
   tokens may also name places under ``policy_admin_roots``. Refused for everyone: the
   service's data dir (database, admin and Ray tokens), other tenants' areas and the
-  system folders (``/etc``, ``/proc``, ...).
+  system folders (``/etc``, ``/proc``, ...). ``model.hf`` and ``model.tokenizer`` follow
+  the ``data.path`` rule, or (``s3://`` / ``gs://``) the object-store prefixes below.
 - ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
   tenant (``policy_object_stores``).
 - ``checkpoint.s3.endpoint_url`` / ``checkpoint.gcs.endpoint_url``: only endpoints the
@@ -94,6 +95,10 @@ class AccessPolicy:
             why = self._file_refusal(tenant, spec.data.path, field="data.path", data=True)
             if why:
                 out.append((("data", "path"), why))
+        for name in ("hf", "tokenizer"):
+            why = self._model_refusal(tenant, getattr(spec.model, name), field=f"model.{name}")
+            if why:
+                out.append((("model", name), why))
         ck = spec.checkpoint
         storage = ck.storage or ""
         if storage.startswith("file://"):
@@ -142,6 +147,33 @@ class AccessPolicy:
         if any(_inside(real, _real(root)) for root in extra):
             return None
         return f"{field} {path} is outside tenant {tenant.name!r}'s area (resolved: {real}); {fix}"
+
+    def _model_refusal(self, tenant: Tenant, place: str | None, *, field: str) -> str | None:
+        """Why ``place`` may not be ``field`` (model.hf, model.tokenizer); None when it may.
+
+        Untrusted like data.path: a local folder in the tenant's data area or a shared
+        data root (``file://`` or a plain absolute path); an object store only under a
+        prefix the operator lists for the tenant.
+        """
+        if place is None:
+            return None
+        if place.startswith(("s3://", "gs://")):
+            if tenant.admin and self.settings.policy_admin_any_store:
+                return None
+            prefixes = [
+                p.rstrip("/") for p in self._listed(self.settings.policy_object_stores, tenant)
+            ]
+            if any(place == p or place.startswith(p + "/") for p in prefixes):
+                return None
+            return (
+                f"{field} {place} is not in an object-store prefix tenant {tenant.name!r} may "
+                f"use (allowed: {', '.join(prefixes) or 'none'}); use a folder inside "
+                f"{self.data_area(tenant)} or ask the operator to list the prefix in "
+                "ETRAIN_POLICY_OBJECT_STORES"
+            )
+        if "://" in place.removeprefix("file://"):
+            return f"{field} {place}: use an absolute path, file://, s3:// or gs://"
+        return self._file_refusal(tenant, place.removeprefix("file://"), field=field, data=True)
 
     # -- object stores ----------------------------------------------------------------------
 

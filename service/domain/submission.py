@@ -21,6 +21,7 @@ from service.backends.base import Backend, ClusterInfo
 from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.cluster_view import cluster_info
 from service.domain.data_check import data_refusals
+from service.domain.model_source import check_model
 from service.domain.scheduler import max_queued_jobs
 from service.domain.storage_check import StorageProbes
 from service.domain.validation import field_errors, validate_spec
@@ -75,8 +76,9 @@ class Submission:
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_default_storage(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
+        model_config = check_model(spec)  # model.hf's config.json, after the policy allowed it
         check_data(spec)
-        plan = plan_job(spec, cluster=self.cluster_shape())
+        plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
                 "the plan for this job has errors",
@@ -128,6 +130,7 @@ class Submission:
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
         self.policy.check(tenant, spec)
+        model_config = check_model(spec)
         check_data(spec)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
@@ -138,7 +141,7 @@ class Submission:
         shape = (
             cluster.model_dump(exclude_none=True) if data.get("cluster") else self.cluster_shape()
         )
-        plan = plan_job(spec, cluster=shape)
+        plan = plan_job(spec, cluster=shape, model_config=model_config)
         return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
 
     def cluster_shape(self) -> dict:
