@@ -110,7 +110,10 @@ def export_job(
             f"job {job_id} trained LoRA adapters (model.lora), its checkpoints hold no base: "
             "export the adapter with --adapter, or the base with it merged in with --merge"
         )
-    preset = job_preset(job)
+    model = (job.get("spec") or {}).get("model") or {}
+    # A model.hf job exports a Hugging Face folder of its source (its spec also
+    # carries the default preset, which does not describe the weights).
+    preset = None if model.get("hf") else job_preset(job)
     chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
     checkpoint = job_checkpoint_section(job)
     # torch loads here, only once there is something to export.
@@ -124,6 +127,8 @@ def export_job(
             source,
             out or Path(f"{job_id}-step{chosen['step']}"),
             preset=preset,
+            hf=model.get("hf"),
+            tokenizer=model.get("tokenizer"),
             dtype=dtype.value if dtype else None,
             naming=naming.value,
             job_id=job_id,
@@ -189,7 +194,11 @@ def export(
         ExportDtype | None, typer.Option(help="Cast weights (default: keep the checkpoint's).")
     ] = None,
     naming: Annotated[
-        ExportNaming, typer.Option(help="Parameter names: etrain's, or Hugging Face Llama's.")
+        ExportNaming,
+        typer.Option(
+            help="Parameter names: etrain's, or Hugging Face Llama's (model.hf jobs: always "
+            "Hugging Face's, with the source's config.json and tokenizer files)."
+        ),
     ] = ExportNaming.etrain,
     adapter: Annotated[
         bool, typer.Option("--adapter", help="LoRA jobs: the adapter alone, in peft's format.")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.hf_fixtures import hf_config, make_hf_model
+from tests.support.hf_fixtures import hf_config, make_hf_folder
 from tests.support.local_launch import LocalJob, run_local
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -66,20 +66,33 @@ def _spec(folder: Path, workers: int, parallelism: dict, optimizer: str) -> dict
 @pytest.fixture(scope="module")
 def qwen_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("qwen2")
-    make_hf_model(folder, "qwen2", seed=5, max_shard_size="40KB")
+    make_hf_folder(folder, "qwen2", seed=5, max_shard_size="40KB")
     assert (folder / "model.safetensors.index.json").is_file()
     return folder
 
 
-def _single(folder: Path, optimizer: str) -> dict[int, float]:
+def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
     spec = copy.deepcopy(_spec(folder, 1, {"strategy": "ddp"}, optimizer))
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
-    return run(JobSpec.model_validate(spec), env).losses
+    if checkpoints:
+        spec["checkpoint"] = {"every_steps": STEPS, "storage": f"file://{checkpoints}"}
+        checkpoints = f"file://{checkpoints}"
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=checkpoints)
+    return run(JobSpec.model_validate(spec), env)
 
 
 @pytest.fixture(scope="module")
-def references(qwen_folder) -> dict[str, dict[int, float]]:
-    return {opt: _single(qwen_folder, opt) for opt in OPTIMIZERS}
+def reference_runs(qwen_folder, tmp_path_factory) -> dict:
+    """One process per optimizer; the SGD run also checkpoints its last step (for export)."""
+    ckpts = tmp_path_factory.mktemp("ckpts")
+    runs = {
+        opt: _single(qwen_folder, opt, str(ckpts) if opt == "sgd" else None) for opt in OPTIMIZERS
+    }
+    return {**runs, "checkpoints": f"file://{ckpts}"}
+
+
+@pytest.fixture(scope="module")
+def references(reference_runs) -> dict[str, dict[int, float]]:
+    return {opt: reference_runs[opt].losses for opt in OPTIMIZERS}
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +136,38 @@ def test_every_layout_trains_like_one_process(results, references, layout, optim
     assert want[STEPS] < want[1]  # it trains
     for step, loss in got.losses.items():
         assert loss == pytest.approx(want[step], rel=1e-4), f"{layout} {optimizer} step {step}"
+
+
+def test_export_is_a_hugging_face_folder_of_the_source_architecture(
+    qwen_folder, reference_runs, tmp_path
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.checkpoint.export import export_checkpoint
+    from workers.checkpoint.manager import CheckpointManager
+    from workers.checkpoint.storage import resolve_storage
+
+    run_, root = reference_runs["sgd"], reference_runs["checkpoints"]
+    (ckpt,) = CheckpointManager(resolve_storage(root), keep_last=None, rank=0).committed()
+    result = export_checkpoint(ckpt.uri, tmp_path / "out", hf=str(qwen_folder), naming="etrain")
+    assert (result.step, result.naming) == (STEPS, "hf")  # a HF folder whatever naming says
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    source = json.loads((qwen_folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["rope_parameters"] == source["rope_parameters"]
+    assert config["rms_norm_eps"] == source["rms_norm_eps"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "out" / name).read_bytes() == (qwen_folder / name).read_bytes()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    tokens = torch.tensor([tok("Fine-tuning a pretrained model").input_ids])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen2ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(tokens).logits, run_.model.eval()(tokens), atol=1e-5, rtol=1e-5
+        )
+        before = AutoModelForCausalLM.from_pretrained(qwen_folder, dtype=torch.float32)(tokens)
+    assert not torch.allclose(before.logits, hf(tokens).logits, atol=1e-3)  # it did train
 
 
 # --- peak host memory per rank while loading -------------------------------------------

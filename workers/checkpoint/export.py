@@ -31,6 +31,11 @@ from safetensors import safe_open
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from workers.checkpoint.export_hf import (
+    copy_tokenizer_files,
+    source_hf_config,
+    source_model_config,
+)
 from workers.checkpoint.safe_load import SafeLoadPlanner
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir, read_error
 from workers.models.config import ModelConfig, get_model_config
@@ -101,7 +106,8 @@ def _stored_model_tensors(src: ExportSource) -> dict[str, TensorStorageMetadata]
 
 
 def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str, naming: str) -> list[_Entry]:
-    """One entry per model parameter, in model order; checks the checkpoint matches ``preset``."""
+    """One entry per model parameter, in model order; checks the checkpoint matches ``preset``
+    (a preset name, or ``model.hf <folder>`` for a job that fine-tuned one)."""
     expected = build_model(cfg, seed=0, device="meta").state_dict()
     stored = _stored_model_tensors(src)
     missing = [k for k in expected if k not in stored]
@@ -115,7 +121,7 @@ def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str, naming: s
         )
         raise ExportError(
             f"checkpoint {src.uri} does not hold a {preset!r} model ({detail}); "
-            "set preset to the job's model.preset"
+            "set preset to the job's model.preset (or hf to its model.hf)"
         )
     return [
         _Entry(
@@ -263,12 +269,33 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _model_config(preset: str, naming: str) -> ModelConfig:
-    """The preset's shapes, once the arguments are known to be supported."""
+def _resolve_model(preset: str | None, hf: str | None, naming: str) -> tuple[ModelConfig, str, str]:
+    """(shapes, the model's name for messages, naming): a model.hf export is HF-named."""
+    if (preset is None) == (hf is None):
+        raise ExportError("export needs the job's model.preset or its model.hf (one of them)")
+    naming = "hf" if hf is not None else naming
+    return _model_config(preset or "", naming, hf), preset or f"model.hf {hf}", naming
+
+
+def _write_configs(
+    out: Path, cfg: ModelConfig, *, dtype: torch.dtype, hf: str | None, tokenizer: str | None
+) -> None:
+    """config.json: the preset's in Llama terms, or the source's (plus its tokenizer files)."""
+    if hf is None:
+        _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=dtype))
+        return
+    _write_json(out / CONFIG_FILE, source_hf_config(hf, dtype=dtype))
+    copy_tokenizer_files(tokenizer or hf, out)
+
+
+def _model_config(preset: str, naming: str, hf: str | None = None) -> ModelConfig:
+    """The preset's (or the model.hf folder's) shapes, once the arguments are supported."""
     if naming not in NAMINGS:
         raise ExportError(
             f"naming {naming!r} is not supported; set naming to one of: {', '.join(NAMINGS)}"
         )
+    if hf is not None:
+        return source_model_config(hf)
     try:
         return get_model_config(preset)
     except ValueError as e:
@@ -301,7 +328,9 @@ def export_checkpoint(
     checkpoint: ExportSource | str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    preset: str,
+    preset: str | None = None,
+    hf: str | None = None,
+    tokenizer: str | None = None,
     dtype: str | None = None,
     naming: str = "etrain",
     job_id: str | None = None,
@@ -316,8 +345,13 @@ def export_checkpoint(
     weights; unset keeps the checkpoint's. ``naming="etrain"`` keeps etrain's
     parameter names; ``"hf"`` writes Hugging Face Llama names and layout.
     At most ``batch_bytes`` of weights (or one tensor) are in memory at once.
+
+    A job that fine-tuned a Hugging Face folder passes ``hf`` (its ``model.hf``) instead
+    of ``preset``: the output is a Hugging Face folder of the source's architecture (HF
+    names, the source's config.json, ``lm_head`` untied) with ``tokenizer``'s (default
+    ``hf``'s) tokenizer files beside it.
     """
-    cfg = _model_config(preset, naming)
+    cfg, preset, naming = _resolve_model(preset, hf, naming)
     src = checkpoint if isinstance(checkpoint, ExportSource) else open_checkpoint_dir(checkpoint)
     entries = _plan_entries(src, cfg, preset=preset, naming=naming)
     out_dtype = _resolve_dtype(dtype, entries)
@@ -333,13 +367,11 @@ def export_checkpoint(
         naming=naming,
         batch_bytes=batch_bytes,
     )
-    _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=out_dtype))
-    _write_json(
-        out / EXPORT_FILE,
-        _provenance(
-            src, preset=preset, naming=naming, dtype=out_dtype, job_id=job_id, source_uri=source_uri
-        ),
+    _write_configs(out, cfg, dtype=out_dtype, hf=hf, tokenizer=tokenizer)
+    provenance = _provenance(
+        src, preset=preset, naming=naming, dtype=out_dtype, job_id=job_id, source_uri=source_uri
     )
+    _write_json(out / EXPORT_FILE, provenance)
     return ExportResult(
         out_dir=str(out),
         model_file=str(out / MODEL_FILE),

@@ -39,16 +39,22 @@ SINGLE = "model.safetensors"
 _WRAPPERS = ("module.", "_orig_mod.", "base_model.model.", "_checkpoint_wrapped_module.")
 
 
-def local_folder(root: str) -> Path:
-    """The local folder of ``model.hf`` (``file://`` stripped); ``ValueError`` if absent."""
+def local_folder(
+    root: str, *, where: str = "model.hf", required: str | None = "config.json"
+) -> Path:
+    """The local folder ``root`` names (``file://`` stripped); ``ValueError`` naming ``where``
+    if it is an object-store URL, or lacks the ``required`` file (or is no folder)."""
     path = Path(root.removeprefix("file://"))
     if "://" in str(root).removeprefix("file://"):
         raise ValueError(
-            f"model.hf: {root!r}: object-store model folders are not readable by the workers "
+            f"{where}: {root!r}: object-store model folders are not readable by the workers "
             "yet; copy the folder to a shared data path and name that"
         )
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model.hf: {root!r} has no config.json; name a Hugging Face model folder")
+    if not path.is_dir() or (required and not (path / required).is_file()):
+        raise ValueError(
+            f"{where}: {root!r} is not a folder with {required or 'files'}; "
+            "name a Hugging Face model folder"
+        )
     return path
 
 
