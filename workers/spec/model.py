@@ -72,7 +72,8 @@ class ModelSpec(Spec):
     preset: Literal[MODEL_PRESETS] = Field(  # type: ignore[valid-type]
         "gpt-tiny",
         description="Built-in Llama-style decoder preset: gpt-tiny (CPU tests), "
-        "gpt-small, llama-1b, llama-7b, llama-70b. Leave it out when model.hf is set.",
+        "gpt-small, llama-1b, llama-7b, llama-70b. Leave it out when model.hf is set "
+        "(another preset beside model.hf is refused).",
     )
     hf: str | None = Field(
         None,
@@ -80,7 +81,12 @@ class ModelSpec(Spec):
         description="A pretrained Hugging Face model folder (config.json + model.safetensors "
         "or a sharded model.safetensors.index.json): an absolute path inside the tenant's "
         "data area or a shared data root, or an s3:// / gs:// URL of a store the tenant may "
-        "use. Llama, Mistral and Qwen2 causal LMs.",
+        "use. LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (q/k/v biases), "
+        "mapped onto etrain's decoder so every strategy runs it; other architectures, RoPE "
+        "scaling and head_dim != hidden_size / heads are refused. Each rank reads only its "
+        "shard of the weights. Tied embeddings train untied; a sliding window caps "
+        "data.seq_len. etrain export writes a Hugging Face folder of the same architecture "
+        "with the tokenizer files.",
     )
     tokenizer: str | None = Field(
         None,
