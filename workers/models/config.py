@@ -10,6 +10,29 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1-style RoPE frequency scaling (transformers' ``rope_type: llama3``).
+
+    Wavelengths longer than ``original_max_position_embeddings / low_freq_factor``
+    are stretched by ``factor``, those shorter than ``.../ high_freq_factor`` kept,
+    and the band between interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if not (self.factor >= 1 and 0 < self.low_freq_factor < self.high_freq_factor):
+            raise ValueError(
+                "RoPE scaling needs factor >= 1 and 0 < low_freq_factor < high_freq_factor"
+            )
+        if self.original_max_position_embeddings < 1:
+            raise ValueError("RoPE scaling needs original_max_position_embeddings >= 1")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of a Llama-style decoder; validated on construction."""
 
@@ -26,6 +49,7 @@ class ModelConfig:
     # export names the source architecture. Presets keep the defaults.
     qkv_bias: bool = False
     architecture: str = "LlamaForCausalLM"
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -24,7 +24,7 @@ import json
 import math
 from typing import Any
 
-from workers.models.config import ModelConfig
+from workers.models.config import ModelConfig, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # Architectures whose q/k/v projections always carry a bias.
@@ -69,17 +69,42 @@ def _int(config: dict, key: str, where: str, default: int | None = None) -> int:
     return value
 
 
-def _rope_theta(config: dict, where: str) -> float:
-    """RoPE base; transformers 5 keeps it in ``rope_parameters``, 4.x at the top level."""
+def _rope_params(config: dict, where: str) -> dict:
+    """transformers 5 keeps RoPE settings in ``rope_parameters``, 4.x in ``rope_scaling``
+    (and ``rope_theta`` at the top level)."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ValueError(f"{where}: config.json rope_parameters must be an object")
+    return params
+
+
+def _rope_scaling(config: dict, where: str) -> RopeScaling | None:
+    """Llama 3.1's ``llama3`` scaling, or None for plain RoPE; other kinds are refused."""
+    params = _rope_params(config, where)
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
+    if kind == "default":
+        return None
+    if kind != "llama3":
         raise ValueError(
-            f"{where}: RoPE scaling {kind!r} is not implemented by etrain (plain RoPE only); "
-            f"{_supported()} without rope scaling"
+            f"{where}: RoPE scaling {kind!r} is not implemented by etrain (plain RoPE and "
+            f"llama3 only); {_supported()}"
         )
+    try:
+        return RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{where}: config.json llama3 RoPE scaling is incomplete ({exc})"
+        ) from None
+
+
+def _rope_theta(config: dict, where: str) -> float:
+    """RoPE base."""
+    params = _rope_params(config, where)
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{where}: partial rotary embeddings are not implemented by etrain")
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
@@ -138,6 +163,7 @@ def config_from_hf(config: dict, *, where: str = "model.hf") -> ModelConfig:
             max_seq_len=_max_seq_len(config, arch, where),
             norm_eps=float(eps),
             rope_theta=_rope_theta(config, where),
+            rope_scaling=_rope_scaling(config, where),
             qkv_bias=arch in _QKV_BIAS,
             architecture=arch,
         )

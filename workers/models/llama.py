@@ -21,19 +21,34 @@ from workers.models.recompute import run_block
 
 
 def precompute_freqs_cis(
-    *, head_dim: int, max_seq_len: int, theta: float, device=None
+    *, head_dim: int, max_seq_len: int, theta: float, device=None, scaling=None
 ) -> torch.Tensor:
     """Rotary factors ``[max_seq_len, head_dim // 2, 2]`` holding (cos, sin) per position and pair.
 
     Real rather than complex (torchtitan's layout) because ``model.to(bfloat16)``
-    casts complex buffers to real and silently drops the sine part.
+    casts complex buffers to real and silently drops the sine part. ``scaling``
+    (a :class:`~workers.models.config.RopeScaling`) applies Llama 3.1's frequency scaling.
     """
     freqs = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     )
+    if scaling is not None:
+        freqs = _llama3_scaled(freqs, scaling)
     t = torch.arange(max_seq_len, device=device, dtype=torch.float32)
     angles = torch.outer(t, freqs)
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+def _llama3_scaled(freqs: torch.Tensor, s) -> torch.Tensor:
+    """Llama 3.1 RoPE scaling of inverse frequencies (as Meta's reference and transformers)."""
+    wavelen = 2 * math.pi / freqs
+    context = s.original_max_position_embeddings
+    low_wavelen, high_wavelen = context / s.low_freq_factor, context / s.high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, freqs / s.factor, freqs)
+    smooth = (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -158,6 +173,7 @@ class Transformer(nn.Module):
             max_seq_len=self.cfg.max_seq_len,
             theta=self.cfg.rope_theta,
             device=device,
+            scaling=self.cfg.rope_scaling,
         )
 
     def init_weights(self, *, generator: torch.Generator | None = None) -> None:

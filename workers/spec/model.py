@@ -83,8 +83,9 @@ class ModelSpec(Spec):
         "data area or a shared data root, or an s3:// / gs:// URL of a store the tenant may "
         "use. LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (q/k/v biases), "
         "mapped onto etrain's decoder so every strategy runs it; other architectures, RoPE "
-        "scaling and head_dim != hidden_size / heads are refused. Each rank reads only its "
-        "shard of the weights. Tied embeddings train untied; a sliding window caps "
+        "scaling other than Llama 3.1's llama3 and head_dim != hidden_size / heads are "
+        "refused. Each rank reads only its shard of the weights. Tied embeddings train "
+        "untied; a sliding window caps "
         "data.seq_len. etrain export writes a Hugging Face folder of the same architecture "
         "with the tokenizer files.",
     )

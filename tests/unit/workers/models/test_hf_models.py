@@ -18,6 +18,20 @@ CASES = [
     ("llama", {}),
     ("llama", {"tied": True}),
     ("mistral", {}),
+    # Llama 3.1's RoPE scaling, with a short original context so that it bites here.
+    (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 50000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
     ("qwen2", {}),
     ("qwen2", {"tied": True}),
 ]
@@ -31,13 +45,16 @@ def _etrain_from(folder):
     return model.eval(), cfg
 
 
-@pytest.mark.parametrize(("arch", "extra"), CASES, ids=[f"{a}-{sorted(e)}" for a, e in CASES])
+@pytest.mark.parametrize(
+    ("arch", "extra"), CASES, ids=[f"{a}-{'-'.join(sorted(e))}" for a, e in CASES]
+)
 def test_logits_and_first_loss_equal_transformers(tmp_path, arch, extra):
     # Sharded and in bf16 on disk for one case each: the index and the cast are read too.
     shard = {"max_shard_size": "40KB"} if arch == "qwen2" and not extra else {}
     ref = make_hf_model(tmp_path, arch, seed=3, **extra, **shard)
     model, cfg = _etrain_from(tmp_path)
     assert cfg.qkv_bias is (arch == "qwen2")
+    assert (cfg.rope_scaling is not None) is ("rope_parameters" in extra)
     assert count_params(cfg) == sum(p.numel() for p in model.parameters())
     tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -60,7 +77,7 @@ def test_bf16_weights_load_cast(tmp_path):
 
 def test_unsupported_architecture_names_model_hf_and_the_supported_list():
     config = hf_config("llama").to_dict() | {"architectures": ["GPT2LMHeadModel"]}
-    with pytest.raises(ValueError, match="model.hf") as info:
+    with pytest.raises(ValueError, match=r"model\.hf") as info:
         config_from_hf(config)
     for arch in SUPPORTED_ARCHITECTURES:
         assert arch in str(info.value)
@@ -88,5 +105,5 @@ def test_mistral_sliding_window_clamps_max_seq_len():
 
 def test_missing_weights_name_model_hf(tmp_path):
     (tmp_path / "config.json").write_text(hf_config("llama").to_json_string())
-    with pytest.raises(ValueError, match="model.hf.*safetensors"):
+    with pytest.raises(ValueError, match=r"model\.hf.*safetensors"):
         load_pretrained([], str(tmp_path), hf_model_config(str(tmp_path)))
