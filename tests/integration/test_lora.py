@@ -86,6 +86,8 @@ def lora_results(tmp_path_factory) -> dict:
     ]
     for name, par in (("fsdp", ROWS["fsdp-zero3"]), ("ddp", ROWS["ddp"])):
         spec = make_spec(f"resume-{name}", 2, par, "adamw")
+        if name == "ddp":  # asynchronous saves, and retention keeping only the newest
+            spec["checkpoint"].update({"async": True, "keep_last": 1})
         ckpt = str(root / name)
         jobs.append(LocalJob(f"resume-{name}-full", spec, str(root / f"{name}-full")))
         jobs.append(LocalJob(f"resume-{name}-save", spec, ckpt, stop_at=2))
@@ -131,6 +133,9 @@ def test_lora_resume_is_bitwise(lora_results, name):
         assert res.error is None, res.error
     assert resumed.resumed_from == 2
     assert {s: resumed.losses[s] for s in (3, 4)} == {s: full.losses[s] for s in (3, 4)}
+    if name == "ddp":  # keep_last 1: the step-2 save was pruned once step 4 committed
+        kept = sorted(p.name for p in (Path(lora_results["root"]) / "ddp-full").iterdir())
+        assert kept == ["step_00000004"], kept
 
 
 def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
