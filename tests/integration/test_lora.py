@@ -26,8 +26,9 @@ from workers.train_loop import RunEnv, run
 pytestmark = pytest.mark.slow
 
 STEPS = 4
+# Rank 3: FSDP splits lora_A [3, in] unevenly over 2 ranks (2 + 1 rows).
 LORA = {
-    "rank": 4,
+    "rank": 3,
     "alpha": 8.0,
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
 }
@@ -150,6 +151,16 @@ def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
     want = references["adamw"].losses
     for step in (3, 4):
         assert res.losses[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+def test_resume_on_another_base_is_refused(tmp_path):
+    """The adapters of a checkpoint never land on a base they were not trained on."""
+    spec = make_spec("rebase", 1, {"strategy": "ddp"}, "sgd")
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path))
+    run(JobSpec.model_validate(spec), RunEnv(**{**env.__dict__, "stop_at": 2}))
+    spec["train"]["seed"] = 4  # the preset's random base is drawn from the seed
+    with pytest.raises(ValueError, match=r"model\.lora: the checkpoint's adapters were trained"):
+        run(JobSpec.model_validate(spec), env)
 
 
 def test_lora_checkpoint_holds_only_adapters(lora_results):
