@@ -30,17 +30,7 @@ def data_refusals(spec: JobSpec) -> list[tuple[tuple, str]]:
     data = spec.data
     tokenizer = spec.model.tokenizer or spec.model.hf
     if data.source == "synthetic":
-        if data.shape != "text":
-            return [(("data", "shape"), "data.source synthetic has shape text only")]
-        return []
-    if data.source == "text" and data.shape != "text":
-        return [
-            (
-                ("data", "shape"),
-                f"data.shape {data.shape!r} reads fields of rows; a plain text file has none: "
-                "use data.source jsonl or parquet",
-            )
-        ]
+        return []  # (a shape that reads fields is refused by the spec itself)
     needs_tokenizer = data.shape != "text" or data.source == "parquet"
     if data.source != "prepared" and tokenizer is None and needs_tokenizer:
         what = f"data.shape {data.shape}" if data.shape != "text" else "data.source parquet"

@@ -16,23 +16,32 @@ class DataSpec(Spec):
 
     source: Literal["synthetic", "text", "jsonl", "parquet", "prepared"] = Field(
         "synthetic",
-        description="synthetic (seeded random tokens); text (a UTF-8 file), jsonl (one JSON "
-        "object per line) or parquet, tokenized with the model's tokenizer (byte-level "
-        "tokens without one); prepared (a folder written by `etrain data prepare`).",
+        description="synthetic (seeded random tokens); text (a UTF-8 file, one document), "
+        "jsonl (one JSON object per line) or parquet (read with pyarrow), tokenized with "
+        "model.tokenizer (else model.hf's tokenizer) once per node into cached token shards "
+        "($ETRAIN_DATA_CACHE, default <tmp>/etrain-data-cache; one process tokenizes, the "
+        "others wait for it); without a tokenizer text and jsonl are read as bytes (token = "
+        "byte, shape text only). prepared: a folder written by `etrain data prepare` "
+        "(memory-mapped; its index fixes the shape; no tokenizer needed).",
     )
     path: str | None = Field(
         None,
         description="Absolute path of the file (or prepared folder) to read; must exist "
         "on every worker and lie inside the tenant's data area, <data dir>/tenants/<tenant> "
         "(ETRAIN_POLICY_DATA_ROOT), or a shared data root (ETRAIN_POLICY_SHARED_DATA_ROOTS), "
-        "resolved through '..' and symlinks.",
+        "resolved through '..' and symlinks. At submit, when the service can read it, its "
+        "first 200 rows are checked (valid JSON / parquet, the fields the shape reads; a "
+        "prepared folder's index) and a problem is a 422 naming the file and row.",
     )
     shape: Literal["text", "instruction", "chat"] = Field(
         "text",
-        description="text: documents packed to seq_len with EOS between them; instruction: "
-        "prompt + completion rows; chat: message lists rendered with the tokenizer's chat "
-        "template. For instruction and chat the loss counts only completion / assistant "
-        "tokens. instruction and chat need a tokenizer.",
+        description="text: documents packed into one stream with EOS between them, cut into "
+        "non-overlapping samples of seq_len + 1 tokens (the tail dropped); instruction: one "
+        "sample per row, prompt then completion + EOS, padded; chat: one sample per row, "
+        "the messages (role/content) rendered with the tokenizer's chat template. For "
+        "instruction and chat the loss counts only completion / assistant tokens: it is the "
+        "mean over the counted tokens of the whole global batch, whatever the world size "
+        "and micro-batching. instruction and chat need a tokenizer and jsonl or parquet rows.",
     )
     text_field: str = Field("text", max_length=256, description="Row field for shape text.")
     prompt_field: str = Field("prompt", max_length=256, description="Prompt field (instruction).")
@@ -45,7 +54,12 @@ class DataSpec(Spec):
         description="Cut instruction/chat samples longer than seq_len + 1 tokens; when false "
         "such a sample is an error naming the file and row.",
     )
-    seq_len: int = Field(128, ge=8, le=131072, description="Tokens per sample.")
+    seq_len: int = Field(
+        128,
+        ge=8,
+        le=131072,
+        description="Tokens per sample. Prepared data must have been prepared with the same.",
+    )
     num_samples: int = Field(
         4096,
         ge=1,
@@ -61,5 +75,10 @@ class DataSpec(Spec):
             raise ValueError(
                 "data.path is only used with data.source text, jsonl, parquet or prepared; "
                 "remove it"
+            )
+        if self.shape != "text" and self.source in ("synthetic", "text"):
+            raise ValueError(
+                f"data.shape {self.shape} reads fields of rows; data.source {self.source} has "
+                "none: use jsonl or parquet (or prepared)"
             )
         return self
