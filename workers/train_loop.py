@@ -35,7 +35,7 @@ from workers.models.hf_load import (
     spec_model_config,
 )
 from workers.models.llama import build_model
-from workers.models.lora import init_lora, inject_lora
+from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
 from workers.strategies import StrategyConfig, get_strategy
@@ -153,6 +153,8 @@ def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
     model.checkpoint_blocks = spec.model.activation_checkpointing
     if spec.model.lora is not None:  # adapters in, base frozen: before the strategy wraps it
         inject_lora(model, spec.model.lora)
+        if spec.train.precision == "bf16":  # no fp32 master copy of what never trains
+            hold_frozen_linears_in(model, torch.bfloat16)
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
     early = pretrained is not None and loads_before_strategy(spec, mesh)
     if early:  # the layout replicates the whole model on every rank

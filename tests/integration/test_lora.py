@@ -55,6 +55,9 @@ ROWS = {
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}
 
 
+BF16_ROWS = ["ddp", "fsdp-zero3"]
+
+
 def make_spec(name: str, workers: int, parallelism: dict, optimizer: str) -> dict:
     spec = copy.deepcopy(BASE)
     spec["name"] = name
@@ -93,6 +96,10 @@ def lora_results(tmp_path_factory) -> dict:
         jobs.append(LocalJob(f"resume-{name}-full", spec, str(root / f"{name}-full")))
         jobs.append(LocalJob(f"resume-{name}-save", spec, ckpt, stop_at=2))
         jobs.append(LocalJob(f"resume-{name}-resume", spec, ckpt))
+    for row in BF16_ROWS:  # frozen linears held in bf16 (no fp32 copy): FSDP2 mixes dtypes
+        spec = make_spec(row, 2, ROWS[row], "adamw")
+        spec["train"]["precision"] = "bf16"
+        jobs.append(LocalJob(f"{row}-bf16", spec))
     # Elastic shrink: saved by 2 FSDP ranks, resumed by one process (DCP reshards).
     elastic = make_spec("elastic", 2, ROWS["fsdp-zero3"], "adamw")
     jobs.append(LocalJob("elastic-save", elastic, str(root / "elastic"), stop_at=2))
@@ -123,6 +130,24 @@ def test_lora_matches_single_process(lora_results, references, row, optimizer):
     for step, loss in res.losses.items():
         assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
     assert res.losses[STEPS] < res.losses[1]
+
+
+@pytest.fixture(scope="module")
+def bf16_reference() -> dict[int, float]:
+    spec = make_spec("reference-bf16", 1, {"strategy": "ddp"}, "adamw")
+    spec["train"]["precision"] = "bf16"
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
+    return run(JobSpec.model_validate(spec), env).losses
+
+
+@pytest.mark.parametrize("row", BF16_ROWS)
+def test_bf16_lora_matches_single_process(lora_results, bf16_reference, row):
+    """bf16 autocast over a bf16-held frozen base, against the same in one process."""
+    res = lora_results[f"{row}-bf16"]
+    assert res.error is None, res.error
+    assert sorted(res.losses) == list(range(1, STEPS + 1))
+    for step, loss in res.losses.items():
+        assert loss == pytest.approx(bf16_reference[step], rel=1e-3), f"{row} step {step}"
 
 
 @pytest.mark.parametrize("name", ["fsdp", "ddp"])

@@ -136,3 +136,39 @@ def test_refused_lora_layouts_are_422(client, extra, needle):
 def test_lora_on_fsdp_and_pp_is_accepted():
     for par, workers in (({"strategy": "fsdp"}, 2), ({"strategy": "pp", "pp": 2}, 2)):
         JobSpec.model_validate({**SUBMIT, "parallelism": par, "resources": {"workers": workers}})
+
+
+def _bf16_lora_run(*, monkeypatch, hold: bool):
+    from workers import train_loop
+
+    if not hold:
+        monkeypatch.setattr(train_loop, "hold_frozen_linears_in", lambda model, dtype: 0)
+    spec = JobSpec.model_validate(
+        {
+            "name": "bf16-lora",
+            "model": {"preset": "gpt-tiny", "lora": {"rank": 4}},
+            "data": {"seq_len": 16, "num_samples": 16},
+            "train": {
+                "steps": 3,
+                "global_batch_size": 2,
+                "micro_batch_size": 1,
+                "precision": "bf16",
+            },
+        }
+    )
+    env = train_loop.RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
+    return train_loop.run(spec, env)
+
+
+def test_bf16_lora_holds_the_frozen_linears_in_bf16_with_the_same_losses(monkeypatch):
+    """Autocast computed those matmuls in bf16 already: the losses stay bit for bit."""
+    held = _bf16_lora_run(monkeypatch=monkeypatch, hold=True)
+    dtypes = {n: p.dtype for n, p in held.model.named_parameters()}
+    assert dtypes["layers.0.attention.wq.base_layer.weight"] == torch.bfloat16
+    assert dtypes["layers.0.feed_forward.w1.weight"] == torch.bfloat16  # not adapted, frozen
+    assert dtypes["output.weight"] == torch.bfloat16
+    assert dtypes["tok_embeddings.weight"] == dtypes["norm.weight"] == torch.float32
+    assert dtypes["layers.0.attention.wq.lora_A.default.weight"] == torch.float32
+    plain = _bf16_lora_run(monkeypatch=monkeypatch, hold=False)
+    assert plain.model.get_parameter("output.weight").dtype == torch.float32
+    assert held.losses == plain.losses
