@@ -45,7 +45,23 @@ def merged_options(spec: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
     model = spec.get("model") or {}
     tokenizer = flags.pop("tokenizer", None) or model.get("tokenizer") or model.get("hf")
     data.update({k: v for k, v in flags.items() if v is not None})
-    return {"data": data, "tokenizer": tokenizer}
+    return {"data": data, "tokenizer": tokenizer, "model": model}
+
+
+def model_vocab_size(model: dict[str, Any]) -> int | None:
+    """The vocab_size of the spec's model (a local model.hf's config.json, else its preset),
+    or None when the spec names no model: the tokenizer must fit it."""
+    from workers.models.config import get_model_config
+    from workers.models.hf_config import config_from_hf, read_hf_config_text
+
+    hf = model.get("hf")
+    if hf:
+        config = Path(str(hf).removeprefix("file://")) / "config.json"
+        if "://" in str(hf).removeprefix("file://") or not config.is_file():
+            return None  # an object-store folder: the workers check it
+        return config_from_hf(read_hf_config_text(config.read_bytes())).vocab_size
+    preset = model.get("preset")
+    return get_model_config(preset).vocab_size if preset else None
 
 
 def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -78,7 +94,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
         tokenizer=options["tokenizer"],
         opts=opts,
         out=str(out),
-        vocab_size=None,
+        vocab_size=model_vocab_size(options.get("model") or {}),
     )
 
 

@@ -57,6 +57,21 @@ def test_prepare_errors_exit_2_with_the_reason(tmp_path, bpe_tokenizer):
     assert "row 1: no field 'completion'" in said and "rows.jsonl" in said
 
 
+def test_prepare_checks_the_tokenizer_fits_the_spec_model(tmp_path, bpe_tokenizer, word_tokenizer):
+    path = write_jsonl(tmp_path / "rows.jsonl", INSTRUCTIONS)
+    spec = tmp_path / "job.json"
+    data = {"source": "jsonl", "path": path, "shape": "instruction", "seq_len": 32}
+    out = ["--out", str(tmp_path / "o")]
+    for (folder, _), code in ((bpe_tokenizer, 2), (word_tokenizer, 0)):
+        spec.write_text(
+            json.dumps({"model": {"preset": "gpt-tiny", "tokenizer": folder}, "data": data})
+        )
+        result = CliRunner().invoke(cli.app, ["data", "prepare", "--spec", str(spec), *out])
+        assert result.exit_code == code, result.output
+    said = " ".join(result.output.split())
+    assert "prepared 4 instruction samples" in said
+
+
 def _tenant(client, tmp_path, name="team-d"):
     r = client.post("/v1/tokens", json={"tenant": name, "name": "ci"}, headers=ADMIN_H)
     assert r.status_code == 201, r.text

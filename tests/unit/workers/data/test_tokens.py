@@ -202,3 +202,23 @@ def test_sampler_on_prepared_data_resumes_exactly_and_survives_resizes(tmp_path,
     plain = GlobalBatchSampler(len(ds), seed=3)
     again = [collate(ds, [item])[1] for _ in range(15) for item in plain.next_global_batch(6)]
     assert all(torch.equal(a, b) for a, b in zip(order, again, strict=True))
+
+
+def test_template_in_tokenizer_config_and_the_hash(tmp_path, bpe_tokenizer):
+    import shutil
+
+    from workers.data.tokenizer import load_tokenizer, tokenizer_hash
+
+    folder, tok = bpe_tokenizer
+    other = tmp_path / "tok"
+    shutil.copytree(folder, other)
+    assert tokenizer_hash(str(other)) == tokenizer_hash(folder)
+    # Older folders carry the template inside tokenizer_config.json.
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = (other / "chat_template.jinja").read_text()
+    (other / "chat_template.jinja").unlink()
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_tokenizer(str(other)).chat_template == tok.chat_template
+    assert tokenizer_hash(str(other)) != tokenizer_hash(folder)  # a new cache key
+    with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
+        load_tokenizer(str(tmp_path))
