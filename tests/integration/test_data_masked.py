@@ -1,5 +1,6 @@
 """Masked (instruction) data on real gloo process groups: the loss is the global batch's
-mean over completion tokens whatever the world size, micro-batching or strategy, workers
+mean over completion tokens whatever the world size, micro-batching or strategy (DDP,
+FSDP, TP, PP, PP x DP), workers
 tokenize a raw file once per node, and a job resumes exactly on prepared data."""
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def results(data):
         LocalJob("ddp2", spec("ddp2", 2, {"strategy": "ddp"}, prepared)),
         LocalJob("fsdp2", spec("fsdp2", 2, {"strategy": "fsdp"}, prepared, mbs=4)),
         LocalJob("pp2", spec("pp2", 2, PP, prepared, mbs=1)),
+        LocalJob("tp2", spec("tp2", 2, {"strategy": "tp", "tp": 2}, prepared)),
         LocalJob("ddp2-raw", spec("ddp2-raw", 2, {"strategy": "ddp"}, jsonl, tokenizer=tok)),
         LocalJob(
             "save", spec("save", 2, {"strategy": "ddp"}, prepared), str(root / "ck"), stop_at=3
@@ -110,7 +112,7 @@ def results(data):
     return out
 
 
-@pytest.mark.parametrize("name", ["ddp2", "fsdp2", "pp2", "pp2-dp2", "ddp2-raw"])
+@pytest.mark.parametrize("name", ["ddp2", "fsdp2", "tp2", "pp2", "pp2-dp2", "ddp2-raw"])
 def test_masked_loss_matches_one_process(results, name):
     got = results[name]
     assert got.error is None, got.error
