@@ -5,8 +5,9 @@ shape has what it needs (a tokenizer for instruction, chat and parquet; rows
 with fields for instruction and chat), and, when the file is visible where the
 service runs, that it parses and its first rows have the fields the shape
 reads, or that a prepared folder's index matches the spec. Only the first
-:data:`MAX_ROWS` rows (:data:`MAX_TEXT_BYTES` of plain text) are read, so a
-large file costs a bounded time; the workers check every row when they tokenize.
+:data:`MAX_ROWS` rows (within :data:`MAX_JSONL_BYTES` of jsonl, :data:`MAX_TEXT_BYTES`
+of plain text, parquet's first batch) are read, so a large file costs a bounded time;
+the workers check every row when they tokenize.
 A file the service cannot see (it may live on the workers only) is left to them.
 """
 
@@ -17,11 +18,12 @@ import itertools
 import json
 import os
 
-from workers.data.formats import field, read_rows
+from workers.data.formats import field, jsonl_lines, read_rows
 from workers.spec import JobSpec
 
 MAX_ROWS = 200
 MAX_TEXT_BYTES = 1 << 20
+MAX_JSONL_BYTES = 8 << 20
 PATH = ("data", "path")
 
 
@@ -66,13 +68,26 @@ def _check(path: str, spec: JobSpec) -> None:
         except UnicodeDecodeError as e:
             raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
         return
-    rows = itertools.islice(read_rows(path, data.source), MAX_ROWS)
+    rows = itertools.islice(_head_rows(path, data.source), MAX_ROWS)
     seen = 0
     for row, record in rows:
         _check_row(path, row, record, spec)
         seen += 1
     if not seen:
         raise ValueError(f"data.path {path!r} holds no rows; it needs at least one")
+
+
+def _head_rows(path: str, source: str):
+    """The rows of the file's head: jsonl lines within :data:`MAX_JSONL_BYTES` (a line cut
+    there is left to the workers), parquet's first batch."""
+    if source != "jsonl":
+        return read_rows(path, source)
+    with open(path, "rb") as f:
+        head = f.read(MAX_JSONL_BYTES + 1)
+    lines = head[:MAX_JSONL_BYTES].split(b"\n")
+    if len(head) > MAX_JSONL_BYTES:
+        lines = lines[:-1]
+    return jsonl_lines(path, lines)
 
 
 def _check_row(path: str, row: int, record: object, spec: JobSpec) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 FORMATS = ("text", "jsonl", "parquet")
 # Parquet rows are read in batches of this many rows (bounded memory on big files).
@@ -49,13 +49,18 @@ def read_rows(path: str, source: str) -> Iterator[tuple[int, object]]:
 def _jsonl_rows(path: str) -> Iterator[tuple[int, object]]:
     # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
     with open(path, "rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
+        yield from jsonl_lines(path, f)
+
+
+def jsonl_lines(path: str, lines: Iterable[bytes]) -> Iterator[tuple[int, object]]:
+    """``(line number, record)`` of JSON ``lines`` (blank ones skipped) read from ``path``."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, object]]:

@@ -127,3 +127,19 @@ def test_submit_refuses_a_shape_without_tokenizer_and_a_wrong_seq_len(client, tm
     assert r.status_code == 422 and "set data.seq_len: 64" in r.text
     r = client.post("/v1/jobs", json=_job({**data, "seq_len": 64}), headers=headers)
     assert r.status_code == 201, r.text
+
+
+def test_submit_reads_a_bounded_head_of_the_file(client, tmp_path, monkeypatch):
+    from service.domain import data_check
+
+    monkeypatch.setattr(data_check, "MAX_JSONL_BYTES", 200)
+    headers, area = _tenant(client, tmp_path)
+    good = [json.dumps({"text": "x" * 40}) for _ in range(4)]  # ~4 x 52 bytes
+    path = area / "rows.jsonl"
+    path.write_text("\n".join([*good, "{broken"]) + "\n")
+    job = _job({"source": "jsonl", "path": str(path)})
+    # The broken line lies past the bytes the service reads: the workers will name it.
+    assert client.post("/v1/jobs", json=job, headers=headers).status_code == 201
+    monkeypatch.setattr(data_check, "MAX_JSONL_BYTES", 1 << 20)
+    r = client.post("/v1/jobs", json=job, headers=headers)
+    assert r.status_code == 422 and "line 5: invalid JSON" in r.text
