@@ -60,7 +60,14 @@ def prepare(
         "format_version": FORMAT_VERSION,
         **asdict(opts),
         "num_samples": samples.num_samples,
+        # Sample i is tokens[i * sample_tokens : (i + 1) * sample_tokens] (and targets alike).
+        "sample_tokens": opts.seq_len + 1,
         "masked": samples.targets is not None,
+        "files": {
+            "tokens": "tokens.npy",
+            "counts": "counts.npy",
+            **({"targets": "targets.npy"} if samples.targets is not None else {}),
+        },
         "source": {"format": source, **file_identity(path)},
         "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tok)},
         "max_token_id": int(samples.tokens.max()),
