@@ -111,29 +111,30 @@ def _chat(tok, record, opts: ShapeOptions, path: str, row: int):
             "data.shape chat needs a tokenizer with a chat template (tokenizer_config.json "
             "'chat_template' or chat_template.jinja in model.tokenizer)"
         )
-    ids = _render(tok, messages, generation=False)
-    flags = [0] * len(ids)
-    for start, end in _assistant_spans(tok, messages, ids, where):
-        flags[start:end] = [1] * (end - start)
-    return ids, flags
+    text = _render(tok, messages, generation=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = list(_assistant_spans(tok, messages, text, where))
+    # A token is trained on when it starts inside a reply (spans are character ranges, so
+    # a BPE merge across the reply's first boundary cannot shift them).
+    flags = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
+    return list(enc["input_ids"]), flags
 
 
-def _render(tok, messages: list, *, generation: bool) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-    return tok(text, add_special_tokens=False)["input_ids"]
+def _render(tok, messages: list, *, generation: bool) -> str:
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
 
-def _assistant_spans(tok, messages: list, ids: list[int], where: str) -> Iterator[tuple[int, int]]:
-    """Token ranges of the assistant replies: rendering the conversation up to a reply
-    with the generation prompt gives its start, up to and including it its end."""
+def _assistant_spans(tok, messages: list, text: str, where: str) -> Iterator[tuple[int, int]]:
+    """Character ranges of the assistant replies in ``text``: rendering the conversation up
+    to a reply with the generation prompt gives its start, up to and including it its end."""
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prefix = _render(tok, messages[:k], generation=True) if k else []
+        prefix = _render(tok, messages[:k], generation=True) if k else ""
         upto = _render(tok, messages[: k + 1], generation=False)
-        if ids[: len(upto)] != upto or upto[: len(prefix)] != prefix:
+        if not text.startswith(upto) or not upto.startswith(prefix):
             raise ValueError(
                 f"{where}: the chat template does not render conversations prefix by prefix "
-                "(a later message changes earlier tokens), so assistant tokens cannot be found"
+                "(a later message changes earlier text), so assistant tokens cannot be found"
             )
         yield len(prefix), len(upto)

@@ -222,3 +222,22 @@ def test_template_in_tokenizer_config_and_the_hash(tmp_path, bpe_tokenizer):
     assert tokenizer_hash(str(other)) != tokenizer_hash(folder)  # a new cache key
     with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         load_tokenizer(str(tmp_path))
+
+
+def test_chat_spans_survive_merges_across_the_reply_boundary(tmp_path, bpe_tokenizer):
+    import shutil
+
+    folder, tok = bpe_tokenizer
+    other = tmp_path / "tok"
+    shutil.copytree(folder, other)
+    # Role headers ending in a blank line: BPE may tokenize "\n\n" differently alone than
+    # followed by the reply, so token-level prefix matching would fail here.
+    (other / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|{{ m['role'] }}|>\n\n{{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n\n{% endif %}"
+    )
+    ds = prep(tmp_path, str(other), [{"messages": m} for m in CHATS], shape="chat", seq_len=96)
+    for i, messages in enumerate(CHATS):
+        _, labels = ds[i]
+        replies = "".join(m["content"] + "</s>" for m in messages if m["role"] == "assistant")
+        assert tok.decode(labels[labels != -100].tolist()) == replies
