@@ -241,3 +241,13 @@ def test_chat_spans_survive_merges_across_the_reply_boundary(tmp_path, bpe_token
         _, labels = ds[i]
         replies = "".join(m["content"] + "</s>" for m in messages if m["role"] == "assistant")
         assert tok.decode(labels[labels != -100].tolist()) == replies
+
+
+def test_plain_text_is_one_document(tmp_path, bpe_tokenizer):
+    folder, _ = bpe_tokenizer
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(DOCS))
+    from_text = prep(tmp_path / "t", folder, str(text), source="text", seq_len=8)
+    from_jsonl = prep(tmp_path / "j", folder, [{"text": "\n".join(DOCS)}], seq_len=8)
+    assert len(from_text) == len(from_jsonl) > 1
+    assert all(torch.equal(from_text[i], from_jsonl[i]) for i in range(len(from_text)))
