@@ -243,7 +243,9 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         t0 = time.perf_counter()
         batch = sampler.next_global_batch(spec.train.global_batch_size)
         first = step == start + 1
-        stepper.meter = ActivationMeter() if first else None
+        stepper.meter = (
+            ActivationMeter(stepper.parts, pipeline=stepper.pipeline is not None) if first else None
+        )
         loss, (due_votes, done_votes) = stepper.step(batch, votes=saving.votes())
         if first:
             result.memory = _report_memory(env, stepper)

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from service.planner.memory_model import activation_bytes, buffer_bytes, state_bytes_by_rank
+from service.planner.memory_model import activation_bytes, state_bytes_by_rank
 from service.planner.planning import layout_of, workload_of
 from tests.support.local_launch import LocalJob, run_local
 from workers.spec import JobSpec
@@ -104,6 +104,8 @@ def references() -> dict[tuple[str, int], dict[int, float]]:
 # strategy (FSDP's hooks, DTensor and pipeline stages all run inside the recompute).
 CHECKPOINTED = ["ddp2", "fsdp2-zero3", "tp2", "pp2-1f1b", "hybrid-pp2-tp2"]
 FULL_AC = {"activation_checkpointing": "full"}
+# Selective recompute (matmul and attention outputs kept, element-wise ops redone): AdamW.
+SELECTIVE_AC = {"activation_checkpointing": "selective"}
 
 # Gradient clipping needs the norm of the whole model: across shards, TP meshes and stages.
 CLIP = 0.05
@@ -140,6 +142,8 @@ def matrix_results(tmp_path_factory) -> dict:
         for opt in OPTIMIZERS:
             spec = make_spec(name, workers, par, opt, model=FULL_AC)
             by_world[workers].append(LocalJob(f"{name}-{opt}-ac", spec))
+        spec = make_spec(name, workers, par, "adamw", model=SELECTIVE_AC)
+        by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec))
     for name in CLIPPED:
         workers, par = MATRIX[name]
         by_world[workers].append(
@@ -185,6 +189,16 @@ def test_activation_checkpointing_matches_single_process(
         assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
 
 
+@pytest.mark.parametrize("row", CHECKPOINTED)
+def test_selective_activation_checkpointing_matches_single_process(matrix_results, references, row):
+    res = matrix_results[f"{row}-adamw-sac"]
+    assert res.error is None, res.error
+    want = references[("adamw", STEPS)]
+    assert sorted(res.losses) == list(range(1, STEPS + 1))
+    for step, loss in res.losses.items():
+        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} step {step}"
+
+
 @pytest.mark.parametrize("row", CLIPPED)
 def test_clipped_gradients_match_single_process(matrix_results, references, row):
     res = matrix_results[f"{row}-sgd-clipped"]
@@ -212,8 +226,8 @@ def test_checkpoint_moves_between_strategies(matrix_results, references, name):
 def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
     """The planner's parameter, gradient and optimizer bytes match every rank within 2%.
 
-    Activations are printed next to the measurement (run with -s) but not
-    asserted: on CPU they are fp32 autograd saved tensors, the GPU check is separate.
+    Activations are printed next to the measurement (run with -s); they are asserted
+    in tests/integration/test_activation_memory.py.
     """
     res = matrix_results[f"{row}-{optimizer}"]
     assert res.error is None, res.error
@@ -224,10 +238,7 @@ def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
     assert len(res.memory) == workers == len(predicted)
     for rank, (want, got) in enumerate(zip(predicted, res.memory, strict=True)):
         pp_rank = rank // (layout.dp * layout.tp)
-        act = (
-            activation_bytes(work, layout, pp_rank=pp_rank)
-            + buffer_bytes(work, layout, pp_rank=pp_rank)["rope_table"]
-        )
+        act = activation_bytes(work, layout, pp_rank=pp_rank)  # asserted in test_activation_memory
         print(
             f"PLANCHECK {row} {optimizer} rank {rank}: params {got['params_bytes']} / "
             f"{want.params}, grads {got['grads_bytes']} / {want.grads}, optimizer "

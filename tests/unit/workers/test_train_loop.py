@@ -153,16 +153,16 @@ def test_installed_hooks_see_every_step_after_it_is_timed(tmp_path):
 def test_activation_checkpointing_from_the_spec_recomputes_blocks_with_the_same_losses(
     monkeypatch,
 ):
-    import workers.models.llama as llama
+    import workers.models.recompute as recompute
 
     calls = []
-    real = llama.checkpoint
+    real = recompute.checkpoint
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(llama, "checkpoint", counting)
+    monkeypatch.setattr(recompute, "checkpoint", counting)
     plain = run(spec(), env())
     assert calls == []
     with_ac = spec().model_copy(
