@@ -1,9 +1,10 @@
 """model.hf on every strategy: a sharded Hugging Face checkpoint loads into each rank's shard.
 
 A tiny Qwen2 (q/k/v biases, GQA, sharded safetensors with an index) trains under DDP,
-FSDP ZeRO-3, TP, PP and hybrid layouts on local gloo processes; the first loss equals
-transformers' on the same global batch and every step equals a single-process etrain run
-from the same weights. A separate ~190 MB Llama checkpoint (written with safetensors)
+FSDP ZeRO-3 and ZeRO-2 with CPU offload, TP, PP and hybrid layouts on local gloo
+processes; the first loss equals transformers' on the same global batch and every step
+equals a single-process etrain run from the same weights, and its export loads back into
+transformers with etrain's logits. A separate ~190 MB Llama checkpoint (written with safetensors)
 measures each rank's peak host memory while loading: under FSDP and TP it stays below
 the whole model, under DDP (which replicates it) it does not.
 """
@@ -34,6 +35,10 @@ OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer
 LAYOUTS = {
     "ddp2": (2, {"strategy": "ddp"}),
     "fsdp2-zero3": (2, {"strategy": "fsdp", "fsdp": {"zero_stage": 3}}),
+    "fsdp2-zero2-offload": (
+        2,
+        {"strategy": "fsdp", "fsdp": {"zero_stage": 2, "cpu_offload": True}},
+    ),
     "tp2": (2, {"strategy": "tp", "tp": 2}),
     "pp2": (2, {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}}),
     "hybrid-dp2-tp2": (4, {"strategy": "hybrid", "tp": 2}),
