@@ -6,11 +6,19 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from tests.support.hf_fixtures import hf_config, make_hf_model
 from workers.models.config import count_params
 from workers.models.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
-from workers.models.hf_load import hf_model_config, load_pretrained, materialize
+from workers.models.hf_load import (
+    _read_block,
+    hf_model_config,
+    load_pretrained,
+    materialize,
+    weight_files,
+)
+from workers.models.hf_naming import from_hf_tensor, to_hf_name
 from workers.models.llama import build_model
 from workers.stepper import loss_fn
 
@@ -107,3 +115,19 @@ def test_missing_weights_name_model_hf(tmp_path):
     (tmp_path / "config.json").write_text(hf_config("llama").to_json_string())
     with pytest.raises(ValueError, match=r"model\.hf.*safetensors"):
         load_pretrained([], str(tmp_path), hf_model_config(str(tmp_path)))
+
+
+@pytest.mark.parametrize(("start", "rows"), [(0, 64), (8, 16), (20, 7), (60, 4)])
+def test_a_block_of_rows_cutting_heads_reads_like_the_whole_tensor_cut(tmp_path, start, rows):
+    # FSDP shards dim 0 evenly, so a rank's rows of wq/wk may begin or end inside a head.
+    make_hf_model(tmp_path, "qwen2")
+    cfg = hf_model_config(str(tmp_path))
+    files = weight_files(str(tmp_path))
+    for fqn in ("layers.1.attention.wq.weight", "layers.1.attention.wq.bias"):
+        name = to_hf_name(fqn)
+        with safe_open(str(files[name]), framework="pt") as f:
+            whole = from_hf_tensor(fqn, f.get_tensor(name), cfg)
+        shape = (rows, *whole.shape[1:])
+        offset = (start,) + (0,) * (whole.dim() - 1)
+        block = _read_block(files[name], name, fqn, shape, offset, cfg)
+        assert torch.equal(block, whole[start : start + rows])
