@@ -154,11 +154,16 @@ def state_bytes(
     part = rank_part(work.cfg, layout, pp_rank)
     n = _part_numel(work.cfg, part, tp=layout.tp, dp=layout.dp, dp_rank=dp_rank, fsdp=layout.fsdp)
     if work.lora is not None:
-        # Frozen base: parameters only. Adapters shard like the rest (tp, then dp chunks).
+        # Frozen base: parameters only, its nn.Linear weights in bf16 under bf16 precision
+        # (workers.models.lora.hold_frozen_linears_in). Adapters shard like the rest.
         block = adapter_numel(work.cfg, work.lora)
         trained = math.ceil(part.layers * block / layout.tp / (layout.dp if layout.fsdp else 1))
+        base = FP32 * n
+        if work.precision == "bf16":
+            kw = {"tp": layout.tp, "dp": layout.dp, "dp_rank": dp_rank, "fsdp": layout.fsdp}
+            base -= 2 * _part_numel(work.cfg, part, linear_only=True, **kw)
         return StateBytes(
-            FP32 * (n + trained), FP32 * trained, work.optimizer_bytes_per_param * trained
+            base + FP32 * trained, FP32 * trained, work.optimizer_bytes_per_param * trained
         )
     return StateBytes(FP32 * n, FP32 * n, work.optimizer_bytes_per_param * n)
 
@@ -195,11 +200,15 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
         # prefetched); the root stays gathered. Stages 1 and 2 keep all gathered.
         gathered = (root + 2 * block) if layout.zero_stage == 3 else whole
         out["fsdp_all_gather"] = cb * gathered
-        out["fsdp_reduce_scatter"] = 2 * FP32 * block
+        # Gradients exist for what trains: with LoRA, the adapters only.
+        grad_block = block if work.lora is None else adapter_numel(cfg, work.lora) // layout.tp
+        grad_whole = whole if work.lora is None else part.layers * grad_block
+        out["fsdp_reduce_scatter"] = 2 * FP32 * grad_block
         if work.calls_per_step(layout) > 1:
-            out["fsdp_unsharded_grad_accumulation"] = FP32 * whole
-    elif work.precision == "bf16":
-        # Autocast casts every nn.Linear weight to bf16 and the copy is saved for backward.
+            out["fsdp_unsharded_grad_accumulation"] = FP32 * grad_whole
+    elif work.precision == "bf16" and work.lora is None:
+        # Autocast casts every nn.Linear weight to bf16 and the copy is saved for backward
+        # (LoRA's frozen weights are held in bf16 already).
         out["autocast_weight_copies"] = 2 * _part_numel(cfg, part, tp=layout.tp, linear_only=True)
     return out
 

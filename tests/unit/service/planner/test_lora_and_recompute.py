@@ -64,14 +64,19 @@ def test_adapters_count_r_times_in_plus_out_like_peft():
 
 def test_lora_keeps_no_gradient_or_optimizer_state_for_the_base():
     lora = LoraShape(16, ALL)
-    full = state_bytes(_work(), Layout("ddp", dp=1))
-    adapted = state_bytes(_work(lora=lora), Layout("ddp", dp=1))
+    full = state_bytes(_work(precision="fp32"), Layout("ddp", dp=1))
+    adapted = state_bytes(_work(precision="fp32", lora=lora), Layout("ddp", dp=1))
     trained = SEVEN_B.n_layers * adapter_numel(SEVEN_B, lora)
     assert adapted.grads == FP32 * trained
     assert adapted.optimizer == 2 * FP32 * trained
     assert adapted.params == full.params + FP32 * trained
+    # Under bf16 the frozen projections and head are held in bf16: 2 bytes each.
+    half = state_bytes(_work(lora=lora), Layout("ddp", dp=1))
+    linear = count_params(SEVEN_B) - SEVEN_B.vocab_size * SEVEN_B.dim
+    linear -= (2 * SEVEN_B.n_layers + 1) * SEVEN_B.dim
+    assert half.params == adapted.params - 2 * linear
     # ZeRO-3 shards the adapters with the rest.
-    sharded = state_bytes(_work(lora=lora), Layout("fsdp", dp=8))
+    sharded = state_bytes(_work(precision="fp32", lora=lora), Layout("fsdp", dp=8))
     assert sharded.grads == pytest.approx(adapted.grads / 8, abs=8)
 
 
