@@ -131,3 +131,31 @@ def test_a_block_of_rows_cutting_heads_reads_like_the_whole_tensor_cut(tmp_path,
         offset = (start,) + (0,) * (whole.dim() - 1)
         block = _read_block(files[name], name, fqn, shape, offset, cfg)
         assert torch.equal(block, whole[start : start + rows])
+
+
+def test_transformers_4_config_layout_maps_too():
+    # Llama 3.1 as saved by transformers 4.x: rope_theta at the top, rope_scaling beside it.
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    cfg = config_from_hf(config)
+    assert (cfg.rope_theta, cfg.rope_scaling.factor, cfg.max_seq_len) == (500000.0, 8.0, 131072)
+    assert count_params(cfg) == 8_030_261_248  # Llama 3.1 8B's published count
