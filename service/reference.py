@@ -199,7 +199,10 @@ def api_markdown() -> str:
         "Every `/v1` route needs `Authorization: Bearer <token>`. Errors are "
         '`{"detail": ...}`: 401 unknown token, 403 not allowed, 404 no such job '
         "(also for another tenant's), 409 a status change the job's state forbids, 422 "
-        "an invalid spec or body (a list of `{loc, msg, type}` naming each field), 413 a "
+        "an invalid spec or body (a list of `{loc, msg, type}` naming each field; `type` "
+        "says which check refused it: policy for a place the tenant may not use, model for "
+        "a model.hf folder that cannot be trained (no config.json or weights, an "
+        "unsupported architecture, a layout that does not fit it), data, plan, storage), 413 a "
         "body over `ETRAIN_MAX_BODY_BYTES` (refused before it is read or authenticated), "
         "415 a body that is not JSON or YAML (UTF-8), 502 "
         "and 503 when the Ray cluster refuses or cannot be reached. Bodies nest at most 64 "

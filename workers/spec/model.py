@@ -80,8 +80,17 @@ class ModelSpec(Spec):
         max_length=4096,
         description="A pretrained Hugging Face model folder (config.json + model.safetensors "
         "or a sharded model.safetensors.index.json): an absolute path inside the tenant's "
-        "data area or a shared data root, or an s3:// / gs:// URL of a store the tenant may "
-        "use. LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (q/k/v biases), "
+        "data area or a shared data root (resolved through '..' and symlinks; another "
+        "tenant's area, the service's data dir and system folders are refused), or an "
+        "s3:// / gs:// URL under a prefix the tenant may use (ETRAIN_POLICY_OBJECT_STORES; "
+        "the workers do not read object-store folders yet, so submit refuses them with "
+        "the fix). At submit and plan the service reads config.json (at most 1 MiB) and "
+        "answers a 422 naming model.hf for a missing folder, config.json or safetensors "
+        "weights, an architecture etrain cannot train (listing the supported ones), or a "
+        "layout that does not fit the model (parallelism.tp must divide the heads, KV "
+        "heads, hidden and FFN sizes; no more pipeline stages than layers; data.seq_len "
+        "within max_position_embeddings); the plan uses the folder's real shape. "
+        "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (q/k/v biases), "
         "mapped onto etrain's decoder so every strategy runs it; other architectures, RoPE "
         "scaling other than Llama 3.1's llama3 and head_dim != hidden_size / heads are "
         "refused. Each rank reads only its shard of the weights. Tied embeddings train "
@@ -108,9 +117,13 @@ class ModelSpec(Spec):
         "none",
         description="full: each decoder block keeps only its input for backward and runs "
         "its forward again there (about a third more compute, activations of one block "
-        "instead of all). selective: keep the matmul outputs, recompute the cheap "
-        "element-wise parts (norms, activations, rotary). On every strategy; the planner "
-        "counts it. none: keep all.",
+        "instead of all). selective: torch's selective checkpointing keeps each block's "
+        "input and the outputs of its matmuls, attention and tensor-parallel all-reduces, "
+        "and recomputes the cheap element-wise parts (norms, rotary, SiLU, the gate product, "
+        "casts) in backward: about half the activations of none for a few percent more "
+        "compute (with LoRA the adapters' matmul outputs are kept too: prefer full there). "
+        "Same losses as none on every strategy; the planner counts each mode "
+        "(docs/planner.md). none: keep all.",
     )
 
     @model_validator(mode="after")
