@@ -35,8 +35,15 @@ from workers.models.llama import Transformer
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-# Wrappers whose prefixes are not part of the model's own parameter names.
-_WRAPPERS = ("module.", "_orig_mod.", "base_model.model.", "_checkpoint_wrapped_module.")
+# Name components that wrappers (DDP, torch.compile, activation checkpointing, peft)
+# insert into parameter names; none is a name of etrain's own modules.
+_WRAPPERS = {
+    "module",
+    "_orig_mod",
+    "_checkpoint_wrapped_module",
+    "_fsdp_wrapped_module",
+    "base_layer",
+}
 
 
 def local_folder(
@@ -97,9 +104,8 @@ def weight_files(root: str) -> dict[str, Path]:
 
 
 def _plain_name(name: str) -> str:
-    for prefix in _WRAPPERS:
-        name = name.replace(prefix, "")
-    return name.replace(".base_layer.", ".")
+    name = name.removeprefix("base_model.model.")
+    return ".".join(part for part in name.split(".") if part not in _WRAPPERS)
 
 
 def materialize(part: nn.Module, *, device: torch.device | str) -> None:

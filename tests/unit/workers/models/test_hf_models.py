@@ -12,6 +12,7 @@ from tests.support.hf_fixtures import hf_config, make_hf_model
 from workers.models.config import count_params
 from workers.models.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
 from workers.models.hf_load import (
+    _plain_name,
     _read_block,
     hf_model_config,
     load_pretrained,
@@ -159,3 +160,18 @@ def test_transformers_4_config_layout_maps_too():
     cfg = config_from_hf(config)
     assert (cfg.rope_theta, cfg.rope_scaling.factor, cfg.max_seq_len) == (500000.0, 8.0, 131072)
     assert count_params(cfg) == 8_030_261_248  # Llama 3.1 8B's published count
+
+
+@pytest.mark.parametrize(
+    ("name", "plain"),
+    [
+        ("module.layers.0.attention.wq.base_layer.weight", "layers.0.attention.wq.weight"),
+        (
+            "_orig_mod.layers.1._checkpoint_wrapped_module.attention.wk.bias",
+            "layers.1.attention.wk.bias",
+        ),
+        ("base_model.model.output.weight", "output.weight"),
+    ],
+)
+def test_wrapper_prefixes_map_to_the_models_own_names(name, plain):
+    assert _plain_name(name) == plain
