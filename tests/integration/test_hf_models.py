@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import socket
-import threading
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.hf_fixtures import hf_config, make_hf_folder
+from tests.support.hf_fixtures import make_hf_folder
+from tests.support.hf_load_memory import measure_load, write_random_llama
 from tests.support.local_launch import LocalJob, run_local
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -178,122 +174,9 @@ def test_export_is_a_hugging_face_folder_of_the_source_architecture(
 # --- peak host memory per rank while loading -------------------------------------------
 
 
-def _write_big_llama(folder: Path) -> int:
-    """A ~190 MB fp32 Llama in two safetensors shards plus an index; returns its bytes."""
-    from safetensors.torch import save_file
-
-    from workers.models.hf_load import hf_model_config
-    from workers.models.hf_naming import to_hf_name
-    from workers.models.llama import build_model
-
-    config = hf_config(
-        "llama",
-        vocab_size=512,
-        hidden_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=2816,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(config.to_json_string())
-    model = build_model(hf_model_config(str(folder)), seed=0, device="meta")
-    gen = torch.Generator().manual_seed(0)
-    weight_map, total = {}, 0
-    for shard in (0, 1):
-        tensors = {}
-        for i, (name, param) in enumerate(model.named_parameters()):
-            if i % 2 == shard:
-                tensors[to_hf_name(name)] = torch.randn(param.shape, generator=gen) * 0.02
-        save_file(tensors, str(folder / f"model-{shard}.safetensors"))
-        weight_map.update({name: f"model-{shard}.safetensors" for name in tensors})
-        total += sum(t.numel() * 4 for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    return total
-
-
-def _rss_peak_during(fn) -> tuple[int, float]:
-    """(peak RSS growth in bytes while ``fn`` runs, seconds it took), sampled every ms."""
-    import psutil
-
-    proc, peak, done = psutil.Process(), [0], threading.Event()
-    base = proc.memory_info().rss
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.001)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    t0 = time.perf_counter()
-    fn()
-    took = time.perf_counter() - t0
-    done.set()
-    thread.join()
-    peak[0] = max(peak[0], proc.memory_info().rss)
-    return peak[0] - base, took
-
-
-def _measure(parallelism: dict, world: int, env: RunEnv, folder: str) -> dict:
-    """Peak RSS growth and time of materialising and loading this rank's part."""
-    from workers.strategies.mesh import build_mesh
-    from workers.train_loop import _load_hf, _new_model, _split_and_apply
-
-    spec = JobSpec.model_validate(
-        {
-            "name": "m",
-            "model": {"hf": folder},
-            "data": {"seq_len": 16},
-            "resources": {"workers": world},
-            "parallelism": parallelism,
-            "train": {"global_batch_size": 2, "micro_batch_size": 1},
-        }
-    )
-    model, cfg = _new_model(spec, env)
-    mesh = build_mesh(spec, world_size=world, device=env.device)
-    if parallelism["strategy"] == "ddp":  # the layout replicates: whole model, then wrap
-        parts = [model]
-    else:
-        parts, _ = _split_and_apply(spec, env, model, mesh)
-    grew, took = _rss_peak_during(lambda: _load_hf(spec, env, parts, cfg))
-    return {"peak_bytes": grew, "seconds": took}
-
-
-def _memory_worker(rank: int, world: int, port: int, folder: str, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"), checkpoint_root=None)
-    record = {}
-    for name, par in {
-        "fsdp": {"strategy": "fsdp"},
-        "tp": {"strategy": "tp", "tp": 2},
-        "ddp": {"strategy": "ddp"},
-    }.items():
-        record[name] = _measure(par, world, env, folder)
-        dist.barrier()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
-
-
 def test_loading_under_fsdp_and_tp_holds_less_than_the_whole_model(tmp_path):
-    import torch.multiprocessing as mp
-
-    whole = _write_big_llama(tmp_path / "big")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(
-        _memory_worker,
-        args=(2, port, str(tmp_path / "big"), str(tmp_path)),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    whole = write_random_llama(tmp_path / "big")
+    per_rank = measure_load(tmp_path / "big", world_size=2)
     mib = 1 << 20
     print(f"\nwhole model {whole / mib:.0f} MiB; peak host memory growth while loading:")
     for rank, rec in enumerate(per_rank):
