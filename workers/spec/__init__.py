@@ -8,7 +8,6 @@ API can answer 422 with a field path and a hint.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Literal
 
@@ -16,6 +15,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from workers.contract import STRATEGIES
 from workers.models.config import get_model_config
+from workers.models.hf_config import check_layout
 from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
 from workers.spec.data import DataSpec
@@ -240,33 +240,15 @@ class JobSpec(Spec):
             # (workers.models.hf_config.check_layout) and the workers again when they build.
             return self
         par = self.parallelism
-        cfg = get_model_config(self.model.preset)
-        if par.tp > 1:
-            sizes = {
-                "attention heads": cfg.n_heads,
-                "KV heads": cfg.n_kv_heads,
-                "hidden size": cfg.dim,
-                "FFN hidden size": cfg.ffn_hidden,
-            }
-            bad = {k: v for k, v in sizes.items() if v % par.tp}
-            if bad:
-                raise ValueError(
-                    f"parallelism.tp ({par.tp}) must divide the {', '.join(bad)} of "
-                    f"model.preset {self.model.preset!r} ({', '.join(map(str, bad.values()))}); "
-                    f"use a tp that divides {math.gcd(*sizes.values())}"
-                )
         stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
-        if par.pp > 1 and stages > cfg.n_layers:
-            raise ValueError(
-                f"parallelism.pp ({par.pp}) with schedule {par.pipeline.schedule!r} needs "
-                f"{stages} pipeline stages but model.preset {self.model.preset!r} has "
-                f"{cfg.n_layers} layers; reduce parallelism.pp or use a deeper preset"
-            )
-        if self.data.seq_len > cfg.max_seq_len:
-            raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) exceeds the max_seq_len of model.preset "
-                f"{self.model.preset!r} ({cfg.max_seq_len}); set data.seq_len <= {cfg.max_seq_len}"
-            )
+        # The same rules the service applies to a model.hf folder's config.json at submit.
+        check_layout(
+            get_model_config(self.model.preset),
+            tp=par.tp,
+            stages=stages if par.pp > 1 else 1,
+            seq_len=self.data.seq_len,
+            where=f"model.preset {self.model.preset!r}",
+        )
         return self
 
     @model_validator(mode="after")
