@@ -37,9 +37,9 @@ METHOD = (
     "pipeline buffers; step time from dense peak x 0.4 MFU plus ring collectives"
 )
 ACTIVATIONS_NOTE = (
-    "activation estimates match autograd's saved tensors on CPU for ddp, fsdp "
-    "and tp; pipeline schedules (CPU meter 1.1-1.8x higher) and every GPU "
-    "number are unverified"
+    "activation estimates (none, full and selective recompute, LoRA) match measured live "
+    "activations on CPU within 10% for ddp and tp; fsdp and pipeline measurements are "
+    "bounds only, and GPU numbers are unverified (docs/planner.md)"
 )
 
 
