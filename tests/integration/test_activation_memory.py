@@ -54,7 +54,8 @@ ROWS |= {
     for ac in ("none", "selective")
 }
 # Measured, but the meter counts more than activations there (asserted as bounds):
-# under FSDP2, tensors made in FSDP's hooks (1.2-1.9x the plan on gpt-small); on a
+# under FSDP2, one block's gathered parameters, which FSDPMemTracker files as
+# activations (1.2-1.9x the plan on gpt-small); on a
 # pipeline rank every storage autograd saved, freed or not (torch's trackers cannot
 # follow pipelining's backward).
 BOUNDED = {
