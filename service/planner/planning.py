@@ -38,7 +38,7 @@ METHOD = (
 )
 ACTIVATIONS_NOTE = (
     "activation estimates (none, full and selective recompute, LoRA) match measured live "
-    "activations on CPU within 10% for ddp and tp; fsdp and pipeline measurements are "
+    "activations on CPU within 10% for ddp, fsdp and tp; pipeline measurements are "
     "bounds only, and GPU numbers are unverified (docs/planner.md)"
 )
 

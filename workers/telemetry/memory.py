@@ -69,6 +69,11 @@ def _with_activation_peak(base: type) -> type:
 
         def _update_snap(self, *args, **kwargs) -> None:
             super()._update_snap(*args, **kwargs)
+            state = getattr(self, "_fsdp_state", None)
+            if state is not None and state.name in ("PRE_FW", "PRE_BW"):
+                # FSDP is gathering a block: its parameters count as activations until
+                # FSDPMemTracker files them as unsharded parameters at the end of the hook.
+                return
             act = self._ref_class.ACT
             for snap in self._curr_mem_snap.values():
                 self.activation_peak = max(self.activation_peak, snap.get(act, 0))
