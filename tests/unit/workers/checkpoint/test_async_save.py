@@ -93,11 +93,12 @@ def test_keep_every_keeps_milestones_beyond_keep_last():
 
 
 def test_interval_auto_retunes_after_the_first_measured_save(tmp_path):
-    """Young/Daly from this run's own step and blocking times: with a 5 s prior MTBF and
-    millisecond steps the optimum is far beyond 12 steps, so after the first save (at the
-    starting interval, 2) the next is the run's last step."""
+    """Young/Daly from this run's own step and blocking times: with a one-hour prior MTBF
+    the optimum is far beyond 12 steps even on a loaded machine (0.1 s steps, 0.2 s saves
+    give ~380), so after the first save (at the starting interval, 2) the next is the run's
+    last step."""
     rec = RecordingReporter()
-    s = spec(asynchronous=False, steps=12, interval="auto", every_steps=2, mtbf_prior_s=5.0)
+    s = spec(asynchronous=False, steps=12, interval="auto", every_steps=2, mtbf_prior_s=3600.0)
     run(s, env(tmp_path, rec))
     steps = [c.step for c in CheckpointManager(tmp_path, keep_last=None, rank=0).committed()]
     assert steps == [2, 12]
