@@ -206,12 +206,14 @@ def _restore(
 
 def _dataset(spec: JobSpec):
     """The job's dataset (its items depend on the spec alone, never on the world size);
-    file sources are tokenized with model.tokenizer (else model.hf's) when there is one."""
+    file sources are tokenized with model.tokenizer (else model.hf's) when there is one;
+    object-store ones are reached with the checkpoint section's store options."""
     return dataset_for(
         spec.data,
         tokenizer=spec.model.tokenizer or spec.model.hf,
         vocab_size=spec_model_config(spec).vocab_size,
         seed=spec.train.seed,
+        stores=spec.checkpoint,
     )
 
 

@@ -10,7 +10,9 @@ settings, for the tenant that sends it:
   tokens may also name places under ``policy_admin_roots``. Refused for everyone: the
   service's data dir (database, admin and Ray tokens), other tenants' areas and the
   system folders (``/etc``, ``/proc``, ...). ``model.hf`` and ``model.tokenizer`` follow
-  the ``data.path`` rule, or (``s3://`` / ``gs://``) the object-store prefixes below.
+  the ``data.path`` rule. All three may instead name ``s3://`` / ``gs://`` objects under
+  the object-store prefixes below (an ``s3://`` data.path only with the job's own secret,
+  else only for tenants allowed the service's keys).
 - ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
   tenant (``policy_object_stores``).
 - ``checkpoint.s3.endpoint_url`` / ``checkpoint.gcs.endpoint_url``: only endpoints the
@@ -92,7 +94,7 @@ class AccessPolicy:
         """(field path, why and what to do) for each field the policy refuses."""
         out: list[tuple[tuple, str]] = []
         if spec.data.path is not None:
-            why = self._file_refusal(tenant, spec.data.path, field="data.path", data=True)
+            why = self._data_refusal(tenant, spec)
             if why:
                 out.append((("data", "path"), why))
         for name in ("hf", "tokenizer"):
@@ -147,6 +149,32 @@ class AccessPolicy:
         if any(_inside(real, _real(root)) for root in extra):
             return None
         return f"{field} {path} is outside tenant {tenant.name!r}'s area (resolved: {real}); {fix}"
+
+    def _data_refusal(self, tenant: Tenant, spec: JobSpec) -> str | None:
+        """Why ``data.path`` may not be used: an absolute path follows the file rule, an
+        ``s3://`` / ``gs://`` object the object-store prefixes (like model.hf); on ``s3://``
+        without the job's own secret (only an ``s3://`` checkpoint.storage has one) the
+        workers would read it with the service's keys, which only some tenants may."""
+        path = spec.data.path or ""
+        if not path.startswith(("s3://", "gs://")):
+            return self._file_refusal(tenant, path, field="data.path", data=True)
+        why = self._model_refusal(tenant, path, field="data.path")
+        if (
+            why
+            or not path.startswith("s3://")
+            or (spec.checkpoint.storage or "").startswith("s3://")
+        ):
+            return why  # an s3:// checkpoint.storage has its credentials_secret checked
+        if tenant.name in self.settings.policy_ambient_credentials or (
+            tenant.admin and self.settings.policy_admin_any_store
+        ):
+            return None
+        return (
+            f"data.path {path} on s3:// would be read with the service's own keys, which "
+            f"tenant {tenant.name!r} may not use (ETRAIN_POLICY_AMBIENT_CREDENTIALS); set "
+            "checkpoint.storage to an s3:// prefix with checkpoint.s3.credentials_secret "
+            "(the job reads its data with that secret)"
+        )
 
     def _model_refusal(self, tenant: Tenant, place: str | None, *, field: str) -> str | None:
         """Why ``place`` may not be ``field`` (model.hf, model.tokenizer); None when it may.

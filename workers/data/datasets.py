@@ -16,7 +16,8 @@ import os
 import numpy as np
 import torch
 
-from workers.data.prepare import ensure_prepared, read_index
+from workers.data.prepare import ensure_prepared, local_prepared, read_index
+from workers.data.remote import is_remote
 from workers.data.tokens import ShapeOptions
 
 SOURCES = ("synthetic", "text", "jsonl", "parquet", "prepared")
@@ -207,16 +208,17 @@ def build_dataset(
 
 
 def dataset_for(
-    data, *, tokenizer: str | None, vocab_size: int, seed: int
+    data, *, tokenizer: str | None, vocab_size: int, seed: int, stores=None
 ) -> SyntheticDataset | ByteWindowDataset | TokenDataset:
     """The dataset of a job's ``data`` spec section.
 
     ``prepared`` reads a folder written by ``etrain data prepare``. With a
     ``tokenizer`` folder, file sources are tokenized once per node (a cached
-    prepared folder); without one, text and jsonl are read as bytes.
+    prepared folder); without one, text and jsonl are read as bytes. Object-store
+    paths are reached with ``stores`` (the spec's ``checkpoint`` section).
     """
     if data.source == "prepared":
-        ds = TokenDataset(data.path, vocab_size=vocab_size)
+        ds = TokenDataset(local_prepared(data.path, stores), vocab_size=vocab_size)
         if ds.seq_len != data.seq_len:
             raise ValueError(
                 f"data.path {data.path!r} was prepared with seq_len {ds.seq_len}, the spec says "
@@ -229,6 +231,11 @@ def dataset_for(
             raise ValueError(
                 f"{what} needs a tokenizer: set model.tokenizer (or model.hf) to a folder "
                 "with tokenizer.json"
+            )
+        if is_remote(data.path):
+            raise ValueError(
+                f"data.path {data.path!r}: object-store data is tokenized; set model.tokenizer "
+                "(or model.hf) to a folder with tokenizer.json, or copy the file to a local path"
             )
         return build_dataset(
             source=data.source,
@@ -248,6 +255,11 @@ def dataset_for(
         messages_field=data.messages_field,
     )
     folder = ensure_prepared(
-        source=data.source, path=data.path, tokenizer=tokenizer, opts=opts, vocab_size=vocab_size
+        source=data.source,
+        path=data.path,
+        tokenizer=tokenizer,
+        opts=opts,
+        vocab_size=vocab_size,
+        stores=stores,
     )
     return TokenDataset(folder, vocab_size=vocab_size)

@@ -2,7 +2,9 @@
 
 Every reader yields ``(row, record)`` pairs, ``row`` counted from 1 (a jsonl
 file's line number), so that any error can name the file and the row. Plain
-text is one document: the whole file.
+text is one document: the whole file. A path may be an object-store URL
+(``s3://``, ``gs://``; ``stores`` is the spec's ``checkpoint`` section whose store
+options reach it): its rows are streamed (:mod:`workers.data.remote`).
 """
 
 from __future__ import annotations
@@ -10,16 +12,22 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from workers.data import remote
 
 FORMATS = ("text", "jsonl", "parquet")
 # Parquet rows are read in batches of this many rows (bounded memory on big files).
 _PARQUET_BATCH = 4096
 
 
-def require_file(path: str | None, source: str) -> str:
-    """``path`` if it is an existing file; else a ValueError naming data.path."""
+def require_file(path: str | None, source: str, stores: Any = None) -> str:
+    """``path`` if it is an existing file (or object); else a ValueError naming data.path."""
     if not path:
         raise ValueError(f"data.path is required when data.source is {source!r}")
+    if remote.is_remote(path):
+        remote.file_info(path, stores)
+        return path
     if path.startswith("file://"):
         path = path.removeprefix("file://")
     if not os.path.isfile(path):
@@ -29,27 +37,29 @@ def require_file(path: str | None, source: str) -> str:
     return path
 
 
-def read_rows(path: str, source: str) -> Iterator[tuple[int, object]]:
+def open_binary(path: str, stores: Any = None) -> IO[bytes]:
+    """``path`` opened for reading bytes: a local file, or a streaming object-store file."""
+    if remote.is_remote(path):
+        return remote.open_file(path, stores)
+    return open(path.removeprefix("file://"), "rb")
+
+
+def read_rows(path: str, source: str, stores: Any = None) -> Iterator[tuple[int, object]]:
     """``(row, record)`` pairs of ``path`` read as ``source`` (text, jsonl or parquet)."""
-    if source == "text":
-        with open(path, "rb") as f:
-            raw = f.read()
-        try:
-            yield 1, {"text": raw.decode("utf-8")}
-        except UnicodeDecodeError as e:
-            raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
-    elif source == "jsonl":
-        yield from _jsonl_rows(path)
-    elif source == "parquet":
-        yield from _parquet_rows(path)
-    else:
+    if source not in FORMATS:
         raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(FORMATS)}")
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[int, object]]:
     # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
-    with open(path, "rb") as f:
-        yield from jsonl_lines(path, f)
+    with open_binary(path, stores) as f:
+        if source == "text":
+            raw = f.read()
+            try:
+                yield 1, {"text": raw.decode("utf-8")}
+            except UnicodeDecodeError as e:
+                raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
+        elif source == "jsonl":
+            yield from jsonl_lines(path, f)
+        else:
+            yield from _parquet_rows(path, f)
 
 
 def jsonl_lines(path: str, lines: Iterable[bytes]) -> Iterator[tuple[int, object]]:
@@ -63,19 +73,23 @@ def jsonl_lines(path: str, lines: Iterable[bytes]) -> Iterator[tuple[int, object
             raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
 
 
-def _parquet_rows(path: str) -> Iterator[tuple[int, object]]:
+def _parquet_rows(path: str, f: IO[bytes]) -> Iterator[tuple[int, object]]:
+    """Rows of parquet file object ``f`` in batches (an object store serves ranged reads)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(f)
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"data.path {path!r}: not a readable parquet file ({e})") from e
     row = 0
-    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
-        for record in batch.to_pylist():
-            row += 1
-            yield row, record
+    try:
+        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"data.path {path!r} after row {row}: unreadable parquet ({e})") from e
 
 
 def field(path: str, row: int, record: object, name: str, kind: type, what: str):

@@ -7,6 +7,9 @@ on), ``counts.npy`` (uint32, counted labels per sample) and ``index.json``
 the tokenizer's hash). ``etrain data prepare`` writes one; a job that names a
 raw file with a tokenizer has its worker write one per node into a cache keyed
 by everything the samples depend on, under a file lock so one process tokenizes.
+A source on an object store is streamed and keyed by its URL, size, ETag and
+modification time; a prepared folder on an object store is copied once per node
+into the cache (keyed by its index's hash) and memory-mapped there.
 """
 
 from __future__ import annotations
@@ -19,20 +22,28 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
 from workers.data.formats import read_rows, require_file
-from workers.data.tokenizer import check_vocab, load_tokenizer, tokenizer_hash
+from workers.data.remote import cache_root, cached_folder, is_remote, locate, read_small
+from workers.data.remote import file_info as remote_file_info
+from workers.data.remote import identity as remote_identity
+from workers.data.tokenizer import check_vocab, load_tokenizer, local_tokenizer, tokenizer_hash
 from workers.data.tokens import Samples, ShapeOptions, tokenize_rows
 
 INDEX = "index.json"
 FORMAT_VERSION = 1
-CACHE_ENV = "ETRAIN_DATA_CACHE"
+# A prepared folder's index.json is small; a bigger one is not an index.
+MAX_INDEX_BYTES = 16 << 20
 
 
-def file_identity(path: str) -> dict:
-    """Name, size, mtime and SHA-256 of the source file (what the samples came from)."""
+def file_identity(path: str, stores: Any = None) -> dict:
+    """Name, size, mtime and SHA-256 of the source file (what the samples came from); of an
+    object, its URL, name, size, ETag and mtime as the store tells them (no second read)."""
+    if is_remote(path):
+        return remote_identity(path, remote_file_info(path, stores))
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -47,15 +58,25 @@ def file_identity(path: str) -> dict:
 
 
 def prepare(
-    *, source: str, path: str, tokenizer: str, opts: ShapeOptions, out: str, vocab_size: int | None
+    *,
+    source: str,
+    path: str,
+    tokenizer: str,
+    opts: ShapeOptions,
+    out: str,
+    vocab_size: int | None,
+    stores: Any = None,
 ) -> dict:
     """Tokenize ``path`` (read as ``source``) with the tokenizer folder ``tokenizer`` into
-    folder ``out``; return the index written there."""
-    path = require_file(path, source)
+    folder ``out``; return the index written there. Either may be on an object store
+    (``stores``: the spec's ``checkpoint`` section, whose store options reach it)."""
+    path = require_file(path, source, stores)
+    identity = file_identity(path, stores)
+    tokenizer = local_tokenizer(tokenizer, stores)
     tok = load_tokenizer(tokenizer)
     if vocab_size is not None:
         check_vocab(tok, vocab_size, tokenizer)
-    samples = tokenize_rows(tok, read_rows(path, source), opts, path)
+    samples = tokenize_rows(tok, read_rows(path, source, stores), opts, path)
     index = {
         "format_version": FORMAT_VERSION,
         **asdict(opts),
@@ -68,7 +89,7 @@ def prepare(
             "counts": "counts.npy",
             **({"targets": "targets.npy"} if samples.targets is not None else {}),
         },
-        "source": {"format": source, **file_identity(path)},
+        "source": {"format": source, **identity},
         "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tok)},
         "max_token_id": int(samples.tokens.max()),
     }
@@ -120,23 +141,61 @@ def read_index(folder: str) -> dict:
     return index
 
 
-def cache_root() -> str:
-    """Where workers keep the shards they prepare ($ETRAIN_DATA_CACHE, else the temp dir)."""
-    return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "etrain-data-cache")
+def local_prepared(path: str, stores: Any = None) -> str:
+    """A local prepared folder for ``path``: itself, or for an object-store folder a copy
+    in this node's cache keyed by its index's hash (fetched once, under a file lock)."""
+    if not is_remote(path):
+        return path.removeprefix("file://")
+    url = path.rstrip("/")
+    try:
+        raw = read_small(f"{url}/{INDEX}", stores, MAX_INDEX_BYTES, field="data.path")
+        index = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(
+            f"data.path {path!r} is not a prepared folder (no readable {INDEX}: {e}); write "
+            "one with `etrain data prepare` and copy the folder there"
+        ) from e
+    if not isinstance(index, dict) or not isinstance(index.get("files"), dict):
+        raise ValueError(f"data.path {path!r}: {INDEX} lists no files; prepare it again")
+    fs, root = locate(url, stores)
+
+    def fill(tmp: str) -> None:
+        for name in sorted(set(index["files"].values())):
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"data.path {path!r}: {INDEX} names a bad file {name!r}")
+            try:
+                fs.get_file(f"{root}/{name}", os.path.join(tmp, name))
+            except Exception as e:
+                raise ValueError(f"data.path {url}/{name}: cannot copy it ({e})") from e
+        with open(os.path.join(tmp, INDEX), "wb") as f:
+            f.write(raw)  # last: its presence marks the copy complete
+
+    key = hashlib.sha256(raw).hexdigest()[:32]
+    out = os.path.join(cache_root(), "prepared", key)
+    return cached_folder(out, fill, lambda d: bool(read_index(d)))
 
 
 def ensure_prepared(
-    *, source: str, path: str, tokenizer: str, opts: ShapeOptions, vocab_size: int | None
+    *,
+    source: str,
+    path: str,
+    tokenizer: str,
+    opts: ShapeOptions,
+    vocab_size: int | None,
+    stores: Any = None,
 ) -> str:
     """The cached prepared folder for these inputs, tokenizing them first if no process on
-    this node has (the lock makes the others wait for the one that does)."""
-    path = require_file(path, source)
+    this node has (the lock makes the others wait for the one that does). A local file is
+    keyed by its SHA-256, an object by its URL, size, ETag and mtime."""
+    path = require_file(path, source, stores)
+    ident = file_identity(path, stores)
+    tokenizer = local_tokenizer(tokenizer, stores)
     key = hashlib.sha256(
         json.dumps(
             {
                 "v": FORMAT_VERSION,
                 "source": source,
-                "file": file_identity(path)["sha256"],
+                "file": ident.get("sha256") or ident,
                 "tokenizer": tokenizer_hash(tokenizer),
                 "opts": asdict(opts),
             },
@@ -158,5 +217,6 @@ def ensure_prepared(
             opts=opts,
             out=out,
             vocab_size=vocab_size,
+            stores=stores,
         )
     return out

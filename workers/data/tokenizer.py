@@ -3,12 +3,18 @@
 The folder holds ``tokenizer.json`` with ``tokenizer_config.json`` (which may
 carry the chat template) and optionally ``chat_template.jinja``;
 ``transformers`` reads them from disk only (``local_files_only``), never the hub.
+A folder on an object store (``s3://``, ``gs://``) is first copied, those few
+files only and each of bounded size, into a per-node cache folder
+(:func:`local_tokenizer`), then read the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
+
+from workers.data import remote
 
 # Files whose bytes decide how text becomes tokens (a template changes chat samples).
 TOKENIZER_FILES = (
@@ -28,11 +34,26 @@ def tokenizer_folder(path: str | None) -> str | None:
         return path.removeprefix("file://")
     if "://" in path:
         raise ValueError(
-            f"model.tokenizer {path!r}: only local folders are read for the tokenizer; "
-            "copy the tokenizer files to a folder every worker can read and name it in "
-            "model.tokenizer"
+            f"model.tokenizer {path!r}: name a local folder, file://, s3:// or gs://; "
+            "object-store folders are fetched with local_tokenizer first"
         )
     return path
+
+
+def local_tokenizer(path: str, stores: Any = None) -> str:
+    """A local folder holding tokenizer ``path``'s files: ``path`` itself, or for an
+    object-store folder a node-cache copy of its tokenizer files (``stores``: the spec's
+    ``checkpoint`` section, whose store options reach it)."""
+    if not remote.is_remote(path):
+        return tokenizer_folder(path)
+    return remote.fetch_files(
+        path.rstrip("/"),
+        TOKENIZER_FILES,
+        stores,
+        field="model.tokenizer",
+        required="tokenizer.json",
+        limit=remote.MAX_TOKENIZER_FILE,
+    )
 
 
 def load_tokenizer(path: str):

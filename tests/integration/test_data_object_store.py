@@ -1,0 +1,187 @@
+"""Datasets and tokenizers on an object store (moto S3 on loopback): jsonl and parquet
+read from s3:// prepare the same shards as the local file, a tokenizer folder on s3://
+is fetched once into the node cache, a prepared folder on s3:// is copied and
+memory-mapped, a job trains from s3:// data with the same losses as from the local
+file, and a missing object or a bad row is an error naming the URL and the row."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import boto3
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.hf_fixtures import make_word_tokenizer
+from tests.support.local_launch import LocalJob, run_local
+from workers.data import TokenDataset, dataset_for
+from workers.data.prepare import local_prepared, prepare
+from workers.data.tokenizer import local_tokenizer, tokenizer_hash
+from workers.data.tokens import ShapeOptions
+from workers.spec import JobSpec
+from workers.spec.checkpoint import CheckpointSpec
+from workers.spec.data import DataSpec
+
+pytestmark = pytest.mark.slow
+
+WORDS = "the quick brown fox jumps over lazy dog hello world answer four".split()  # noqa: SIM905
+ROWS = [
+    {"prompt": " ".join(WORDS[i % 5 : i % 5 + 3]), "completion": " ".join(WORDS[i % 7 :][:4])}
+    for i in range(24)
+]
+OPTS = ShapeOptions(shape="instruction", seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server, tmp_path_factory):
+    """The bucket filled with rows.jsonl, rows.parquet, a bad jsonl, a tokenizer folder and a
+    prepared folder; the store options (checkpoint section); the local files; AWS env set."""
+    root = tmp_path_factory.mktemp("objdata")
+    make_word_tokenizer(root / "tok", corpus=[" ".join(WORDS)])
+    (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    pq.write_table(pa.Table.from_pylist(ROWS), root / "rows.parquet", row_group_size=5)
+    bad = [*ROWS[:3], {"prompt": "no completion"}]
+    (root / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    prepare(
+        source="jsonl",
+        path=str(root / "rows.jsonl"),
+        tokenizer=str(root / "tok"),
+        opts=OPTS,
+        out=str(root / "prepared"),
+        vocab_size=256,
+    )
+    env = s3_server["env"]
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server["endpoint_url"],
+        region_name=s3_server["region"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    bucket = s3_server["bucket"]
+    for local, key in [
+        *[(root / n, f"data/{n}") for n in ("rows.jsonl", "rows.parquet", "bad.jsonl")],
+        *[(p, f"data/tok/{p.name}") for p in (root / "tok").iterdir() if p.is_file()],
+        *[(p, f"data/prepared/{p.name}") for p in (root / "prepared").iterdir()],
+    ]:
+        client.upload_file(str(local), bucket, key)
+    checkpoint = {
+        "storage": f"s3://{bucket}/ck",
+        "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]},
+    }
+    saved = {k: os.environ.get(k) for k in (*env, "ETRAIN_DATA_CACHE")}
+    os.environ.update({**env, "ETRAIN_DATA_CACHE": str(root / "cache")})
+    yield {
+        "url": f"s3://{bucket}/data",
+        "stores": CheckpointSpec.model_validate(checkpoint),
+        "checkpoint": checkpoint,
+        "root": root,
+    }
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _shards(folder) -> tuple[np.ndarray, np.ndarray]:
+    ds = TokenDataset(str(folder))
+    tokens = np.stack([ds[i][0].numpy() for i in range(len(ds))])
+    labels = np.stack([ds[i][1].numpy() for i in range(len(ds))])
+    return tokens, labels
+
+
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_object_store_rows_prepare_the_same_shards_as_the_local_file(s3, source):
+    out = s3["root"] / f"from-s3-{source}"
+    index = prepare(
+        source=source,
+        path=f"{s3['url']}/rows.{source}",
+        tokenizer=f"{s3['url']}/tok",
+        opts=OPTS,
+        out=str(out),
+        vocab_size=256,
+        stores=s3["stores"],
+    )
+    assert index["num_samples"] == len(ROWS)
+    assert index["source"]["url"] == f"{s3['url']}/rows.{source}" and index["source"]["etag"]
+    assert index["tokenizer"]["sha256"] == tokenizer_hash(str(s3["root"] / "tok"))
+    got, want = _shards(out), _shards(s3["root"] / "prepared")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert (got[1] != -100).any()
+
+
+def test_tokenizer_and_prepared_folder_are_fetched_once_per_node(s3):
+    tok = local_tokenizer(f"{s3['url']}/tok", s3["stores"])
+    assert tokenizer_hash(tok) == tokenizer_hash(str(s3["root"] / "tok"))
+    assert local_tokenizer(f"{s3['url']}/tok/", s3["stores"]) == tok  # cached
+    folder = local_prepared(f"{s3['url']}/prepared", s3["stores"])
+    assert folder.startswith(str(s3["root"] / "cache"))
+    assert local_prepared(f"{s3['url']}/prepared", s3["stores"]) == folder
+    got, want = _shards(folder), _shards(s3["root"] / "prepared")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "words"),
+    [
+        ("missing.jsonl", "jsonl", "missing.jsonl' does not exist"),
+        ("bad.jsonl", "jsonl", "bad.jsonl' row 4: no field 'completion'"),
+        ("rows.jsonl", "parquet", "rows.jsonl': not a readable parquet file"),
+        ("nothing-here", "prepared", "nothing-here' is not a prepared folder"),
+    ],
+)
+def test_bad_object_store_data_names_the_url_and_row(s3, path, source, words):
+    data = DataSpec(source=source, path=f"{s3['url']}/{path}", shape="instruction", seq_len=16)
+    with pytest.raises(ValueError) as info:
+        dataset_for(
+            data, tokenizer=f"{s3['url']}/tok", vocab_size=256, seed=0, stores=s3["stores"]
+        )
+    msg = str(info.value)
+    assert f"data.path '{s3['url']}/{words}" in msg or f"{s3['url']}/{words}" in msg, msg
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in msg
+
+
+def test_tokenizer_folder_without_tokenizer_json_is_refused(s3):
+    with pytest.raises(ValueError, match=r"model.tokenizer 's3://.*/data/prepared' has no "):
+        local_tokenizer(f"{s3['url']}/prepared", s3["stores"])
+
+
+def _job(name: str, data: dict, tokenizer: str, checkpoint: dict | None) -> dict:
+    raw = {
+        "name": name,
+        "model": {"preset": "gpt-tiny", "tokenizer": tokenizer},
+        "data": {"seq_len": 16, "shape": "instruction", **data},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+        "parallelism": {"strategy": "ddp"},
+        "train": {
+            "steps": 4,
+            "global_batch_size": 8,
+            "micro_batch_size": 4,
+            "lr": 0.05,
+            "warmup_steps": 1,
+            "optimizer": "sgd",
+        },
+        **({"checkpoint": checkpoint} if checkpoint else {}),
+    }
+    return JobSpec.model_validate(raw).model_dump(mode="json", by_alias=True)
+
+
+def test_a_job_trains_from_object_store_data_like_from_the_local_file(s3):
+    local = {"source": "jsonl", "path": str(s3["root"] / "rows.jsonl")}
+    remote = {"source": "parquet", "path": f"{s3['url']}/rows.parquet"}
+    out = run_local(
+        [
+            LocalJob("local", _job("local", local, str(s3["root"] / "tok"), None)),
+            LocalJob("s3", _job("s3", remote, f"{s3['url']}/tok", s3["checkpoint"])),
+        ],
+        world_size=2,
+    )
+    assert out["local"].error is None, out["local"].error
+    assert out["s3"].error is None, out["s3"].error
+    assert set(out["s3"].losses) == {1, 2, 3, 4}
+    for step, loss in out["local"].losses.items():
+        assert out["s3"].losses[step] == pytest.approx(loss, rel=1e-6), step

@@ -1,0 +1,93 @@
+"""data.path on an object store: allowed only under the tenant's listed prefixes, and on
+s3:// only with the job's own secret (an s3:// checkpoint.storage with
+checkpoint.s3.credentials_secret) unless the tenant may use the service's keys; through
+submit and plan, against the real app on a fake backend (the probe records, sends nothing).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.service.security.test_spec_access import (
+    ENDPOINT,
+    SECRET_ENV,
+    B,
+    _headers,
+    env,  # noqa: F401 - the app fixture
+)
+
+DATA = ["data", "path"]
+TINY = {
+    "name": "tiny",
+    "resources": {"workers": 1},
+    "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 4},
+    "model": {"tokenizer": "s3://ckpt/team-b/tok"},
+}
+OWN_STORE = {
+    "storage": "s3://ckpt/team-b/run",
+    "s3": {"endpoint_url": ENDPOINT, "credentials_secret": B},
+}
+
+
+def _spec(path: str, checkpoint: dict | None = None, source: str = "jsonl") -> dict:
+    data = {"source": source, "path": path, "seq_len": 16}
+    return {**TINY, "data": data, **({"checkpoint": checkpoint} if checkpoint else {})}
+
+
+# (id, tenant, spec, words the data.path refusal must hold)
+REFUSED = [
+    (
+        "other-tenants-prefix",
+        B,
+        _spec("s3://ckpt/team-a/rows.jsonl", OWN_STORE),
+        "not in an object-store prefix tenant 'team-b' may use (allowed: s3://ckpt/team-b)",
+    ),
+    (
+        "prefix-lookalike",
+        B,
+        _spec("s3://ckpt/team-bb/rows.jsonl", OWN_STORE),
+        "ETRAIN_POLICY_OBJECT_STORES",
+    ),
+    ("unlisted-bucket", B, _spec("s3://elsewhere/rows.jsonl", OWN_STORE), "allowed: s3://ckpt"),
+    ("unlisted-gcs", B, _spec("gs://ckpt/team-b/rows.jsonl"), "not in an object-store prefix"),
+    (
+        "service-keys",
+        B,
+        _spec("s3://ckpt/team-b/rows.jsonl"),
+        "would be read with the service's own keys",
+    ),
+    ("prepared-other-tenant", B, _spec("s3://ckpt/team-a/prep", OWN_STORE, "prepared"), "team-b"),
+    ("other-scheme", B, _spec("http://example.com/rows.jsonl"), "must be an absolute path"),
+]
+ALLOWED = [
+    ("own-prefix-own-secret", B, _spec("s3://ckpt/team-b/rows.jsonl", OWN_STORE)),
+    ("prepared-own-prefix", B, _spec("s3://ckpt/team-b/prep", OWN_STORE, "prepared")),
+]
+
+
+@pytest.mark.parametrize(("case", "tenant", "spec", "words"), REFUSED, ids=[r[0] for r in REFUSED])
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+def test_object_store_data_path_refused(env, route, case, tenant, spec, words):  # noqa: F811
+    c, tokens, probed, _ = env
+    r = c.post(
+        route,
+        json=spec if route == "/v1/jobs" else {"spec": spec},
+        headers=_headers(tokens, tenant),
+    )
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    mine = [e for e in errors if e["loc"] == ["body", *DATA]]
+    assert mine, errors
+    assert words in mine[0]["msg"], mine[0]["msg"]
+    assert probed == []  # nothing was sent to a store it refused
+    assert not any(v in r.text for v in SECRET_ENV.values())
+
+
+@pytest.mark.parametrize(("case", "tenant", "spec"), ALLOWED, ids=[a[0] for a in ALLOWED])
+def test_object_store_data_path_allowed(env, case, tenant, spec):  # noqa: F811
+    c, tokens, _, _ = env
+    r = c.post("/v1/jobs", json=spec, headers=_headers(tokens, tenant))
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["data"]["path"] == spec["data"]["path"]
+    plan = c.post("/v1/plan", json={"spec": spec}, headers=_headers(tokens, tenant))
+    assert plan.status_code == 200, plan.text

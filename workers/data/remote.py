@@ -1,0 +1,172 @@
+"""Data and tokenizer files on object stores (``s3://``, ``gs://``), reached like checkpoints.
+
+A job's ``data.path``, ``model.tokenizer`` or ``model.hf`` may name an object
+store. It is reached with the same mapping from a spec to a store as the
+checkpoints (:func:`workers.checkpoint.storage.resolve_checkpoint_storage`: the
+spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options apply when the scheme is
+theirs; credentials from the environment). Rows are streamed (fsspec file
+objects: jsonl line by line, parquet with ranged reads); what must be a local
+folder (a tokenizer, prepared shards to memory-map) is copied once per node into
+the cache under a file lock, keyed by what the store says about the files.
+
+Torch-free: ``etrain data prepare`` and the service import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import IO, Any
+
+REMOTE_SCHEMES = ("s3://", "gs://")
+CACHE_ENV = "ETRAIN_DATA_CACHE"
+# Tokenizer files are small; a bigger one is refused rather than fetched.
+MAX_TOKENIZER_FILE = 64 << 20
+
+
+def is_remote(path: str | None) -> bool:
+    """Whether ``path`` names an object store (``s3://`` or ``gs://``)."""
+    return bool(path) and str(path).startswith(REMOTE_SCHEMES)
+
+
+def cache_root() -> str:
+    """Where workers keep what they prepare or fetch ($ETRAIN_DATA_CACHE, else the temp dir)."""
+    return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "etrain-data-cache")
+
+
+def locate(url: str, stores: Any = None, *, field: str = "data.path") -> tuple[Any, str]:
+    """``(fsspec file system, path as it sees it)`` of ``url``; ``stores`` is the spec's
+    ``checkpoint`` section (its ``s3`` / ``gcs`` options), or None for the defaults."""
+    from workers.checkpoint.storage import (
+        StorageError,
+        resolve_checkpoint_storage,
+        resolve_storage,
+    )
+
+    try:
+        if stores is not None:
+            loc = resolve_checkpoint_storage(stores, uri=url)
+        else:
+            loc = resolve_storage(url)
+    except StorageError as e:
+        raise ValueError(f"{field} {url!r}: {e}") from e
+    return loc.fs, loc.root
+
+
+def _unreadable(field: str, url: str, e: BaseException) -> ValueError:
+    if isinstance(e, FileNotFoundError):
+        return ValueError(f"{field} {url!r} does not exist; name an object that does")
+    if isinstance(e, PermissionError):
+        return ValueError(f"{field} {url!r}: access denied; check the job's store credentials")
+    return ValueError(f"{field} {url!r}: cannot read it ({type(e).__name__}: {e})")
+
+
+def file_info(url: str, stores: Any = None, *, field: str = "data.path") -> dict:
+    """The store's facts about object ``url`` (a ValueError naming it when it is missing
+    or a folder)."""
+    fs, path = locate(url, stores, field=field)
+    try:
+        fs.invalidate_cache(path)
+        info = fs.info(path)
+    except Exception as e:
+        raise _unreadable(field, url, e) from e
+    if info.get("type") != "file":
+        raise ValueError(f"{field} {url!r} is not a file (a folder?); name the data file")
+    return info
+
+
+def identity(url: str, info: dict) -> dict:
+    """Name, size, ETag and modification time of an object: what its samples came from."""
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+    mtime = info.get("LastModified") or info.get("updated") or info.get("mtime")
+    return {
+        "url": url,
+        "name": posixpath.basename(url.rstrip("/")),
+        "size": int(info.get("size") or 0),
+        "etag": str(etag or ""),
+        "mtime": str(mtime or ""),
+    }
+
+
+def open_file(url: str, stores: Any = None, *, field: str = "data.path") -> IO[bytes]:
+    """A streaming binary file object of ``url`` (read in blocks, not downloaded whole)."""
+    fs, path = locate(url, stores, field=field)
+    try:
+        return fs.open(path, "rb")
+    except Exception as e:
+        raise _unreadable(field, url, e) from e
+
+
+def cached_folder(out: str, fill: Callable[[str], None], ready: Callable[[str], bool]) -> str:
+    """Folder ``out`` of the node cache: when ``ready(out)`` is false, ``fill`` a fresh
+    folder beside it and move it into place, under a file lock so one process does it."""
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(Exception):
+            if ready(out):
+                return out
+        tmp = tempfile.mkdtemp(prefix=".fetch-", dir=parent)
+        try:
+            fill(tmp)
+            if os.path.exists(out):
+                shutil.rmtree(out)
+            os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+def read_small(url: str, stores: Any, limit: int, *, field: str) -> bytes:
+    """The bytes of object ``url``, refused when it is larger than ``limit``."""
+    info = file_info(url, stores, field=field)
+    if int(info.get("size") or 0) > limit:
+        raise ValueError(f"{field} {url!r} is larger than {limit} bytes; is it the right file?")
+    with open_file(url, stores, field=field) as f:
+        return f.read(limit + 1)[:limit]
+
+
+def fetch_files(
+    url: str, names: tuple[str, ...], stores: Any, *, field: str, required: str, limit: int
+) -> str:
+    """The files ``names`` of folder ``url`` that exist (``required`` must), copied once into
+    a node-cache folder keyed by the URL and each file's size and ETag; return the folder."""
+    fs, root = locate(url, stores, field=field)
+    try:
+        fs.invalidate_cache(root)
+        entries = fs.ls(root, detail=True)
+    except Exception as e:
+        raise _unreadable(field, url, e) from e
+    found = {posixpath.basename(e["name"]): e for e in entries if e.get("type") == "file"}
+    if required not in found:
+        raise ValueError(
+            f"{field} {url!r} has no {required}; name a folder holding {required} "
+            f"(found: {', '.join(sorted(found)) or 'nothing'})"
+        )
+    picked = [n for n in names if n in found]
+    for name in picked:
+        if int(found[name].get("size") or 0) > limit:
+            raise ValueError(f"{field} {url!r}: {name} is larger than {limit} bytes")
+    facts = [identity(f"{url}/{n}", found[n]) for n in picked]
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+    def fill(tmp: str) -> None:
+        for name in picked:
+            try:
+                fs.get_file(posixpath.join(root, name), os.path.join(tmp, name))
+            except Exception as e:
+                raise _unreadable(field, f"{url.rstrip('/')}/{name}", e) from e
+        with open(os.path.join(tmp, ".complete"), "w") as f:
+            json.dump(facts, f)
+
+    out = os.path.join(cache_root(), "fetched", key)
+    return cached_folder(out, fill, lambda d: os.path.isfile(os.path.join(d, ".complete")))
