@@ -212,7 +212,8 @@ class Settings(BaseSettings):
     policy_object_stores: dict[str, list[str]] = Field(
         default_factory=dict,
         description='s3:// and gs:// prefixes each tenant (by name; "*" = every tenant) may '
-        'use as checkpoint.storage, as JSON, e.g. {"*": ["s3://ckpt/{tenant}"]}; '
+        "use as checkpoint.storage (and to read model.hf, model.tokenizer and data.path "
+        'from), as JSON, e.g. {"*": ["s3://ckpt/{tenant}"]}; '
         "{tenant} is the tenant's name; gs:// jobs use the service's Google credentials. "
         "Unset = none.",
     )

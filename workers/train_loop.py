@@ -213,7 +213,7 @@ def _dataset(spec: JobSpec):
         tokenizer=spec.model.tokenizer or spec.model.hf,
         vocab_size=spec_model_config(spec).vocab_size,
         seed=spec.train.seed,
-        stores=spec.checkpoint,
+        stores=lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri),
     )
 
 

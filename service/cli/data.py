@@ -1,6 +1,8 @@
 """``etrain data prepare``: tokenize a dataset once into memory-mapped token shards.
 
-Runs where the CLI runs, on files this machine can read: the result is a folder
+Runs where the CLI runs, on files this machine can read or on ``s3://`` / ``gs://``
+objects (reached with the spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options and
+this machine's credentials, rows streamed): the result is a local folder
 (``tokens.npy``, ``targets.npy`` for instruction/chat, ``counts.npy``,
 ``index.json``) that a job names with ``data.source: prepared`` and
 ``data.path: DIR``, so its workers train without tokenizing. The options come
@@ -45,7 +47,12 @@ def merged_options(spec: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
     model = spec.get("model") or {}
     tokenizer = flags.pop("tokenizer", None) or model.get("tokenizer") or model.get("hf")
     data.update({k: v for k, v in flags.items() if v is not None})
-    return {"data": data, "tokenizer": tokenizer, "model": model}
+    return {
+        "data": data,
+        "tokenizer": tokenizer,
+        "model": model,
+        "checkpoint": spec.get("checkpoint"),
+    }
 
 
 def model_vocab_size(model: dict[str, Any]) -> int | None:
@@ -66,11 +73,15 @@ def model_vocab_size(model: dict[str, Any]) -> int | None:
 
 def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
     """Validate the merged options as a data section and write the prepared folder."""
+    from workers.checkpoint.storage import resolve_checkpoint_storage
     from workers.data.prepare import prepare
     from workers.data.tokens import ShapeOptions
+    from workers.spec.checkpoint import CheckpointSpec
     from workers.spec.data import DataSpec
 
     data = DataSpec.model_validate(options["data"])
+    # The spec's checkpoint.s3 / checkpoint.gcs options reach s3:// / gs:// inputs.
+    checkpoint = CheckpointSpec.model_validate(options.get("checkpoint") or {})
     if data.source in ("synthetic", "prepared"):
         raise ValueError(
             f"data.source {data.source!r} has nothing to prepare; use text, jsonl or parquet"
@@ -95,6 +106,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
         opts=opts,
         out=str(out),
         vocab_size=model_vocab_size(options.get("model") or {}),
+        stores=lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri),
     )
 
 
@@ -106,7 +118,9 @@ def prepare(
         Path | None, typer.Option(help="Job spec (YAML/JSON): its data and model sections.")
     ] = None,
     source: Annotated[Source | None, typer.Option(help="File format.")] = None,
-    path: Annotated[str | None, typer.Option(help="The data file.")] = None,
+    path: Annotated[
+        str | None, typer.Option(help="The data file (a path, s3:// or gs://).")
+    ] = None,
     tokenizer: Annotated[
         str | None, typer.Option(help="Tokenizer folder (tokenizer.json, tokenizer_config.json).")
     ] = None,

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.hf_fixtures import make_word_tokenizer
 from tests.support.local_launch import LocalJob, run_local
+from workers.checkpoint.storage import resolve_checkpoint_storage
 from workers.data import TokenDataset, dataset_for
 from workers.data.prepare import local_prepared, prepare
 from workers.data.tokenizer import local_tokenizer, tokenizer_hash
@@ -72,11 +73,12 @@ def s3(s3_server, tmp_path_factory):
         "storage": f"s3://{bucket}/ck",
         "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]},
     }
+    spec = CheckpointSpec.model_validate(checkpoint)
     saved = {k: os.environ.get(k) for k in (*env, "ETRAIN_DATA_CACHE")}
     os.environ.update({**env, "ETRAIN_DATA_CACHE": str(root / "cache")})
     yield {
         "url": f"s3://{bucket}/data",
-        "stores": CheckpointSpec.model_validate(checkpoint),
+        "stores": lambda uri: resolve_checkpoint_storage(spec, uri=uri),
         "checkpoint": checkpoint,
         "root": root,
     }
@@ -137,9 +139,7 @@ def test_tokenizer_and_prepared_folder_are_fetched_once_per_node(s3):
 def test_bad_object_store_data_names_the_url_and_row(s3, path, source, words):
     data = DataSpec(source=source, path=f"{s3['url']}/{path}", shape="instruction", seq_len=16)
     with pytest.raises(ValueError) as info:
-        dataset_for(
-            data, tokenizer=f"{s3['url']}/tok", vocab_size=256, seed=0, stores=s3["stores"]
-        )
+        dataset_for(data, tokenizer=f"{s3['url']}/tok", vocab_size=256, seed=0, stores=s3["stores"])
     msg = str(info.value)
     assert f"data.path '{s3['url']}/{words}" in msg or f"{s3['url']}/{words}" in msg, msg
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in msg
@@ -185,3 +185,29 @@ def test_a_job_trains_from_object_store_data_like_from_the_local_file(s3):
     assert set(out["s3"].losses) == {1, 2, 3, 4}
     for step, loss in out["local"].losses.items():
         assert out["s3"].losses[step] == pytest.approx(loss, rel=1e-6), step
+
+
+def test_etrain_data_prepare_reads_object_store_inputs_with_the_specs_store(s3):
+    import yaml
+    from typer.testing import CliRunner
+
+    from service import cli
+
+    spec = s3["root"] / "job.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"tokenizer": f"{s3['url']}/tok"},
+                "data": {"source": "jsonl", "path": f"{s3['url']}/rows.jsonl", "seq_len": 16},
+                "checkpoint": s3["checkpoint"],
+            }
+        )
+    )
+    out = s3["root"] / "cli-prepared"
+    args = ["data", "prepare", "--spec", str(spec), "--out", str(out), "--shape", "instruction"]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert "prepared 24 instruction samples of 17 tokens from rows.jsonl" in result.output
+    got, want = _shards(out), _shards(s3["root"] / "prepared")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+

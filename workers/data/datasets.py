@@ -215,7 +215,7 @@ def dataset_for(
     ``prepared`` reads a folder written by ``etrain data prepare``. With a
     ``tokenizer`` folder, file sources are tokenized once per node (a cached
     prepared folder); without one, text and jsonl are read as bytes. Object-store
-    paths are reached with ``stores`` (the spec's ``checkpoint`` section).
+    paths are reached with ``stores`` (a URL -> its StorageLocation, from the spec).
     """
     if data.source == "prepared":
         ds = TokenDataset(local_prepared(data.path, stores), vocab_size=vocab_size)

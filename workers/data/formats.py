@@ -3,8 +3,8 @@
 Every reader yields ``(row, record)`` pairs, ``row`` counted from 1 (a jsonl
 file's line number), so that any error can name the file and the row. Plain
 text is one document: the whole file. A path may be an object-store URL
-(``s3://``, ``gs://``; ``stores`` is the spec's ``checkpoint`` section whose store
-options reach it): its rows are streamed (:mod:`workers.data.remote`).
+(``s3://``, ``gs://``; ``stores`` maps it to its store as the spec says,
+:mod:`workers.data.remote`): its rows are streamed (:mod:`workers.data.remote`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO
 
 from workers.data import remote
 
@@ -21,7 +21,7 @@ FORMATS = ("text", "jsonl", "parquet")
 _PARQUET_BATCH = 4096
 
 
-def require_file(path: str | None, source: str, stores: Any = None) -> str:
+def require_file(path: str | None, source: str, stores: remote.Stores | None = None) -> str:
     """``path`` if it is an existing file (or object); else a ValueError naming data.path."""
     if not path:
         raise ValueError(f"data.path is required when data.source is {source!r}")
@@ -37,14 +37,16 @@ def require_file(path: str | None, source: str, stores: Any = None) -> str:
     return path
 
 
-def open_binary(path: str, stores: Any = None) -> IO[bytes]:
+def open_binary(path: str, stores: remote.Stores | None = None) -> IO[bytes]:
     """``path`` opened for reading bytes: a local file, or a streaming object-store file."""
     if remote.is_remote(path):
         return remote.open_file(path, stores)
     return open(path.removeprefix("file://"), "rb")
 
 
-def read_rows(path: str, source: str, stores: Any = None) -> Iterator[tuple[int, object]]:
+def read_rows(
+    path: str, source: str, stores: remote.Stores | None = None
+) -> Iterator[tuple[int, object]]:
     """``(row, record)`` pairs of ``path`` read as ``source`` (text, jsonl or parquet)."""
     if source not in FORMATS:
         raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(FORMATS)}")

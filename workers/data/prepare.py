@@ -22,12 +22,11 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict
-from typing import Any
 
 import numpy as np
 
 from workers.data.formats import read_rows, require_file
-from workers.data.remote import cache_root, cached_folder, is_remote, locate, read_small
+from workers.data.remote import Stores, cache_root, cached_folder, is_remote, locate, read_small
 from workers.data.remote import file_info as remote_file_info
 from workers.data.remote import identity as remote_identity
 from workers.data.tokenizer import check_vocab, load_tokenizer, local_tokenizer, tokenizer_hash
@@ -39,7 +38,7 @@ FORMAT_VERSION = 1
 MAX_INDEX_BYTES = 16 << 20
 
 
-def file_identity(path: str, stores: Any = None) -> dict:
+def file_identity(path: str, stores: Stores | None = None) -> dict:
     """Name, size, mtime and SHA-256 of the source file (what the samples came from); of an
     object, its URL, name, size, ETag and mtime as the store tells them (no second read)."""
     if is_remote(path):
@@ -65,11 +64,11 @@ def prepare(
     opts: ShapeOptions,
     out: str,
     vocab_size: int | None,
-    stores: Any = None,
+    stores: Stores | None = None,
 ) -> dict:
     """Tokenize ``path`` (read as ``source``) with the tokenizer folder ``tokenizer`` into
     folder ``out``; return the index written there. Either may be on an object store
-    (``stores``: the spec's ``checkpoint`` section, whose store options reach it)."""
+    (``stores``: a URL -> its StorageLocation, as the spec maps it)."""
     path = require_file(path, source, stores)
     identity = file_identity(path, stores)
     tokenizer = local_tokenizer(tokenizer, stores)
@@ -141,7 +140,7 @@ def read_index(folder: str) -> dict:
     return index
 
 
-def local_prepared(path: str, stores: Any = None) -> str:
+def local_prepared(path: str, stores: Stores | None = None) -> str:
     """A local prepared folder for ``path``: itself, or for an object-store folder a copy
     in this node's cache keyed by its index's hash (fetched once, under a file lock)."""
     if not is_remote(path):
@@ -182,7 +181,7 @@ def ensure_prepared(
     tokenizer: str,
     opts: ShapeOptions,
     vocab_size: int | None,
-    stores: Any = None,
+    stores: Stores | None = None,
 ) -> str:
     """The cached prepared folder for these inputs, tokenizing them first if no process on
     this node has (the lock makes the others wait for the one that does). A local file is

@@ -2,9 +2,13 @@
 
 A job's ``data.path``, ``model.tokenizer`` or ``model.hf`` may name an object
 store. It is reached with the same mapping from a spec to a store as the
-checkpoints (:func:`workers.checkpoint.storage.resolve_checkpoint_storage`: the
-spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options apply when the scheme is
-theirs; credentials from the environment). Rows are streamed (fsspec file
+checkpoints: the caller passes ``stores``, a function of a URL to its
+``StorageLocation`` (the training loop and the CLI pass
+:func:`workers.checkpoint.storage.resolve_checkpoint_storage` over the spec's
+``checkpoint`` section, whose ``s3`` / ``gcs`` options apply when the scheme is
+theirs; credentials from the environment). This package sits below
+``workers.checkpoint``, so it takes the function rather than importing it; without
+one, fsspec's defaults reach the store. Rows are streamed (fsspec file
 objects: jsonl line by line, parquet with ranged reads); what must be a local
 folder (a tokenizer, prepared shards to memory-map) is copied once per node into
 the cache under a file lock, keyed by what the store says about the files.
@@ -25,6 +29,9 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
+# A URL -> its StorageLocation (an fsspec ``fs`` and the ``root`` path it sees).
+Stores = Callable[[str], Any]
+
 REMOTE_SCHEMES = ("s3://", "gs://")
 CACHE_ENV = "ETRAIN_DATA_CACHE"
 # Tokenizer files are small; a bigger one is refused rather than fetched.
@@ -41,21 +48,16 @@ def cache_root() -> str:
     return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "etrain-data-cache")
 
 
-def locate(url: str, stores: Any = None, *, field: str = "data.path") -> tuple[Any, str]:
-    """``(fsspec file system, path as it sees it)`` of ``url``; ``stores`` is the spec's
-    ``checkpoint`` section (its ``s3`` / ``gcs`` options), or None for the defaults."""
-    from workers.checkpoint.storage import (
-        StorageError,
-        resolve_checkpoint_storage,
-        resolve_storage,
-    )
+def locate(url: str, stores: Stores | None = None, *, field: str = "data.path") -> tuple[Any, str]:
+    """``(fsspec file system, path as it sees it)`` of ``url``, through ``stores`` (the
+    spec's mapping to a store), else fsspec's defaults."""
+    if stores is None:
+        import fsspec
 
+        return fsspec.core.url_to_fs(url)
     try:
-        if stores is not None:
-            loc = resolve_checkpoint_storage(stores, uri=url)
-        else:
-            loc = resolve_storage(url)
-    except StorageError as e:
+        loc = stores(url)
+    except ValueError as e:  # StorageError: the store cannot be used as configured
         raise ValueError(f"{field} {url!r}: {e}") from e
     return loc.fs, loc.root
 
@@ -68,7 +70,7 @@ def _unreadable(field: str, url: str, e: BaseException) -> ValueError:
     return ValueError(f"{field} {url!r}: cannot read it ({type(e).__name__}: {e})")
 
 
-def file_info(url: str, stores: Any = None, *, field: str = "data.path") -> dict:
+def file_info(url: str, stores: Stores | None = None, *, field: str = "data.path") -> dict:
     """The store's facts about object ``url`` (a ValueError naming it when it is missing
     or a folder)."""
     fs, path = locate(url, stores, field=field)
@@ -95,7 +97,7 @@ def identity(url: str, info: dict) -> dict:
     }
 
 
-def open_file(url: str, stores: Any = None, *, field: str = "data.path") -> IO[bytes]:
+def open_file(url: str, stores: Stores | None = None, *, field: str = "data.path") -> IO[bytes]:
     """A streaming binary file object of ``url`` (read in blocks, not downloaded whole)."""
     fs, path = locate(url, stores, field=field)
     try:
@@ -126,7 +128,7 @@ def cached_folder(out: str, fill: Callable[[str], None], ready: Callable[[str], 
     return out
 
 
-def read_small(url: str, stores: Any, limit: int, *, field: str) -> bytes:
+def read_small(url: str, stores: Stores | None, limit: int, *, field: str) -> bytes:
     """The bytes of object ``url``, refused when it is larger than ``limit``."""
     info = file_info(url, stores, field=field)
     if int(info.get("size") or 0) > limit:
@@ -136,7 +138,13 @@ def read_small(url: str, stores: Any, limit: int, *, field: str) -> bytes:
 
 
 def fetch_files(
-    url: str, names: tuple[str, ...], stores: Any, *, field: str, required: str, limit: int
+    url: str,
+    names: tuple[str, ...],
+    stores: Stores | None,
+    *,
+    field: str,
+    required: str,
+    limit: int,
 ) -> str:
     """The files ``names`` of folder ``url`` that exist (``required`` must), copied once into
     a node-cache folder keyed by the URL and each file's size and ETag; return the folder."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
 
 from workers.data import remote
 
@@ -40,10 +39,10 @@ def tokenizer_folder(path: str | None) -> str | None:
     return path
 
 
-def local_tokenizer(path: str, stores: Any = None) -> str:
+def local_tokenizer(path: str, stores: remote.Stores | None = None) -> str:
     """A local folder holding tokenizer ``path``'s files: ``path`` itself, or for an
-    object-store folder a node-cache copy of its tokenizer files (``stores``: the spec's
-    ``checkpoint`` section, whose store options reach it)."""
+    object-store folder a node-cache copy of its tokenizer files (``stores``: a URL -> its
+    StorageLocation, as the spec maps it)."""
     if not remote.is_remote(path):
         return tokenizer_folder(path)
     return remote.fetch_files(

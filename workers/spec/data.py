@@ -29,9 +29,16 @@ class DataSpec(Spec):
         description="Absolute path of the file (or prepared folder) to read; must exist "
         "on every worker and lie inside the tenant's data area, <data dir>/tenants/<tenant> "
         "(ETRAIN_POLICY_DATA_ROOT), or a shared data root (ETRAIN_POLICY_SHARED_DATA_ROOTS), "
-        "resolved through '..' and symlinks. At submit, when the service can read it, its "
-        "first 200 rows are checked (valid JSON / parquet, the fields the shape reads; a "
-        "prepared folder's index) and a problem is a 422 naming the file and row.",
+        "resolved through '..' and symlinks. Or an object: s3://bucket/key or gs://bucket/key "
+        "under an object-store prefix the operator lists for the tenant "
+        "(ETRAIN_POLICY_OBJECT_STORES), reached with checkpoint.s3 / checkpoint.gcs when the "
+        "scheme is theirs (on s3://, with checkpoint.s3.credentials_secret unless the tenant "
+        "may use the service's keys); rows are streamed, each node tokenizes it once into "
+        "its cache (keyed by URL, size, ETag and mtime), a prepared folder is copied once "
+        "per node and memory-mapped; object-store data needs a tokenizer. At submit, when the "
+        "service can read it, its first 200 rows are checked (valid JSON / parquet, the "
+        "fields the shape reads; a prepared folder's index; of an object, its first MiB or "
+        "a parquet file's columns) and a problem is a 422 naming the file and row.",
     )
     shape: Literal["text", "instruction", "chat"] = Field(
         "text",

@@ -102,7 +102,9 @@ class ModelSpec(Spec):
         None,
         max_length=4096,
         description="A folder with tokenizer.json (and tokenizer_config.json); defaults to "
-        "model.hf. Same places as model.hf.",
+        "model.hf. Same places as model.hf; from s3:// / gs:// only the tokenizer files "
+        "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat templates; "
+        "64 MiB each at most) are copied once per node into its cache.",
     )
     lora: LoraSpec | None = Field(
         None,
