@@ -211,3 +211,45 @@ def test_etrain_data_prepare_reads_object_store_inputs_with_the_specs_store(s3):
     got, want = _shards(out), _shards(s3["root"] / "prepared")
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
+
+def test_each_store_streams_rows_and_gives_the_tokenizer(object_store, s3, tmp_path):
+    """S3 and GCS alike: parquet rows and a tokenizer folder under a prefix of the store,
+    reached through the spec's checkpoint section, prepare the local file's shards."""
+    spec = CheckpointSpec.model_validate(object_store.checkpoint("ck"))
+    loc = object_store.location("objdata")
+    local = s3["root"]
+    loc.fs.put_file(str(local / "rows.parquet"), loc.join("rows.parquet"))
+    for p in (local / "tok").iterdir():
+        loc.fs.put_file(str(p), loc.join("tok", p.name))
+    index = prepare(
+        source="parquet",
+        path=object_store.uri("objdata", "rows.parquet"),
+        tokenizer=object_store.uri("objdata", "tok"),
+        opts=OPTS,
+        out=str(tmp_path / "out"),
+        vocab_size=256,
+        stores=lambda uri: resolve_checkpoint_storage(spec, uri=uri, env=object_store.env),
+    )
+    assert index["source"]["url"] == object_store.uri("objdata", "rows.parquet")
+    got, want = _shards(tmp_path / "out"), _shards(local / "prepared")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_changed_object_is_tokenized_again_under_a_new_cache_key(s3):
+    """The per-node cache of a raw object is keyed by its URL, size, ETag and mtime."""
+    stores = s3["stores"]
+    fs, root = stores(f"{s3['url']}/changing.jsonl").fs, f"{s3['url']}/changing.jsonl"
+    data = DataSpec(source="jsonl", path=root, shape="instruction", seq_len=16)
+
+    def dataset(rows):
+        with fs.open(root.removeprefix("s3://"), "wb") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+        return dataset_for(
+            data, tokenizer=f"{s3['url']}/tok", vocab_size=256, seed=0, stores=stores
+        )
+
+    first, again = dataset(ROWS[:10]), dataset(ROWS[:10])
+    changed = dataset(ROWS[:7])
+    assert len(first) == len(again) == 10 and len(changed) == 7
+    assert first.index["source"] == again.index["source"]  # the cached shards
+    assert changed.index["source"]["etag"] != first.index["source"]["etag"]
