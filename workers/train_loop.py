@@ -133,9 +133,15 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
     return t.global_batch_size // (spec.data_parallel_size(world_size) * t.micro_batch_size * mb)
 
 
+def _stores(spec: JobSpec):
+    """A URL -> its StorageLocation, with the spec's checkpoint.s3 / checkpoint.gcs options
+    where the scheme is theirs: how model.hf, model.tokenizer and data.path are reached."""
+    return lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri)
+
+
 def _new_model(spec: JobSpec, env: RunEnv) -> tuple[nn.Module, ModelConfig | None]:
     """A preset initialised from the seed, or (model.hf) an empty meta model and its config."""
-    cfg = spec_model_config(spec)
+    cfg = spec_model_config(spec, _stores(spec))
     if spec.model.hf is None:
         return build_model(cfg, seed=spec.train.seed, device=str(env.device)), None
     return build_model(cfg, seed=spec.train.seed, device="meta"), cfg
@@ -144,7 +150,7 @@ def _new_model(spec: JobSpec, env: RunEnv) -> tuple[nn.Module, ModelConfig | Non
 def _load_hf(spec: JobSpec, env: RunEnv, parts: list[nn.Module], cfg: ModelConfig) -> None:
     for part in parts:
         materialize(part, device=load_device(spec, env.device))
-    load_pretrained(parts, spec.model.hf, cfg)
+    load_pretrained(parts, spec.model.hf, cfg, stores=_stores(spec))
 
 
 def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
@@ -211,9 +217,9 @@ def _dataset(spec: JobSpec):
     return dataset_for(
         spec.data,
         tokenizer=spec.model.tokenizer or spec.model.hf,
-        vocab_size=spec_model_config(spec).vocab_size,
+        vocab_size=spec_model_config(spec, _stores(spec)).vocab_size,
         seed=spec.train.seed,
-        stores=lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri),
+        stores=_stores(spec),
     )
 
 

@@ -167,8 +167,8 @@ class KubeRayBackend(Backend):
             raise BackendError(f"job {req.job_id} has no tenant: cannot scope its RayCluster")
         try:
             checkpoint_mount(req.tenant)  # the tenant's folder must be one folder name
-            storage_env = tenant_storage_env(
-                req.tenant, spec.checkpoint, prefix=self.storage_secret_prefix
+            storage_env = tenant_storage_env(  # every store the spec names
+                req.tenant, spec, prefix=self.storage_secret_prefix
             )
         except ValueError as e:
             raise BackendError(str(e)) from e

@@ -133,6 +133,7 @@ def export_job(
             naming=naming.value,
             job_id=job_id,
             source_uri=chosen["uri"],
+            store=checkpoint,  # how to reach an object-store model.hf / model.tokenizer
         )
     except ExportError as e:
         raise ExportRefused(str(e)) from None

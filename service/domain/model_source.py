@@ -11,10 +11,13 @@ etrain cannot train (the message lists the supported ones), a layout that does
 not fit (tp must divide the heads, ...). The resolved shape goes to the planner.
 
 Only regular files are opened (a FIFO named config.json cannot stall a
-request), and only local folders: the workers read model folders from a path
-they share, so an ``s3://`` / ``gs://`` model folder the policy allowed is still
-refused here, with the fix (copy it to a data path), rather than failing on
-the workers. Torch-free.
+request). A folder in an object store (``s3://`` / ``gs://``, reached with the
+spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options and the credentials its
+workers will get) is read in :class:`~service.domain.storage_check.StorageProbes`'
+threads, with their timeouts and per-tenant bounds, never on the event loop:
+its config.json (bounded) and whether its weights exist. A store that cannot be
+read is a 422 saying why (no bucket, refused credentials, no permission, no
+answer). Torch-free.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
+from workers.checkpoint.probe import quick_fs, redact_credentials, store_error_code
+from workers.checkpoint.storage import StorageError, StorageLocation, resolve_checkpoint_storage
 from workers.models.config import ModelConfig
 from workers.models.hf_config import (
     MAX_CONFIG_BYTES,
@@ -41,18 +47,12 @@ class ModelRefused(ValueError):
 
 
 def _folder(uri: str) -> Path:
-    path = uri.removeprefix("file://")
-    if "://" in path:
-        raise ModelRefused(
-            f"model.hf {uri}: etrain's workers read model folders from a path they share, "
-            "not from an object store; copy the folder into your data area (or a shared data "
-            "root) and name that path"
-        )
-    folder = Path(path)
-    if not folder.is_dir():
+    folder = Path(uri.removeprefix("file://"))
+    if "://" in uri.removeprefix("file://") or not folder.is_dir():
         raise ModelRefused(
             f"model.hf {uri} is not a folder the service can see; name a Hugging Face model "
-            "folder (config.json + model.safetensors) inside your data area"
+            "folder (config.json + model.safetensors) inside your data area, or an s3:// / "
+            "gs:// prefix holding one"
         )
     return folder
 
@@ -69,44 +69,120 @@ def _read_config(folder: Path, uri: str) -> dict:
     return read_hf_config_text(text, where="model.hf")
 
 
-def _check_weights(folder: Path, uri: str) -> None:
-    if not any((folder / name).is_file() for name in WEIGHTS):
-        raise ModelRefused(
-            f"model.hf {uri} has no weights: etrain reads {WEIGHTS[0]} or a sharded "
-            f"{WEIGHTS[1]}; save the model with safe_serialization (the default)"
+def _explain(loc: StorageLocation, e: Exception) -> str:
+    """Why the store of model.hf ``loc`` could not be read, and what to change."""
+    code = store_error_code(e)
+    at = f" at {loc.endpoint_url}" if loc.endpoint_url else ""
+    head = f"model.hf {loc.uri}"
+    if code == "NoSuchBucket":
+        return f"{head}: bucket {loc.root.split('/', 1)[0]!r} does not exist{at}"
+    if isinstance(e, PermissionError) or code in ("AccessDenied", "InvalidAccessKeyId"):
+        return (
+            f"{head}: the credentials from {loc.credentials_source} may not read it "
+            f"({code or 'permission denied'}); grant get and list on that prefix"
         )
+    return (
+        f"{head}: cannot reach the store{at} ({type(e).__name__}: {e}); check the "
+        "address, the checkpoint section's endpoint_url and the network"
+    )
 
 
-def model_config_of(spec: JobSpec) -> ModelConfig | None:
+def read_remote_model(spec: JobSpec, timeout_s: float) -> tuple[bytes, bool]:
+    """(config.json's first bytes, whether safetensors weights exist) of an object-store
+    ``model.hf``, read with the job's store options and this process's credentials."""
+    uri = spec.model.hf
+    try:
+        loc = resolve_checkpoint_storage(spec.checkpoint, uri=uri)
+    except StorageError as e:
+        raise ModelRefused(f"model.hf {uri}: {e}") from None
+    fs = quick_fs(loc, timeout_s)
+    deadline = {"timeout": timeout_s} if getattr(fs, "async_impl", False) else {}
+    try:
+        try:
+            path = loc.join("config.json")
+            text = fs.cat_file(path, start=0, end=MAX_CONFIG_BYTES + 1, **deadline)
+        except FileNotFoundError as e:
+            if store_error_code(e) == "NoSuchBucket":
+                raise
+            raise ModelRefused(
+                f"model.hf {uri} has no config.json; name the prefix transformers' "
+                "save_pretrained wrote (config.json + model.safetensors)"
+            ) from None
+        weights = any(fs.isfile(loc.join(name), **deadline) for name in WEIGHTS)
+    except ModelRefused:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client error becomes the 422's reason
+        raise ModelRefused(redact_credentials(_explain(loc, e), loc)) from None
+    return text, weights
+
+
+def _remote_config(spec: JobSpec, probes: StorageProbes | None, tenant: str) -> tuple[dict, bool]:
+    uri = spec.model.hf
+    probes = probes or StorageProbes(workers=1, per_tenant=1, timeout_s=10.0)
+    try:
+        text, weights = probes.call(tenant, lambda t: read_remote_model(spec, t))
+    except TimeoutError:
+        raise ModelRefused(
+            f"model.hf {uri}: the store did not answer within {probes.timeout_s:g} s "
+            "(ETRAIN_PROBE_TIMEOUT_S); check the address, endpoint_url and the network"
+        ) from None
+    return read_hf_config_text(text, where="model.hf"), weights
+
+
+def _local_config(uri: str) -> tuple[dict, bool]:
+    folder = _folder(uri)
+    return _read_config(folder, uri), any((folder / name).is_file() for name in WEIGHTS)
+
+
+def model_config_of(
+    spec: JobSpec, *, probes: StorageProbes | None = None, tenant: str = ""
+) -> ModelConfig | None:
     """The shape of ``spec``'s ``model.hf`` checked against its layout (None for a preset).
 
+    An object-store folder is read through ``probes`` (bounds per ``tenant``).
     :class:`ModelRefused` names model.hf and the fix for any problem.
     """
     uri = spec.model.hf
     if uri is None:
         return None
-    folder = _folder(uri)
     try:
-        cfg = config_from_hf(_read_config(folder, uri), where="model.hf")
+        hf, weights = _remote_config(spec, probes, tenant) if is_remote(uri) else _local_config(uri)
+        cfg = config_from_hf(hf, where="model.hf")
     except (OSError, ValueError) as e:
         raise ModelRefused(str(e) if isinstance(e, ValueError) else f"model.hf {uri}: {e}") from e
-    _check_weights(folder, uri)
+    if not weights:
+        raise ModelRefused(
+            f"model.hf {uri} has no weights: etrain reads {WEIGHTS[0]} or a sharded "
+            f"{WEIGHTS[1]}; save the model with safe_serialization (the default)"
+        )
     par = spec.parallelism
     stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
+    name = os.path.basename(uri.rstrip("/")) or uri
     try:
         check_layout(
             cfg, tp=par.tp, stages=stages if par.pp > 1 else 1, seq_len=spec.data.seq_len,
-            where=f"model.hf ({os.path.basename(folder.as_posix().rstrip('/')) or uri})",
+            where=f"model.hf ({name})",
         )  # fmt: skip
     except ValueError as e:
         raise ModelRefused(str(e)) from e
     return cfg
 
 
-def check_model(spec: JobSpec, *, loc: tuple = ("body",)) -> ModelConfig | None:
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` names an object store."""
+    return uri.startswith(("s3://", "gs://"))
+
+
+def check_model(
+    spec: JobSpec,
+    *,
+    loc: tuple = ("body",),
+    probes: StorageProbes | None = None,
+    tenant: str = "",
+) -> ModelConfig | None:
     """:func:`model_config_of` as a 422 (InvalidSpec) whose loc is ``model.hf``."""
     try:
-        return model_config_of(spec)
+        return model_config_of(spec, probes=probes, tenant=tenant)
     except ModelRefused as e:
         raise InvalidSpec(
             "the job's model cannot be trained",

@@ -262,7 +262,7 @@ class Reconciler:
         """
         if self.settings.backend == "kuberay":
             return {}
-        return storage_launch_env(job.spec.checkpoint)
+        return storage_launch_env(job.spec)  # every store the spec names
 
     def _follow(self, job: JobRecord) -> None:
         """Move an active job to what its backend status says."""

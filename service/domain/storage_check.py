@@ -19,20 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
 from service.errors import EtrainError, InvalidSpec
 from workers.checkpoint.probe import check_storage
 from workers.checkpoint.storage import (
     StorageError,
     checkpoint_credential_env,
+    job_credential_env,
     resolve_checkpoint_storage,
 )
-from workers.spec import CheckpointSpec
+from workers.spec import CheckpointSpec, JobSpec
 
 OBJECT_STORE_SCHEMES = ("s3://", "gs://")
+T = TypeVar("T")
 
 
 class TooManyProbes(EtrainError):
@@ -68,14 +71,18 @@ def check_checkpoint_storage(
 
 
 def storage_launch_env(
-    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
+    spec: JobSpec | CheckpointSpec, *, env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Credential variables of the service's environment that the job's workers need.
 
-    Only the variables the job's storage reads are returned: AWS_* for ``s3://``, or
-    ``ETRAIN_SECRET_<NAME>_*`` for ``checkpoint.s3.credentials_secret: NAME``.
+    Only the variables the job's stores read are returned: AWS_* for ``s3://``, or
+    ``ETRAIN_SECRET_<NAME>_*`` for ``checkpoint.s3.credentials_secret: NAME``. Given a
+    whole spec, that is for every store it names (checkpoint.storage, model.hf,
+    model.tokenizer, data.path), so a model in S3 is readable beside local checkpoints.
     """
-    return checkpoint_credential_env(checkpoint, env=env)
+    if isinstance(spec, JobSpec):
+        return job_credential_env(spec, env=env)
+    return checkpoint_credential_env(spec, env=env)
 
 
 class StorageProbes:
@@ -94,6 +101,23 @@ class StorageProbes:
         """The probe of ``checkpoint`` started for ``tenant`` (None: nothing to probe)."""
         if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
             return None
+        return self._spawn(
+            tenant, lambda: check_checkpoint_storage(checkpoint, timeout_s=self.timeout_s)
+        )
+
+    def call(self, tenant: str, fn: Callable[[float], T]) -> T:
+        """``fn(timeout_s)`` (another object-store read, such as model.hf's config.json)
+        in a probe thread under the same bounds, waiting in this thread (never the event
+        loop's); ``TimeoutError`` past ``timeout_s``."""
+        future = self._spawn(tenant, lambda: fn(self.timeout_s))
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"no answer within {self.timeout_s:g} s") from None
+
+    def _spawn(self, tenant: str, target: Callable[[], Any]) -> Future:
+        """``target`` started in its own daemon thread for ``tenant``, within the bounds."""
         with self._lock:
             if self._closed:
                 raise TooManyProbes("the service is shutting down; retry against the new one")
@@ -115,19 +139,19 @@ class StorageProbes:
         # interpreter joins an executor's threads at exit, so one store that never answers
         # would keep `etrain serve` (or a test run) from exiting.
         threading.Thread(
-            target=self._run, args=(future, checkpoint), name="etrain-probe", daemon=True
+            target=self._run, args=(future, target), name="etrain-probe", daemon=True
         ).start()
         return future
 
-    def _run(self, future: Future, checkpoint: CheckpointSpec) -> None:
+    def _run(self, future: Future, target: Callable[[], Any]) -> None:
         if not future.set_running_or_notify_cancel():
             return
         try:
-            check_checkpoint_storage(checkpoint, timeout_s=self.timeout_s)
+            result = target()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting caller, as an executor does
             future.set_exception(e)
         else:
-            future.set_result(None)
+            future.set_result(result)
 
     def _release(self, tenant: str) -> None:
         with self._lock:

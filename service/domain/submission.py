@@ -76,7 +76,8 @@ class Submission:
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_default_storage(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
-        model_config = check_model(spec)  # model.hf's config.json, after the policy allowed it
+        # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
         check_data(spec)
         plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
@@ -130,7 +131,7 @@ class Submission:
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
         self.policy.check(tenant, spec)
-        model_config = check_model(spec)
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
         check_data(spec)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})

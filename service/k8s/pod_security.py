@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from workers.checkpoint.storage import AWS_ENV, secret_env_names
-from workers.spec import CheckpointSpec
+from workers.checkpoint.storage import AWS_ENV, job_credential_env_names, secret_env_names
+from workers.spec import CheckpointSpec, JobSpec
 
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
@@ -82,13 +82,16 @@ def tenant_storage_secret(tenant: str, *, prefix: str = DEFAULT_STORAGE_SECRET_P
     return name
 
 
-def storage_env_names(checkpoint: CheckpointSpec) -> tuple[str, ...]:
-    """The credential variables a job's checkpoint storage reads (names only).
+def storage_env_names(checkpoint: CheckpointSpec | JobSpec) -> tuple[str, ...]:
+    """The credential variables a job's checkpoint storage reads (names only); given a
+    whole spec, those of every store it names (model.hf, model.tokenizer, data.path too).
 
     ``s3://``: ``ETRAIN_SECRET_<NAME>_*`` of ``checkpoint.s3.credentials_secret``,
     else ``AWS_*``. ``file://`` and ``gs://`` (Google's chain, e.g. Workload
     Identity) read none.
     """
+    if isinstance(checkpoint, JobSpec):
+        return job_credential_env_names(checkpoint)
     if urlsplit(checkpoint.storage or "").scheme != "s3":
         return ()
     secret = checkpoint.s3.credentials_secret if checkpoint.s3 else None
@@ -96,7 +99,10 @@ def storage_env_names(checkpoint: CheckpointSpec) -> tuple[str, ...]:
 
 
 def tenant_storage_env(
-    tenant: str, checkpoint: CheckpointSpec, *, prefix: str = DEFAULT_STORAGE_SECRET_PREFIX
+    tenant: str,
+    checkpoint: CheckpointSpec | JobSpec,
+    *,
+    prefix: str = DEFAULT_STORAGE_SECRET_PREFIX,
 ) -> tuple[dict, ...]:
     """Container env entries that read the job's credentials from its tenant's Secret.
 

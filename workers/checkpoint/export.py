@@ -269,33 +269,41 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _resolve_model(preset: str | None, hf: str | None, naming: str) -> tuple[ModelConfig, str, str]:
+def _resolve_model(
+    preset: str | None, hf: str | None, naming: str, store=None
+) -> tuple[ModelConfig, str, str]:
     """(shapes, the model's name for messages, naming): a model.hf export is HF-named."""
     if (preset is None) == (hf is None):
         raise ExportError("export needs the job's model.preset or its model.hf (one of them)")
     naming = "hf" if hf is not None else naming
-    return _model_config(preset or "", naming, hf), preset or f"model.hf {hf}", naming
+    return _model_config(preset or "", naming, hf, store), preset or f"model.hf {hf}", naming
 
 
 def _write_configs(
-    out: Path, cfg: ModelConfig, *, dtype: torch.dtype, hf: str | None, tokenizer: str | None
+    out: Path,
+    cfg: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    hf: str | None,
+    tokenizer: str | None,
+    store=None,
 ) -> None:
     """config.json: the preset's in Llama terms, or the source's (plus its tokenizer files)."""
     if hf is None:
         _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=dtype))
         return
-    _write_json(out / CONFIG_FILE, source_hf_config(hf, dtype=dtype))
-    copy_tokenizer_files(tokenizer or hf, out)
+    _write_json(out / CONFIG_FILE, source_hf_config(hf, dtype=dtype, checkpoint=store))
+    copy_tokenizer_files(tokenizer or hf, out, store)
 
 
-def _model_config(preset: str, naming: str, hf: str | None = None) -> ModelConfig:
+def _model_config(preset: str, naming: str, hf: str | None = None, store=None) -> ModelConfig:
     """The preset's (or the model.hf folder's) shapes, once the arguments are supported."""
     if naming not in NAMINGS:
         raise ExportError(
             f"naming {naming!r} is not supported; set naming to one of: {', '.join(NAMINGS)}"
         )
     if hf is not None:
-        return source_model_config(hf)
+        return source_model_config(hf, store)
     try:
         return get_model_config(preset)
     except ValueError as e:
@@ -336,6 +344,7 @@ def export_checkpoint(
     job_id: str | None = None,
     source_uri: str | None = None,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    store=None,
 ) -> ExportResult:
     """Write ``model.safetensors``, ``config.json`` and ``etrain_export.json`` into ``out_dir``.
 
@@ -349,9 +358,9 @@ def export_checkpoint(
     A job that fine-tuned a Hugging Face folder passes ``hf`` (its ``model.hf``) instead
     of ``preset``: the output is a Hugging Face folder of the source's architecture (HF
     names, the source's config.json, ``lm_head`` untied) with ``tokenizer``'s (default
-    ``hf``'s) tokenizer files beside it.
+    ``hf``'s) tokenizer files beside it (``store``: the job's checkpoint section).
     """
-    cfg, preset, naming = _resolve_model(preset, hf, naming)
+    cfg, preset, naming = _resolve_model(preset, hf, naming, store)
     src = checkpoint if isinstance(checkpoint, ExportSource) else open_checkpoint_dir(checkpoint)
     entries = _plan_entries(src, cfg, preset=preset, naming=naming)
     out_dtype = _resolve_dtype(dtype, entries)
@@ -367,7 +376,7 @@ def export_checkpoint(
         naming=naming,
         batch_bytes=batch_bytes,
     )
-    _write_configs(out, cfg, dtype=out_dtype, hf=hf, tokenizer=tokenizer)
+    _write_configs(out, cfg, dtype=out_dtype, hf=hf, tokenizer=tokenizer, store=store)
     provenance = _provenance(
         src, preset=preset, naming=naming, dtype=out_dtype, job_id=job_id, source_uri=source_uri
     )

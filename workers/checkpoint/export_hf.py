@@ -5,7 +5,9 @@ A job that fine-tuned a Hugging Face folder exports back to one that
 architecture: its ``config.json`` is the source's (architecture, biases, RoPE
 theta, norm eps, token ids, sliding window ...) with only what etrain changed
 rewritten (untied ``lm_head``, the weights' dtype), and the tokenizer files are
-copied beside it so the folder is complete.
+copied beside it so the folder is complete. A source in an object store
+(``s3://`` / ``gs://``) is read there, reached with the job's ``checkpoint`` section's
+store options and this process's credentials, as the workers read it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 import torch
 
 from workers.checkpoint.source import ExportError
+from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
 from workers.models.config import ModelConfig
 from workers.models.hf_config import read_hf_config_text
-from workers.models.hf_load import hf_model_config, local_folder
+from workers.models.hf_load import hf_config_bytes, hf_model_config, local_folder
+from workers.models.hf_remote import is_remote, model_location
 
 # Tokenizer (and generation) files a model folder may carry; copied when present.
 TOKENIZER_FILES = (
@@ -46,26 +50,53 @@ def _folder(path: str, what: str, required: str | None = "config.json") -> Path:
         ) from None
 
 
-def source_model_config(hf: str) -> ModelConfig:
+def _stores(checkpoint):
+    """A URL -> its StorageLocation: the job's checkpoint section's store options where
+    the scheme is theirs (as the workers reach it), else this process's defaults."""
+    if checkpoint is None:
+        return resolve_storage
+    return lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri)
+
+
+def source_model_config(hf: str, checkpoint=None) -> ModelConfig:
     """The shapes of the job's ``model.hf`` folder, as an :class:`ExportError` on failure."""
-    _folder(hf, "model.hf")
+    if not is_remote(hf):
+        _folder(hf, "model.hf")
     try:
-        return hf_model_config(hf)
-    except ValueError as e:
-        raise ExportError(str(e)) from None
+        return hf_model_config(hf, _stores(checkpoint))
+    except (OSError, ValueError) as e:
+        raise ExportError(str(e) if isinstance(e, ValueError) else f"model.hf {hf}: {e}") from None
 
 
-def source_hf_config(hf: str, *, dtype: torch.dtype) -> dict:
+def source_hf_config(hf: str, *, dtype: torch.dtype, checkpoint=None) -> dict:
     """The source folder's config.json, with tied embeddings untied and ``dtype`` set."""
-    text = (_folder(hf, "model.hf") / "config.json").read_bytes()
+    if is_remote(hf):
+        text = hf_config_bytes(hf, _stores(checkpoint))
+    else:
+        text = (_folder(hf, "model.hf") / "config.json").read_bytes()
     config = read_hf_config_text(text)
     config.pop("torch_dtype", None)
     config.update(tie_word_embeddings=False, dtype=_HF_DTYPE[dtype])
     return config
 
 
-def copy_tokenizer_files(folder: str, out: Path) -> list[str]:
-    """Copy the tokenizer files of ``folder`` (model.tokenizer, else model.hf) into ``out``."""
+def _copy_remote_tokenizer_files(folder: str, out: Path, checkpoint) -> list[str]:
+    try:
+        loc = model_location(folder, _stores(checkpoint), where="tokenizer")
+        names = {p.rsplit("/", 1)[-1] for p in loc.fs.ls(loc.root, detail=False)}
+        copied = [name for name in TOKENIZER_FILES if name in names]
+        for name in copied:
+            loc.fs.get_file(loc.join(name), str(out / name))
+    except (OSError, ValueError) as e:
+        raise ExportError(f"tokenizer files of {folder}: {type(e).__name__}: {e}") from None
+    return copied
+
+
+def copy_tokenizer_files(folder: str, out: Path, checkpoint=None) -> list[str]:
+    """Copy the tokenizer files of ``folder`` (model.tokenizer, else model.hf) into ``out``;
+    an object-store folder is reached with ``checkpoint``'s store options."""
+    if is_remote(folder):
+        return _copy_remote_tokenizer_files(folder, out, checkpoint)
     src = _folder(folder, "tokenizer", required=None)
     copied = []
     for name in TOKENIZER_FILES:

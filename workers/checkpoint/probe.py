@@ -55,6 +55,12 @@ def check_storage(loc: StorageLocation, *, timeout_s: float = 10.0) -> None:
         raise StorageError(redact_credentials(_explain(loc, e), loc)) from e
 
 
+def quick_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
+    """``loc``'s store with the probe's short timeouts and single attempt, for any other
+    request the service makes at submit (such as reading model.hf's config.json)."""
+    return _probe_fs(loc, timeout_s)
+
+
 def _probe_fs(loc: StorageLocation, timeout_s: float) -> AbstractFileSystem:
     """A fresh (uncached) file system with short timeouts: a probe must answer quickly."""
     if loc.scheme == "s3":

@@ -293,6 +293,32 @@ def checkpoint_credential_env(
     return credential_env(uri, credentials_secret=secret, env=env)
 
 
+def job_store_uris(spec) -> list[str]:
+    """Every store location ``spec`` names: ``checkpoint.storage``, ``model.hf``,
+    ``model.tokenizer`` and ``data.path`` (those that are set), in that order."""
+    places = (spec.checkpoint.storage, spec.model.hf, spec.model.tokenizer, spec.data.path)
+    return [uri for uri in places if uri]
+
+
+def job_credential_env_names(spec) -> tuple[str, ...]:
+    """The credential variables (names only) a job's workers read for every store ``spec``
+    names: per ``s3://`` location ``checkpoint.s3.credentials_secret``'s, else AWS_*."""
+    names: dict[str, None] = {}
+    for uri in job_store_uris(spec):
+        if urlsplit(uri).scheme == "s3":
+            secret = _section_options(spec.checkpoint, "s3")["credentials_secret"]
+            names.update(dict.fromkeys(secret_env_names(secret) if secret else AWS_ENV))
+    return tuple(names)
+
+
+def job_credential_env(spec, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:func:`checkpoint_credential_env` for every store ``spec`` names (see
+    :func:`job_store_uris`): what its workers need to read its model, tokenizer and data
+    and to write its checkpoints, whichever of them is in an object store."""
+    env = os.environ if env is None else env
+    return {name: env[name] for name in job_credential_env_names(spec) if env.get(name)}
+
+
 def _s3_options(
     *,
     endpoint_url: str | None,

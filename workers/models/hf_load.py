@@ -11,6 +11,10 @@ RoPE layout, permuted within each head: the block of whole heads covering the
 local rows is read, permuted and cut. Under DDP (and in one process) the layout
 is the whole model on every rank, so each rank reads it all.
 
+A folder in an object store (``s3://`` / ``gs://``, reached through ``stores``: the
+spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options) reads the same blocks by byte
+range (:mod:`workers.models.hf_remote`); the slicing and RoPE logic is shared.
+
 Parameters whose names contain ``lora_`` are not in the checkpoint (LoRA adapters
 initialise themselves); a peft ``.base_layer`` maps to the plain projection.
 """
@@ -18,6 +22,7 @@ initialise themselves); a peft ``.base_layer`` maps to the plain projection.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,9 +34,23 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from workers.models.config import ModelConfig, get_model_config
-from workers.models.hf_config import check_layout, config_from_hf, read_hf_config_text
+from workers.models.hf_config import (
+    MAX_CONFIG_BYTES,
+    check_layout,
+    config_from_hf,
+    read_hf_config_text,
+)
 from workers.models.hf_naming import from_hf_tensor, is_rope_permuted, to_hf_name
+from workers.models.hf_remote import (
+    RemoteWeights,
+    Stores,
+    is_remote,
+    model_location,
+    read_small,
+)
 from workers.models.llama import Transformer
+
+log = logging.getLogger(__name__)
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -53,10 +72,7 @@ def local_folder(
     if it is an object-store URL, or lacks the ``required`` file (or is no folder)."""
     path = Path(root.removeprefix("file://"))
     if "://" in str(root).removeprefix("file://"):
-        raise ValueError(
-            f"{where}: {root!r}: object-store model folders are not readable by the workers "
-            "yet; copy the folder to a shared data path and name that"
-        )
+        raise ValueError(f"{where}: {root!r} is not a local folder (file:// or a path)")
     if not path.is_dir() or (required and not (path / required).is_file()):
         raise ValueError(
             f"{where}: {root!r} is not a folder with {required or 'files'}; "
@@ -65,18 +81,26 @@ def local_folder(
     return path
 
 
-def hf_model_config(root: str) -> ModelConfig:
+def hf_config_bytes(root: str, stores: Stores | None = None) -> bytes:
+    """``config.json`` of the model folder ``root``: local, or in an object store reached
+    through ``stores`` (a URL -> its StorageLocation)."""
+    if is_remote(root):
+        return read_small(model_location(root, stores), "config.json", MAX_CONFIG_BYTES)
+    return (local_folder(root) / "config.json").read_bytes()
+
+
+def hf_model_config(root: str, stores: Stores | None = None) -> ModelConfig:
     """The :class:`ModelConfig` of the model folder ``root`` (its ``config.json``)."""
-    text = (local_folder(root) / "config.json").read_bytes()
-    return config_from_hf(read_hf_config_text(text))
+    return config_from_hf(read_hf_config_text(hf_config_bytes(root, stores)))
 
 
-def spec_model_config(spec) -> ModelConfig:
+def spec_model_config(spec, stores: Stores | None = None) -> ModelConfig:
     """The job's model shape: its preset's, or (model.hf) its config.json's, checked
-    against the job's layout (tp, pipeline stages, seq_len)."""
+    against the job's layout (tp, pipeline stages, seq_len); ``stores`` reaches an
+    object-store model.hf."""
     if spec.model.hf is None:
         return get_model_config(spec.model.preset)
-    cfg = hf_model_config(spec.model.hf)
+    cfg = hf_model_config(spec.model.hf, stores)
     par = spec.parallelism
     stages = par.pp * (2 if par.pipeline.schedule == "interleaved_1f1b" else 1)
     check_layout(
@@ -101,6 +125,38 @@ def weight_files(root: str) -> dict[str, Path]:
     raise ValueError(
         f"model.hf: {root!r} has neither {SINGLE} nor {INDEX}; etrain reads safetensors weights"
     )
+
+
+class LocalWeights:
+    """The safetensors weights of a local folder: each read maps the file for one block."""
+
+    bytes_fetched = 0  # memory-mapped, not fetched
+
+    def __init__(self, root: str):
+        """Index the tensors of the local folder ``root``."""
+        self.files = weight_files(root)
+
+    def names(self):
+        """Every tensor name the folder holds."""
+        return self.files.keys()
+
+    def shape(self, name: str) -> list[int]:
+        """The stored shape of tensor ``name``."""
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return list(f.get_slice(name).get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """``tensor[index]``, read from the mapped file."""
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return f.get_slice(name)[index]
+
+
+def open_weights(root: str, stores: Stores | None = None) -> LocalWeights | RemoteWeights:
+    """The weights of ``root``: a local folder, or an object-store one reached through
+    ``stores`` (read by byte range)."""
+    if is_remote(root):
+        return RemoteWeights(model_location(root, stores))
+    return LocalWeights(root)
 
 
 def _plain_name(name: str) -> str:
@@ -130,65 +186,68 @@ def _local_box(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tupl
     return param, tuple(param.shape), (0,) * param.dim()
 
 
-def _read_block(
-    file: Path, hf_name: str, fqn: str, shape, offset, cfg: ModelConfig
-) -> torch.Tensor:
+def _read_block(weights, hf_name: str, fqn: str, shape, offset, cfg: ModelConfig) -> torch.Tensor:
     """Rows/cols ``offset : offset + shape`` of ``hf_name`` in etrain layout."""
     start, stop = offset[0], offset[0] + shape[0]
     permute = is_rope_permuted(fqn)
     if permute:  # read the whole heads covering the rows, permute, cut
         hd = cfg.head_dim
         start, stop = start // hd * hd, math.ceil(stop / hd) * hd
-    with safe_open(str(file), framework="pt") as f:
-        sliced = f.get_slice(hf_name)
-        cols = [slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True)]
-        index = (slice(start, stop), *cols)
-        block = sliced[index]
+    cols = [slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True)]
+    block = weights.read(hf_name, (slice(start, stop), *cols))
     if permute:
         block = from_hf_tensor(fqn, block, cfg)
         block = block[offset[0] - start : offset[0] - start + shape[0]]
     return block
 
 
-def _global_shape(file: Path, hf_name: str) -> list[int]:
-    with safe_open(str(file), framework="pt") as f:
-        return list(f.get_slice(hf_name).get_shape())
-
-
-def _source(fqn: str, files: dict[str, Path], root: str) -> tuple[str, Path]:
+def _source(fqn: str, names, root: str) -> str:
     hf_name = to_hf_name(fqn)
-    if hf_name == "lm_head.weight" and hf_name not in files:
+    if hf_name == "lm_head.weight" and hf_name not in names:
         hf_name = "model.embed_tokens.weight"  # tied embeddings load untied
-    if hf_name not in files:
+    if hf_name not in names:
         raise ValueError(f"model.hf: {root!r} has no tensor {hf_name!r} (etrain {fqn!r})")
-    return hf_name, files[hf_name]
+    return hf_name
 
 
 @torch.no_grad()
-def load_pretrained(parts: Iterable[nn.Module], root: str, cfg: ModelConfig) -> int:
+def load_pretrained(
+    parts: Iterable[nn.Module],
+    root: str,
+    cfg: ModelConfig,
+    *,
+    stores: Stores | None = None,
+    weights: LocalWeights | RemoteWeights | None = None,
+) -> int:
     """Fill every non-LoRA parameter of ``parts`` with its local part of ``root``'s weights.
 
-    Returns how many parameters were loaded. ``ValueError`` (naming model.hf) for a
-    missing tensor or a shape that differs from the config's.
+    ``stores`` (a URL -> its StorageLocation) reaches an object-store ``root``;
+    ``weights`` (from :func:`open_weights`) may be given instead. Returns how many
+    parameters were loaded. ``ValueError`` (naming model.hf) for a missing tensor
+    or a shape that differs from the config's.
     """
-    files = weight_files(root)
+    weights = weights or open_weights(root, stores)
+    names = weights.names()
     loaded = 0
     for part in parts:
         for name, param in part.named_parameters():
             fqn = _plain_name(name)
             if "lora_" in fqn:
                 continue
-            hf_name, file = _source(fqn, files, root)
-            if _global_shape(file, hf_name) != list(param.shape):
+            hf_name = _source(fqn, names, root)
+            stored = weights.shape(hf_name)
+            if stored != list(param.shape):
                 raise ValueError(
-                    f"model.hf: tensor {hf_name!r} has shape {_global_shape(file, hf_name)}, "
+                    f"model.hf: tensor {hf_name!r} has shape {stored}, "
                     f"config.json says {list(param.shape)}"
                 )
             local, shape, offset = _local_box(param)
             if local.numel():
-                block = _read_block(file, hf_name, fqn, shape, offset, cfg)
+                block = _read_block(weights, hf_name, fqn, shape, offset, cfg)
                 local.copy_(block.to(local.dtype))
             loaded += 1
+    if weights.bytes_fetched:
+        log.info("model.hf: fetched %d bytes of %s for this rank", weights.bytes_fetched, root)
     return loaded
 
 

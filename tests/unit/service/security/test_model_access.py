@@ -9,6 +9,7 @@ root, an object-store prefix listed for the tenant).
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -90,10 +91,25 @@ def test_model_places_allowed(env, place):
     assert r.status_code == 201, r.text
 
 
-def test_a_listed_store_passes_the_policy_and_meets_the_workers_rule(env):
-    """The policy allows the tenant's own prefix; the model check then says what to do."""
+def test_a_listed_store_passes_the_policy_and_is_read_in_a_probe_thread(env, monkeypatch):
+    """The policy allows the tenant's own prefix; the service then reads its config.json
+    in a probe thread (never the event loop's), and its answer decides the 422."""
+    from service.domain import model_source
+
     c, h, _, _ = env
+    seen, answer = [], {"weights": True}
+
+    def read(spec, timeout_s):
+        seen.append((spec.model.hf, threading.current_thread().name, timeout_s > 0))
+        return hf_config().to_json_string().encode(), answer["weights"]
+
+    monkeypatch.setattr(model_source, "read_remote_model", read)
     r = c.post("/v1/jobs", json=_body("hf", "s3://models/team-a/llama"), headers=h)
+    assert r.status_code == 201, r.text
+    assert seen == [("s3://models/team-a/llama", "etrain-probe", True)]
+    answer["weights"] = False
+    r = c.post("/v1/plan", json={"spec": _body("hf", "s3://models/team-a/llama")}, headers=h)
     assert r.status_code == 422
     (item,) = r.json()["detail"]
-    assert item["type"] == "model" and "copy the folder" in item["msg"]
+    assert item["loc"] == ["body", "model", "hf"], item
+    assert "has no weights" in item["msg"], item["msg"]

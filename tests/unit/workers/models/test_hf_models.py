@@ -12,6 +12,7 @@ from tests.support.hf_fixtures import hf_config, make_hf_model
 from workers.models.config import count_params
 from workers.models.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
 from workers.models.hf_load import (
+    LocalWeights,
     _plain_name,
     _read_block,
     hf_model_config,
@@ -130,7 +131,7 @@ def test_a_block_of_rows_cutting_heads_reads_like_the_whole_tensor_cut(tmp_path,
             whole = from_hf_tensor(fqn, f.get_tensor(name), cfg)
         shape = (rows, *whole.shape[1:])
         offset = (start,) + (0,) * (whole.dim() - 1)
-        block = _read_block(files[name], name, fqn, shape, offset, cfg)
+        block = _read_block(LocalWeights(str(tmp_path)), name, fqn, shape, offset, cfg)
         assert torch.equal(block, whole[start : start + rows])
 
 

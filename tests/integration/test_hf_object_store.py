@@ -1,0 +1,237 @@
+"""model.hf on an object store (moto S3 on loopback): the workers read a sharded Hugging
+Face folder from s3:// by byte range and train exactly as from the local folder under FSDP
+and TP; a rank under FSDP fetches less than the whole model (DDP, which replicates it,
+fetches it all); the service reads config.json from the store at submit and plan, and
+refuses a prefix without config.json, without weights, of an unsupported architecture or
+in a missing bucket with a 422 naming model.hf; an export copies config and tokenizer
+files from the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from tests.support.fakes import ADMIN_H
+from tests.support.hf_fixtures import hf_config, make_hf_folder
+from tests.support.local_launch import LocalJob, run_local
+from workers.spec import JobSpec
+
+pytestmark = pytest.mark.slow
+
+PREFIX = "models/qwen2"
+
+
+@pytest.fixture(scope="module")
+def store(s3_server, tmp_path_factory):
+    """A sharded tiny Qwen2 (with tokenizer) locally and under s3://bucket/models/qwen2, plus
+    broken prefixes; the checkpoint section that reaches the store; AWS env set."""
+    root = tmp_path_factory.mktemp("hfstore")
+    local = root / "qwen2"
+    make_hf_folder(local, "qwen2", seed=5, max_shard_size="40KB")
+    assert (local / "model.safetensors.index.json").is_file()
+    env, bucket = s3_server["env"], s3_server["bucket"]
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server["endpoint_url"],
+        region_name=s3_server["region"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    for p in local.iterdir():
+        client.upload_file(str(p), bucket, f"{PREFIX}/{p.name}")
+    shard = next(local.glob("model-*.safetensors"))
+    client.upload_file(str(shard), bucket, "models/noconfig/model.safetensors")
+    client.put_object(Bucket=bucket, Key="models/noweights/config.json",
+                      Body=hf_config("qwen2").to_json_string().encode())  # fmt: skip
+    gpt2 = {**json.loads(hf_config("llama").to_json_string()), "architectures": ["GPT2LMHeadModel"]}
+    client.put_object(Bucket=bucket, Key="models/gpt2/config.json", Body=json.dumps(gpt2).encode())
+    client.upload_file(str(shard), bucket, "models/gpt2/model.safetensors")
+    checkpoint = {
+        "storage": f"s3://{bucket}/ck",
+        "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]},
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    weights = sum(p.stat().st_size for p in local.glob("*.safetensors"))
+    yield {"local": local, "url": f"s3://{bucket}/{PREFIX}", "bucket": bucket,
+           "checkpoint": checkpoint, "weights_bytes": weights}  # fmt: skip
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _spec(hf: str, checkpoint: dict, parallelism: dict, workers: int = 2) -> dict:
+    spec = {
+        "name": "hf-s3",
+        "model": {"hf": hf},
+        "data": {"seq_len": 16, "num_samples": 64},
+        "train": {
+            "steps": 2,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "optimizer": "sgd",
+            "warmup_steps": 1,
+        },
+        "resources": {"workers": workers, "cpus_per_worker": 1},
+        "parallelism": parallelism,
+        "checkpoint": checkpoint,
+    }
+    return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+
+
+LAYOUTS = {"fsdp2": {"strategy": "fsdp"}, "tp2": {"strategy": "tp", "tp": 2}}
+
+
+def test_fsdp_and_tp_train_from_s3_like_from_the_local_folder(store):
+    jobs = [
+        LocalJob(f"{name}-{where}", _spec(str(src), store["checkpoint"], par))
+        for name, par in LAYOUTS.items()
+        for where, src in (("local", store["local"]), ("s3", store["url"]))
+    ]
+    results = run_local(jobs, world_size=2)
+    for name in LAYOUTS:
+        local, remote = results[f"{name}-local"], results[f"{name}-s3"]
+        assert local.error is None and remote.error is None, local.error or remote.error
+        assert set(remote.losses) == {1, 2}
+        assert remote.losses == local.losses, name  # the same bytes, the same losses
+
+
+# --- bytes each rank fetches ------------------------------------------------------------
+
+
+def _fetch_worker(rank: int, world: int, port: int, specs: dict, out: str) -> None:
+    import torch.distributed as dist
+
+    from workers.models import hf_remote
+    from workers.strategies.mesh import build_mesh
+    from workers.train_loop import RunEnv, _load_hf, _new_model, _split_and_apply
+
+    fetched = [0]
+    original = hf_remote.RemoteWeights._fetch
+
+    def counting(self, path, start, end):  # a recording wrapper around every ranged read
+        data = original(self, path, start, end)
+        fetched[0] += len(data)
+        return data
+
+    hf_remote.RemoteWeights._fetch = counting
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"), checkpoint_root=None)
+    record = {}
+    for name, data in specs.items():
+        spec = JobSpec.model_validate(data)
+        fetched[0] = 0
+        model, cfg = _new_model(spec, env)
+        mesh = build_mesh(spec, world_size=world, device=env.device)
+        if spec.parallelism.strategy == "ddp":
+            parts = [model]
+        else:
+            parts, _ = _split_and_apply(spec, env, model, mesh)
+        _load_hf(spec, env, parts, cfg)
+        record[name] = fetched[0]
+        dist.barrier()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+def test_a_rank_under_fsdp_fetches_less_than_the_whole_model(store):
+    import torch.multiprocessing as mp
+
+    specs = {
+        name: _spec(store["url"], store["checkpoint"], par)
+        for name, par in {"fsdp": {"strategy": "fsdp"}, "ddp": {"strategy": "ddp"}}.items()
+    }
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_fetch_worker, args=(2, port, specs, out), nprocs=2, join=True,
+                           start_method="spawn")  # fmt: skip
+        per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+    whole = store["weights_bytes"]
+    print(f"\nwhole model {whole} bytes; fetched per rank: {per_rank}")
+    for rec in per_rank:
+        assert 0 < rec["fsdp"] < 0.75 * whole
+        assert rec["ddp"] > 0.95 * whole  # the layout replicates it: every rank reads it all
+
+
+# --- the service: config.json read at submit and plan -------------------------------------
+
+
+def _body(store, prefix: str) -> dict:
+    return {
+        "name": "m",
+        "model": {"hf": f"s3://{store['bucket']}/{prefix}"},
+        "data": {"seq_len": 16, "num_samples": 8},
+        "resources": {"workers": 1},
+        "train": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 2},
+        "checkpoint": store["checkpoint"],
+    }
+
+
+def test_submit_reads_config_json_from_the_store(store, client):
+    r = client.post("/v1/plan", json={"spec": _body(store, PREFIX)}, headers=ADMIN_H)
+    assert r.status_code == 200, r.text
+    from workers.models.config import count_params
+    from workers.models.hf_load import hf_model_config
+
+    assert r.json()["num_params"] == count_params(hf_model_config(str(store["local"])))
+    r = client.post("/v1/jobs", json=_body(store, PREFIX), headers=ADMIN_H)
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    ("prefix", "words"),
+    [
+        ("models/noconfig", "has no config.json"),
+        ("models/noweights", "has no weights"),
+        ("models/gpt2", "LlamaForCausalLM"),  # unsupported: the message lists what is
+        ("models/absent", "has no config.json"),
+    ],
+)
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+def test_a_bad_prefix_is_a_422_naming_model_hf(store, client, prefix, words, route):
+    body = _body(store, prefix)
+    r = client.post(route, json=body if route == "/v1/jobs" else {"spec": body}, headers=ADMIN_H)
+    assert r.status_code == 422, r.text
+    (item,) = r.json()["detail"]
+    assert item["loc"] == ["body", "model", "hf"] and words in item["msg"], item
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.text
+
+
+def test_a_missing_bucket_is_a_422_that_says_so(store, client):
+    body = _body(store, "models/qwen2")
+    body["model"]["hf"] = "s3://no-such-bucket/models/qwen2"
+    r = client.post("/v1/plan", json={"spec": body}, headers=ADMIN_H)
+    assert r.status_code == 422, r.text
+    (item,) = r.json()["detail"]
+    assert item["loc"] == ["body", "model", "hf"] and "does not exist" in item["msg"], item
+
+
+# --- export ---------------------------------------------------------------------------
+
+
+def test_export_copies_config_and_tokenizer_from_the_store(store, tmp_path):
+    from workers.checkpoint.export_hf import copy_tokenizer_files, source_hf_config
+    from workers.spec import CheckpointSpec
+
+    section = CheckpointSpec.model_validate(store["checkpoint"])
+    copied = copy_tokenizer_files(store["url"], tmp_path, section)
+    assert "tokenizer.json" in copied
+    for name in copied:
+        assert (tmp_path / name).read_bytes() == (store["local"] / name).read_bytes()
+    config = source_hf_config(store["url"], dtype=torch.float32, checkpoint=section)
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["tie_word_embeddings"] is False
