@@ -27,7 +27,7 @@ HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77
 HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo test check test-unit test-integration test-e2e bench clean venv kustomize helm docs
+.PHONY: demo finetune-demo test check test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ helm: $(HELM_STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# LoRA fine-tuning of a (tiny, built here) Hugging Face model on chat data, exported back
+# to peft / transformers: examples/finetune_demo.py.
+finetune-demo: $(STAMP)
+	$(PY) examples/finetune_demo.py
+
 # Static checks: lint, formatting, and the import contracts in pyproject.toml (the
 # control plane never imports torch, workers never import the service, layers, no cycles).
 check: $(STAMP)
@@ -92,4 +97,4 @@ docs: $(STAMP)
 	$(PY) -m service.reference docs
 
 clean:
-	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .pytest_cache
+	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .etrain-finetune-demo .etrain-finetune-demo.log .pytest_cache
