@@ -9,6 +9,7 @@ dashboard URL, and shuts everything down.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -72,24 +73,25 @@ def kill_one_worker(client: httpx.Client, total_steps: int, done: threading.Even
         time.sleep(0.3)
 
 
-def main() -> int:
-    """Run the demo end to end; exit non-zero unless the job succeeded after the restart."""
-    shutil.rmtree(DATA_DIR, ignore_errors=True)
+@contextlib.contextmanager
+def serving(data_dir: Path, port: int, *, dashboard_port: str, gcs_port: str):
+    """Run `etrain serve` (and so an embedded Ray head) on ``data_dir``; yield (process, env);
+    stop both on the way out."""
     env = {
         **os.environ,
-        "ETRAIN_DATA_DIR": str(DATA_DIR),
-        "ETRAIN_PORT": str(PORT),
-        "ETRAIN_RAY_DASHBOARD_PORT": os.environ.get("DEMO_DASHBOARD_PORT", "8865"),
-        "ETRAIN_RAY_GCS_PORT": os.environ.get("DEMO_GCS_PORT", "6390"),
+        "ETRAIN_DATA_DIR": str(data_dir),
+        "ETRAIN_PORT": str(port),
+        "ETRAIN_RAY_DASHBOARD_PORT": os.environ.get("DEMO_DASHBOARD_PORT", dashboard_port),
+        "ETRAIN_RAY_GCS_PORT": os.environ.get("DEMO_GCS_PORT", gcs_port),
     }
     env.pop("ETRAIN_RAY_ADDRESS", None)
     # The child keeps its own copy of the log's descriptor; ours is closed after the start.
-    with open(DATA_DIR.with_suffix(".log"), "w") as log:
+    with open(data_dir.with_suffix(".log"), "w") as log:
         serve = subprocess.Popen(
             [str(BIN / "etrain"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
     try:
-        return run_job(serve, env)
+        yield serve, env
     finally:
         print("demo: stopping etrain serve and the embedded Ray head ...", flush=True)
         serve.send_signal(signal.SIGINT)
@@ -97,6 +99,13 @@ def main() -> int:
             serve.wait(60)
         except subprocess.TimeoutExpired:
             serve.kill()
+
+
+def main() -> int:
+    """Run the demo end to end; exit non-zero unless the job succeeded after the restart."""
+    shutil.rmtree(DATA_DIR, ignore_errors=True)
+    with serving(DATA_DIR, PORT, dashboard_port="8865", gcs_port="6390") as (serve, env):
+        return run_job(serve, env)
 
 
 def run_job(serve: subprocess.Popen, env: dict) -> int:

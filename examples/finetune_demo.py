@@ -21,7 +21,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from examples.demo import BIN, wait_ready  # noqa: E402
+from examples.demo import BIN, serving, wait_ready  # noqa: E402
 from tests.support.hf_fixtures import make_hf_model, make_tokenizer  # noqa: E402
 
 SPEC = ROOT / "examples" / "tiny-llama-lora-chat.yaml"
@@ -78,27 +77,8 @@ def main() -> int:
     shutil.rmtree(DATA_DIR, ignore_errors=True)
     AREA.mkdir(parents=True)
     folder, chats = write_inputs()
-    env = {
-        **os.environ,
-        "ETRAIN_DATA_DIR": str(DATA_DIR),
-        "ETRAIN_PORT": str(PORT),
-        "ETRAIN_RAY_DASHBOARD_PORT": os.environ.get("DEMO_DASHBOARD_PORT", "8866"),
-        "ETRAIN_RAY_GCS_PORT": os.environ.get("DEMO_GCS_PORT", "6391"),
-    }
-    env.pop("ETRAIN_RAY_ADDRESS", None)
-    with open(DATA_DIR.with_suffix(".log"), "w") as log:
-        serve = subprocess.Popen(
-            [str(BIN / "etrain"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
+    with serving(DATA_DIR, PORT, dashboard_port="8866", gcs_port="6391") as (serve, env):
         return run(serve, env, folder, chats)
-    finally:
-        print("demo: stopping etrain serve and the embedded Ray head ...", flush=True)
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
 
 
 def run(serve: subprocess.Popen, env: dict, folder: Path, chats: Path) -> int:
