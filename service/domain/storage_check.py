@@ -12,7 +12,12 @@ directory, which it created).
 Probes run in :class:`StorageProbes`' own threads, never on the event loop or in
 the API's thread pool: each is bounded by ``ETRAIN_PROBE_TIMEOUT_S`` (a store that
 does not answer is a 422 then), at most ``ETRAIN_PROBE_WORKERS`` are in flight, and
-at most ``ETRAIN_PROBE_PER_TENANT`` of one tenant (one more is a 429).
+at most ``ETRAIN_PROBE_PER_TENANT`` of one tenant (one more is a 429). Other reads
+the service makes from a tenant's stores at submit (an object-store model.hf's
+config.json) go through :meth:`StorageProbes.call` under the same bounds.
+
+The credentials a launch forwards are those of every store the spec names
+(``checkpoint.storage``, ``model.hf``, ``model.tokenizer``, ``data.path``).
 """
 
 from __future__ import annotations

@@ -1,123 +1,137 @@
-"""model.hf at submit and plan: config.json read by the service, 422s naming model.hf
-with the fix, the real shape in the plan."""
+"""model.hf on an object store, service side: credentials for every store a spec names go
+to its workers, and the submit-time config.json read runs in a probe thread whose failures
+are 422s naming model.hf (the reads against a real S3 server are in
+tests/integration/test_hf_object_store.py)."""
 
 from __future__ import annotations
 
-import os
+import threading
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from service.domain import model_source
+from service.domain.model_source import check_model
+from service.domain.storage_check import StorageProbes, storage_launch_env
+from service.errors import InvalidSpec
+from service.k8s.pod_security import storage_env_names, tenant_storage_env
+from tests.support.fakes import FakeBackend
 from tests.support.hf_fixtures import hf_config
+from tests.unit.service.test_storage_check import AWS, NAMED, OTHER
+from workers.checkpoint.storage import AWS_ENV, job_credential_env, job_store_uris
+from workers.spec import JobSpec
 
-TENANT = "team-a"
-
-
-@pytest.fixture
-def app(tmp_path):
-    """An app, a tenant token and the tenant's data area."""
-    with TestClient(
-        create_app(dev_settings(tmp_path), backend=FakeBackend(cpus=4), reconcile=False)
-    ) as c:
-        r = c.post("/v1/tokens", json={"tenant": TENANT}, headers=ADMIN_H)
-        assert r.status_code == 201, r.text
-        area = tmp_path / "tenants" / TENANT
-        area.mkdir(parents=True)
-        yield c, {"Authorization": f"Bearer {r.json()['token']}"}, area
+ENV = {**AWS, **NAMED, **OTHER}
 
 
-def _folder(area, name="tiny", *, weights=True, **config):
-    folder = area / name
-    folder.mkdir()
-    hf_config(**config).to_json_file(folder / "config.json")
-    if weights:
-        (folder / "model.safetensors").write_bytes(b"")  # the service does not read weights
-    return folder
-
-
-def _spec(hf, workers=2, **par):
-    return {
-        "name": "ft",
-        "model": {"hf": str(hf), "lora": {"rank": 4}, "activation_checkpointing": "selective"},
-        "data": {"seq_len": 32, "num_samples": 16},
-        "resources": {"workers": workers},
-        "parallelism": par or {"strategy": "ddp"},
-        "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 2},
-    }
-
-
-def test_the_plan_has_the_models_real_shape(app):
-    c, h, area = app
-    folder = _folder(area, hidden_size=96, num_hidden_layers=3, num_attention_heads=6)
-    r = c.post("/v1/plan", json={"spec": _spec(folder)}, headers=h)
-    assert r.status_code == 200, r.text
-    plan = r.json()
-    # 3 layers of width 96 (6 heads of 16, 2 KV heads), 384-token vocabulary, untied
-    per_layer = 2 * 96 * 96 + 2 * 96 * 32 + 3 * 96 * 128 + 2 * 96
-    assert plan["num_params"] == 3 * per_layer + 2 * 384 * 96 + 96
-    assert plan["breakdown"]["activation_checkpointing"] == "selective"
-    assert plan["breakdown"]["lora_trainable_params"] == 3 * 4 * (2 * (96 + 96) + 2 * (96 + 32))
-    assert c.post("/v1/jobs", json=_spec(folder), headers=h).status_code == 201
-
-
-def _refused(c, h, body, *words):
-    for route, data in (("/v1/jobs", body), ("/v1/plan", {"spec": body})):
-        r = c.post(route, json=data, headers=h)
-        assert r.status_code == 422, (route, r.text)
-        item = r.json()["detail"][0]
-        assert item["loc"][-2:] == ["model", "hf"], item
-        for w in words:
-            assert w in item["msg"], (w, item["msg"])
-
-
-def test_no_folder_no_config_no_weights(app):
-    c, h, area = app
-    _refused(c, h, _spec(area / "absent"), "not a folder", "config.json")
-    (area / "empty").mkdir()
-    _refused(c, h, _spec(area / "empty"), "no config.json", "save_pretrained")
-    _refused(c, h, _spec(_folder(area, weights=False)), "no weights", "model.safetensors")
-
-
-def test_a_fifo_named_config_json_does_not_hang_the_request(app):
-    c, h, area = app
-    (area / "fifo").mkdir()
-    os.mkfifo(area / "fifo" / "config.json")
-    _refused(c, h, _spec(area / "fifo"), "no config.json")
-
-
-def test_unsupported_architecture_lists_the_supported_ones(app):
-    c, h, area = app
-    folder = _folder(area, architectures=["GPT2LMHeadModel"])
-    _refused(c, h, _spec(folder), "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM")
-    (area / "junk").mkdir()
-    (area / "junk" / "config.json").write_text("{not json")
-    _refused(c, h, _spec(area / "junk"), "not valid JSON")
-    (area / "big").mkdir()
-    (area / "big" / "config.json").write_bytes(b" " * (2 << 20))
-    _refused(c, h, _spec(area / "big"), "bytes")
-
-
-def test_a_layout_that_does_not_fit_the_model(app):
-    c, h, area = app
-    folder = _folder(area, num_attention_heads=4, num_key_value_heads=2)
-    wide = _spec(folder, 4, strategy="tp", tp=4)
-    del wide["model"]["lora"]
-    _refused(c, h, wide, "parallelism.tp (4)", "KV heads")
-    deep = _folder(area, "deep", num_hidden_layers=2)
-    body = _spec(
-        deep, strategy="pp", pp=2, pipeline={"microbatches": 2, "schedule": "interleaved_1f1b"}
+def _spec(hf: str | None = None, checkpoint: dict | None = None, **data) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "j",
+            "model": {"hf": hf} if hf else {},
+            "data": {"seq_len": 16, "num_samples": 8, **data},
+            "train": {"global_batch_size": 2, "micro_batch_size": 2},
+            "resources": {"workers": 1},
+            "checkpoint": checkpoint or {"storage": "file:///shared/ckpt"},
+        }
     )
-    del body["model"]["lora"]
-    _refused(c, h, body, "pipeline stages", "parallelism.pp")
-    long = _spec(folder)
-    long["data"]["seq_len"] = 256
-    _refused(c, h, long, "data.seq_len (256)")
 
 
-def test_an_object_store_model_folder_is_refused_with_the_fix(app, monkeypatch):
-    c, h, _ = app
-    r = c.post("/v1/jobs", json=_spec("s3://models/llama"), headers=h)
-    assert r.status_code == 422
-    assert "model.hf" in r.text and "ETRAIN_POLICY_OBJECT_STORES" in r.text
+@pytest.mark.parametrize(
+    ("hf", "checkpoint", "expected"),
+    [
+        ("s3://models/llama", None, AWS),  # local checkpoints, model in S3: AWS_* still go
+        (
+            "s3://models/llama",
+            {"storage": "s3://ckpts/jobs", "s3": {"credentials_secret": "minio"}},
+            NAMED,
+        ),
+        ("gs://models/llama", None, {}),
+        ("/data/llama", None, {}),
+    ],
+    ids=["s3-model-file-ckpt", "named-secret", "gs", "local"],
+)
+def test_the_workers_get_the_credentials_of_every_store_the_spec_names(hf, checkpoint, expected):
+    spec = _spec(hf, checkpoint)
+    assert job_credential_env(spec, env=ENV) == expected
+    assert storage_launch_env(spec, env=ENV) == expected
+    assert storage_launch_env(spec.checkpoint, env=ENV) == (
+        expected if checkpoint else {}
+    )  # the checkpoint section alone sees only its own store
+    names = storage_env_names(spec)
+    assert set(names) == set(expected) | ({"AWS_SESSION_TOKEN"} if expected == AWS else set()) | (
+        {"ETRAIN_SECRET_MINIO_SESSION_TOKEN"} if expected == NAMED else set()
+    )
+    assert [e["name"] for e in tenant_storage_env("acme", spec)] == list(names)
+
+
+def test_data_path_and_tokenizer_count_too():
+    spec = _spec(None, None, path="s3://data/rows.jsonl", source="jsonl")
+    assert job_store_uris(spec) == ["file:///shared/ckpt", "s3://data/rows.jsonl"]
+    assert storage_env_names(spec) == AWS_ENV
+
+
+def test_the_reconciler_forwards_them_for_a_model_in_s3(tmp_path, monkeypatch):
+    from service.domain.reconciler import Reconciler
+    from service.settings import Settings
+    from service.store import Stores, migrate
+
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    url = f"sqlite:///{tmp_path / 'etrain.db'}"
+    migrate(url)
+    stores = Stores.open(url)
+    try:
+        spec = _spec("s3://models/llama")
+        tenant = stores.tokens.create_tenant("acme").id
+        stores.jobs.create_job(tenant_id=tenant, name="j", spec=spec, min_workers=1)
+        backend = FakeBackend(cpus=4)
+        Reconciler(stores, backend, Settings(env="development", data_dir=tmp_path)).tick()
+        (req,) = backend.submitted
+        env = req.env
+    finally:
+        stores.close()
+    assert {k: v for k, v in env.items() if k.startswith(("AWS_", "ETRAIN_SECRET_"))} == AWS
+
+
+# --- the config.json read at submit ---------------------------------------------------------
+
+
+def _refusal(spec: JobSpec, probes: StorageProbes) -> str:
+    with pytest.raises(InvalidSpec) as info:
+        check_model(spec, probes=probes, tenant="acme")
+    (item,) = info.value.errors
+    assert item["loc"] == ["body", "model", "hf"]
+    return item["msg"]
+
+
+def test_a_store_that_does_not_answer_is_a_422_in_time(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(model_source, "read_remote_model", lambda spec, t: release.wait(5))
+    probes = StorageProbes(workers=2, per_tenant=2, timeout_s=0.2)
+    try:
+        msg = _refusal(_spec("s3://models/llama"), probes)
+    finally:
+        release.set()
+    assert "did not answer within 0.2 s" in msg and "ETRAIN_PROBE_TIMEOUT_S" in msg
+
+
+def test_a_half_set_key_pair_is_a_422_naming_the_variables(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAHALF000000000001")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    probes = StorageProbes(workers=2, per_tenant=2, timeout_s=5)
+    msg = _refusal(_spec("s3://models/llama"), probes)
+    assert msg.startswith("model.hf s3://models/llama") and "AWS_SECRET_ACCESS_KEY" in msg
+    assert "AKIAHALF000000000001" not in msg
+
+
+def test_the_config_read_maps_and_checks_the_layout(monkeypatch):
+    config = hf_config("llama").to_json_string().encode()
+    monkeypatch.setattr(model_source, "read_remote_model", lambda spec, t: (config, True))
+    probes = StorageProbes(workers=2, per_tenant=2, timeout_s=5)
+    cfg = check_model(_spec("gs://models/llama"), probes=probes, tenant="acme")
+    assert cfg is not None and cfg.dim == hf_config("llama").hidden_size
+    too_long = _spec("gs://models/llama", None)
+    too_long = too_long.model_copy(
+        update={"data": too_long.data.model_copy(update={"seq_len": 1 << 20})}
+    )
+    assert "model.hf (llama)" in _refusal(too_long, probes)
