@@ -235,3 +235,37 @@ def test_export_copies_config_and_tokenizer_from_the_store(store, tmp_path):
     config = source_hf_config(store["url"], dtype=torch.float32, checkpoint=section)
     assert config["architectures"] == ["Qwen2ForCausalLM"]
     assert config["tie_word_embeddings"] is False
+
+
+# --- both stores: S3 (moto) and GCS (emulator) ------------------------------------------
+
+
+def test_each_store_gives_the_same_weights_and_config(object_store, store):
+    from service.domain.model_source import read_remote_model
+    from workers.checkpoint.storage import resolve_checkpoint_storage
+    from workers.models.hf_load import LocalWeights, hf_model_config, load_pretrained, materialize
+    from workers.models.hf_remote import RemoteWeights, model_location
+    from workers.models.llama import build_model
+    from workers.spec import CheckpointSpec
+
+    loc = object_store.location("hf", "qwen2")
+    for p in store["local"].iterdir():
+        loc.fs.put_file(str(p), loc.join(p.name))
+    url = object_store.uri("hf", "qwen2")
+    section = CheckpointSpec.model_validate(object_store.checkpoint("ck"))
+
+    def stores(uri):
+        return resolve_checkpoint_storage(section, uri=uri, env=object_store.env)
+
+    cfg = hf_model_config(url, stores)
+    assert cfg == hf_model_config(str(store["local"]))
+    models = []
+    for weights in (LocalWeights(str(store["local"])), RemoteWeights(model_location(url, stores))):
+        model = build_model(cfg, seed=0, device="meta")
+        materialize(model, device="cpu")
+        load_pretrained([model], url, cfg, weights=weights)
+        models.append(model.state_dict())
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+    spec = JobSpec.model_validate(_spec(url, object_store.checkpoint("ck"), {"strategy": "ddp"}, 1))
+    text, has_weights = read_remote_model(spec, 10.0)  # the service's submit-time read
+    assert has_weights and text == (store["local"] / "config.json").read_bytes()
