@@ -19,6 +19,7 @@ from workers.checkpoint.async_save import AsyncSaver, SaveOutcome
 from workers.checkpoint.interval import AutoIntervalPolicy, IntervalDecision, changed
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
+from workers.checkpoint.storage import resolve_checkpoint_storage
 from workers.contract import CheckpointRecord, EventKind
 from workers.models.lora import base_reference, check_base
 from workers.spec import JobSpec
@@ -28,7 +29,11 @@ def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
     """A LoRA job's base reference (None without LoRA); checked against the restored one."""
     if spec.model.lora is None:
         return None
-    current = base_reference(spec.model, seed=spec.train.seed)
+    current = base_reference(  # an object-store model.hf is reached with the spec's options
+        spec.model,
+        seed=spec.train.seed,
+        stores=lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri),
+    )
     if restored_extra is not None:
         check_base(restored_extra.get("lora_base"), current)
     return current

@@ -146,7 +146,7 @@ def trainable_count(parts: Iterable[nn.Module]) -> int:
     return sum(p.numel() for part in parts for p in part.parameters() if p.requires_grad)
 
 
-def base_reference(model_spec, *, seed: int) -> dict:
+def base_reference(model_spec, *, seed: int, stores=None) -> dict:
     """What a LoRA checkpoint's adapters were trained on: preset + seed, or model.hf + fingerprint.
 
     The fingerprint of a Hugging Face folder is its ``config.json``'s hash and
@@ -154,14 +154,21 @@ def base_reference(model_spec, *, seed: int) -> dict:
     """
     if model_spec.hf is None:
         return {"preset": model_spec.preset, "seed": seed}
-    return {"hf": model_spec.hf, "fingerprint": hf_fingerprint(model_spec.hf)}
+    return {"hf": model_spec.hf, "fingerprint": hf_fingerprint(model_spec.hf, stores)}
 
 
-def hf_fingerprint(path: str) -> dict:
-    """``config.json`` sha256 and each ``*.safetensors`` file's size of the folder at ``path``."""
-    import fsspec
+def hf_fingerprint(path: str, stores=None) -> dict:
+    """``config.json`` sha256 and each ``*.safetensors`` file's size of the folder at ``path``
+    (an object-store one reached through ``stores``, a URL -> its StorageLocation)."""
+    from workers.models.hf_remote import is_remote, model_location
 
-    fs, root = fsspec.core.url_to_fs(path)
+    if is_remote(path):
+        loc = model_location(path, stores)
+        fs, root = loc.fs, loc.root
+    else:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path)
     with fs.open(f"{root.rstrip('/')}/config.json", "rb") as f:
         config_sha = hashlib.sha256(f.read()).hexdigest()
     sizes = {

@@ -111,3 +111,16 @@ def test_object_store_uris_resolve_through_stores(monkeypatch):
     assert (loc.root, loc.endpoint_url) == ("b/m", "https://minio.example:9000")
     plain = model_location("s3://b/m/")  # no stores: fsspec's defaults
     assert (plain.root, plain.join("config.json")) == ("b/m", "b/m/config.json")
+
+
+def test_a_lora_base_in_a_store_is_fingerprinted_through_stores(qwen):
+    from workers.models.lora import hf_fingerprint
+
+    seen = []
+
+    def stores(uri):  # the store as the spec reaches it; here the local copy stands in
+        seen.append(uri)
+        return resolve_storage(f"file://{qwen}")
+
+    assert hf_fingerprint("s3://models/qwen2", stores) == hf_fingerprint(str(qwen))
+    assert seen == ["s3://models/qwen2"]
