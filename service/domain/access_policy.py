@@ -11,8 +11,8 @@ settings, for the tenant that sends it:
   service's data dir (database, admin and Ray tokens), other tenants' areas and the
   system folders (``/etc``, ``/proc``, ...). ``model.hf`` and ``model.tokenizer`` follow
   the ``data.path`` rule. All three may instead name ``s3://`` / ``gs://`` objects under
-  the object-store prefixes below (an ``s3://`` data.path only with the job's own secret,
-  else only for tenants allowed the service's keys).
+  the object-store prefixes below (on ``s3://`` only with the job's own secret, else only
+  for tenants allowed the service's keys).
 - ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
   tenant (``policy_object_stores``).
 - ``checkpoint.s3.endpoint_url`` / ``checkpoint.gcs.endpoint_url``: only endpoints the
@@ -98,7 +98,10 @@ class AccessPolicy:
             if why:
                 out.append((("data", "path"), why))
         for name in ("hf", "tokenizer"):
-            why = self._model_refusal(tenant, getattr(spec.model, name), field=f"model.{name}")
+            place, field = getattr(spec.model, name), f"model.{name}"
+            why = self._model_refusal(tenant, place, field=field) or self._service_keys_refusal(
+                tenant, spec, place, field=field
+            )
             if why:
                 out.append((("model", name), why))
         ck = spec.checkpoint
@@ -152,28 +155,35 @@ class AccessPolicy:
 
     def _data_refusal(self, tenant: Tenant, spec: JobSpec) -> str | None:
         """Why ``data.path`` may not be used: an absolute path follows the file rule, an
-        ``s3://`` / ``gs://`` object the object-store prefixes (like model.hf); on ``s3://``
-        without the job's own secret (only an ``s3://`` checkpoint.storage has one) the
-        workers would read it with the service's keys, which only some tenants may."""
+        ``s3://`` / ``gs://`` object the object-store prefixes (like model.hf) and
+        :meth:`_service_keys_refusal`."""
         path = spec.data.path or ""
         if not path.startswith(("s3://", "gs://")):
             return self._file_refusal(tenant, path, field="data.path", data=True)
-        why = self._model_refusal(tenant, path, field="data.path")
-        if (
-            why
-            or not path.startswith("s3://")
-            or (spec.checkpoint.storage or "").startswith("s3://")
-        ):
-            return why  # an s3:// checkpoint.storage has its credentials_secret checked
+        return self._model_refusal(tenant, path, field="data.path") or self._service_keys_refusal(
+            tenant, spec, path, field="data.path"
+        )
+
+    def _service_keys_refusal(
+        self, tenant: Tenant, spec: JobSpec, place: str | None, *, field: str
+    ) -> str | None:
+        """Why an ``s3://`` ``place`` (data.path, model.hf, model.tokenizer) may not be read:
+        without the job's own secret (only an ``s3://`` checkpoint.storage has one) the
+        service and the workers would read it with the service's keys, which only some
+        tenants may use."""
+        if not (place or "").startswith("s3://"):
+            return None
+        if (spec.checkpoint.storage or "").startswith("s3://"):
+            return None  # an s3:// checkpoint.storage has its credentials_secret checked
         if tenant.name in self.settings.policy_ambient_credentials or (
             tenant.admin and self.settings.policy_admin_any_store
         ):
             return None
         return (
-            f"data.path {path} on s3:// would be read with the service's own keys, which "
+            f"{field} {place} on s3:// would be read with the service's own keys, which "
             f"tenant {tenant.name!r} may not use (ETRAIN_POLICY_AMBIENT_CREDENTIALS); set "
             "checkpoint.storage to an s3:// prefix with checkpoint.s3.credentials_secret "
-            "(the job reads its data with that secret)"
+            "(the job reads it with that secret)"
         )
 
     def _model_refusal(self, tenant: Tenant, place: str | None, *, field: str) -> str | None:

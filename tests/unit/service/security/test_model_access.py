@@ -19,7 +19,7 @@ from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
 from tests.support.hf_fixtures import hf_config
 
 A, B = "team-a", "team-b"
-POLICY = {"policy_object_stores": {"*": ["s3://models/{tenant}"]}}
+POLICY = {"policy_object_stores": {"*": ["s3://models/{tenant}", "gs://models/{tenant}"]}}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,8 @@ REFUSED = {
     "file:// outside": ("file:///etc", "system folder"),
     "another tenant's store": ("s3://models/team-b/llama", "ETRAIN_POLICY_OBJECT_STORES"),
     "unlisted store": ("gs://elsewhere/llama", "ETRAIN_POLICY_OBJECT_STORES"),
+    # Read with the service's own keys (no s3:// checkpoint.storage with a secret).
+    "s3 with the service's keys": ("s3://models/team-a/llama", "ETRAIN_POLICY_AMBIENT_CREDENTIALS"),
     "other scheme": ("http://example.com/m", "s3:// or gs://"),
 }
 
@@ -104,11 +106,11 @@ def test_a_listed_store_passes_the_policy_and_is_read_in_a_probe_thread(env, mon
         return hf_config().to_json_string().encode(), answer["weights"]
 
     monkeypatch.setattr(model_source, "read_remote_model", read)
-    r = c.post("/v1/jobs", json=_body("hf", "s3://models/team-a/llama"), headers=h)
+    r = c.post("/v1/jobs", json=_body("hf", "gs://models/team-a/llama"), headers=h)
     assert r.status_code == 201, r.text
-    assert seen == [("s3://models/team-a/llama", "etrain-probe", True)]
+    assert seen == [("gs://models/team-a/llama", "etrain-probe", True)]
     answer["weights"] = False
-    r = c.post("/v1/plan", json={"spec": _body("hf", "s3://models/team-a/llama")}, headers=h)
+    r = c.post("/v1/plan", json={"spec": _body("hf", "gs://models/team-a/llama")}, headers=h)
     assert r.status_code == 422
     (item,) = r.json()["detail"]
     assert item["loc"] == ["body", "model", "hf"], item
