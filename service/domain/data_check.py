@@ -9,6 +9,14 @@ reads, or that a prepared folder's index matches the spec. Only the first
 of plain text, parquet's first batch) are read, so a large file costs a bounded time;
 the workers check every row when they tokenize.
 A file the service cannot see (it may live on the workers only) is left to them.
+
+Data on an object store (``s3://``, ``gs://``) is read through the submit path's
+:class:`~service.domain.storage_check.StorageProbes` (a probe thread with short
+timeouts and per-tenant bounds, never the event loop), with the job's store
+options and the service's credentials, and only its head: :data:`MAX_REMOTE_BYTES`
+of jsonl or text, a parquet file's schema (its footer; the rows are the workers'
+to check), a prepared folder's ``index.json``. A store that does not answer within
+the probe timeout is a 422 naming ``data.path``.
 """
 
 from __future__ import annotations
@@ -19,16 +27,20 @@ import json
 import os
 
 from workers.data.formats import field, jsonl_lines, read_rows
+from workers.data.remote import is_remote
 from workers.spec import JobSpec
 
 MAX_ROWS = 200
 MAX_TEXT_BYTES = 1 << 20
 MAX_JSONL_BYTES = 8 << 20
+MAX_REMOTE_BYTES = 1 << 20
 PATH = ("data", "path")
 
 
-def data_refusals(spec: JobSpec) -> list[tuple[tuple, str]]:
-    """(field path, why and what to do) for each problem of ``spec``'s data section."""
+def data_refusals(spec: JobSpec, *, probes=None, tenant: str = "") -> list[tuple[tuple, str]]:
+    """(field path, why and what to do) for each problem of ``spec``'s data section;
+    object-store data is read through ``probes`` (for ``tenant``), or left to the workers
+    when there are none."""
     data = spec.data
     tokenizer = spec.model.tokenizer or spec.model.hf
     if data.source == "synthetic":
@@ -43,6 +55,8 @@ def data_refusals(spec: JobSpec) -> list[tuple[tuple, str]]:
                 "with tokenizer.json",
             )
         ]
+    if is_remote(data.path):
+        return [] if probes is None else _remote_refusals(spec, probes, tenant)
     path = (data.path or "").removeprefix("file://")
     if "://" in path or not os.path.exists(path):
         return []  # not visible here: the workers read it (and name it if it is missing)
@@ -62,13 +76,13 @@ def _check(path: str, spec: JobSpec) -> None:
         raise ValueError(f"data.path {path!r} is not a file; name the data file")
     if data.source == "text":
         with open(path, "rb") as f:
-            head = f.read(MAX_TEXT_BYTES)
-        try:
-            codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
+            _check_text_head(path, f.read(MAX_TEXT_BYTES))
         return
-    rows = itertools.islice(_head_rows(path, data.source), MAX_ROWS)
+    _check_rows(path, _head_rows(path, data.source), spec)
+
+
+def _check_rows(path: str, rows, spec: JobSpec) -> None:
+    rows = itertools.islice(rows, MAX_ROWS)
     seen = 0
     for row, record in rows:
         _check_row(path, row, record, spec)
@@ -84,8 +98,13 @@ def _head_rows(path: str, source: str):
         return read_rows(path, source)
     with open(path, "rb") as f:
         head = f.read(MAX_JSONL_BYTES + 1)
-    lines = head[:MAX_JSONL_BYTES].split(b"\n")
-    if len(head) > MAX_JSONL_BYTES:
+    return _head_lines(path, head, MAX_JSONL_BYTES)
+
+
+def _head_lines(path: str, head: bytes, limit: int):
+    """The JSON lines of ``head`` (a line cut at ``limit`` bytes is dropped)."""
+    lines = head[:limit].split(b"\n")
+    if len(head) > limit:
         lines = lines[:-1]
     return jsonl_lines(path, lines)
 
@@ -118,8 +137,103 @@ def _check_prepared(path: str, spec: JobSpec) -> None:
             f"data.path {path!r} is not a prepared folder (no readable index.json); write one "
             "with `etrain data prepare`"
         ) from e
+    _check_index(path, index, spec)
+
+
+def _check_index(path: str, index: object, spec: JobSpec) -> None:
+    if not isinstance(index, dict):
+        raise ValueError(f"data.path {path!r}: index.json is not an object; prepare it again")
     if index.get("seq_len") != spec.data.seq_len:
         raise ValueError(
             f"data.path {path!r} was prepared with seq_len {index.get('seq_len')}, the spec "
             f"says data.seq_len {spec.data.seq_len}; set data.seq_len: {index.get('seq_len')}"
         )
+
+
+def _remote_refusals(spec: JobSpec, probes, tenant: str) -> list[tuple[tuple, str]]:
+    url = spec.data.path or ""
+    try:
+        probes.call(tenant, lambda timeout_s: _check_remote(url, spec, timeout_s))
+    except TimeoutError:
+        return [
+            (
+                PATH,
+                f"data.path {url}: the store did not answer within {probes.timeout_s:g} s "
+                "(ETRAIN_PROBE_TIMEOUT_S); check data.path, the checkpoint section's "
+                "endpoint_url and the network",
+            )
+        ]
+    except ValueError as e:
+        return [(PATH, str(e))]
+    return []
+
+
+def _check_remote(url: str, spec: JobSpec, timeout_s: float) -> None:
+    """The checks of :func:`_check` on the head of object ``url`` (in a probe thread)."""
+    from workers.checkpoint.probe import quick_fs, redact_credentials
+    from workers.checkpoint.storage import resolve_checkpoint_storage
+
+    loc = resolve_checkpoint_storage(spec.checkpoint, uri=url.rstrip("/"))
+    fs = quick_fs(loc, timeout_s)
+    deadline = {"timeout": timeout_s} if getattr(fs, "async_impl", False) else {}
+    source = spec.data.source
+    try:
+        if source == "prepared":
+            raw = fs.cat_file(loc.join("index.json"), start=0, end=MAX_REMOTE_BYTES, **deadline)
+            _check_index(url, json.loads(raw), spec)
+        elif source == "parquet":
+            _check_parquet_schema(url, fs, loc.root, spec)
+        else:
+            head = fs.cat_file(loc.root, start=0, end=MAX_REMOTE_BYTES + 1, **deadline)
+            if source == "text":
+                _check_text_head(url, head[:MAX_REMOTE_BYTES])
+            else:
+                _check_rows(url, _head_lines(url, head, MAX_REMOTE_BYTES), spec)
+    except ValueError:
+        raise
+    except FileNotFoundError:
+        what = "index.json" if source == "prepared" else "the object"
+        raise ValueError(
+            f"data.path {url!r} does not exist ({what} not found); name an object that does"
+            + (" (a folder written by `etrain data prepare`)" if source == "prepared" else "")
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any client error becomes the 422's reason
+        why = redact_credentials(f"{type(e).__name__}: {e}", loc)
+        raise ValueError(
+            f"data.path {url!r}: cannot read it ({why}); check the object, the job's "
+            "credentials and the checkpoint section's endpoint_url"
+        ) from None
+
+
+def _check_text_head(path: str, head: bytes) -> None:
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
+
+
+def _check_parquet_schema(url: str, fs, path: str, spec: JobSpec) -> None:
+    """The columns the shape reads exist (the footer only: row groups may be large)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = spec.data
+    wanted = {
+        "text": [(data.text_field, "text_field")],
+        "instruction": [
+            (data.prompt_field, "prompt_field"),
+            (data.completion_field, "completion_field"),
+        ],
+        "chat": [(data.messages_field, "messages_field")],
+    }[data.shape]
+    with fs.open(path, "rb", block_size=MAX_REMOTE_BYTES) as f:
+        try:
+            names = pq.ParquetFile(f).schema_arrow.names
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"data.path {url!r}: not a readable parquet file ({e})") from e
+    for name, option in wanted:
+        if name not in names:
+            raise ValueError(
+                f"data.path {url!r}: no column {name!r} (columns: {', '.join(names)}); set "
+                f"data.{option} to the column the file uses"
+            )

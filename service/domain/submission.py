@@ -78,7 +78,7 @@ class Submission:
         self.policy.check(tenant, spec)
         # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
         model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec)
+        check_data(spec, probes=self.probes, tenant=tenant.name)
         plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
@@ -132,7 +132,7 @@ class Submission:
         spec = validate_spec(data["spec"])
         self.policy.check(tenant, spec)
         model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec)
+        check_data(spec, probes=self.probes, tenant=tenant.name)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
@@ -159,10 +159,13 @@ class Submission:
         return self.backend.cluster()
 
 
-def check_data(spec: JobSpec, *, loc: tuple = ("body",)) -> None:
+def check_data(
+    spec: JobSpec, *, loc: tuple = ("body",), probes: StorageProbes | None = None, tenant: str = ""
+) -> None:
     """InvalidSpec (422) naming the field when ``spec``'s data cannot be trained on (only
-    after the access policy allowed the path: the check reads the file)."""
-    refusals = data_refusals(spec)
+    after the access policy allowed the path: the check reads the file; an object-store
+    one's head through ``probes``, for ``tenant``)."""
+    refusals = data_refusals(spec, probes=probes, tenant=tenant)
     if refusals:
         raise InvalidSpec(
             "the job's data cannot be used",

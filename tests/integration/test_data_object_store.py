@@ -212,6 +212,60 @@ def test_etrain_data_prepare_reads_object_store_inputs_with_the_specs_store(s3):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
+def _submit_spec(s3, source: str, path: str, *, checkpoint=None, **data) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "check",
+            "model": {"preset": "gpt-tiny", "tokenizer": f"{s3['url']}/tok"},
+            "data": {"source": source, "path": path, "seq_len": 16, **data},
+            "checkpoint": checkpoint or s3["checkpoint"],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "data", "words"),
+    [
+        ("jsonl", "rows.jsonl", {"shape": "instruction"}, None),
+        ("parquet", "rows.parquet", {"shape": "instruction"}, None),
+        ("prepared", "prepared", {}, None),
+        ("jsonl", "missing.jsonl", {}, "missing.jsonl' does not exist"),
+        ("jsonl", "bad.jsonl", {"shape": "instruction"}, "bad.jsonl' row 4: no field"),
+        ("parquet", "rows.parquet", {"shape": "chat"}, "no column 'messages'"),
+        ("parquet", "rows.jsonl", {}, "rows.jsonl': not a readable parquet file"),
+        ("prepared", "prepared", {"seq_len": 32}, "set data.seq_len: 16"),
+        ("prepared", "nothing", {}, "nothing' does not exist (index.json not found)"),
+    ],
+)
+def test_submit_check_reads_the_head_of_object_store_data(s3, source, name, data, words):
+    from service.domain.data_check import data_refusals
+    from service.domain.storage_check import StorageProbes
+
+    spec = _submit_spec(s3, source, f"{s3['url']}/{name}", **data)
+    probes = StorageProbes(workers=2, per_tenant=1, timeout_s=10)
+    got = data_refusals(spec, probes=probes, tenant="t")
+    if words is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and got[0][0] == ("data", "path"), got
+        assert f"{s3['url']}/" in got[0][1] and words in got[0][1], got[0][1]
+        assert os.environ["AWS_SECRET_ACCESS_KEY"] not in got[0][1]
+
+
+def test_submit_check_of_an_unreachable_store_is_a_bounded_refusal(s3):
+    from service.domain.data_check import data_refusals
+    from service.domain.storage_check import StorageProbes
+
+    checkpoint = {"storage": "s3://bkt/ck", "s3": {"endpoint_url": "http://127.0.0.1:1"}}
+    spec = _submit_spec(s3, "jsonl", "s3://bkt/rows.jsonl", checkpoint=checkpoint)
+    got = data_refusals(
+        spec, probes=StorageProbes(workers=1, per_tenant=1, timeout_s=2), tenant="t"
+    )
+    assert len(got) == 1 and got[0][0] == ("data", "path")
+    assert "s3://bkt/rows.jsonl" in got[0][1]
+    assert "cannot read it" in got[0][1] or "did not answer within 2 s" in got[0][1]
+
+
 def test_each_store_streams_rows_and_gives_the_tokenizer(object_store, s3, tmp_path):
     """S3 and GCS alike: parquet rows and a tokenizer folder under a prefix of the store,
     reached through the spec's checkpoint section, prepare the local file's shards."""
@@ -236,7 +290,8 @@ def test_each_store_streams_rows_and_gives_the_tokenizer(object_store, s3, tmp_p
 
 
 def test_a_changed_object_is_tokenized_again_under_a_new_cache_key(s3):
-    """The per-node cache of a raw object is keyed by its URL, size, ETag and mtime."""
+    """The per-node cache of a raw object is keyed by its URL, size and ETag: the same
+    bytes written again reuse the shards, other bytes are tokenized again."""
     stores = s3["stores"]
     fs, root = stores(f"{s3['url']}/changing.jsonl").fs, f"{s3['url']}/changing.jsonl"
     data = DataSpec(source="jsonl", path=root, shape="instruction", seq_len=16)

@@ -7,8 +7,8 @@ on), ``counts.npy`` (uint32, counted labels per sample) and ``index.json``
 the tokenizer's hash). ``etrain data prepare`` writes one; a job that names a
 raw file with a tokenizer has its worker write one per node into a cache keyed
 by everything the samples depend on, under a file lock so one process tokenizes.
-A source on an object store is streamed and keyed by its URL, size, ETag and
-modification time; a prepared folder on an object store is copied once per node
+A source on an object store is streamed and keyed by its URL, size and ETag
+(else modification time); a prepared folder on an object store is copied once per node
 into the cache (keyed by its index's hash) and memory-mapped there.
 """
 
@@ -185,7 +185,7 @@ def ensure_prepared(
 ) -> str:
     """The cached prepared folder for these inputs, tokenizing them first if no process on
     this node has (the lock makes the others wait for the one that does). A local file is
-    keyed by its SHA-256, an object by its URL, size, ETag and mtime."""
+    keyed by its SHA-256, an object by its URL, size and ETag (else mtime)."""
     path = require_file(path, source, stores)
     ident = file_identity(path, stores)
     tokenizer = local_tokenizer(tokenizer, stores)
@@ -194,7 +194,9 @@ def ensure_prepared(
             {
                 "v": FORMAT_VERSION,
                 "source": source,
-                "file": ident.get("sha256") or ident,
+                # An object: its URL, size and ETag (its mtime where the store gives none).
+                "file": ident.get("sha256")
+                or {k: ident[k] for k in ("url", "size", "etag" if ident["etag"] else "mtime")},
                 "tokenizer": tokenizer_hash(tokenizer),
                 "opts": asdict(opts),
             },

@@ -34,7 +34,7 @@ class DataSpec(Spec):
         "(ETRAIN_POLICY_OBJECT_STORES), reached with checkpoint.s3 / checkpoint.gcs when the "
         "scheme is theirs (on s3://, with checkpoint.s3.credentials_secret unless the tenant "
         "may use the service's keys); rows are streamed, each node tokenizes it once into "
-        "its cache (keyed by URL, size, ETag and mtime), a prepared folder is copied once "
+        "its cache (keyed by URL, size and ETag), a prepared folder is copied once "
         "per node and memory-mapped; object-store data needs a tokenizer. At submit, when the "
         "service can read it, its first 200 rows are checked (valid JSON / parquet, the "
         "fields the shape reads; a prepared folder's index; of an object, its first MiB or "

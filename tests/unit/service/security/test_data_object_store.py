@@ -1,13 +1,15 @@
 """data.path on an object store: allowed only under the tenant's listed prefixes, and on
 s3:// only with the job's own secret (an s3:// checkpoint.storage with
 checkpoint.s3.credentials_secret) unless the tenant may use the service's keys; through
-submit and plan, against the real app on a fake backend (the probe records, sends nothing).
+submit and plan, against the real app on a fake backend (the probes record, send nothing;
+tests/integration/test_data_object_store.py reads a real store at submit).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from service.domain import data_check
 from tests.unit.service.security.test_spec_access import (
     ENDPOINT,
     SECRET_ENV,
@@ -67,8 +69,18 @@ ALLOWED = [
 
 @pytest.mark.parametrize(("case", "tenant", "spec", "words"), REFUSED, ids=[r[0] for r in REFUSED])
 @pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
-def test_object_store_data_path_refused(env, route, case, tenant, spec, words):  # noqa: F811
+def test_object_store_data_path_refused(
+    env,  # noqa: F811
+    monkeypatch,
+    route,
+    case,
+    tenant,
+    spec,
+    words,
+):
     c, tokens, probed, _ = env
+    read = []
+    monkeypatch.setattr(data_check, "_check_remote", lambda *a: read.append(a))
     r = c.post(
         route,
         json=spec if route == "/v1/jobs" else {"spec": spec},
@@ -79,15 +91,18 @@ def test_object_store_data_path_refused(env, route, case, tenant, spec, words): 
     mine = [e for e in errors if e["loc"] == ["body", *DATA]]
     assert mine, errors
     assert words in mine[0]["msg"], mine[0]["msg"]
-    assert probed == []  # nothing was sent to a store it refused
+    assert probed == [] and read == []  # nothing was sent to a store it refused
     assert not any(v in r.text for v in SECRET_ENV.values())
 
 
 @pytest.mark.parametrize(("case", "tenant", "spec"), ALLOWED, ids=[a[0] for a in ALLOWED])
-def test_object_store_data_path_allowed(env, case, tenant, spec):  # noqa: F811
+def test_object_store_data_path_allowed(env, monkeypatch, case, tenant, spec):  # noqa: F811
     c, tokens, _, _ = env
+    read = []
+    monkeypatch.setattr(data_check, "_check_remote", lambda url, *_: read.append(url))
     r = c.post("/v1/jobs", json=spec, headers=_headers(tokens, tenant))
     assert r.status_code == 201, r.text
+    assert read == [spec["data"]["path"]]  # its head was checked (in a probe thread)
     assert r.json()["spec"]["data"]["path"] == spec["data"]["path"]
     plan = c.post("/v1/plan", json={"spec": spec}, headers=_headers(tokens, tenant))
     assert plan.status_code == 200, plan.text
