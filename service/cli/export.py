@@ -161,7 +161,8 @@ def export_lora_job(
     try:
         source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
         write = export_merged if merge else export_adapter
-        return write(source, out or Path(f"{job_id}-step{chosen['step']}-{kind}"), lora=lora)
+        out = out or Path(f"{job_id}-step{chosen['step']}-{kind}")
+        return write(source, out, lora=lora, store=checkpoint)  # store: reaches model.hf
     except ExportError as e:
         raise ExportRefused(str(e)) from None
 

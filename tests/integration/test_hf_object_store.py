@@ -269,3 +269,59 @@ def test_each_store_gives_the_same_weights_and_config(object_store, store):
     spec = JobSpec.model_validate(_spec(url, object_store.checkpoint("ck"), {"strategy": "ddp"}, 1))
     text, has_weights = read_remote_model(spec, 10.0)  # the service's submit-time read
     assert has_weights and text == (store["local"] / "config.json").read_bytes()
+
+
+# --- exports of a job whose base is in the store -------------------------------------------
+
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def _train(store, out: Path, lora: dict | None = None):
+    """One process from the s3:// folder, checkpoints under ``out``: (model, newest step)."""
+    from workers.train_loop import RunEnv, run
+
+    spec = _spec(store["url"], {**store["checkpoint"], "every_steps": 2}, {"strategy": "ddp"}, 1)
+    if lora:
+        spec["model"]["lora"] = lora
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(out))
+    res = run(JobSpec.model_validate(spec), env)
+    step_dir = sorted(p for p in out.iterdir() if p.name.startswith("step_"))[-1]
+    return res.model.eval(), step_dir
+
+
+def test_exports_of_a_job_from_s3_read_config_tokenizer_and_base_there(store, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from workers.checkpoint.export import export_checkpoint
+    from workers.checkpoint.export_lora import export_adapter, export_merged
+    from workers.models.hf_load import hf_model_config
+    from workers.spec import CheckpointSpec
+
+    section = CheckpointSpec.model_validate(store["checkpoint"])
+    vocab = hf_model_config(str(store["local"])).vocab_size
+    tokens = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def logits(model):
+        with torch.no_grad():
+            out = model(tokens)
+        return getattr(out, "logits", out)
+
+    trained, step_dir = _train(store, tmp_path / "full")
+    export_checkpoint(step_dir, tmp_path / "out", hf=store["url"], store=section)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    torch.testing.assert_close(logits(hf), logits(trained), atol=1e-5, rtol=1e-5)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (store["local"] / name).read_bytes()
+
+    trained, step_dir = _train(store, tmp_path / "lora", LORA)
+    export_adapter(step_dir, tmp_path / "adapter", lora=LORA, store=section)
+    base = AutoModelForCausalLM.from_pretrained(store["local"], dtype=torch.float32)
+    before = logits(base)
+    peft_model = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    assert (logits(trained) - before).abs().max() > 1e-3  # the adapters changed the output
+    torch.testing.assert_close(logits(peft_model), logits(trained), atol=1e-5, rtol=1e-5)
+    export_merged(step_dir, tmp_path / "merged", lora=LORA, store=section)  # base copied here
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    torch.testing.assert_close(logits(merged.eval()), logits(trained), atol=1e-5, rtol=1e-5)
+    assert (tmp_path / "merged" / "tokenizer.json").is_file()

@@ -50,7 +50,7 @@ def _folder(path: str, what: str, required: str | None = "config.json") -> Path:
         ) from None
 
 
-def _stores(checkpoint):
+def stores_for(checkpoint):
     """A URL -> its StorageLocation: the job's checkpoint section's store options where
     the scheme is theirs (as the workers reach it), else this process's defaults."""
     if checkpoint is None:
@@ -63,7 +63,7 @@ def source_model_config(hf: str, checkpoint=None) -> ModelConfig:
     if not is_remote(hf):
         _folder(hf, "model.hf")
     try:
-        return hf_model_config(hf, _stores(checkpoint))
+        return hf_model_config(hf, stores_for(checkpoint))
     except (OSError, ValueError) as e:
         raise ExportError(str(e) if isinstance(e, ValueError) else f"model.hf {hf}: {e}") from None
 
@@ -71,7 +71,7 @@ def source_model_config(hf: str, checkpoint=None) -> ModelConfig:
 def source_hf_config(hf: str, *, dtype: torch.dtype, checkpoint=None) -> dict:
     """The source folder's config.json, with tied embeddings untied and ``dtype`` set."""
     if is_remote(hf):
-        text = hf_config_bytes(hf, _stores(checkpoint))
+        text = hf_config_bytes(hf, stores_for(checkpoint))
     else:
         text = (_folder(hf, "model.hf") / "config.json").read_bytes()
     config = read_hf_config_text(text)
@@ -82,7 +82,7 @@ def source_hf_config(hf: str, *, dtype: torch.dtype, checkpoint=None) -> dict:
 
 def _copy_remote_tokenizer_files(folder: str, out: Path, checkpoint) -> list[str]:
     try:
-        loc = model_location(folder, _stores(checkpoint), where="tokenizer")
+        loc = model_location(folder, stores_for(checkpoint), where="tokenizer")
         names = {p.rsplit("/", 1)[-1] for p in loc.fs.ls(loc.root, detail=False)}
         copied = [name for name in TOKENIZER_FILES if name in names]
         for name in copied:

@@ -34,6 +34,7 @@ from workers.checkpoint.export import (
     _stored_model_tensors,
     hf_config,
 )
+from workers.checkpoint.export_hf import stores_for
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
 from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
@@ -81,14 +82,15 @@ def base_of(src: ExportSource) -> dict:
     return base
 
 
-def base_config(base: dict) -> ModelConfig:
-    """The base's shapes: the preset's, or the model.hf folder's (its config.json)."""
+def base_config(base: dict, store=None) -> ModelConfig:
+    """The base's shapes: the preset's, or the model.hf folder's (its config.json; in an
+    object store reached with ``store``, the job's checkpoint section)."""
     if "preset" in base:
         return get_model_config(base["preset"])
     from workers.models.hf_load import hf_model_config
 
     try:
-        return hf_model_config(base["hf"])
+        return hf_model_config(base["hf"], stores_for(store))
     except ValueError as e:
         raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
 
@@ -129,16 +131,18 @@ def export_adapter(
     *,
     lora: LoraSpec | dict,
     base_model_name_or_path: str | None = None,
+    store=None,
 ) -> AdapterExportResult:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` into ``out_dir``.
 
     ``lora`` is the job's ``model.lora``; ``base_model_name_or_path`` goes into
-    the config (default: the job's ``model.hf``, or nothing for a preset base).
+    the config (default: the job's ``model.hf``, or nothing for a preset base);
+    ``store`` (the job's checkpoint section) reaches an object-store base.
     """
     src = _source(checkpoint)
     spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)
     base = base_of(src)
-    tensors = adapter_tensors(src, base_config(base))
+    tensors = adapter_tensors(src, base_config(base, store))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = lora_config(spec, hf_names=True)
@@ -168,9 +172,28 @@ def write_preset_base(preset: str, seed: int, out_dir: str | os.PathLike) -> Pat
     return Path(out_dir)
 
 
-def _local_base_dir(base: dict, tmp: str) -> Path:
+def _fetch_base(hf: str, tmp: str, store) -> Path:
+    """An object-store base folder copied into ``tmp`` (a merge needs the whole model)."""
+    from workers.models.hf_remote import model_location
+
+    out = Path(tmp) / "base"
+    out.mkdir()
+    try:
+        loc = model_location(hf, stores_for(store))
+        for path in loc.fs.ls(loc.root, detail=False):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if loc.fs.isfile(path):
+                loc.fs.get_file(path, str(out / name))
+    except (OSError, ValueError) as e:
+        raise ExportError(f"--merge: base model.hf {hf}: {type(e).__name__}: {e}") from None
+    return out
+
+
+def _local_base_dir(base: dict, tmp: str, store=None) -> Path:
     if "preset" in base:
         return write_preset_base(base["preset"], int(base["seed"]), Path(tmp) / "base")
+    if base["hf"].startswith(("s3://", "gs://")):
+        return _fetch_base(base["hf"], tmp, store)
     path = base["hf"].removeprefix("file://")
     if "://" in path or not Path(path, "config.json").is_file():
         raise ExportError(
@@ -185,11 +208,13 @@ def export_merged(
     out_dir: str | os.PathLike,
     *,
     lora: LoraSpec | dict,
+    store=None,
 ) -> AdapterExportResult:
     """The base with the adapters merged in, as a Hugging Face folder (peft merges).
 
-    The base is the job's ``model.hf`` folder (read locally; its tokenizer files
-    are copied beside the weights) or the preset's seeded random weights.
+    The base is the job's ``model.hf`` folder (read locally, or copied from its object
+    store, reached with ``store``; its tokenizer files are copied beside the weights)
+    or the preset's seeded random weights.
     """
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -198,8 +223,14 @@ def export_merged(
     base = base_of(src)
     out = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        base_dir = _local_base_dir(base, tmp)
-        export_adapter(src, Path(tmp) / "adapter", lora=lora, base_model_name_or_path=str(base_dir))
+        base_dir = _local_base_dir(base, tmp, store)
+        export_adapter(
+            src,
+            Path(tmp) / "adapter",
+            lora=lora,
+            base_model_name_or_path=str(base_dir),
+            store=store,
+        )
         model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto")
         merged = PeftModel.from_pretrained(model, str(Path(tmp) / "adapter")).merge_and_unload()
         merged.save_pretrained(str(out))
