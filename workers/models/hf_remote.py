@@ -101,6 +101,8 @@ def read_small(loc, name: str, limit: int, *, where: str = "model.hf") -> bytes:
             f"{where} {loc.uri} has no {name}; name the folder transformers' save_pretrained "
             "wrote (config.json + model.safetensors)"
         ) from None
+    except OSError as e:  # refused credentials, no bucket, no answer: the client's words
+        raise ValueError(f"{where} {loc.uri}: reading {name}: {type(e).__name__}: {e}") from e
     if len(data) > limit:
         raise ValueError(f"{where} {loc.uri}: {name} is larger than {limit} bytes")
     return data
@@ -129,7 +131,10 @@ class RemoteWeights:
         )
 
     def _fetch(self, path: str, start: int, end: int) -> bytes:
-        data = self.loc.fs.cat_file(path, start=start, end=end)
+        try:
+            data = self.loc.fs.cat_file(path, start=start, end=end)
+        except OSError as e:
+            raise ValueError(f"{self.where} {self.loc.uri}: reading {path}: {e!r}") from e
         if len(data) != end - start:
             raise ValueError(f"{self.where}: {path} ends before byte {end} (truncated file?)")
         self.bytes_fetched += len(data)

@@ -124,3 +124,16 @@ def test_a_lora_base_in_a_store_is_fingerprinted_through_stores(qwen):
 
     assert hf_fingerprint("s3://models/qwen2", stores) == hf_fingerprint(str(qwen))
     assert seen == ["s3://models/qwen2"]
+
+
+def test_a_store_error_while_reading_names_model_hf(qwen, monkeypatch):
+    remote = _remote(qwen)
+    name = "model.embed_tokens.weight"
+    remote.shape(name)  # the header is read
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("AccessDenied")
+
+    monkeypatch.setattr(remote.loc.fs, "cat_file", refuse)
+    with pytest.raises(ValueError, match=r"^model\.hf file://.*AccessDenied"):
+        remote.read(name, (slice(0, 2), slice(0, 4)))
