@@ -18,7 +18,8 @@ scale is frozen), and each adapter keeps its input and its rank-r middle.
 
 The peak of a checkpointed rank is either the end of the forward (kept +
 the head's activations) or the first recompute in backward (kept + one
-block), whichever is larger: the head's activations are freed by then.
+block), whichever is larger: the head's activations are freed by then
+(under GPipe those of the other micro-batches are still held).
 Measured against ``workers.telemetry.memory`` in tests/integration/test_activation_memory.py.
 """
 
@@ -127,11 +128,26 @@ def in_flight(layout: Layout, pp_rank: int) -> float:
     return min(v * m, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1) / v
 
 
+def logits_in_flight(layout: Layout) -> int:
+    """Micro-batches whose head activations (and logits) the last stage holds at once.
+
+    GPipe runs every forward before any backward; 1F1B and interleaved 1F1B run the
+    last stage's backward of a micro-batch right after its forward; without a
+    pipeline there is one micro-batch at a time.
+    """
+    return layout.microbatches if layout.pp > 1 and layout.schedule == "gpipe" else 1
+
+
 def activation_bytes(
     work: Workload, layout: Layout, *, pp_rank: int = 0, checkpointed: bool | str | None = None
 ) -> int:
     """Activations one rank holds at its peak under ``checkpointed`` (none|full|selective;
-    True means full; None: the workload's own ``activation_checkpointing``)."""
+    True means full; None: the workload's own ``activation_checkpointing``).
+
+    On a pipeline rank a stage's output stays in the schedule's cache until its
+    backward (one per micro-batch in flight), while its input lies in the schedule's
+    receive buffer, which ``buffer_bytes`` counts as ``pipeline_p2p``.
+    """
     cfg = work.cfg
     mode = work.recompute if checkpointed is None else checkpointed
     mode = {True: "full", False: "none"}.get(mode, mode)  # type: ignore[arg-type]
@@ -140,14 +156,18 @@ def activation_bytes(
     kw = {"tp": layout.tp, "precision": work.precision, "lora": work.lora}
     layer = layer_activation_bytes_per_token(cfg, **kw)
     flight = in_flight(layout, pp_rank)
-    # 1F1B runs a micro-batch's backward right after the last stage's forward.
-    root_flight = flight if layout.schedule == "gpipe" or layout.pp == 1 else 1
-    root = root_activation_bytes_per_token(cfg, part.first, part.last, work) * tokens * root_flight
+    heads = logits_in_flight(layout)
+    root = root_activation_bytes_per_token(cfg, part.first, part.last, work) * tokens
+    edges = FP32 * cfg.dim * tokens * flight * (int(not part.last) - int(not part.first))
     if mode == "none":
-        return int(part.layers * layer * tokens * flight + root)
+        return int(part.layers * layer * tokens * flight + root * heads + edges)
     if mode == "full":
-        kept, again = FP32 * cfg.dim, layer
+        # The recompute makes again all a block keeps but its input, which it kept.
+        kept, again = FP32 * cfg.dim, layer - FP32 * cfg.dim
     else:
         kept = selective_layer_bytes_per_token(cfg, **kw)
         again = max(0, layer - kept) + 2 * FP32 * cfg.dim
-    return int(part.layers * kept * tokens * flight + max(again * tokens, root))
+    # The peak: the end of the forwards, or the first recompute in backward, when the
+    # first micro-batch's head activations are freed and the others' are still held.
+    peak = max(again * tokens + root * (heads - 1), root * heads)
+    return int(part.layers * kept * tokens * flight + edges + peak)

@@ -25,6 +25,7 @@ from service.planner.activations import (
     activation_bytes,
     in_flight,
     layer_activation_bytes_per_token,
+    logits_in_flight,
     selective_layer_bytes_per_token,
 )
 from service.planner.workload import (
@@ -56,6 +57,7 @@ __all__ = [
     "host_bytes",
     "in_flight",
     "layer_activation_bytes_per_token",
+    "logits_in_flight",
     "rank_memory",
     "selective_layer_bytes_per_token",
     "stage_layer_counts",
@@ -191,9 +193,12 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
     block = _local_numel(block_tensors(cfg), tp=layout.tp, dp=1, dp_rank=0, fsdp=False)
     out = {"rope_table": cfg.max_seq_len * cfg.head_dim * FP32 * part.stages}
     if part.last:
-        out["logits_grad"] = FP32 * tokens * cfg.vocab_size
+        out["logits_grad"] = FP32 * tokens * cfg.vocab_size * logits_in_flight(layout)
     if layout.pp > 1:
-        out["pipeline_p2p"] = 2 * FP32 * cfg.dim * tokens * part.stages
+        # torch's schedules keep a receive buffer per micro-batch: activations into
+        # every stage but the first, gradients into every stage but the last.
+        receiving = 2 * part.stages - int(part.first) - int(part.last)
+        out["pipeline_p2p"] = FP32 * cfg.dim * tokens * layout.microbatches * receiving
     if layout.fsdp:
         root = whole - part.layers * block
         # ZeRO-3 frees each block after forward (two in flight: current and

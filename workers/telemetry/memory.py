@@ -4,18 +4,25 @@ State bytes are the local shards a rank really holds (a DTensor counts its
 local tensor only): parameters, gradients, optimizer state. Activations are
 the peak bytes of tensors forward creates and keeps during one micro-batch (or
 one pipeline call): autograd's saved tensors, and under activation
-checkpointing the recomputed ones, counted by torch's MemTracker.
+checkpointing the recomputed ones, counted by torch's MemTracker (on a
+pipeline rank, whose schedule the tracker cannot follow, by ``LiveActivations``).
 On GPU the CUDA allocator's peak is reported as well; on CPU the peak is
 parameters + gradients + optimizer state + activations of one micro-batch.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
+from torch._guards import active_fake_mode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -85,6 +92,70 @@ _Tracker = _with_activation_peak(MemTracker)
 _FSDPTracker = _with_activation_peak(FSDPMemTracker)
 
 
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
+        return None
+
+
+class LiveActivations(TorchDispatchMode):
+    """The live bytes of the storages forward makes, and their peak (a dispatch mode).
+
+    An op run outside backward, or inside it with grad mode on (the recompute of an
+    activation-checkpointed block), makes activations: each storage it returns that
+    none of its inputs holds (views and in-place results add nothing) is counted
+    until it is freed (a weak reference's callback), however long autograd, the
+    pipeline schedule or the caller keeps it. Backward's own temporaries and
+    gradients (grad mode off in the autograd engine) are not activations. Ops with
+    no tensor input (``torch.empty``, ``zeros``) are skipped: in a training step they
+    are the pipeline's communication buffers, which the planner counts as buffers.
+    Unlike torch's MemTracker it needs no module hooks, so it follows
+    ``torch.distributed.pipelining``, whose schedules run several micro-batches'
+    forwards and backwards out of order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _freed(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+    def _count(self, t: torch.Tensor, inputs: set[int | None]) -> None:
+        try:
+            st = t.untyped_storage()
+            key, size = st.data_ptr(), st.nbytes()
+        except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
+            return
+        if size == 0 or key in inputs or key in self._seen:
+            return
+        self._seen.add(key)
+        self.live += size
+        weakref.finalize(st, self._freed, key, size)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor run its local ops under this mode
+        out = func(*args, **(kwargs or {}))
+        if active_fake_mode() is not None:
+            return out  # DTensor's sharding propagation: fake tensors, no memory
+        if torch._C._current_graph_task_id() != -1 and not torch.is_grad_enabled():
+            return out
+        ins = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not ins:
+            return out
+        inputs = {_storage_ptr(t) for t in ins}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._count(t, inputs)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
 class ActivationMeter:
     """The peak bytes of activations while active (a context manager around forward and
     backward of a micro-batch or pipeline call).
@@ -97,28 +168,14 @@ class ActivationMeter:
 
     def __init__(self, parts: list[nn.Module] | None = None, *, pipeline: bool = False):
         """``parts``: the rank's model parts; one FSDP2 part is tracked with FSDPMemTracker,
-        which tells FSDP's gathered parameters from activations. ``pipeline``: the
-        trackers' module hooks cannot follow torch.distributed.pipelining's backward, so
-        a pipeline rank counts the storages autograd saves instead (an upper bound: a
-        storage, once saved, stays counted)."""
+        which tells FSDP's gathered parameters from activations. ``pipeline``: torch's
+        trackers' module hooks cannot follow torch.distributed.pipelining's schedules,
+        so a pipeline rank counts with ``LiveActivations``."""
         self.peak = 0
         self.resident_params = 0
         self._parts = parts or []
         self._pipeline = pipeline
         self._tracker = None
-        self._saved: dict[int, int] = {}
-
-    def _pack(self, t: torch.Tensor):
-        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
-            return t  # a weight saved for backward is state, not an activation
-        local = _local(t)
-        try:
-            key, size = local.untyped_storage().data_ptr(), local.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
-            return t
-        self._saved.setdefault(key, size)
-        self.peak = max(self.peak, sum(self._saved.values()))
-        return t
 
     def note_resident_params(self, parts: list[nn.Module]) -> None:
         """Record the parameter bytes held right after a forward (call before backward).
@@ -132,7 +189,7 @@ class ActivationMeter:
     def __enter__(self):
         parts = self._parts
         if self._pipeline:
-            self._tracker = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            self._tracker = LiveActivations()
         elif len(parts) == 1 and isinstance(parts[0], FSDPModule):
             self._tracker = _FSDPTracker(parts[0])
         else:
@@ -144,7 +201,7 @@ class ActivationMeter:
         tracker, self._tracker = self._tracker, None
         tracker.__exit__(*exc)
         self.peak = max(self.peak, getattr(tracker, "activation_peak", 0))
-        self._saved.clear()
+        self.peak = max(self.peak, getattr(tracker, "peak", 0))
         return False
 
 
