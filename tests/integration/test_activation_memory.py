@@ -108,6 +108,13 @@ def test_checkpointing_and_lora_measure_less(measured):
 
     for name in ("ddp", "tp", "fsdp-zero3"):
         assert act(f"{name}-full") < act(f"{name}-selective") < act(f"{name}-none"), name
+    for name in ("pp-1f1b", "pp-gpipe"):
+        assert act(f"{name}-full") < act(f"{name}-none"), name
+    # GPipe holds both micro-batches on the last stage, 1F1B one.
+    assert (
+        measured["pp-1f1b-none"].memory[1]["activations_bytes"]
+        < (measured["pp-gpipe-none"].memory[1]["activations_bytes"])
+    )
     for name in ("ddp", "fsdp-zero3"):
         assert act(f"{name}-lora-selective") < act(f"{name}-lora-none")
     assert act("ddp-lora-none") < act("ddp-none")
