@@ -90,15 +90,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
         raise ValueError(
             "no tokenizer: pass --tokenizer DIR or set model.tokenizer (or model.hf) in the spec"
         )
-    opts = ShapeOptions(
-        shape=data.shape,
-        seq_len=data.seq_len,
-        truncate=data.truncate,
-        text_field=data.text_field,
-        prompt_field=data.prompt_field,
-        completion_field=data.completion_field,
-        messages_field=data.messages_field,
-    )
+    opts = ShapeOptions.of(data)
     return prepare(
         source=data.source,
         path=data.path,

@@ -27,6 +27,7 @@ import json
 import os
 
 from workers.data.formats import field, jsonl_lines, read_rows
+from workers.data.prepare import read_index
 from workers.data.remote import is_remote
 from workers.spec import JobSpec
 
@@ -129,15 +130,7 @@ def _check_row(path: str, row: int, record: object, spec: JobSpec) -> None:
 
 
 def _check_prepared(path: str, spec: JobSpec) -> None:
-    try:
-        with open(os.path.join(path, "index.json")) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"data.path {path!r} is not a prepared folder (no readable index.json); write one "
-            "with `etrain data prepare`"
-        ) from e
-    _check_index(path, index, spec)
+    _check_index(path, read_index(path), spec)
 
 
 def _check_index(path: str, index: object, spec: JobSpec) -> None:

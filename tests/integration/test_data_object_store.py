@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 
-import boto3
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,6 +16,7 @@ import pytest
 
 from tests.support.hf_fixtures import make_word_tokenizer
 from tests.support.local_launch import LocalJob, run_local
+from tests.support.s3_fixture import s3_client
 from workers.checkpoint.storage import resolve_checkpoint_storage
 from workers.data import TokenDataset, dataset_for
 from workers.data.prepare import local_prepared, prepare
@@ -55,13 +55,7 @@ def s3(s3_server, tmp_path_factory):
         vocab_size=256,
     )
     env = s3_server["env"]
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_server["endpoint_url"],
-        region_name=s3_server["region"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
+    client = s3_client(s3_server)
     bucket = s3_server["bucket"]
     for local, key in [
         *[(root / n, f"data/{n}") for n in ("rows.jsonl", "rows.parquet", "bad.jsonl")],

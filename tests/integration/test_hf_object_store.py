@@ -15,13 +15,13 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
 
 from tests.support.fakes import ADMIN_H
 from tests.support.hf_fixtures import hf_config, make_hf_folder
 from tests.support.local_launch import LocalJob, run_local
+from tests.support.s3_fixture import s3_client
 from workers.spec import JobSpec
 
 pytestmark = pytest.mark.slow
@@ -38,13 +38,7 @@ def store(s3_server, tmp_path_factory):
     make_hf_folder(local, "qwen2", seed=5, max_shard_size="40KB")
     assert (local / "model.safetensors.index.json").is_file()
     env, bucket = s3_server["env"], s3_server["bucket"]
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_server["endpoint_url"],
-        region_name=s3_server["region"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
+    client = s3_client(s3_server)
     for p in local.iterdir():
         client.upload_file(str(p), bucket, f"{PREFIX}/{p.name}")
     shard = next(local.glob("model-*.safetensors"))

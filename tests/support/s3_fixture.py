@@ -60,18 +60,26 @@ def s3_server():
             "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
             "AWS_DEFAULT_REGION": REGION,
         }
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=REGION,
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        ).create_bucket(Bucket=BUCKET)
+        server_info = {"endpoint_url": endpoint, "bucket": BUCKET, "region": REGION, "env": env}
+        s3_client(server_info).create_bucket(Bucket=BUCKET)
         # From here on every request must be signed by a known key (moto's IAM check).
         requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).raise_for_status()
-        yield {"endpoint_url": endpoint, "bucket": BUCKET, "region": REGION, "env": env}
+        yield server_info
     finally:
         server.stop()
         import moto.settings
 
         moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")  # reset-auth is process-wide
+
+
+def s3_client(server: dict):
+    """A boto3 S3 client of :func:`s3_server`'s user (to put test objects in place)."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=server["endpoint_url"],
+        region_name=server["region"],
+        aws_access_key_id=server["env"]["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=server["env"]["AWS_SECRET_ACCESS_KEY"],
+    )

@@ -19,18 +19,16 @@ import torch
 
 from workers.checkpoint.source import ExportError
 from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
+from workers.data import tokenizer
 from workers.models.config import ModelConfig
 from workers.models.hf_config import read_hf_config_text
 from workers.models.hf_load import hf_config_bytes, hf_model_config, local_folder
 from workers.models.hf_remote import is_remote, model_location
 
-# Tokenizer (and generation) files a model folder may carry; copied when present.
+# Tokenizer (and generation) files a model folder may carry; copied when present: those
+# that decide tokenization (workers.data.tokenizer), then the rest.
 TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
+    *tokenizer.TOKENIZER_FILES,
     "tokenizer.model",
     "vocab.json",
     "merges.txt",

@@ -245,15 +245,7 @@ def dataset_for(
             vocab_size=vocab_size,
             seed=seed,
         )
-    opts = ShapeOptions(
-        shape=data.shape,
-        seq_len=data.seq_len,
-        truncate=data.truncate,
-        text_field=data.text_field,
-        prompt_field=data.prompt_field,
-        completion_field=data.completion_field,
-        messages_field=data.messages_field,
-    )
+    opts = ShapeOptions.of(data)
     folder = ensure_prepared(
         source=data.source,
         path=data.path,

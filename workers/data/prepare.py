@@ -19,14 +19,20 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict
 
 import numpy as np
 
 from workers.data.formats import read_rows, require_file
-from workers.data.remote import Stores, cache_root, cached_folder, is_remote, locate, read_small
+from workers.data.remote import (
+    Stores,
+    cache_root,
+    cached_folder,
+    is_remote,
+    locate,
+    read_small,
+    replace_folder,
+)
 from workers.data.remote import file_info as remote_file_info
 from workers.data.remote import identity as remote_identity
 from workers.data.tokenizer import check_vocab, load_tokenizer, local_tokenizer, tokenizer_hash
@@ -102,8 +108,8 @@ def _write(out: str, samples: Samples, index: dict) -> None:
     os.makedirs(parent, exist_ok=True)
     if os.path.exists(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, INDEX)):
         raise ValueError(f"--out {out!r} exists and is not a prepared folder; name a new folder")
-    tmp = tempfile.mkdtemp(prefix=".prepare-", dir=parent)
-    try:
+
+    def fill(tmp: str) -> None:
         window = index["seq_len"] + 1
         np.save(os.path.join(tmp, "tokens.npy"), samples.tokens)
         if samples.targets is None:
@@ -114,12 +120,8 @@ def _write(out: str, samples: Samples, index: dict) -> None:
         np.save(os.path.join(tmp, "counts.npy"), counts)
         with open(os.path.join(tmp, INDEX), "w") as f:
             json.dump(index, f, indent=1)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_folder(out, fill, prefix=".prepare-")
 
 
 def read_index(folder: str) -> dict:

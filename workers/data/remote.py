@@ -29,18 +29,14 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
+from workers.models.uris import is_remote as is_remote  # one definition, asked for here too
+
 # A URL -> its StorageLocation (an fsspec ``fs`` and the ``root`` path it sees).
 Stores = Callable[[str], Any]
 
-REMOTE_SCHEMES = ("s3://", "gs://")
 CACHE_ENV = "ETRAIN_DATA_CACHE"
 # Tokenizer files are small; a bigger one is refused rather than fetched.
 MAX_TOKENIZER_FILE = 64 << 20
-
-
-def is_remote(path: str | None) -> bool:
-    """Whether ``path`` names an object store (``s3://`` or ``gs://``)."""
-    return bool(path) and str(path).startswith(REMOTE_SCHEMES)
 
 
 def cache_root() -> str:
@@ -116,16 +112,22 @@ def cached_folder(out: str, fill: Callable[[str], None], ready: Callable[[str], 
         with contextlib.suppress(Exception):
             if ready(out):
                 return out
-        tmp = tempfile.mkdtemp(prefix=".fetch-", dir=parent)
-        try:
-            fill(tmp)
-            if os.path.exists(out):
-                shutil.rmtree(out)
-            os.rename(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        replace_folder(out, fill, prefix=".fetch-")
     return out
+
+
+def replace_folder(out: str, fill: Callable[[str], None], *, prefix: str) -> None:
+    """``fill`` a fresh folder beside ``out``, then move it into ``out``'s place (readers
+    never see a half-written folder; a failed fill leaves ``out`` as it was)."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        fill(tmp)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_small(url: str, stores: Stores | None, limit: int, *, field: str) -> bytes:

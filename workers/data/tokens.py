@@ -32,6 +32,11 @@ class ShapeOptions:
     completion_field: str = "completion"
     messages_field: str = "messages"
 
+    @classmethod
+    def of(cls, data) -> ShapeOptions:
+        """The options a job spec's ``data`` section sets."""
+        return cls(**{name: getattr(data, name) for name in cls.__dataclass_fields__})
+
 
 @dataclass
 class Samples:

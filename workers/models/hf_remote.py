@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 
+from workers.models.uris import is_remote as is_remote  # one definition, asked for here too
+
 log = logging.getLogger(__name__)
 
 Stores = Callable[[str], Any]  # a URL -> its StorageLocation (fs, root, join, uri)
-OBJECT_STORES = ("s3://", "gs://")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 16 << 20
@@ -54,11 +55,6 @@ DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-
-
-def is_remote(uri: str | None) -> bool:
-    """Whether ``uri`` names an object store (``s3://`` or ``gs://``)."""
-    return bool(uri) and uri.startswith(OBJECT_STORES)
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,18 @@ def _body(section, data_dir):
     return {**TINY, **section, "data": {**TINY["data"], **section.get("data", {})}}
 
 
+def refused_with(c, route: str, spec: dict, headers: dict, loc: list, words: str) -> None:
+    """``spec`` posted to ``route`` (a job, or a plan of it) is a 422 whose error at ``loc``
+    says ``words``, and the answer holds no secret."""
+    r = c.post(route, json=spec if route == "/v1/jobs" else {"spec": spec}, headers=headers)
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    mine = [e for e in errors if e["loc"] == ["body", *loc]]
+    assert mine, errors
+    assert words in mine[0]["msg"], mine[0]["msg"]
+    assert not any(v in r.text for v in SECRET_ENV.values())
+
+
 @pytest.mark.parametrize(
     ("case", "tenant", "section", "loc", "words"), REFUSED, ids=[r[0] for r in REFUSED]
 )
@@ -201,18 +213,8 @@ def test_spec_access_refused(env, route, case, tenant, section, loc, words):
     c, tokens, probed, data_dir = env
     _layout(data_dir)
     spec = _body(section, data_dir)
-    r = c.post(
-        route,
-        json=spec if route == "/v1/jobs" else {"spec": spec},
-        headers=_headers(tokens, tenant),
-    )
-    assert r.status_code == 422, r.text
-    errors = r.json()["detail"]
-    mine = [e for e in errors if e["loc"] == ["body", *loc]]
-    assert mine, errors
-    assert words in mine[0]["msg"], mine[0]["msg"]
+    refused_with(c, route, spec, _headers(tokens, tenant), loc, words)
     assert probed == []  # the service sent nothing to a store it refused
-    assert not any(v in r.text for v in SECRET_ENV.values())
     assert c.get("/v1/jobs", headers=_headers(tokens, tenant)).json()["total"] == 0
 
 

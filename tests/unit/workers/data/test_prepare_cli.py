@@ -12,6 +12,7 @@ from service import cli
 from tests.support.fakes import ADMIN
 from tests.unit.workers.data.conftest import CHATS, INSTRUCTIONS, write_jsonl
 from workers.data import TokenDataset
+from workers.data.prepare import FORMAT_VERSION
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
@@ -123,6 +124,10 @@ def test_submit_refuses_a_shape_without_tokenizer_and_a_wrong_seq_len(client, tm
     prepared.mkdir()
     (prepared / "index.json").write_text(json.dumps({"seq_len": 64}))
     data = {"source": "prepared", "path": str(prepared), "seq_len": 32}
+    r = client.post("/v1/jobs", json=_job(data), headers=headers)
+    assert r.status_code == 422 and "run `etrain data prepare` again" in r.text  # no format
+    index = {"format_version": FORMAT_VERSION, "seq_len": 64}
+    (prepared / "index.json").write_text(json.dumps(index))
     r = client.post("/v1/jobs", json=_job(data), headers=headers)
     assert r.status_code == 422 and "set data.seq_len: 64" in r.text
     r = client.post("/v1/jobs", json=_job({**data, "seq_len": 64}), headers=headers)
