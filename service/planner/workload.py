@@ -72,8 +72,9 @@ class Layout:
 
     @property
     def fsdp(self) -> bool:
-        """Whether FSDP2 shards over dp (every strategy but DDP does when dp > 1)."""
-        return self.strategy != "ddp" and self.dp > 1
+        """Whether FSDP2 wraps the model (every strategy but DDP does when dp > 1, and with
+        CPU offload also on one dp rank: the state then lives in host memory)."""
+        return self.strategy != "ddp" and (self.dp > 1 or self.cpu_offload)
 
     @property
     def stages_per_rank(self) -> int:

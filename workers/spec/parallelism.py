@@ -20,7 +20,12 @@ class FsdpSpec(Spec):
         "backward. 1 runs as 2: FSDP2 has no optimizer-state-only mode, so gradients are "
         "sharded too (less memory than ZeRO-1, never more); the plan says so.",
     )
-    cpu_offload: bool = Field(False, description="Offload sharded parameters to host memory.")
+    cpu_offload: bool = Field(
+        False,
+        description="Keep sharded parameters, gradients and optimizer state in host memory; "
+        "each block is copied to the device for its compute. Also on a single worker, "
+        "where it lets a model larger than the GPU train on it (e.g. 70B LoRA on 24 GB).",
+    )
 
 
 class PipelineSpec(Spec):

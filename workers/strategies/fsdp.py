@@ -70,11 +70,15 @@ def fully_shard_options(*, dp_mesh: DeviceMesh, cfg: StrategyConfig) -> dict:
 def shard_data_parallel(model: nn.Module, *, dp_mesh: DeviceMesh, cfg: StrategyConfig) -> nn.Module:
     """Shard ``model`` (a whole model or one pipeline stage's part) over ``dp_mesh``.
 
-    Returns ``model`` unchanged when ``dp_mesh`` has one rank: there is
-    nothing to shard or reduce, and a plain module (possibly holding tensor-
-    parallel DTensors) trains as it is. Apply tensor parallelism before this.
+    Returns ``model`` unchanged when ``dp_mesh`` has one rank and no CPU offload:
+    there is nothing to shard or reduce, and a plain module (possibly holding
+    tensor-parallel DTensors) trains as it is. With ``cpu_offload`` one rank is
+    wrapped too: its parameters, gradients and optimizer state then live in host
+    memory and each block is copied to the device for its forward and backward
+    (how a model larger than the GPU trains on one GPU). Apply tensor parallelism
+    before this.
     """
-    if dp_mesh.size() == 1:
+    if dp_mesh.size() == 1 and not cfg.parallelism.fsdp.cpu_offload:
         return model
     options = fully_shard_options(dp_mesh=dp_mesh, cfg=cfg)
     for block in decoder_blocks(model):

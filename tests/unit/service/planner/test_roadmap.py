@@ -49,6 +49,14 @@ SCENARIOS = {
         _spec("llama-70b", 1, {"strategy": "ddp"}, ac="full", lora=LORA),
         ONE_24GB,
     ),
+    "70B LoRA, 1x24GB + 256 GB host, ZeRO-3 + offload, full recompute": (
+        _spec("llama-70b", 1, _fsdp(3, True), ac="full", lora=LORA),
+        {**ONE_24GB, "host_memory_gb": 256},
+    ),
+    "70B LoRA, 1x24GB + 64 GB host, ZeRO-3 + offload, full recompute": (
+        _spec("llama-70b", 1, _fsdp(3, True), ac="full", lora=LORA),
+        {**ONE_24GB, "host_memory_gb": 64},
+    ),
     "70B LoRA, 8x24GB, ZeRO-3, full recompute": (
         _spec("llama-70b", 8, _fsdp(3), ac="full", lora=LORA),
         NODE_24GB,
@@ -97,8 +105,11 @@ def test_the_roadmap_verdicts():
     # 7B LoRA fits one 24 GB GPU with full recompute, not without.
     assert fits["7B LoRA, 1x24GB, full recompute"]
     assert not fits["7B LoRA, 1x24GB, no recompute"]
-    # 70B LoRA: not on one 24 GB GPU; on eight with ZeRO-3 + CPU offload, not without offload.
+    # 70B LoRA on one 24 GB GPU: only with ZeRO-3 + CPU offload and the host memory for the
+    # base; on eight with ZeRO-3 + CPU offload, not without offload.
     assert not fits["70B LoRA, 1x24GB, full recompute"]
+    assert fits["70B LoRA, 1x24GB + 256 GB host, ZeRO-3 + offload, full recompute"]
+    assert not fits["70B LoRA, 1x24GB + 64 GB host, ZeRO-3 + offload, full recompute"]
     assert fits["70B LoRA, 8x24GB, ZeRO-3 + offload, full recompute"]
     assert not fits["70B LoRA, 8x24GB, ZeRO-3, full recompute"]
     # Each ZeRO stage holds no more per GPU than the one before.
