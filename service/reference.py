@@ -208,7 +208,9 @@ def api_markdown() -> str:
         "and 503 when the Ray cluster refuses or cannot be reached. Bodies nest at most 64 "
         "levels and hold at most 200,000 values. The full document "
         "is [openapi.json](openapi.json) (served at `/openapi.json`, browsable at "
-        "`/docs`).\n\n",
+        "`/docs` (Swagger UI) and `/redoc`; both pages and their JavaScript and CSS are served "
+        "by etrain itself, with no token and no CDN, so they work on a closed network; the "
+        "operations they try still need the token).\n\n",
         _table(("route", "what", "query", "answers"), iter(rows)),
         "\n## Schemas\n",
     ]

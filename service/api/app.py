@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from service.api import goodput_routes, routes, token_routes
 from service.api.deps import Runtime
+from service.api.docs_pages import mount_docs
 from service.api.limits import BodyLimit
 from service.api.metrics import JOB_METRICS
 from service.api.openapi import document_bodies
@@ -82,6 +83,8 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         description="Elastic cluster training service on Ray Train.",
+        docs_url=None,  # /docs and /redoc: same-origin assets, no CDN (service/api/docs_pages.py)
+        redoc_url=None,
     )
 
     @app.exception_handler(EtrainError)
@@ -96,5 +99,6 @@ def create_app(
     app.include_router(routes.v1)
     app.include_router(goodput_routes.v1)
     app.include_router(token_routes.v1)
+    mount_docs(app)
     document_bodies(app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS))
     return app
