@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         "every job) inherits from the service, beyond its allow-list (PATH, HOME, LANG, LC_*, "
         "RAY_*, PYTHONPATH, ...); never ETRAIN_*, AWS_* or GOOGLE_* unless named here.",
     )
+    tensorboard_default: bool = Field(
+        False,
+        description="metrics.tensorboard for jobs whose spec leaves it unset: write "
+        "TensorBoard event files under the job's checkpoint storage.",
+    )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
     submit_retry_s: float = Field(
         300,

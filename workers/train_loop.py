@@ -42,6 +42,7 @@ from workers.strategies import StrategyConfig, get_strategy
 from workers.strategies.mesh import build_mesh, coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report
 from workers.telemetry.reporter import TelemetryReporter
+from workers.telemetry.tensorboard import with_tensorboard
 
 
 @dataclass
@@ -243,6 +244,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
+    env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start)
     saving = Checkpointer(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))
@@ -291,6 +293,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
             },
         )
     saving.close()
+    tb.close()
     return result
 
 

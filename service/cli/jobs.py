@@ -166,6 +166,17 @@ def jobs(
     s.console.print(f"{len(page.get('items', []))} of {page.get('total', '?')} jobs", markup=False)
 
 
+def tensorboard_line(job: dict[str, Any]) -> str | None:
+    """The command that shows the job's TensorBoard event files, when it writes them
+    (metrics.tensorboard with a local checkpoint storage; rank 0 writes them there)."""
+    spec = job.get("spec") or {}
+    storage = (spec.get("checkpoint") or {}).get("storage") or ""
+    if not (spec.get("metrics") or {}).get("tensorboard") or not storage.startswith("file://"):
+        return None
+    root = storage.removeprefix("file://").rstrip("/")
+    return f"tensorboard --logdir {root}/{job.get('id')}/checkpoints/tensorboard"
+
+
 def _print_summary(s: Session, job: dict[str, Any]) -> None:
     """The human view of one job object."""
     total = total_steps(job)
@@ -177,6 +188,7 @@ def _print_summary(s: Session, job: dict[str, Any]) -> None:
         ("world size", job.get("world_size")),
         ("restarts", job.get("restarts")),
         ("dashboard", job.get("dashboard_url")),
+        ("curves", tensorboard_line(job)),
         ("created", job.get("created_at")),
         ("started", job.get("started_at")),
         ("finished", job.get("finished_at")),

@@ -74,7 +74,7 @@ class Submission:
         tenant = self.tenant(principal)
         # A full queue is a 429 before the plan and the probe (store() checks again).
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
-        spec = self._with_default_storage(validate_spec(data), tenant)
+        spec = self._with_defaults(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
         # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
         model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
@@ -104,6 +104,14 @@ class Submission:
             # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
             max_queued=max_queued_jobs(self.settings, prepared.tenant.name),
         )
+
+    def _with_defaults(self, spec: JobSpec, tenant: Tenant) -> JobSpec:
+        """``spec`` with the tenant's default storage and the service's metrics.tensorboard."""
+        spec = self._with_default_storage(spec, tenant)
+        if spec.metrics.tensorboard is not None:
+            return spec
+        metrics = spec.metrics.model_copy(update={"tensorboard": self.settings.tensorboard_default})
+        return spec.model_copy(update={"metrics": metrics})
 
     def _with_default_storage(self, spec: JobSpec, tenant: Tenant) -> JobSpec:
         """``spec`` with the tenant's checkpoint area as storage when it names none."""

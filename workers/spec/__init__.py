@@ -19,6 +19,7 @@ from workers.models.hf_config import check_layout
 from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
 from workers.spec.data import DataSpec
+from workers.spec.metrics import MetricsSpec
 from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 
@@ -32,6 +33,7 @@ __all__ = [
     "GcsSpec",
     "JobSpec",
     "LoraSpec",
+    "MetricsSpec",
     "ModelSpec",
     "ParallelismSpec",
     "PipelineSpec",
@@ -183,6 +185,7 @@ class JobSpec(Spec):
         default_factory=CheckpointSpec, description="Checkpoint policy."
     )
     failure: FailureSpec = Field(default_factory=FailureSpec, description="Failure handling.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Training curves.")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,60 @@
+"""metrics.tensorboard: the service-wide default filled in at submit, and the
+`tensorboard --logdir` line `etrain status` prints for a job that writes event files."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.cli.jobs import tensorboard_line
+from tests.support.fakes import FakeBackend
+from tests.unit.service.test_api import ADMIN_H, SPEC, _settings
+from tests.unit.service.test_cli import make_job, run, server  # noqa: F401 (fixture)
+from workers.spec import JobSpec
+
+
+def _submitted(tmp_path, metrics: dict | None, **settings) -> dict:
+    app = create_app(_settings(tmp_path, **settings), backend=FakeBackend(), reconcile=False)
+    body = {**SPEC, **({"metrics": metrics} if metrics is not None else {})}
+    with TestClient(app) as client:
+        r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
+    assert r.status_code == 201, r.text
+    return r.json()["spec"]["metrics"]
+
+
+def test_spec_leaves_tensorboard_unset():
+    assert JobSpec.model_validate({"name": "x"}).metrics.tensorboard is None
+
+
+@pytest.mark.parametrize(
+    ("default", "metrics", "want"),
+    [
+        (None, None, False),  # off unless the service says otherwise
+        (True, None, True),
+        (True, {"tensorboard": False}, False),  # the spec wins
+        (False, {"tensorboard": True}, True),
+    ],
+)
+def test_submit_fills_the_service_default(tmp_path, default, metrics, want):
+    settings = {} if default is None else {"tensorboard_default": default}
+    assert _submitted(tmp_path, metrics, **settings) == {"tensorboard": want}
+
+
+def test_tensorboard_line_only_for_local_storage_with_tensorboard_on():
+    spec = {"checkpoint": {"storage": "file:///data/ckpts/"}, "metrics": {"tensorboard": True}}
+    assert tensorboard_line({"id": "j-1", "spec": spec}) == (
+        "tensorboard --logdir /data/ckpts/j-1/checkpoints/tensorboard"
+    )
+    off = {**spec, "metrics": {"tensorboard": False}}
+    remote = {**spec, "checkpoint": {"storage": "s3://bucket/x"}}
+    assert tensorboard_line({"id": "j-1", "spec": off}) is None
+    assert tensorboard_line({"id": "j-1", "spec": remote}) is None
+
+
+def test_status_prints_the_logdir_line(server):  # noqa: F811
+    spec = {"checkpoint": {"storage": "file:///srv/ck"}, "metrics": {"tensorboard": True}}
+    server.snapshots = [make_job("RUNNING", 2, 3.0, 1, spec={**spec, "train": {"steps": 5}})]
+    result = run("status", "j-1")
+    assert result.exit_code == 0, result.output
+    assert "curves     tensorboard --logdir /srv/ck/j-1/checkpoints/tensorboard" in result.stdout
