@@ -164,15 +164,19 @@ def matrix_results(tmp_path_factory) -> dict:
     return results
 
 
+def assert_matches(res, want: dict[int, float], label: str) -> None:
+    """Every step of ``res`` ran, without error, with the reference's loss (rel 1e-4)."""
+    assert res.error is None, res.error
+    assert sorted(res.losses) == list(range(1, STEPS + 1))
+    for step, loss in res.losses.items():
+        assert loss == pytest.approx(want[step], rel=1e-4), f"{label} step {step}"
+
+
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("row", list(MATRIX))
 def test_strategy_matches_single_process(matrix_results, references, row, optimizer):
     res = matrix_results[f"{row}-{optimizer}"]
-    assert res.error is None, res.error
-    want = references[(optimizer, STEPS)]
-    assert sorted(res.losses) == list(range(1, STEPS + 1))
-    for step, loss in res.losses.items():
-        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
+    assert_matches(res, references[(optimizer, STEPS)], f"{row} {optimizer}")
     assert res.losses[STEPS] < res.losses[1]
 
 
@@ -182,21 +186,12 @@ def test_activation_checkpointing_matches_single_process(
     matrix_results, references, row, optimizer
 ):
     res = matrix_results[f"{row}-{optimizer}-ac"]
-    assert res.error is None, res.error
-    want = references[(optimizer, STEPS)]
-    assert sorted(res.losses) == list(range(1, STEPS + 1))
-    for step, loss in res.losses.items():
-        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} {optimizer} step {step}"
+    assert_matches(res, references[(optimizer, STEPS)], f"{row} {optimizer}")
 
 
 @pytest.mark.parametrize("row", CHECKPOINTED)
 def test_selective_activation_checkpointing_matches_single_process(matrix_results, references, row):
-    res = matrix_results[f"{row}-adamw-sac"]
-    assert res.error is None, res.error
-    want = references[("adamw", STEPS)]
-    assert sorted(res.losses) == list(range(1, STEPS + 1))
-    for step, loss in res.losses.items():
-        assert loss == pytest.approx(want[step], rel=1e-4), f"{row} step {step}"
+    assert_matches(matrix_results[f"{row}-adamw-sac"], references[("adamw", STEPS)], row)
 
 
 @pytest.mark.parametrize("row", CLIPPED)
