@@ -140,9 +140,12 @@ def _stores(spec: JobSpec):
     return lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri)
 
 
-def _new_model(spec: JobSpec, env: RunEnv) -> tuple[nn.Module, ModelConfig | None]:
-    """A preset initialised from the seed, or (model.hf) an empty meta model and its config."""
-    cfg = spec_model_config(spec, _stores(spec))
+def _new_model(
+    spec: JobSpec, env: RunEnv, cfg: ModelConfig | None = None
+) -> tuple[nn.Module, ModelConfig | None]:
+    """A preset initialised from the seed, or (model.hf) an empty meta model and its config.
+    ``cfg``: the job's model shape when the caller has it (else read from the spec)."""
+    cfg = cfg or spec_model_config(spec, _stores(spec))
     if spec.model.hf is None:
         return build_model(cfg, seed=spec.train.seed, device=str(env.device)), None
     return build_model(cfg, seed=spec.train.seed, device="meta"), cfg
@@ -154,9 +157,9 @@ def _load_hf(spec: JobSpec, env: RunEnv, parts: list[nn.Module], cfg: ModelConfi
     load_pretrained(parts, spec.model.hf, cfg, stores=_stores(spec))
 
 
-def _build(spec: JobSpec, env: RunEnv, dataset) -> tuple[Stepper, list]:
+def _build(spec: JobSpec, env: RunEnv, dataset, cfg: ModelConfig) -> tuple[Stepper, list]:
     torch.manual_seed(spec.train.seed)
-    model, pretrained = _new_model(spec, env)
+    model, pretrained = _new_model(spec, env, cfg)
     model.checkpoint_blocks = spec.model.activation_checkpointing
     if spec.model.lora is not None:  # adapters in, base frozen: before the strategy wraps it
         inject_lora(model, spec.model.lora)
@@ -211,14 +214,14 @@ def _restore(
     return info.step, extra
 
 
-def _dataset(spec: JobSpec):
+def _dataset(spec: JobSpec, cfg: ModelConfig):
     """The job's dataset (its items depend on the spec alone, never on the world size);
     file sources are tokenized with model.tokenizer (else model.hf's) when there is one;
     object-store ones are reached with the checkpoint section's store options."""
     return dataset_for(
         spec.data,
         tokenizer=spec.model.tokenizer or spec.model.hf,
-        vocab_size=spec_model_config(spec, _stores(spec)).vocab_size,
+        vocab_size=cfg.vocab_size,
         seed=spec.train.seed,
         stores=_stores(spec),
     )
@@ -239,8 +242,10 @@ def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    dataset = _dataset(spec)
-    stepper, schedulers = _build(spec, env, dataset)
+    # The model's shape, read once (model.hf: its config.json, maybe from an object store).
+    cfg = spec_model_config(spec, _stores(spec))
+    dataset = _dataset(spec, cfg)
+    stepper, schedulers = _build(spec, env, dataset, cfg)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)

@@ -114,10 +114,11 @@ def test_first_loss_equals_transformers_on_the_same_global_batch(qwen_folder, re
     from transformers import AutoModelForCausalLM
 
     from workers.data import GlobalBatchSampler, collate
+    from workers.models.hf_load import spec_model_config
     from workers.train_loop import _dataset
 
     spec = JobSpec.model_validate(_spec(qwen_folder, 1, {"strategy": "ddp"}, "sgd"))
-    dataset = _dataset(spec)
+    dataset = _dataset(spec, spec_model_config(spec))
     batch = GlobalBatchSampler(len(dataset), seed=spec.train.seed).next_global_batch(8)
     inputs, targets = collate(dataset, batch)
     ref = AutoModelForCausalLM.from_pretrained(qwen_folder, dtype=torch.float32).eval()
