@@ -242,8 +242,7 @@ def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    # The model's shape, read once (model.hf: its config.json, maybe from an object store).
-    cfg = spec_model_config(spec, _stores(spec))
+    cfg = spec_model_config(spec, _stores(spec))  # read once: model.hf may be remote
     dataset = _dataset(spec, cfg)
     stepper, schedulers = _build(spec, env, dataset, cfg)
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
