@@ -115,6 +115,9 @@ class MetricPoint(BaseModel):
     ts: float | None = Field(None, description="Unix time the step ended.")
     loss: float | None = Field(None, description="Mean loss over the global batch.")
     lr: float | None = Field(None, description="Learning rate the step used.")
+    grad_norm: float | None = Field(
+        None, description="Global L2 norm of the step's gradients, before any clipping."
+    )
     samples_per_s: float | None = Field(None, description="Global batch / step time.")
     tokens_per_s: float | None = Field(None, description="Tokens of the global batch / step time.")
     step_time_s: float | None = Field(None, description="Wall time of the step.")

@@ -10,6 +10,7 @@ spec's global batch, and the reported loss is that batch's mean.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Protocol
 
 import torch
@@ -86,6 +87,8 @@ class Stepper:
             device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
         )
         self.meter: ActivationMeter | None = None
+        # The global gradient norm of the last step, before any clipping (its metric point).
+        self.grad_norm: float | None = None
 
     def step(self, batch: list, *, votes: tuple[bool, ...] = ()) -> tuple[float, tuple[int, ...]]:
         """One optimizer step on this rank's share of ``batch``.
@@ -116,10 +119,12 @@ class Stepper:
             )
             if loss is not None:
                 local += loss
-        self._clip()
+        norm = self._clip()
         for opt in self.optimizers:
             opt.step()
-        return self._reduce(local, votes)
+        reduced = self._reduce(local, votes)
+        self.grad_norm = float(norm)  # after the reduce, which waits for the device anyway
+        return reduced
 
     def zero_grad(self) -> None:
         """Drop gradients (after any memory measurement of the step)."""
@@ -153,18 +158,17 @@ class Stepper:
             )
         return None if loss is None else loss / n_calls
 
-    def _clip(self) -> None:
-        if self.grad_clip <= 0:
-            return
+    def _clip(self) -> torch.Tensor:
+        """The global gradient norm; gradients are clipped to train.grad_clip when it is > 0."""
         if self.pipeline is not None:
             # Each pipeline rank holds other layers: the norm must span all stages.
-            self.pipeline.clip_grad_norm_(self.grad_clip)
-            return
+            return self.pipeline.clip_grad_norm_(self.grad_clip or math.inf)
         params = [p for part in self.parts for p in part.parameters() if p.grad is not None]
-        # foreach=False: one fused multiply cannot mix DTensors of different meshes.
-        torch.nn.utils.clip_grads_with_norm_(
-            params, self.grad_clip, total_grad_norm(params), foreach=False
-        )
+        norm = total_grad_norm(params)
+        if self.grad_clip > 0:
+            # foreach=False: one fused multiply cannot mix DTensors of different meshes.
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm, foreach=False)
+        return norm
 
     def _reduce(
         self, local: torch.Tensor, votes: tuple[bool, ...]

@@ -279,7 +279,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
             step=step,
             loss=loss,
             dt=dt,
-            lr=stepper.optimizers[0].param_groups[0]["lr"],
+            stepper=stepper,
             sampler=sampler,
             dataset_len=len(dataset),
         )
@@ -351,7 +351,7 @@ def _emit_metric(
     step: int,
     loss: float,
     dt: float,
-    lr: float,
+    stepper: Stepper,
     sampler: GlobalBatchSampler,
     dataset_len: int,
 ) -> None:
@@ -364,7 +364,8 @@ def _emit_metric(
             step=step,
             ts=time.time(),
             loss=loss,
-            lr=lr,
+            lr=stepper.optimizers[0].param_groups[0]["lr"],
+            grad_norm=stepper.grad_norm,
             samples_per_s=g / dt,
             tokens_per_s=g * spec.data.seq_len / dt,
             world_size=env.world_size,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import torch
 import torch.distributed as dist
@@ -168,7 +169,8 @@ class StagePipeline:
         # Each pp rank holds different layers, so the squares add up across the group.
         dist.all_reduce(squared, group=self.pp_group)
         total = squared.sqrt().float()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
+        if math.isfinite(max_norm):  # inf: the norm alone (a step's metric point)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
         return total
 
 
