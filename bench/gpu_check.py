@@ -387,12 +387,12 @@ def part_memory(ctx) -> list[dict]:
         name = f"plain module (etrain fsdp at dp=1), mbs {spec.train.micro_batch_size}"
         rows.append(mem_row(name, mem, predicted(spec, sharded=False)))
     for recompute, lora in (("none", False), ("full", False), ("selective", False), ("none", True)):
-        kw = {"seq": p["seq"], "mbs": p["mem_mbs"], "gbs": p["mem_mbs"], "steps": 2, "gpu": gpu}
+        kw = {"seq": p["seq"], "mbs": p["mem_mbs"], "gbs": p["mem_mbs"], "steps": 1, "gpu": gpu}
         spec = job(p["preset"], recompute=recompute, lora=lora, **kw)
         name = f"fully_shard zero3 mbs {p['mem_mbs']}, recompute {recompute}"
         name += ", LoRA r16 all" if lora else ""
         try:
-            mem, _ = measure(spec, device, shard=True, steps=2)
+            mem, _ = measure(spec, device, shard=True, steps=1)
             rows.append(mem_row(name, mem, predicted(spec, sharded=True)))
         except Exception as exc:  # noqa: BLE001 - one row's failure is a result too
             traceback.print_exc()
