@@ -194,6 +194,19 @@ class EtrainClient:
         body = self._request("GET", path, job_id=job_id).json()
         return body.get("items", []) if isinstance(body, dict) else body
 
+    def get_metrics(self, job_id: str) -> list[dict[str, Any]]:
+        """GET /v1/jobs/{id}/metrics: every step's point (loss, lr, tokens/s, ...), ascending."""
+        body = self._request("GET", self._job_path(job_id, "/metrics"), job_id=job_id).json()
+        return body.get("items", []) if isinstance(body, dict) else body
+
+    def get_memory(self, job_id: str) -> dict[str, Any]:
+        """GET /v1/jobs/{id}/memory: per-rank measured bytes (``ranks[*].*_bytes``)."""
+        return self._request("GET", self._job_path(job_id, "/memory"), job_id=job_id).json()
+
+    def get_goodput(self, job_id: str) -> dict[str, Any]:
+        """GET /v1/jobs/{id}/goodput: productive over wall time and its breakdown."""
+        return self._request("GET", self._job_path(job_id, "/goodput"), job_id=job_id).json()
+
     def get_logs(self, job_id: str) -> str:
         """GET /v1/jobs/{id}/logs as text."""
         return self._request("GET", self._job_path(job_id, "/logs"), job_id=job_id).text

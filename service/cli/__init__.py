@@ -7,8 +7,8 @@ Only httpx, typer, rich and yaml are imported at start-up so that ``etrain
 This module is the CLI's composition root: it holds the process-wide knobs
 (consoles, the HTTP transport, the pause between polls), turns them into each
 invocation's :class:`~service.cli.common.Session`, and registers the commands
-of :mod:`.jobs`, :mod:`.plan`, :mod:`.export`, :mod:`.data`, :mod:`.manifests` and
-:mod:`.tokens`.
+of :mod:`.jobs`, :mod:`.plan`, :mod:`.export`, :mod:`.data`, :mod:`.manifests`,
+:mod:`.tokens` and :mod:`.report`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from service.cli import data, export, jobs, manifests, plan, tokens
+from service.cli import data, export, jobs, manifests, plan, report, tokens
 from service.cli.common import EXIT_API_ERROR, EXIT_INTERRUPTED, Session
 from service.client import DEFAULT_URL
 
@@ -68,6 +68,7 @@ plan.register(app)
 export.register(app)
 data.register(app)
 tokens.register(app)
+report.register(app)
 
 if __name__ == "__main__":
     app()

@@ -53,8 +53,9 @@ def _progress_fields(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _follow(s: Session, api: EtrainClient, job: dict[str, Any]) -> int:
-    """Poll a job, printing new events above a progress bar, until it is terminal."""
+def watch(s: Session, api: EtrainClient, job: dict[str, Any]) -> dict[str, Any]:
+    """Poll a job, printing new events above a progress bar, until it is terminal; return
+    its last snapshot. A Ctrl-C (KeyboardInterrupt) is left to the caller."""
     job_id, last_event = job["id"], None
     progress = Progress(
         TextColumn("{task.description:<9}"),
@@ -67,23 +68,28 @@ def _follow(s: Session, api: EtrainClient, job: dict[str, Any]) -> int:
         TimeRemainingColumn(),
         console=s.console,
     )
+    with progress:
+        fields = _progress_fields(job)
+        task = progress.add_task(fields.pop("description"), total=total_steps(job), **fields)
+        while True:
+            job = api.get_job(job_id)
+            for event in api.get_events(job_id, after_id=last_event):
+                progress.console.print(event_line(event), markup=False)
+                last_event = event.get("id", last_event)
+            progress.update(task, total=total_steps(job), **_progress_fields(job))
+            if job.get("status") in TERMINAL_NAMES:
+                return job
+            s.pause()
+
+
+def _follow(s: Session, api: EtrainClient, job: dict[str, Any]) -> int:
+    """Watch a job until it ends and return its exit code; Ctrl-C stops following only."""
     try:
-        with progress:
-            fields = _progress_fields(job)
-            task = progress.add_task(fields.pop("description"), total=total_steps(job), **fields)
-            while True:
-                job = api.get_job(job_id)
-                for event in api.get_events(job_id, after_id=last_event):
-                    progress.console.print(event_line(event), markup=False)
-                    last_event = event.get("id", last_event)
-                progress.update(task, total=total_steps(job), **_progress_fields(job))
-                if job.get("status") in TERMINAL_NAMES:
-                    break
-                s.pause()
+        job = watch(s, api, job)
     except KeyboardInterrupt:
         s.err_console.print(
-            f"stopped following; job {job_id} keeps running. Resume with "
-            f"`etrain status {job_id}` or `etrain logs {job_id} -f`.",
+            f"stopped following; job {job['id']} keeps running. Resume with "
+            f"`etrain status {job['id']}` or `etrain logs {job['id']} -f`.",
             markup=False,
         )
         return EXIT_INTERRUPTED

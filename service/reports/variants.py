@@ -1,0 +1,101 @@
+"""The specs a report submits: the user's spec with one thing changed per variant.
+
+Each variant keeps the spec's global batch (so every run does the same maths)
+and is named ``report-<kind>-<variant>``. The server validates them; nothing
+here second-guesses it beyond what a variant needs to be well-formed.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+MEMORY_STRATEGIES: dict[str, dict[str, Any]] = {
+    "ddp": {"strategy": "ddp"},
+    "zero2": {"strategy": "fsdp", "fsdp": {"zero_stage": 2, "cpu_offload": False}},
+    "zero3": {"strategy": "fsdp", "fsdp": {"zero_stage": 3, "cpu_offload": False}},
+    "zero3-offload": {"strategy": "fsdp", "fsdp": {"zero_stage": 3, "cpu_offload": True}},
+}
+
+
+def _section(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    """``spec[key]`` as a mapping (created when missing; ValueError when not a mapping)."""
+    value = spec.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a mapping")
+    return value
+
+
+def variant(
+    spec: dict[str, Any], kind: str, name: str, *, steps: int | None = None
+) -> dict[str, Any]:
+    """A copy of ``spec`` named ``report-<kind>-<name>``, with ``train.steps`` set when given
+    (its warm-up shortened to fit: the server requires warmup_steps < steps)."""
+    out = copy.deepcopy(spec)
+    out["name"] = f"report-{kind}-{name}"
+    if steps is not None:
+        train = _section(out, "train")
+        train["steps"] = steps
+        warm = train.get("warmup_steps")
+        if isinstance(warm, int) and warm >= steps:
+            train["warmup_steps"] = steps - 1
+    return out
+
+
+def scaling_specs(
+    spec: dict[str, Any], workers: list[int], *, steps: int | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """One fixed-size spec per world size (an elastic range becomes that size; an explicit
+    data-parallel degree is dropped so it follows the workers)."""
+    out = []
+    for n in workers:
+        one = variant(spec, "scaling", f"w{n}", steps=steps)
+        _section(one, "resources")["workers"] = n
+        _section(one, "parallelism").pop("dp", None)
+        out.append((n, one))
+    return out
+
+
+def memory_specs(
+    spec: dict[str, Any], *, steps: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The spec as DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload."""
+    out = []
+    for name, parallelism in MEMORY_STRATEGIES.items():
+        one = variant(spec, "memory", name, steps=steps)
+        one["parallelism"] = copy.deepcopy(parallelism)
+        out.append((name, one))
+    return out
+
+
+def data_parallel(spec: dict[str, Any]) -> int:
+    """The spec's data-parallel degree: parallelism.dp, else workers / (tp x pp)."""
+    par = spec.get("parallelism") or {}
+    if isinstance(par.get("dp"), int):
+        return par["dp"]
+    workers = (spec.get("resources") or {}).get("workers", 2)
+    if isinstance(workers, dict):
+        workers = workers.get("max", 1)
+    model = (par.get("tp") or 1) * (par.get("pp") or 1)
+    return max(1, int(workers) // model) if isinstance(workers, int) else 1
+
+
+def accumulation_specs(
+    spec: dict[str, Any], micros: list[int], *, steps: int | None = None
+) -> list[tuple[int, int, dict[str, Any]]]:
+    """(micro, accumulation steps, spec) per micro-batch size at the spec's global batch;
+    ValueError naming the size when the global batch is not a multiple of micro x dp."""
+    out = []
+    for micro in micros:
+        one = variant(spec, "accumulation", f"m{micro}", steps=steps)
+        train = _section(one, "train")
+        train["micro_batch_size"] = micro
+        global_batch = train.setdefault("global_batch_size", 16)
+        per_step = micro * data_parallel(one)
+        if not isinstance(global_batch, int) or global_batch % per_step:
+            raise ValueError(
+                f"train.global_batch_size ({global_batch}) is not a multiple of "
+                f"--micro {micro} x data-parallel degree {data_parallel(one)}"
+            )
+        out.append((micro, global_batch // per_step, one))
+    return out

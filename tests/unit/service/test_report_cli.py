@@ -1,0 +1,260 @@
+"""`etrain report` driven through CliRunner against a fake REST server (httpx.MockTransport):
+what it submits, in which order, what it prints and writes, and how it fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from rich.console import Console
+from typer.testing import CliRunner
+
+from service import cli
+
+TOKEN = "report-token-value"
+SPEC = {
+    "name": "tiny",
+    "model": {"preset": "gpt-tiny"},
+    "resources": {"workers": 2},
+    "train": {"steps": 6, "global_batch_size": 8, "micro_batch_size": 2},
+}
+PLAN = {
+    "fits": True,
+    "errors": [],
+    "per_rank": {
+        "params_bytes": 2**20,
+        "grads_bytes": 2**20,
+        "optimizer_bytes": 2**21,
+        "activations_bytes": 2**18,
+        "buffers_bytes": 0,
+        "total_bytes": 0,
+    },
+    "breakdown": {"host_bytes": 0},
+}
+
+
+class Server:
+    """Jobs succeed at once; job ``j-<n>`` (the n-th submitted) runs at 1000 x n tokens/s
+    after a slow first step."""
+
+    def __init__(self):
+        self.requests: list[httpx.Request] = []
+        self.submitted: list[dict] = []
+        self.plan = PLAN
+        self.final = "SUCCEEDED"
+
+    def job(self, job_id: str) -> dict:
+        n = int(job_id.split("-")[1])
+        spec = self.submitted[n - 1]
+        return {
+            "id": job_id,
+            "name": spec["name"],
+            "status": self.final,
+            "step": 6,
+            "spec": spec,
+            "world_size": 2,
+            "restarts": 0,
+            "error": None,
+        }
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        path = request.url.path
+        if path == "/v1/plan":
+            return httpx.Response(200, json=self.plan)
+        if path == "/v1/jobs":
+            self.submitted.append(json.loads(request.content))
+            job = {"id": f"j-{len(self.submitted)}", "status": "QUEUED", "spec": {}}
+            return httpx.Response(201, json=job)
+        job_id, _, tail = path.removeprefix("/v1/jobs/").partition("/")
+        n = int(job_id.split("-")[1])
+        body = {
+            "": lambda: self.job(job_id),
+            "events": lambda: {"items": []},
+            "cancel": lambda: {**self.job(job_id), "status": "CANCELLED"},
+            "metrics": lambda: {
+                "items": [
+                    {
+                        "step": s,
+                        "tokens_per_s": 10.0 if s == 1 else 1000.0 * n,
+                        "samples_per_s": 1.0,
+                        "step_time_s": 0.1,
+                        "loss": 5.0 - s / 2,
+                        "lr": 1e-3,
+                        "ts": f"2026-12-01T00:00:{s:02d}Z",
+                    }
+                    for s in range(1, 7)
+                ]
+            },
+            "memory": lambda: {
+                "ranks": [
+                    {
+                        "params_bytes": 2**20 // n,
+                        "grads_bytes": 2**20 // n,
+                        "optimizer_bytes": 2**21 // n,
+                        "activations_bytes": 2**18,
+                    }
+                ]
+            },
+            "goodput": lambda: {
+                "wall_s": 10.0,
+                "productive_s": 6.0,
+                "goodput": 0.6,
+                "breakdown": {"startup_s": 4.0},
+            },
+        }[tail]()
+        return httpx.Response(200, json=body)
+
+    def paths(self) -> list[str]:
+        return [f"{r.method} {r.url.path}" for r in self.requests]
+
+
+@pytest.fixture
+def server(monkeypatch) -> Server:
+    fake = Server()
+    monkeypatch.setattr(cli, "_transport", lambda: httpx.MockTransport(fake))
+    monkeypatch.setattr(cli, "POLL_INTERVAL_S", 0)
+    monkeypatch.setattr(cli, "console", Console(width=200, highlight=False))
+    monkeypatch.setattr(cli, "err_console", Console(width=200, stderr=True, highlight=False))
+    return fake
+
+
+@pytest.fixture
+def spec_file(tmp_path) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(SPEC))
+    return path
+
+
+def run(*args: str):
+    result = CliRunner().invoke(
+        cli.app, ["report", *args], env={"ETRAIN_TOKEN": TOKEN, "ETRAIN_URL": "http://etrain.test"}
+    )
+    assert TOKEN not in result.output + result.stderr
+    return result
+
+
+def printed_rows(stdout: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in stdout.splitlines()
+        if line.startswith("|") and not line.startswith("|-")
+    ]
+
+
+def test_scaling_plans_every_size_then_runs_them_in_turn(server, spec_file, tmp_path):
+    out = tmp_path / "out"
+    result = run("scaling", str(spec_file), "--workers", "2,1", "--warmup", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    paths = server.paths()
+    assert paths[:2] == ["POST /v1/plan", "POST /v1/plan"] and paths[2] == "POST /v1/jobs"
+    assert [(s["name"], s["resources"]["workers"]) for s in server.submitted] == [
+        ("report-scaling-w1", 1),
+        ("report-scaling-w2", 2),
+    ]
+    assert all(s["train"]["global_batch_size"] == 8 for s in server.submitted)
+    header, one, two = printed_rows(result.stdout)
+    assert header[:1] == ["workers"]
+    # The slow first step is left out: 1000 and 2000 tokens/s, so speedup 2, efficiency 1.
+    assert one[:2] == ["1", "1000.0"] and one[4:7] == ["1.000", "1.000", "1.000"]
+    assert two[:2] == ["2", "2000.0"] and two[4:7] == ["2.000", "2.000", "1.000"]
+    assert (out / "scaling.png").stat().st_size > 5000
+    assert "![scaling](scaling.png)" in (out / "report.md").read_text()
+
+
+def test_memory_runs_four_strategies_beside_their_plans(server, spec_file, tmp_path):
+    result = run("memory", str(spec_file), "--out", str(tmp_path / "m"))
+    assert result.exit_code == 0, result.output
+    assert [s["name"] for s in server.submitted] == [
+        "report-memory-ddp",
+        "report-memory-zero2",
+        "report-memory-zero3",
+        "report-memory-zero3-offload",
+    ]
+    assert all(s["train"]["steps"] == 3 for s in server.submitted)
+    rows = printed_rows(result.stdout)
+    assert rows[1][:2] == ["ddp", "measured"] and rows[2][:2] == ["ddp", "predicted"]
+    assert rows[1][7] == "4.00" and rows[5][:2] == ["zero3", "measured"] and rows[5][7] == "1.33"
+    assert (tmp_path / "m" / "memory.png").is_file()
+
+
+def test_accumulation_sets_the_micro_batch(server, spec_file, tmp_path):
+    args = ("--micro", "1,4", "--steps", "4", "--out", str(tmp_path / "a"))
+    result = run("accumulation", str(spec_file), *args)
+    assert result.exit_code == 0, result.output
+    assert [s["train"]["micro_batch_size"] for s in server.submitted] == [1, 4]
+    assert [s["train"]["steps"] for s in server.submitted] == [4, 4]
+    rows = printed_rows(result.stdout)
+    assert [r[:2] for r in rows[1:]] == [["1", "4"], ["4", "1"]]
+
+
+def test_job_report_writes_each_curve_and_the_goodput(server, spec_file, tmp_path):
+    server.submitted.append(SPEC)
+    result = run("job", "j-1", "--out", str(tmp_path / "j"))
+    assert result.exit_code == 0, result.output
+    assert ["goodput", "0.600"] in printed_rows(result.stdout)
+    for name in ("loss", "lr", "tokens_per_s", "goodput"):
+        assert (tmp_path / "j" / f"{name}.png").stat().st_size > 5000
+    assert "![loss](loss.png)" in (tmp_path / "j" / "report.md").read_text()
+
+
+def test_planner_errors_stop_before_any_job(server, spec_file, tmp_path):
+    server.plan = {**PLAN, "fits": False, "errors": ["tp=2 does not divide n_heads"]}
+    result = run("scaling", str(spec_file), "--workers", "1,2", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2
+    assert "report-scaling-w1 cannot run" in result.stderr and "n_heads" in result.stderr
+    assert not server.submitted and not (tmp_path / "x").exists()
+
+
+def test_a_failed_job_exits_1_naming_it(server, spec_file, tmp_path):
+    server.final = "FAILED"
+    result = run("accumulation", str(spec_file), "--micro", "2", "--out", str(tmp_path / "f"))
+    assert result.exit_code == 1
+    assert "job j-1 (report-accumulation-m2) FAILED" in result.stderr
+
+
+def test_ctrl_c_cancels_the_job_in_flight(server, spec_file, tmp_path, monkeypatch):
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    server.final = "RUNNING"
+    monkeypatch.setattr(cli, "_pause", interrupt)
+    result = run("scaling", str(spec_file), "--workers", "1", "--out", str(tmp_path / "c"))
+    assert result.exit_code == cli.EXIT_INTERRUPTED
+    assert "POST /v1/jobs/j-1/cancel" in server.paths()
+    assert "cancelled job j-1" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("scaling", "--workers", "1,x"), "not a comma-separated list"),
+        (("scaling", "--workers", "0,2"), "distinct integers >= 1"),
+        (("scaling", "--workers", "2,2"), "distinct integers >= 1"),
+        (("accumulation", "--micro", ""), "distinct integers >= 1"),
+        (("scaling", "--warmup", "-1"), "--warmup"),
+        (("memory", "--steps", "0"), "--steps"),
+        (("accumulation", "--micro", "3"), "--micro 3"),
+    ],
+)
+def test_argument_errors(server, spec_file, args, expected):
+    result = run(args[0], str(spec_file), *args[1:])
+    assert result.exit_code == 2
+    assert expected in result.output + result.stderr
+    assert not server.submitted
+
+
+def test_missing_spec_and_unknown_job(server, tmp_path, monkeypatch):
+    assert run("scaling", str(tmp_path / "nope.yaml")).exit_code == 2
+    not_a_mapping = tmp_path / "list.yaml"
+    not_a_mapping.write_text("- 1\n")
+    result = run("memory", str(not_a_mapping))
+    assert result.exit_code == 2 and "is not a mapping" in result.stderr
+    monkeypatch.setattr(
+        cli, "_transport", lambda: httpx.MockTransport(lambda r: httpx.Response(404, json={}))
+    )
+    result = run("job", "j-missing")
+    assert result.exit_code == 2 and "job j-missing not found" in result.stderr
