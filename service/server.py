@@ -25,6 +25,21 @@ def describe_ray(settings: Settings) -> str:
     return "an embedded local Ray head (starting)"
 
 
+def ray_token_line(settings: Settings) -> str | None:
+    """Where the Ray dashboard's sign-in token is (never the token): the embedded head's
+    token file (created now if missing, as the head would), or where an existing
+    cluster's token comes from."""
+    from service.domain.ray_dashboard import token_source
+
+    if settings.backend != "kuberay" and not settings.ray_address:
+        from service.backends.embedded import ensure_ray_token
+
+        settings.data_path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the app does
+        ensure_ray_token(settings.data_path)
+    where = token_source(settings)
+    return f"etrain: Ray dashboard sign-in token in {where}" if where else None
+
+
 def configure_logging() -> None:
     """The service's log: ``ETRAIN_LOG_LEVEL`` (INFO), without client libraries' chatter."""
     from workers.checkpoint.storage import quiet_storage_loggers
@@ -64,6 +79,9 @@ def run_server(
     settings = Settings(**overrides)
     configure_logging()
     print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
+    ray_token = ray_token_line(settings)
+    if ray_token:
+        print(ray_token, flush=True)
     if settings.admin_token is None:
         print(
             f"etrain: admin token in {settings.data_path / 'admin_token'} "

@@ -19,6 +19,7 @@ from service.domain.ingest import TelemetryIngest
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
 from service.domain.queries import JobQueries
+from service.domain.ray_dashboard import token_hint
 from service.domain.reconciler import Reconciler
 from service.domain.submission import Submission
 from service.errors import EtrainError, InvalidSpec
@@ -46,7 +47,7 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         stores=stores,
         backend=backend,
         submission=Submission(stores.jobs, backend, settings),
-        queries=JobQueries(stores, backend),
+        queries=JobQueries(stores, backend, token_hint=token_hint(settings)),
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
         monitoring=Monitoring(stores, backend, JOB_METRICS),

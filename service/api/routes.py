@@ -38,6 +38,7 @@ from service.api.schemas import (
     Ready,
     TelemetryAccepted,
 )
+from service.domain.queue_view import cluster_status
 from service.planner import ClusterSpec, Plan
 from service.status import JobStatus
 from workers.contract import TELEMETRY_ROUTE, TelemetryBatch
@@ -102,6 +103,7 @@ async def create_job(request: Request, user: User, submission: Submissions) -> J
     prepared = await run_in_threadpool(submission.prepare, user, data)  # store, cluster
     await submission.probe(prepared)  # object storage: its own threads, awaited here
     job = await run_in_threadpool(submission.store, prepared)
+    runtime(request).reconciler.wake()  # admit it now, not at the next poll
     prom.SUBMITTED.inc()
     return JobPublic.of(job)
 
@@ -202,7 +204,10 @@ async def create_plan(request: Request, user: User, submission: Submissions) -> 
 
 
 @v1.get("/cluster")
-def read_cluster(user: User, submission: Submissions) -> ClusterPublic:
-    """Ray nodes, resources and the dashboard URL."""
-    del user
-    return ClusterPublic.model_validate(submission.cluster())
+def read_cluster(request: Request, user: User) -> ClusterPublic:
+    """Ray nodes, resources, the dashboard URL, and the queue in scheduling order with why
+    each job waits (other tenants' jobs anonymous)."""
+    rt = runtime(request)
+    return ClusterPublic.model_validate(
+        cluster_status(rt.backend, rt.stores.jobs, rt.settings, user)
+    )

@@ -85,11 +85,19 @@ class JobDetail(JobPublic):
         description="By name: job (the Ray job page), train_runs (Ray Train's run list); "
         "empty before the job reaches Ray."
     )
+    dashboard_token_hint: str | None = Field(
+        description="Where the token the Ray dashboard asks for is (a file path or a "
+        "Secret's name, never the token); null without links or without Ray token auth."
+    )
 
     @classmethod
     def of_detail(cls, detail: Detail) -> JobDetail:
         """The public view of a job and its links."""
-        return cls(**cls.fields_of(detail.job), dashboard_links=detail.dashboard_links)
+        return cls(
+            **cls.fields_of(detail.job),
+            dashboard_links=detail.dashboard_links,
+            dashboard_token_hint=detail.dashboard_token_hint,
+        )
 
 
 class JobPage(BaseModel):
@@ -149,14 +157,28 @@ class CheckpointPage(BaseModel):
     items: list[CheckpointPublic]
 
 
+class PlannedMemoryPublic(BaseModel):
+    """Device bytes the planner predicts for the job's worst rank."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    total_bytes: int = Field(description="The planner's total (its buffers included).")
+
+
 class MemoryPublic(View):
-    """Per-rank memory the workers measured at their latest start."""
+    """Per-rank memory the workers measured at their latest start, and the plan's."""
 
     ranks: list[dict[str, Any]] = Field(
         description="One per rank: bytes of params, grads, optimizer state, activations, "
         "gathered params and the peak, by name (``*_bytes``)."
     )
     measured_at: datetime | None
+    planned: PlannedMemoryPublic | None = Field(
+        description="What the planner predicts for this job's layout at its current world "
+        "size (its worst rank); null when the model cannot be sized now."
+    )
 
 
 class GoodputBreakdown(BaseModel):
@@ -191,13 +213,29 @@ class NodePublic(BaseModel):
     resources: dict[str, float]
 
 
+class QueuedJobPublic(View):
+    """A queued job's place in the scheduling order, and why it waits."""
+
+    job_id: str | None = Field(description="Null for another tenant's job.")
+    name: str | None = Field(description="Null for another tenant's job.")
+    tenant: str | None = Field(description="Null for another tenant's job.")
+    position: int = Field(description="1 = the job the scheduler takes up first.")
+    reason: str | None = Field(
+        description="Why it waits (the scheduler's own words); null for another tenant's job."
+    )
+
+
 class ClusterPublic(View):
-    """Nodes and resources of the connected cluster."""
+    """Nodes and resources of the connected cluster, and its queue."""
 
     nodes: list[NodePublic]
     total: dict[str, float]
     available: dict[str, float]
     dashboard_url: str | None
+    queue: list[QueuedJobPublic] = Field(
+        description="Queued jobs in the order the scheduler takes them up, with why each "
+        "waits; another tenant's jobs appear as anonymous entries (admins see all)."
+    )
 
 
 class TokenRequest(BaseModel):

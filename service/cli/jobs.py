@@ -183,6 +183,15 @@ def tensorboard_line(job: dict[str, Any]) -> str | None:
     return f"tensorboard --logdir {root}/{job.get('id')}/checkpoints/tensorboard"
 
 
+def ray_dashboard_line(job: dict[str, Any]) -> str | None:
+    """``Ray dashboard: <job page> (sign in with the Ray token in <where>)``."""
+    url = (job.get("dashboard_links") or {}).get("job") or job.get("dashboard_url")
+    if not url:
+        return None
+    hint = job.get("dashboard_token_hint")
+    return f"Ray dashboard: {url}" + (f" ({hint})" if hint else "")
+
+
 def _print_summary(s: Session, job: dict[str, Any]) -> None:
     """The human view of one job object."""
     total = total_steps(job)
@@ -193,7 +202,6 @@ def _print_summary(s: Session, job: dict[str, Any]) -> None:
         ("step", f"{job.get('step') or 0}/{total if total is not None else '?'}"),
         ("world size", job.get("world_size")),
         ("restarts", job.get("restarts")),
-        ("dashboard", job.get("dashboard_url")),
         ("curves", tensorboard_line(job)),
         ("created", job.get("created_at")),
         ("started", job.get("started_at")),
@@ -207,6 +215,9 @@ def _print_summary(s: Session, job: dict[str, Any]) -> None:
         rows.append(("error", job["error"]))
     for key, value in rows:
         s.console.print(f"{key:<11}{'-' if value is None else value}", markup=False)
+    dashboard = ray_dashboard_line(job)
+    if dashboard:
+        s.console.print(dashboard, markup=False, soft_wrap=True)
 
 
 def status(

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from service.auth import Principal
 from service.backends.base import Backend
 from service.domain.goodput import Goodput, compute_goodput
+from service.domain.planned_memory import PlannedMemory
 from service.status import JobStatus
 from service.store import EventRecord, JobRecord, JobStore, Stores
 from workers.contract import EventKind
@@ -35,6 +36,7 @@ class JobDetail:
 
     job: JobRecord
     dashboard_links: dict[str, str]
+    dashboard_token_hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,14 +45,17 @@ class MemoryReport:
 
     ranks: list[dict]
     measured_at: datetime | None
+    planned: dict[str, int] | None = None
 
 
 class JobQueries:
     """Reads of jobs and what they reported, authorised per tenant."""
 
-    def __init__(self, stores: Stores, backend: Backend):
-        """Read from ``stores``; logs and dashboard links come from ``backend``."""
-        self.stores, self.backend = stores, backend
+    def __init__(self, stores: Stores, backend: Backend, *, token_hint: str | None = None):
+        """Read from ``stores``; logs and dashboard links come from ``backend``;
+        ``token_hint`` says where the Ray dashboard's sign-in token is (no secret)."""
+        self.stores, self.backend, self.token_hint = stores, backend, token_hint
+        self.planned = PlannedMemory()
 
     def get(self, principal: Principal, job_id: str) -> JobRecord:
         """A job visible to ``principal`` (404 for other tenants' jobs)."""
@@ -60,7 +65,7 @@ class JobQueries:
         """One job plus its dashboard links (none before it reaches Ray)."""
         job = self.get(principal, job_id)
         links = self.backend.dashboard_links(job.submission_id) if job.submission_id else {}
-        return JobDetail(job, links)
+        return JobDetail(job, links, self.token_hint if links else None)
 
     def list(
         self, principal: Principal, *, status: JobStatus | None, limit: int, offset: int
@@ -90,12 +95,16 @@ class JobQueries:
         return [{**c, "total_s": c["save_s"]} for c in self.stores.metrics.list_checkpoints(job_id)]
 
     def memory(self, principal: Principal, job_id: str) -> MemoryReport:
-        """The newest per-rank memory report (empty ``ranks`` before the first step)."""
-        self.get(principal, job_id)
+        """The newest per-rank memory report (empty ``ranks`` before the first step) and
+        what the planner predicts for the worst rank at the job's current world size."""
+        job = self.get(principal, job_id)
+        world = job.world_size or job.min_workers
+        planned = self.planned.of(job.id, job.spec, world, tenant=job.tenant_id)
         latest = self.stores.events.latest_event(job_id, kind=EventKind.MEMORY)
         if latest is None:
-            return MemoryReport(ranks=[], measured_at=None)
-        return MemoryReport(ranks=(latest.data or {}).get("ranks", []), measured_at=latest.ts)
+            return MemoryReport(ranks=[], measured_at=None, planned=planned)
+        ranks = (latest.data or {}).get("ranks", [])
+        return MemoryReport(ranks=ranks, measured_at=latest.ts, planned=planned)
 
     def logs(self, principal: Principal, job_id: str) -> str:
         """Logs so far (empty before the job reaches the cluster)."""

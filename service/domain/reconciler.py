@@ -11,14 +11,12 @@ from datetime import UTC, datetime
 
 from service.auth import create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
+from service.domain.queue_view import admission
 from service.domain.recovery import decide_recovery
 from service.domain.scheduler import (
     Demand,
     WaitCode,
     Waiting,
-    decide_admissions,
-    policy_of,
-    queue_demand,
 )
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
@@ -139,17 +137,8 @@ class Reconciler:
         if not queued:
             return
         info, now = self.backend.cluster(), _now()
-        held = [queue_demand(e, now) for e in self.jobs.list_queue(ACTIVE)]
-        cpus, gpus = info.total.get("CPU", 0.0), info.total.get("GPU", 0.0)
-        decision = decide_admissions(
-            [queue_demand(e, now) for e in queued],
-            free_cpus=cpus - sum(d.cpus for d in held),
-            free_gpus=gpus - sum(d.gpus for d in held),
-            total_cpus=cpus,
-            total_gpus=gpus,
-            held=held,
-            policy=policy_of(self.settings),
-        )
+        active = self.jobs.list_queue(ACTIVE)
+        decision = admission(queued, active, info.total, self.settings, now)
         for job_id in decision.admit:
             job = change_status(
                 self.jobs,

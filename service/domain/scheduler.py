@@ -125,6 +125,10 @@ class AdmissionDecision:
     admit: tuple[str, ...]
     waiting: tuple[Waiting, ...] = ()
     reserved: str | None = None
+    # Every queued job in the order this decision took it up: the reservation, the
+    # fair-share turns, then those that can never start (the queue's real order). It
+    # follows from the rest, so two decisions compare equal on admit, waiting and reserved.
+    order: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def waiting_reason(self) -> str | None:
@@ -262,7 +266,11 @@ def _reservation(eligible: Sequence[Demand], rnd: _Round) -> Demand | None:
 
 
 def _fair_turns(
-    eligible: Iterable[Demand], rnd: _Round, waiting: dict[str, Waiting], admit: list[str]
+    eligible: Iterable[Demand],
+    rnd: _Round,
+    waiting: dict[str, Waiting],
+    admit: list[str],
+    order: list[str],
 ) -> None:
     """Tenants take turns by dominant share; each turn decides the tenant's oldest job."""
     queues: dict[str, deque[tuple[int, Demand]]] = defaultdict(deque)
@@ -273,6 +281,7 @@ def _fair_turns(
     while turns:
         _, _, tenant = heapq.heappop(turns)
         _, d = queues[tenant].popleft()
+        order.append(d.job_id)
         why = rnd.try_admit(d)
         if why is None:
             admit.append(d.job_id)
@@ -313,6 +322,7 @@ def decide_admissions(
         else:
             eligible.append(d)
     reserved = _reservation(eligible, rnd)
+    considered = [reserved.job_id] if reserved is not None else []
     if reserved is not None:
         eligible.remove(reserved)
         why = rnd.try_admit(reserved)
@@ -327,12 +337,14 @@ def decide_admissions(
                 "reservation: other jobs start only beside it",
             )
             rnd.reserved = reserved
-    _fair_turns(eligible, rnd, waiting, admit)
+    _fair_turns(eligible, rnd, waiting, admit, considered)
     order = [d.job_id for d in queued if d.job_id in waiting]
+    taken = set(considered)
     return AdmissionDecision(
         tuple(admit),
         tuple(waiting[j] for j in order),
         reserved.job_id if reserved is not None else None,
+        tuple(considered + [d.job_id for d in queued if d.job_id not in taken]),
     )
 
 

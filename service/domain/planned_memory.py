@@ -1,0 +1,76 @@
+"""What the planner predicts a job's ranks hold, for ``GET /v1/jobs/{id}/memory``.
+
+The numbers are the planner's own (``service.planner``): the worst rank of the job's
+layout at its current world size (the newest reported step's, else its minimum), sized
+with the same workload (``model.hf``'s shape when the job names one) a submit plans with.
+A job's spec never changes, so the answer is kept per job and world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+import service.planner.layout_rules as rules
+from service.domain.model_source import ModelRefused, model_config_of
+from service.planner.hardware import resolve_cluster
+from service.planner.plan import PerRank
+from service.planner.planning import layout_of, workload_of
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# The kinds of bytes MemoryPublic.planned has (PerRank's, without buffers_bytes).
+PLANNED_FIELDS = (
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "activations_bytes",
+    "total_bytes",
+)
+
+
+def planned_memory(spec: JobSpec, world: int, *, tenant: str = "") -> dict[str, int] | None:
+    """The planner's per-rank bytes of ``spec`` at ``world`` workers (its worst rank);
+    None when the job's model cannot be sized now (``model.hf`` unreadable)."""
+    try:
+        config = model_config_of(spec, tenant=tenant)
+    except ModelRefused as e:
+        log.info("no planned memory: %s", e)
+        return None
+    hw, _ = resolve_cluster({})  # device bytes do not depend on the hardware
+    job = rules.evaluate(
+        workload_of(spec, config),
+        layout_of(spec, world),
+        hw,
+        gpus_per_worker=spec.resources.gpus_per_worker,
+    )
+    per_rank = PerRank.of(job)
+    return {name: getattr(per_rank, name) for name in PLANNED_FIELDS}
+
+
+class PlannedMemory:
+    """:func:`planned_memory` of the ``size`` most recent (job, world size) pairs."""
+
+    def __init__(self, size: int = 256):
+        """Keep at most ``size`` answers."""
+        self.size = size
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[tuple[str, int], dict[str, int] | None] = OrderedDict()
+
+    def of(self, job_id: str, spec: JobSpec, world: int, *, tenant: str = "") -> dict | None:
+        """The planned bytes of job ``job_id`` (whose spec is ``spec``) at ``world``."""
+        key = (job_id, world)
+        with self._lock:
+            if key in self._answers:
+                self._answers.move_to_end(key)
+                return self._answers[key]
+        answer = planned_memory(spec, world, tenant=tenant)
+        if answer is None:  # an unreadable model.hf is asked again next time
+            return None
+        with self._lock:
+            self._answers[key] = answer
+            while len(self._answers) > self.size:
+                self._answers.popitem(last=False)
+        return answer
