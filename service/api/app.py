@@ -25,6 +25,7 @@ from service.domain.submission import Submission
 from service.errors import EtrainError, InvalidSpec
 from service.settings import Settings
 from service.store import Stores, migrate
+from service.ui import mount_ui
 
 
 def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> Runtime:
@@ -101,5 +102,6 @@ def create_app(
     app.include_router(goodput_routes.v1)
     app.include_router(token_routes.v1)
     mount_docs(app)
+    mount_ui(app)  # the web pages under /ui/ (not in the OpenAPI schema)
     document_bodies(app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS))
     return app

@@ -1,0 +1,70 @@
+// The cluster page: nodes and their resources, what is free, and the queue with reasons.
+import { api, poll, requireToken } from "./api.js";
+import { $, clear, fmtBytes, fmtNum, h, showError, table, wireHeader } from "./dom.js";
+
+// GPUs of a resource dict: count, kinds (accelerator_type:*), memory if Ray reports it.
+function gpus(res) {
+  const count = res.GPU || 0;
+  const kinds = Object.keys(res)
+    .filter((k) => k.startsWith("accelerator_type:"))
+    .map((k) => k.slice("accelerator_type:".length));
+  const mem = res.gpu_memory || res.GPU_memory;
+  let text = count ? String(fmtNum(count)) : "0";
+  if (kinds.length) text += " × " + kinds.join(", ");
+  if (mem) text += ` (${fmtBytes(mem)})`;
+  return text;
+}
+
+function nodeRows(nodes) {
+  return nodes.map((n) => [
+    h("span", { class: "mono", title: n.node_id || "" }, (n.node_id || "–").slice(0, 12)),
+    n.ip || "–",
+    n.is_head ? "head" : "worker",
+    fmtNum(n.resources.CPU || 0),
+    gpus(n.resources),
+    n.resources.memory ? fmtBytes(n.resources.memory) : "–",
+  ]);
+}
+
+function totals(c) {
+  const keys = ["CPU", "GPU", "memory", "object_store_memory"];
+  const fmt = (k, v) => (k.includes("memory") ? fmtBytes(v) : fmtNum(v ?? 0));
+  const rows = keys
+    .filter((k) => k in c.total)
+    .map((k) => [k, fmt(k, c.total[k]), fmt(k, c.available[k] ?? 0)]);
+  return table(["resource", "total", "free"], rows, { id: "totals-table" });
+}
+
+function renderQueue(el, queue) {
+  clear(el);
+  if (!Array.isArray(queue)) {
+    el.append(h("p", { class: "muted" }, "the service does not report its queue"));
+    return;
+  }
+  const rows = queue.map((q) => [
+    String(q.position ?? ""),
+    q.job_id ? h("a", { href: "/ui/jobs/" + encodeURIComponent(q.job_id), class: "mono" }, q.job_id) : "–",
+    q.name || "–",
+    q.tenant || "–",
+    q.reason || "",
+  ]);
+  el.append(table(["#", "job", "name", "tenant", "why it waits"], rows, { id: "queue-table", empty: "no job is waiting" }));
+}
+
+async function refresh() {
+  try {
+    const c = await api("/v1/cluster");
+    showError($("error"), null);
+    clear($("totals")).append(totals(c));
+    if (c.dashboard_url) $("totals").append(h("p", { class: "muted" }, "Ray dashboard: " + c.dashboard_url));
+    clear($("nodes")).append(table(["node", "ip", "role", "CPUs", "GPUs", "memory"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
+    renderQueue($("queue"), c.queue);
+  } catch (err) {
+    if (err.status !== 401) showError($("error"), err);
+  }
+}
+
+if (requireToken()) {
+  wireHeader();
+  poll(refresh, 3000);
+}

@@ -1,0 +1,109 @@
+// The plan page: a pasted or uploaded spec, POST /v1/plan, its verdict, memory and layouts;
+// Submit posts the same spec to /v1/jobs and opens the new job.
+import { api, requireToken } from "./api.js";
+import { stackedBars } from "./chart.js";
+import { $, clear, fmtBytes, h, showError, table, wireHeader } from "./dom.js";
+
+// The spec text and its media type: JSON if it parses as JSON, else YAML.
+function specBody() {
+  const text = $("spec").value;
+  if (!text.trim()) throw new Error("spec: paste a job spec or choose a file");
+  try {
+    JSON.parse(text);
+    return { text, type: "application/json" };
+  } catch {
+    return { text, type: "application/yaml" };
+  }
+}
+
+// {"spec": <the document>} in the same media type, without parsing YAML here.
+function planBody({ text, type }) {
+  if (type === "application/json") return `{"spec": ${text}}`;
+  const indented = text.replace(/^---\s*$/m, "").split("\n").map((l) => "  " + l).join("\n");
+  return "spec:\n" + indented + "\n";
+}
+
+const PARTS = ["params", "grads", "optimizer", "activations", "buffers"];
+
+function renderPlan(plan) {
+  $("result").hidden = false;
+  const verdict = $("verdict");
+  verdict.textContent = plan.verdict;
+  verdict.className = "verdict verdict-" + plan.verdict.replace(/ /g, "-");
+  const findings = clear($("findings"));
+  if (plan.unknown_reason) findings.append(h("div", { class: "warning" }, plan.unknown_reason));
+  for (const e of plan.errors) findings.append(h("div", { class: "error plan-error" }, e));
+  for (const w of plan.warnings) findings.append(h("div", { class: "warning plan-warning" }, w));
+  for (const n of plan.notes) findings.append(h("div", { class: "note" }, n));
+  const pr = plan.per_rank;
+  const parts = PARTS.map((name) => ({ name, value: pr[name + "_bytes"] }));
+  const gpu = plan.breakdown.gpu_memory_bytes;
+  const rows = [{ label: `pp rank ${plan.breakdown.worst_pp_rank}`, parts, total: fmtBytes(pr.total_bytes) }];
+  clear($("plan-memory")).append(
+    stackedBars(rows, { format: fmtBytes, scale: gpu && gpu > pr.total_bytes ? gpu : undefined, id: "plan-bars" }),
+    h("p", { class: "muted" }, gpu ? `of ${fmtBytes(gpu)} GPU memory` : "GPU memory unknown",
+      ` · host ${fmtBytes(plan.breakdown.host_bytes)} per rank · ${plan.num_params.toLocaleString()} parameters`),
+  );
+  const l = plan.layout;
+  const workers = typeof l.workers === "object" ? `${l.workers.min}–${l.workers.max}` : l.workers;
+  clear($("plan-layout")).append(
+    h("p", {}, `${plan.breakdown.layout} on ${workers} workers (grad accumulation ${l.grad_accum_steps})`),
+    plan.recommended_layout
+      ? h("p", { id: "recommendation" }, `Recommended: ${plan.recommended_layout.layout} — ${plan.recommended_layout.reason}`)
+      : h("p", { class: "muted" }, "no recommendation"),
+  );
+  const cands = plan.candidates.map((c) => [
+    c.layout, String(c.dp), String(c.tp), String(c.pp), `${c.total_gib} GiB`,
+    c.fits === null ? "unknown" : c.fits ? "yes" : "no",
+    c.step_s === undefined || c.step_s === null ? "–" : `${c.step_s.toFixed(3)} s`,
+  ]);
+  clear($("candidates")).append(
+    table(["layout", "dp", "tp", "pp", "memory", "fits", "step"], cands, { id: "candidates-table", empty: "none" }),
+  );
+}
+
+async function doPlan(event) {
+  event.preventDefault();
+  const button = $("plan-button");
+  button.disabled = true;
+  try {
+    const body = specBody();
+    const plan = await api("/v1/plan", { method: "POST", body: planBody(body), type: body.type });
+    showError($("error"), null);
+    renderPlan(plan);
+  } catch (err) {
+    $("result").hidden = true;
+    showError($("error"), err);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function doSubmit() {
+  const button = $("submit-button");
+  button.disabled = true;
+  try {
+    const body = specBody();
+    const job = await api("/v1/jobs", { method: "POST", body: body.text, type: body.type });
+    location.assign("/ui/jobs/" + encodeURIComponent(job.id));
+  } catch (err) {
+    showError($("error"), err);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function readFile() {
+  const file = $("spec-file").files[0];
+  if (!file) return;
+  file.text().then((text) => {
+    $("spec").value = text;
+  });
+}
+
+if (requireToken()) {
+  wireHeader();
+  $("plan-form").addEventListener("submit", doPlan);
+  $("submit-button").addEventListener("click", doSubmit);
+  $("spec-file").addEventListener("change", readFile);
+}
