@@ -110,3 +110,17 @@ def test_a_missing_asset_is_404_not_a_page(client):
     assert client.get("/ui/static/js/nope.js").status_code == 404
     assert client.get("/ui/static/../pages.py").status_code == 404
     assert client.get("/ui/nope").status_code == 404
+
+
+def test_every_asset_ships_in_the_package():
+    """A non-editable install (the control-plane image) carries every file the pages serve."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    root = STATIC_DIR.parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["service"]
+    for asset in ASSETS:
+        path = f"ui/static/{asset}"
+        assert any(fnmatch(path, g) and path.count("/") == g.count("/") for g in globs), path
