@@ -128,6 +128,8 @@ def test_a_job_submitted_from_the_plan_page_trains_live_restarts_and_is_cancelle
         later = _wait_points(tab, "chart-loss", first + 2)
         assert later > first >= 3
         assert _points(tab, "chart-lr") > 0 and _points(tab, "chart-tokens") > 0
+        page.hover("#chart-loss", position={"x": 300, "y": 100})
+        assert page.text_content("#chart-loss .hover text").startswith("step ")
         tab.shot("job-training")
         page.wait_for_selector("#chart-loss .marker-checkpoint", state="attached")
         workers = waiter(lambda: _train_workers(job_id), what="the job's Ray Train workers")
@@ -209,8 +211,12 @@ def test_pages_fit_an_800px_window_with_wide_tables_scrolling(served, open_tab, 
     tab.page.wait_for_selector("#job-status .status-cancelled")
     assert _overflow(tab) <= 0
     tab.shot("job-800")
-    for page in ("cluster", "plan"):
-        tab.page.goto(f"{served.url}/ui/{page}")
-        tab.page.wait_for_load_state("networkidle")
-        assert _overflow(tab) <= 0, page
+    tab.page.goto(f"{served.url}/ui/cluster")
+    tab.page.wait_for_selector("#nodes-table td:has-text('head')")
+    assert tab.page.locator("#totals-table tr", has_text="CPU").count() >= 1
+    assert _overflow(tab) <= 0
+    tab.shot("cluster-800")
+    tab.page.goto(f"{served.url}/ui/plan")
+    tab.page.wait_for_selector("#spec")
+    assert _overflow(tab) <= 0
     tab.check()
