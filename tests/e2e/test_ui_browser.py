@@ -124,14 +124,14 @@ def test_a_job_submitted_from_the_plan_page_trains_live_restarts_and_is_cancelle
         assert "ui-live" in row.text_content() and "ddp" in row.text_content()
         link.click()
         page.wait_for_selector("#chart-loss")
-        first = _wait_points(tab, "chart-loss", 2)
+        first = _wait_points(tab, "chart-loss", 2, timeout_s=300)  # Ray starts the worker
         later = _wait_points(tab, "chart-loss", first + 2)
         assert later > first >= 3
         assert _points(tab, "chart-lr") > 0 and _points(tab, "chart-tokens") > 0
         page.hover("#chart-loss", position={"x": 300, "y": 100})
         assert page.text_content("#chart-loss .hover text").startswith("step ")
         tab.shot("job-training")
-        page.wait_for_selector("#chart-loss .marker-checkpoint", state="attached")
+        page.wait_for_selector("#chart-loss .marker-checkpoint", state="attached", timeout=120_000)
         workers = waiter(lambda: _train_workers(job_id), what="the job's Ray Train workers")
         os.kill(workers[0].pid, signal.SIGKILL)
         page.wait_for_selector("#chart-loss .marker-restart", state="attached", timeout=180_000)
