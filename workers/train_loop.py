@@ -248,7 +248,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
-    env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start)
+    env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start, stores=_stores(spec))
     saving = Checkpointer(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))

@@ -174,13 +174,17 @@ def jobs(
 
 def tensorboard_line(job: dict[str, Any]) -> str | None:
     """The command that shows the job's TensorBoard event files, when it writes them
-    (metrics.tensorboard with a local checkpoint storage; rank 0 writes them there)."""
+    (metrics.tensorboard: rank 0 writes them beside the checkpoints, local or object store;
+    TensorBoard reads s3:// with boto3, at S3_ENDPOINT when that is set, and gs:// with gcsfs)."""
     spec = job.get("spec") or {}
-    storage = (spec.get("checkpoint") or {}).get("storage") or ""
-    if not (spec.get("metrics") or {}).get("tensorboard") or not storage.startswith("file://"):
+    checkpoint = spec.get("checkpoint") or {}
+    storage = (checkpoint.get("storage") or "").rstrip("/")
+    if not (spec.get("metrics") or {}).get("tensorboard") or "://" not in storage:
         return None
-    root = storage.removeprefix("file://").rstrip("/")
-    return f"tensorboard --logdir {root}/{job.get('id')}/checkpoints/tensorboard"
+    logdir = f"{storage.removeprefix('file://')}/{job.get('id')}/checkpoints/tensorboard"
+    s3_endpoint = (checkpoint.get("s3") or {}).get("endpoint_url")
+    prefix = f"S3_ENDPOINT={s3_endpoint} " if s3_endpoint and storage.startswith("s3://") else ""
+    return f"{prefix}tensorboard --logdir {logdir}"
 
 
 def ray_dashboard_line(job: dict[str, Any]) -> str | None:

@@ -12,8 +12,11 @@ class MetricsSpec(Spec):
 
     tensorboard: bool | None = Field(
         None,
-        description="Rank 0 writes the per-step scalars (loss, lr, tokens/s, world size) and "
-        "the job's events (starts, restores, checkpoints) as TensorBoard event files under "
-        "<checkpoint storage>/<job id>/checkpoints/tensorboard, from a background thread; "
-        "file:// storage only for now. Unset: the service's ETRAIN_TENSORBOARD_DEFAULT.",
+        description="Rank 0 writes the per-step scalars (loss, lr, grad norm, tokens/s, "
+        "samples/s, step time, world size) and the job's events (starts, restores, resizes, "
+        "checkpoints) as TensorBoard event files under "
+        "<checkpoint storage>/<job id>/checkpoints/tensorboard, from a background thread, on "
+        "local and object storage (s3://, gs://: written locally and copied to the store "
+        "every 10 s, before each checkpoint commits and at the end). "
+        "Unset: the service's ETRAIN_TENSORBOARD_DEFAULT.",
     )

@@ -41,15 +41,21 @@ def test_submit_fills_the_service_default(tmp_path, default, metrics, want):
     assert _submitted(tmp_path, metrics, **settings) == {"tensorboard": want}
 
 
-def test_tensorboard_line_only_for_local_storage_with_tensorboard_on():
+def test_tensorboard_line_for_any_storage_with_tensorboard_on():
     spec = {"checkpoint": {"storage": "file:///data/ckpts/"}, "metrics": {"tensorboard": True}}
     assert tensorboard_line({"id": "j-1", "spec": spec}) == (
         "tensorboard --logdir /data/ckpts/j-1/checkpoints/tensorboard"
     )
     off = {**spec, "metrics": {"tensorboard": False}}
-    remote = {**spec, "checkpoint": {"storage": "s3://bucket/x"}}
     assert tensorboard_line({"id": "j-1", "spec": off}) is None
-    assert tensorboard_line({"id": "j-1", "spec": remote}) is None
+    gcs = {**spec, "checkpoint": {"storage": "gs://bucket/x/"}}
+    assert tensorboard_line({"id": "j-1", "spec": gcs}) == (
+        "tensorboard --logdir gs://bucket/x/j-1/checkpoints/tensorboard"
+    )
+    minio = {"storage": "s3://b", "s3": {"endpoint_url": "http://minio:9000"}}
+    assert tensorboard_line({"id": "j-1", "spec": {**spec, "checkpoint": minio}}) == (
+        "S3_ENDPOINT=http://minio:9000 tensorboard --logdir s3://b/j-1/checkpoints/tensorboard"
+    )
 
 
 def test_status_prints_the_logdir_line(server):  # noqa: F811
