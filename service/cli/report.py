@@ -202,6 +202,9 @@ def memory(
     steps: Annotated[
         int, typer.Option(min=1, help="train.steps of each run (memory is measured at the start).")
     ] = 3,
+    strategies: Annotated[
+        str, typer.Option(help="Which of them to run, comma-separated.")
+    ] = ",".join(variants.MEMORY_STRATEGIES),
     out: OutOpt = None,
 ) -> None:
     """Memory per rank of SPEC as DDP, ZeRO-2, ZeRO-3 and ZeRO-3 + CPU offload.
@@ -209,8 +212,9 @@ def memory(
     Measured by the workers and predicted by the planner, side by side.
     """
     runs, body = _start(ctx, spec)
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
     with _spec_errors(runs.s):
-        specs = variants.memory_specs(body, steps=steps)
+        specs = variants.memory_specs(body, steps=steps, strategies=names)
     plans = {name: runs.plan(one) for name, one in specs}
     out_dir = _out_dir(runs.s, out, "memory")
     rows: list[tables.MemoryRow] = []

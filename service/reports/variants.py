@@ -57,13 +57,21 @@ def scaling_specs(
 
 
 def memory_specs(
-    spec: dict[str, Any], *, steps: int | None = None
+    spec: dict[str, Any], *, steps: int | None = None, strategies: list[str] | None = None
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The spec as DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload."""
+    """The spec as each of ``strategies`` (default: DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3
+    with CPU offload); ValueError naming one that MEMORY_STRATEGIES lacks."""
+    names = list(MEMORY_STRATEGIES) if strategies is None else strategies
+    unknown = [n for n in names if n not in MEMORY_STRATEGIES]
+    if unknown or not names:
+        raise ValueError(
+            f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(MEMORY_STRATEGIES)}"
+        )
     out = []
-    for name, parallelism in MEMORY_STRATEGIES.items():
+    for name in names:
         one = variant(spec, "memory", name, steps=steps)
-        one["parallelism"] = copy.deepcopy(parallelism)
+        one["parallelism"] = copy.deepcopy(MEMORY_STRATEGIES[name])
         out.append((name, one))
     return out
 

@@ -181,6 +181,12 @@ def test_memory_runs_four_strategies_beside_their_plans(server, spec_file, tmp_p
     assert (tmp_path / "m" / "memory.png").is_file()
 
 
+def test_memory_runs_only_the_strategies_asked(server, spec_file, tmp_path):
+    args = ("--strategies", "zero3,ddp", "--out", str(tmp_path / "m"))
+    assert run("memory", str(spec_file), *args).exit_code == 0
+    assert [s["name"] for s in server.submitted] == ["report-memory-zero3", "report-memory-ddp"]
+
+
 def test_accumulation_sets_the_micro_batch(server, spec_file, tmp_path):
     args = ("--micro", "1,4", "--steps", "4", "--out", str(tmp_path / "a"))
     result = run("accumulation", str(spec_file), *args)
@@ -238,6 +244,8 @@ def test_ctrl_c_cancels_the_job_in_flight(server, spec_file, tmp_path, monkeypat
         (("scaling", "--warmup", "-1"), "--warmup"),
         (("memory", "--steps", "0"), "--steps"),
         (("accumulation", "--micro", "3"), "--micro 3"),
+        (("memory", "--strategies", "ddp,zero9"), "unknown zero9; choose from ddp, zero2"),
+        (("memory", "--strategies", ","), "unknown (none given)"),
     ],
 )
 def test_argument_errors(server, spec_file, args, expected):
