@@ -15,18 +15,27 @@ several ways and prints one table:
   etrain adds (no reporter, no callback, default run config).
 * ``etrain + fix``: the etrain path with the candidate fix
   ``FIX_WORKER_RUNTIME_ENV`` (train workers at nice 0; see ``bench/README.md``).
+* ``etrain+tb``: the etrain path with ``metrics.tensorboard`` on, rank 0 writing
+  event files under a temporary checkpoint root (the run stops one step before
+  the spec's last, so no checkpoint is ever due).
 
 Ray runs on a private local head (``ray start --head --block`` with token auth,
 GCS 6420, dashboard 8290) that this script starts and stops. The paths are
 interleaved and repeated (``--repeats``); the table shows the median over
 repeats of each repeat's per-step median and mean (first ``--warmup`` steps
-excluded), and start-up: wall time from launch (``Popen`` of torchrun, or
-``trainer.fit()`` on a connected driver) to the end of the first step.
+excluded), start-up: wall time from launch (``Popen`` of torchrun, or
+``trainer.fit()`` on a connected driver) to the end of the first step, and the
+training thread's CPU time per step: ``time.thread_time()`` on the thread that
+runs the loop, read at the start of every step (when the loop asks the sampler
+for the step's batch), so each delta holds everything the loop does per step
+(metrics, checkpoint checks, telemetry queueing); median per repeat, then the
+median over repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import secrets
@@ -44,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.telemetry_sink import TelemetrySink
 
-PATHS = ("torchrun", "etrain", "bare", "etrain-fix")
+PATHS = ("torchrun", "etrain", "bare", "etrain-fix", "etrain-tb")
 # bare is opt-in: it differs from etrain only by the reporter and the callback,
 # and a fourth path pushes a 3-repeat run past 5 minutes on 2 cores.
 DEFAULT_PATHS = ("torchrun", "etrain", "etrain-fix")
@@ -53,6 +62,7 @@ LABELS = {
     "etrain": "etrain (Ray)",
     "bare": "bare Ray Train",
     "etrain-fix": "etrain + fix",
+    "etrain-tb": "etrain+tb",
 }
 GCS_PORT, DASHBOARD_PORT = 6420, 8290
 
@@ -122,10 +132,21 @@ def timed_run(spec_dict: dict, env, out_dir: str) -> None:
         return out
 
     stepper.Stepper._reduce = timed_reduce
+    # The start of every step: the loop asks for the step's batch first thing.
+    marks: list[tuple[float, float]] = []  # (thread CPU, process CPU) at each step start
+    next_batch = train_loop.GlobalBatchSampler.next_global_batch
+
+    def marked_next_batch(self, n):
+        marks.append((time.thread_time(), time.process_time()))
+        return next_batch(self, n)
+
+    train_loop.GlobalBatchSampler.next_global_batch = marked_next_batch
     before = _probe(torch)
     t_cpu, t_thread, j0, w0 = os.times(), time.thread_time(), _busy_jiffies(), time.time()
     result = train_loop.run(spec, env)
     t_end, j1, t_cpu1 = time.time(), _busy_jiffies(), os.times()
+    train_loop.GlobalBatchSampler.next_global_batch = next_batch
+    stepper.Stepper._reduce = original
     rec = {
         "rank": env.rank,
         "step_times": result.step_times,
@@ -137,6 +158,9 @@ def timed_run(spec_dict: dict, env, out_dir: str) -> None:
         "during": _probe(torch),
         "proc_cpu_s": (t_cpu1.user + t_cpu1.system) - (t_cpu.user + t_cpu.system),
         "thread_cpu_s": time.thread_time() - t_thread,
+        # step k's CPU: from its start to step k+1's (so the last step has none)
+        "step_thread_cpu_s": [b[0] - a[0] for a, b in itertools.pairwise(marks)],
+        "step_proc_cpu_s": [b[1] - a[1] for a, b in itertools.pairwise(marks)],
         "machine_busy_s": (j1 - j0) / os.sysconf("SC_CLK_TCK"),
     }
     Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(rec))
@@ -179,8 +203,10 @@ def ray_train_fn(config: dict) -> None:
         rank=rank,
         world_size=ctx.get_world_size(),
         device=torch.device("cpu"),
-        checkpoint_root=None,
+        # etrain+tb: TensorBoard files go under the checkpoint root; none is saved.
+        checkpoint_root=config.get("tb_root"),
         reporter=reporter,
+        stop_at=config.get("stop_at"),
     )
     try:
         timed_run(config["spec"], env, config["out"])
@@ -308,6 +334,13 @@ def launch_ray(path: str, spec: dict, out: Path, *, report_url: str) -> tuple[fl
         "job_id": job_id,
         "report_url": report_url if etrain else None,
     }
+    if path == "etrain-tb":
+        # One step more in the spec than is run: the loop's save at the spec's last
+        # step never comes, and the other paths' steps and schedule are kept.
+        train = {**spec["train"], "steps": spec["train"]["steps"] + 1}
+        config["spec"] = {**spec, "train": train, "metrics": {"tensorboard": True}}
+        config["stop_at"] = spec["train"]["steps"]
+        config["tb_root"] = str(out / "checkpoints")
     scaling = ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1})
     run_kw = {"name": job_id, "storage_path": str(out.parent / "ray-storage")}
     if etrain:  # what workers.launch.build_trainer adds
@@ -338,8 +371,10 @@ def summarize(t0: float, ranks: list[dict], warmup: int) -> dict:
         "mean_ms": 1e3 * statistics.mean(kept),
         "startup_s": max(r["first_step_end"] for r in ranks) - t0,
         "reduce_median_ms": 1e3 * statistics.median(r0["reduce_s"][warmup:]),
-        "thread_cpu_per_step_ms": 1e3 * r0["thread_cpu_s"] / len(steps),
-        "proc_cpu_per_step_ms": 1e3 * r0["proc_cpu_s"] / len(steps),
+        # per rank: median over the steps after warm-up of the training thread's CPU
+        "thread_cpu_ms": [1e3 * statistics.median(r["step_thread_cpu_s"][warmup:]) for r in ranks],
+        "proc_cpu_ms": [1e3 * statistics.median(r["step_proc_cpu_s"][warmup:]) for r in ranks],
+        "run_thread_cpu_s": r0["thread_cpu_s"],  # the whole run() on rank 0, build included
         "other_cores_busy": others / r0["wall_s"],
         "threads": {
             f"rank{r['rank']}": {"before": r["before"], "during": r["during"]} for r in ranks
@@ -349,6 +384,47 @@ def summarize(t0: float, ranks: list[dict], warmup: int) -> dict:
 
 def _median_of(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
+
+
+def _cpu(runs: list[dict], key: str, rank: int) -> float:
+    return statistics.median(r[key][rank] for r in runs)
+
+
+def _ratio(results: dict, a: str, b: str, value) -> str:
+    if a not in results or b not in results:
+        return "-"
+    return f"{value(results[a]) / value(results[b]):.3f}"
+
+
+def print_cpu_table(results: dict[str, list[dict]]) -> None:
+    """Training-thread CPU per step (both ranks) and the ratios the goals are stated in."""
+    print(
+        f"{'path':<16}{'train-thread CPU ms/step r0 / r1':>34}{'process CPU ms/step r0':>24}"
+        f"{'per-repeat thread CPU r0':>28}"
+    )
+    for path, runs in results.items():
+        reps = " ".join(f"{r['thread_cpu_ms'][0]:.2f}" for r in runs)
+        both = f"{_cpu(runs, 'thread_cpu_ms', 0):.2f} / {_cpu(runs, 'thread_cpu_ms', 1):.2f}"
+        print(f"{LABELS[path]:<16}{both:>34}{_cpu(runs, 'proc_cpu_ms', 0):>24.2f}{reps:>28}")
+    print()
+
+    def cpu(runs):  # rank 0: the rank that reports and writes TensorBoard
+        return _cpu(runs, "thread_cpu_ms", 0)
+
+    def step(runs):
+        return _median_of(runs, "median_ms")
+
+    for label, a, b, value in (
+        ("etrain / bare Ray Train, training-thread CPU per step", "etrain", "bare", cpu),
+        ("etrain / torchrun, step time (median of medians)", "etrain", "torchrun", step),
+        ("etrain / torchrun, training-thread CPU per step", "etrain", "torchrun", cpu),
+    ):
+        print(f"{label + ':':<56}{_ratio(results, a, b, value)}")
+    print(
+        f"tensorboard on / off (etrain+tb / etrain): step time "
+        f"{_ratio(results, 'etrain-tb', 'etrain', step)}, "
+        f"training-thread CPU {_ratio(results, 'etrain-tb', 'etrain', cpu)}"
+    )
 
 
 def print_table(results: dict[str, list[dict]]) -> None:
@@ -369,15 +445,17 @@ def print_table(results: dict[str, list[dict]]) -> None:
             f"{mean:>14.2f}{ratio:>28}{ratio_mean:>14}"
         )
     print()
+    print_cpu_table(results)
+    print()
     print(
         f"{'path':<16}{'per-repeat step medians ms':>30}{'loss all_reduce ms':>20}"
-        f"{'train-thread CPU ms/step':>26}{'other cores busy':>18}"
+        f"{'run() thread CPU s':>20}{'other cores busy':>18}"
     )
     for path, runs in results.items():
         meds = " ".join(f"{r['median_ms']:.1f}" for r in runs)
         print(
             f"{LABELS[path]:<16}{meds:>30}{_median_of(runs, 'reduce_median_ms'):>20.2f}"
-            f"{_median_of(runs, 'thread_cpu_per_step_ms'):>26.2f}"
+            f"{_median_of(runs, 'run_thread_cpu_s'):>20.2f}"
             f"{_median_of(runs, 'other_cores_busy'):>18.2f}"
         )
     print()
@@ -465,11 +543,13 @@ def main(argv: list[str] | None = None) -> int:
         torchrun_worker(args)
         return 0
     with tempfile.TemporaryDirectory(prefix="etrain-bench-") as tmp:
-        t = time.time()
+        t, load_before = time.time(), os.getloadavg()
         results = bench(args, Path(tmp))
+        load = " ".join(f"{x:.2f}" for x in load_before + os.getloadavg())
         print(
             f"\n{args.steps} steps, warm-up {args.warmup}, {args.repeats} repeats, "
-            f"total {time.time() - t:.0f}s; medians over repeats\n"
+            f"total {time.time() - t:.0f}s; medians over repeats; load average "
+            f"(1, 5, 15 min) before, after: {load}\n"
         )
         print_table(results)
     if args.json:
