@@ -185,6 +185,11 @@ def test_a_second_tenant_sees_only_its_own_jobs(served, open_tab, quiet_job):
     assert quiet_job["id"] not in table and LONG_NAME not in table
     assert tab.page.locator("#jobs-table tbody tr").count() == 1
     tab.shot("second-tenant")
+    tab.page.select_option("#status-filter", "RUNNING")  # ?status=RUNNING: none of its jobs
+    tab.page.wait_for_selector("#jobs-table td.empty")
+    assert tab.page.url.endswith("/ui/?status=RUNNING")
+    tab.page.select_option("#status-filter", "CANCELLED")
+    tab.page.wait_for_selector(f"#jobs-table a[href='/ui/jobs/{own['id']}']")
     tab.page.goto(f"{served.url}/ui/jobs/{quiet_job['id']}")
     tab.page.wait_for_selector("#error:not([hidden])")
     assert "404" in tab.page.text_content("#error")

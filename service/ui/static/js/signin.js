@@ -1,7 +1,6 @@
 // Sign in: the token is checked with GET /v1/jobs?limit=1 and kept in sessionStorage.
+import { setToken } from "./api.js";
 import { $, showError } from "./dom.js";
-
-const KEY = "etrain.token";
 
 function next() {
   const target = new URLSearchParams(location.search).get("next") || "/ui/";
@@ -24,7 +23,7 @@ async function signIn(event) {
       showError($("error"), `The service answered ${r.status}; try again.`);
       return;
     }
-    sessionStorage.setItem(KEY, value);
+    setToken(value);
     location.assign(next());
   } catch (err) {
     showError($("error"), "The service cannot be reached: " + err.message);
