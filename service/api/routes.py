@@ -103,6 +103,7 @@ async def create_job(request: Request, user: User, submission: Submissions) -> J
     prepared = await run_in_threadpool(submission.prepare, user, data)  # store, cluster
     await submission.probe(prepared)  # object storage: its own threads, awaited here
     job = await run_in_threadpool(submission.store, prepared)
+    runtime(request).reconciler.wake()  # admit it now, not at the next poll
     prom.SUBMITTED.inc()
     return JobPublic.of(job)
 

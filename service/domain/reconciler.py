@@ -112,6 +112,7 @@ class Reconciler:
         self.jobs = stores.jobs
         self.backoff = SubmitBackoff(give_up_after_s=settings.submit_retry_s, clock=clock)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set: tick now rather than at the end of the period
         self._thread: threading.Thread | None = None
         # submission id -> reporter token, kept across retries: a submit that timed out may
         # have reached Ray, and that driver keeps reporting with the token it was given.
@@ -302,12 +303,22 @@ class Reconciler:
         self.stores.tokens.revoke_job_tokens(job.id)
 
     def start(self) -> None:
-        """Run ``tick`` every ``reconcile_interval_s`` in a daemon thread."""
+        """Run ``tick`` every ``reconcile_interval_s``, and on each :meth:`wake`, in a daemon
+        thread."""
         self._thread = threading.Thread(target=self._loop, name="etrain-reconciler", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Tick now (a job was queued): admission need not wait out the poll period. Wakes
+        during a tick make one more tick after it."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.settings.reconcile_interval_s):
+        while True:
+            self._wake.wait(self.settings.reconcile_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
@@ -316,6 +327,7 @@ class Reconciler:
     def stop(self) -> None:
         """Stop the loop and wait for the current tick."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(30)
 

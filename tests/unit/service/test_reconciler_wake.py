@@ -1,0 +1,36 @@
+"""The reconciler's loop admits a queued job when woken, without waiting out its period."""
+
+from __future__ import annotations
+
+import time
+
+from service.domain.reconciler import Reconciler
+from service.settings import Settings
+from service.status import JobStatus
+from tests.support.fakes import FakeBackend
+from tests.support.polling import wait_for
+from workers.spec import parse_spec
+
+
+def test_a_wake_admits_at_once_and_stop_does_not_wait_out_the_period(stores, tmp_path):
+    settings = Settings(env="development", data_dir=tmp_path, port=8123, reconcile_interval_s=60)
+    backend = FakeBackend(cpus=4)
+    reconciler = Reconciler(stores, backend, settings)
+    tenant = stores.tokens.create_tenant("acme").id
+    spec = parse_spec({"name": "tiny"})
+    reconciler.start()
+    try:
+        time.sleep(0.1)  # the loop is waiting: its first tick is 60 s away
+        job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=spec, min_workers=1)
+        time.sleep(0.3)
+        assert stores.jobs.get_job(job.id).status is JobStatus.QUEUED  # no tick without a wake
+        t0 = time.monotonic()
+        reconciler.wake()
+        wait_for(lambda: backend.submitted, timeout=10, every=0.01, what="a submit after wake()")
+        assert time.monotonic() - t0 < 5
+        assert stores.jobs.get_job(job.id).status is JobStatus.PENDING
+    finally:
+        t_stop = time.monotonic()
+        reconciler.stop()
+    assert time.monotonic() - t_stop < 5
+    assert not reconciler._thread.is_alive()
