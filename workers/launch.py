@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
 from workers.spec import JobSpec
@@ -30,11 +31,12 @@ def train_fn(config: dict) -> None:
     import ray.train
     import torch
 
-    from workers.elastic import warm_spares
+    from workers.elastic import startup_times, warm_spares
     from workers.hooks import load_hooks
     from workers.telemetry.reporter import TelemetryReporter
     from workers.train_loop import RunEnv, run
 
+    entered = time.time()
     warm_spares.claim()
     spec = JobSpec.model_validate(config["spec"])
     ctx = ray.train.get_context()
@@ -47,6 +49,9 @@ def train_fn(config: dict) -> None:
         device = torch.device("cpu")
     _check_placement(spec, node_rank=ctx.get_node_rank())
     reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
+    if reporter is not None:
+        startup = startup_times.worker_startup(config.get("startup"), train_fn=entered)
+        startup_times.stamp_workers_started(reporter, startup)
     env = RunEnv(
         rank=rank,
         world_size=ctx.get_world_size(),
@@ -78,17 +83,18 @@ def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
     check_tp_placement(nodes, tp=spec.parallelism.tp)
 
 
-def build_trainer(spec: JobSpec, *, job_id: str):
+def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | None = None):
     """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy.
 
     Checkpoints are not registered with Ray Train: etrain commits, lists, restores
     and prunes them itself (``workers.checkpoint.manager``), so Ray's run snapshot
-    never names a checkpoint etrain's retention deleted.
+    never names a checkpoint etrain's retention deleted. ``startup``: the driver's
+    timestamps (``workers.elastic.startup_times``), passed on to rank 0's first event.
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
 
     from workers.elastic import warm_spares
-    from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation
+    from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
     from workers.elastic.scaling import LayoutScalingPolicy
     from workers.elastic.settings import resize_monitor_interval_s
     from workers.ray_compat import trainer_class
@@ -114,10 +120,15 @@ def build_trainer(spec: JobSpec, *, job_id: str):
         callbacks=[
             EventCallback(job_id),
             ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.checkpoint),
+            StartupTimes(),
         ],
         worker_runtime_env=(warm_spares.worker_runtime_env() if spec.failure.warm_spares else {}),
     )
-    config = {"spec": spec.model_dump(mode="json", by_alias=True), "job_id": job_id}
+    config = {
+        "spec": spec.model_dump(mode="json", by_alias=True),
+        "job_id": job_id,
+        "startup": startup or {},
+    }
     policy = (
         LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size, job_id=job_id)
         if elastic
@@ -181,14 +192,24 @@ def _abort_on_sigterm(spec: JobSpec) -> None:
 def main() -> int:
     """Run the job described by the environment; return the process exit code."""
     _die_with_parent()
+    from workers.elastic.startup_times import process_start_time
+
+    startup = {"driver_process": process_start_time() or time.time()}
     job_id = os.environ[JOB_ID_ENV]
     spec = JobSpec.model_validate(json.loads(os.environ[JOB_SPEC_ENV]))
     _abort_on_sigterm(spec)
+    startup["ray_connected"] = time.time()
     if spec.resources.min_workers != spec.resources.max_workers:
         from workers.elastic.settings import apply_controller_env
 
         apply_controller_env()
-    trainer = build_trainer(spec, job_id=job_id)
+    if spec.failure.warm_spares:
+        from workers.elastic.warm_spares import prestart_first_group
+
+        # Before torch is imported here: the workers' imports overlap the driver's.
+        prestart_first_group(spec.resources)
+    trainer = build_trainer(spec, job_id=job_id, startup=startup)
+    startup["driver_ready"] = time.time()  # the dict goes to the workers with fit()
     try:
         trainer.fit()
     except Exception as e:  # noqa: BLE001 - the driver's exit code is the report

@@ -27,6 +27,11 @@ The uses, each with what it is for:
    HTTP API (``/nodes``) when token auth is on.
 7. :data:`WORKER_MODULES`: private modules a restarted Ray Train worker imports,
    which warm spares import ahead of time.
+8. :data:`WorkerGroupCallback`: Train V2's worker-group callback base (runs in the
+   controller around each group start; etrain timestamps the start's phases there).
+9. :func:`train_worker_runtime_env`: the runtime environment Ray Train's worker actors
+   will get, as the raylet matches it, so the driver can prestart their processes
+   (``prestart_workers(runtime_env=...)``) before the controller asks for them.
 
 Importing this module imports Ray Train's scaling policy (not torch).
 """
@@ -34,11 +39,12 @@ Importing this module imports Ray Train's scaling policy (not torch).
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from collections.abc import Callable
 
 import ray
-from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2._internal.execution.scaling_policy import (
     ElasticScalingPolicy,
     NoopDecision,
@@ -62,10 +68,12 @@ __all__ = [
     "NoopDecision",
     "ResizeDecision",
     "ScalingDecision",
+    "WorkerGroupCallback",
     "auth_headers",
     "cancel_reservation",
     "check",
     "prestart_workers",
+    "train_worker_runtime_env",
     "trainer_class",
 ]
 
@@ -137,9 +145,12 @@ def cancel_reservation(requester_id: str, *, timeout_s: float = 5.0) -> None:
     )
 
 
-def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) -> None:
+def prestart_workers(
+    count: int, *, keep_alive_s: int, timeout_s: float = 10.0, runtime_env: str | None = None
+) -> None:
     """(5) Ask this process's raylet for ``count`` idle worker processes of this job, with
-    this worker's own runtime environment (so the next actors with it are placed there)."""
+    ``runtime_env`` (serialized; by default this process's own), so the next actors with it
+    are placed there."""
     from ray._private.grpc_utils import init_grpc_channel
     from ray.core.generated import (
         common_pb2,
@@ -158,7 +169,7 @@ def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) 
             language=common_pb2.PYTHON,
             job_id=bytes.fromhex(ctx.get_job_id()),
             runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(
-                serialized_runtime_env=ctx.get_runtime_env_string()
+                serialized_runtime_env=runtime_env or ctx.get_runtime_env_string()
             ),
             keep_alive_duration_secs=keep_alive_s,
             num_workers=count,
@@ -168,6 +179,36 @@ def prestart_workers(count: int, *, keep_alive_s: int, timeout_s: float = 10.0) 
         )
     finally:
         channel.close()
+
+
+def train_worker_runtime_env(worker_runtime_env: dict) -> str:
+    """(9) The serialized runtime environment of the worker actors a ``TorchTrainer`` fit
+    from this driver starts with ``RunConfig(worker_runtime_env=worker_runtime_env)``.
+
+    Ray Train gives its controller actor the variables of ``get_env_vars_to_propagate``
+    (plus a ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC`` default) and each worker actor those
+    again with the worker runtime env's; Ray merges an actor's environment variables into
+    its parent's and serializes the result as compact JSON with sorted keys.
+    """
+    from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+    from ray.train.v2._internal.constants import (
+        DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
+        get_env_vars_to_propagate,
+    )
+
+    job = json.loads(ray.get_runtime_context().get_runtime_env_string() or "{}")
+    controller = get_env_vars_to_propagate()
+    controller.setdefault(
+        RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
+    )
+    env_vars = {
+        **job.get("env_vars", {}),
+        **controller,
+        **get_env_vars_to_propagate(),
+        **worker_runtime_env.get("env_vars", {}),
+    }
+    merged = {**job, **worker_runtime_env, "env_vars": env_vars}
+    return json.dumps(merged, sort_keys=True, separators=(",", ":"))
 
 
 def auth_headers() -> dict[str, str]:
@@ -236,6 +277,14 @@ def _controller_callback() -> bool:
     return _params(ControllerCallback.after_controller_start) == ["self", "train_run_context"]
 
 
+def _worker_group_callback() -> bool:
+    return (
+        _params(WorkerGroupCallback.before_worker_group_start) == ["self", "worker_group_context"]
+        and _params(WorkerGroupCallback.before_init_train_context) == ["self", "workers"]
+        and _params(WorkerGroupCallback.after_worker_group_start) == ["self", "worker_group"]
+    )
+
+
 def _cancel_request() -> bool:
     from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
         _AutoscalingCoordinatorActor,
@@ -269,6 +318,22 @@ def _auth() -> bool:
     return len(_params(get_auth_headers_if_auth_enabled)) >= 1
 
 
+def _worker_runtime_env() -> bool:
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return (
+        callable(get_env_vars_to_propagate)
+        and _source_mentions(
+            DataParallelTrainer._initialize_and_run_controller,
+            "get_env_vars_to_propagate",
+            "DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE",
+        )
+        and _source_mentions(WorkerGroup._get_worker_runtime_env, "get_env_vars_to_propagate")
+    )
+
+
 def _worker_modules() -> bool:
     import importlib.util
 
@@ -284,11 +349,17 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "trainer_class: TorchTrainer._initialize_and_run_controller(**controller_init_kwargs) -> "
     "TrainController(scaling_policy=)": _trainer_seam,
     "ControllerCallback.after_controller_start(train_run_context)": _controller_callback,
+    "WorkerGroupCallback.before_worker_group_start(worker_group_context), "
+    "before_init_train_context(workers), after_worker_group_start(worker_group)": (
+        _worker_group_callback
+    ),
     "cancel_reservation: get_or_create_autoscaling_coordinator().cancel_request("
     "requester_id=)": _cancel_request,
     "prestart_workers: raylet PrestartWorkers and init_grpc_channel": _prestart,
     "auth_headers: get_auth_headers_if_auth_enabled(headers)": _auth,
     "WORKER_MODULES importable": _worker_modules,
+    "train_worker_runtime_env: DataParallelTrainer and WorkerGroup._get_worker_runtime_env "
+    "pass get_env_vars_to_propagate()": _worker_runtime_env,
 }
 
 

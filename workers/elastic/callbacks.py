@@ -1,5 +1,6 @@
-"""Ray Train controller callbacks: worker failures as job events, and the cluster
-reservation a killed earlier run of the job left behind."""
+"""Ray Train controller callbacks: worker failures as job events, the cluster
+reservation a killed earlier run of the job left behind, and the timestamps of each
+worker group's start."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 from ray.train import UserCallback
 
 from workers.contract import EventKind
-from workers.ray_compat import ControllerCallback, cancel_reservation
+from workers.elastic.startup_times import note_group_times
+from workers.ray_compat import ControllerCallback, WorkerGroupCallback, cancel_reservation
 from workers.telemetry.reporter import TelemetryReporter
 
 log = logging.getLogger(__name__)
@@ -89,3 +91,25 @@ class ReleaseStaleReservation(ControllerCallback):
                 log.warning("could not cancel the stale reservation %s: %s", previous, e)
         loc.fs.makedirs(posixpath.dirname(loc.root), exist_ok=True)
         loc.fs.pipe_file(loc.root, mine.encode())  # one small write: whole or absent
+
+
+class StartupTimes(WorkerGroupCallback):
+    """Runs in the Ray Train controller: timestamps each worker group's start and hands
+    them to the group's workers (one short call per worker, once per start)."""
+
+    def __init__(self):
+        self._times: dict[str, float] = {}
+
+    def before_worker_group_start(self, worker_group_context) -> None:
+        """The group is about to ask for its placement group."""
+        self._times = {"group_start": time.time()}
+
+    def before_init_train_context(self, workers) -> dict:
+        """The group's actors are alive."""
+        self._times["actors_ready"] = time.time()
+        return {}
+
+    def after_worker_group_start(self, worker_group) -> None:
+        """Ray Train's callbacks before this one set up the backend (the process group)."""
+        self._times["backend_ready"] = time.time()
+        worker_group.execute(note_group_times, dict(self._times))
