@@ -20,6 +20,13 @@ So, per node of a running group:
   still alive; the request uses the worker's own runtime-environment string,
   so the spares match the next group's actors exactly.
 
+The same mechanism starts a job's first worker processes early: the driver, once
+connected to Ray and before it imports torch and builds its trainer, asks its own
+raylet for as many worker processes as its node can place workers
+(:func:`prestart_first_group`), with the runtime environment the worker actors will
+have (``workers.ray_compat.train_worker_runtime_env``). They import the training
+stack while the driver and Ray Train's controller start, instead of after.
+
 A spare that becomes a worker leaves the count (:func:`claim`). Spares die with
 the job (the raylet ends a finished job's workers) or after ``KEEP_ALIVE_S``.
 Each holds the imported stack in memory (about 400 MB on CPU builds of torch);
@@ -40,7 +47,7 @@ import tempfile
 from pathlib import Path
 
 from workers.contract import WARM_WORKER_ENV
-from workers.ray_compat import WORKER_MODULES, prestart_workers
+from workers.ray_compat import WORKER_MODULES, prestart_workers, train_worker_runtime_env
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +142,45 @@ def top_up() -> int:
         return max(missing, 0)
     except Exception as e:  # noqa: BLE001 - spares only make restarts faster
         log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
+        return 0
+
+
+def first_group_here(resources: dict, *, workers: int, cpus: float, gpus: float) -> int:
+    """How many of a group's ``workers`` (each ``cpus`` and ``gpus``) a node with
+    ``resources`` (Ray's totals) can hold."""
+    fits = [workers]
+    if cpus > 0:
+        fits.append(int(resources.get("CPU", 0) // cpus))
+    if gpus > 0:
+        fits.append(int(resources.get("GPU", 0) // gpus))
+    return max(min(fits), 0)
+
+
+def prestart_first_group(resources_spec) -> int:
+    """On the driver: start this node's share of the first worker group's processes now.
+
+    ``resources_spec`` is the job spec's ``resources``. Asks for at most as many
+    processes as the group has workers and this node can place (none on a head that
+    offers no CPU); any of them the group does not use stays a spare for its restarts
+    and ends with the job. Returns how many were asked for; never raises.
+    """
+    import ray
+
+    try:
+        ctx = ray.get_runtime_context()
+        node = next(n for n in ray.nodes() if n["NodeID"] == ctx.get_node_id())
+        count = first_group_here(
+            node.get("Resources", {}),
+            workers=resources_spec.max_workers,
+            cpus=resources_spec.cpus_per_worker,
+            gpus=resources_spec.gpus_per_worker,
+        )
+        if count > 0:
+            env = train_worker_runtime_env(worker_runtime_env())
+            prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
+        return count
+    except Exception as e:  # noqa: BLE001 - only makes the start faster
+        log.warning("etrain: could not prestart worker processes: %s: %s", type(e).__name__, e)
         return 0
 
 
