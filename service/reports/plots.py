@@ -95,7 +95,11 @@ def memory_png(rows: list[MemoryRow], path: Path) -> Path:
             ax.annotate(source[0], (x, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(strategies)), strategies)
     ax.set(ylabel="MiB per rank", title="memory per rank: m = measured, p = predicted (hatched)")
-    ax.legend(title="component")
+    ax.legend(
+        title="component\n(other: gathered params\nmeasured, buffers\npredicted)",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
