@@ -81,6 +81,21 @@ def _scrub(reason: str, foreign: set[str]) -> str:
     return reason
 
 
+def _names(jobs: JobStore, tenant: str | None, wanted: int) -> dict[str, str]:
+    """Names of the queued jobs ``tenant`` sees (every tenant's: None), a page at a time."""
+    names: dict[str, str] = {}
+    offset = 0
+    while len(names) < wanted:
+        page = jobs.list_jobs(
+            tenant_id=tenant, statuses={JobStatus.QUEUED}, limit=500, offset=offset
+        )
+        if not page:
+            break
+        names.update((j.id, j.name) for j in page)
+        offset += len(page)
+    return names
+
+
 def queue_of(
     jobs: JobStore,
     settings: Settings,
@@ -97,6 +112,7 @@ def queue_of(
     entries = {e.id: e for e in queued}
     tenant = scope(principal)
     foreign = {e.id for e in queued if tenant is not None and e.tenant_id != tenant}
+    names = _names(jobs, tenant, len(queued) - len(foreign))
     out = []
     for position, job_id in enumerate(decision.order, start=1):
         entry = entries[job_id]
@@ -104,8 +120,7 @@ def queue_of(
             out.append(QueuedJob(None, None, None, position, None))
             continue
         reason = _scrub(reasons.get(job_id, ADMITTED), foreign)
-        name = jobs.get_job(job_id).name
-        out.append(QueuedJob(job_id, name, entry.tenant or None, position, reason))
+        out.append(QueuedJob(job_id, names.get(job_id), entry.tenant or None, position, reason))
     return out
 
 

@@ -51,6 +51,9 @@ def _follow_the_link(served, job: dict, submission_id: str, open_tab) -> None:
     assert where, hint
     token = Path(where.group(1)).read_text().strip()
     assert token not in str(job)
+    log = served.log.read_text()  # etrain serve said where the token is, not what it is
+    assert f"etrain: Ray dashboard sign-in token in {where.group(1)}" in log
+    assert token not in log
 
     status = served.cli("status", job["id"])
     assert f"Ray dashboard: {link} ({hint})" in status.stdout
