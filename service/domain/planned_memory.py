@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 
 import service.planner.layout_rules as rules
@@ -51,26 +52,29 @@ def planned_memory(spec: JobSpec, world: int, *, tenant: str = "") -> dict[str, 
 
 
 class PlannedMemory:
-    """:func:`planned_memory` of the ``size`` most recent (job, world size) pairs."""
+    """:func:`planned_memory` of the ``size`` most recent (job, world size) pairs. A model
+    that could not be sized is asked again only after ``retry_s`` (a page polling the
+    memory of a job whose store does not answer must not wait on it every time)."""
 
-    def __init__(self, size: int = 256):
+    def __init__(self, size: int = 256, *, retry_s: float = 60.0):
         """Keep at most ``size`` answers."""
-        self.size = size
+        self.size, self.retry_s = size, retry_s
         self._lock = threading.Lock()
-        self._answers: OrderedDict[tuple[str, int], dict[str, int] | None] = OrderedDict()
+        self._answers: OrderedDict[tuple[str, int], tuple[dict | None, float]] = OrderedDict()
 
     def of(self, job_id: str, spec: JobSpec, world: int, *, tenant: str = "") -> dict | None:
         """The planned bytes of job ``job_id`` (whose spec is ``spec``) at ``world``."""
-        key = (job_id, world)
+        key, now = (job_id, world), time.monotonic()
         with self._lock:
             if key in self._answers:
-                self._answers.move_to_end(key)
-                return self._answers[key]
+                answer, at = self._answers[key]
+                if answer is not None or now - at < self.retry_s:
+                    self._answers.move_to_end(key)
+                    return answer
         answer = planned_memory(spec, world, tenant=tenant)
-        if answer is None:  # an unreadable model.hf is asked again next time
-            return None
         with self._lock:
-            self._answers[key] = answer
+            self._answers[key] = (answer, now)
+            self._answers.move_to_end(key)
             while len(self._answers) > self.size:
                 self._answers.popitem(last=False)
         return answer

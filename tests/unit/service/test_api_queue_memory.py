@@ -197,3 +197,20 @@ def test_planned_memory_changes_with_the_world_size(tmp_path):
         at_four = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()["planned"]
     # FSDP shards the state over the ranks: four ranks hold a quarter each.
     assert at_four["params_bytes"] < at_one["params_bytes"]
+
+
+def test_an_unsizable_model_is_asked_again_only_after_the_retry_period(monkeypatch):
+    import service.domain.planned_memory as pm
+
+    calls: list[int] = []
+    answers = iter([None, {"total_bytes": 1}])
+    monkeypatch.setattr(
+        pm, "planned_memory", lambda spec, world, tenant="": calls.append(world) or next(answers)
+    )
+    spec = JobSpec.model_validate({"name": "x"})
+    cache = pm.PlannedMemory(retry_s=3600)
+    assert cache.of("j-1", spec, 2) is None and cache.of("j-1", spec, 2) is None
+    assert calls == [2]  # the store that did not answer is not asked on every poll
+    cache.retry_s = 0.0
+    assert cache.of("j-1", spec, 2) == {"total_bytes": 1}
+    assert cache.of("j-1", spec, 2) == {"total_bytes": 1} and calls == [2, 2]
