@@ -1,5 +1,6 @@
-"""The routes of the web pages: ``/`` redirects to ``/ui/``; each page is a static HTML shell
-whose JavaScript reads the API with the user's token. The shells and assets need no token
+"""The routes of the web pages: ``/`` redirects to ``/ui/``; each page is an HTML shell (one
+layout, ``templates/layout.html``, around the page's own ``<main>``) whose JavaScript reads
+the API with the user's token. The shells and assets need no token
 (they hold no data); every API call they make does.
 
 Every ``/ui`` answer carries a strict Content-Security-Policy: scripts, styles and
@@ -8,14 +9,17 @@ connections from this origin only, no inline script, no framing.
 
 from __future__ import annotations
 
+import string
+from functools import cache
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 STATIC_DIR = Path(__file__).parent / "static"
+TEMPLATES = Path(__file__).parent / "templates"
 PREFIX = "/ui"
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -28,15 +32,16 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-# Page path (under /ui) -> its HTML shell.
+# Page path (under /ui) -> its page (templates/<page>.html, static/js/<page>.js).
 PAGES = {
-    "/": "jobs.html",
-    "/jobs": "jobs.html",
-    "/jobs/{job_id}": "job.html",
-    "/cluster": "cluster.html",
-    "/plan": "plan.html",
-    "/signin": "signin.html",
+    "/": "jobs",
+    "/jobs": "jobs",
+    "/jobs/{job_id}": "job",
+    "/cluster": "cluster",
+    "/plan": "plan",
+    "/signin": "signin",
 }
+TITLES = {"jobs": "Jobs", "job": "Job", "cluster": "Cluster", "plan": "Plan", "signin": "Sign in"}
 
 
 class UiStatic(StaticFiles):
@@ -48,14 +53,24 @@ class UiStatic(StaticFiles):
         return response
 
 
-def _page(name: str):
-    file = STATIC_DIR / name
+@cache
+def render(page: str) -> str:
+    """The page's HTML: the layout around its ``<main>``; the navigation on all but sign-in."""
+    read = lambda name: (TEMPLATES / f"{name}.html").read_text()  # noqa: E731
+    return string.Template(read("layout")).substitute(
+        title=TITLES[page],
+        page=page,
+        nav="" if page == "signin" else read("nav"),
+        main=read(page),
+    )
 
-    async def page() -> FileResponse:
-        return FileResponse(file, media_type="text/html", headers=HEADERS)
 
-    page.__name__ = f"ui_{name.removesuffix('.html')}"
-    return page
+def _page(page: str):
+    async def handler() -> HTMLResponse:
+        return HTMLResponse(render(page), headers=HEADERS)
+
+    handler.__name__ = f"ui_{page}"
+    return handler
 
 
 def mount_ui(app: FastAPI) -> None:

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.ui.pages import PAGES, STATIC_DIR
+from service.ui.pages import PAGES, STATIC_DIR, TEMPLATES
 from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
 
 # An address of another host: scheme-relative or absolute URLs, and CSS @import / url().
@@ -121,6 +121,7 @@ def test_every_asset_ships_in_the_package():
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
     ]["service"]
-    for asset in ASSETS:
-        path = f"ui/static/{asset}"
+    templates = [f"ui/templates/{p.name}" for p in TEMPLATES.glob("*.html")]
+    assert len(templates) == len(set(PAGES.values())) + 2  # the pages, the layout, the nav
+    for path in [f"ui/static/{asset}" for asset in ASSETS] + templates:
         assert any(fnmatch(path, g) and path.count("/") == g.count("/") for g in globs), path
