@@ -108,7 +108,9 @@ class Stepper:
             dp_size=self.coords.dp_size,
             micro_batch_size=self.per_call,
         )
-        local = torch.zeros((), dtype=torch.float64)
+        # The step's loss stays on the device until the one reduce per step: a float() per
+        # micro-batch would wait for the device each time.
+        local = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, items in enumerate(calls):
             x, y = (t.to(self.device, non_blocking=True) for t in collate(self.dataset, items))
             last = i == len(calls) - 1
@@ -131,8 +133,9 @@ class Stepper:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
-    def _micro_step(self, x, y, n_calls: int, *, sync: bool, scale: float | None) -> float:
-        """Forward and backward one micro-batch; its share of the step's loss."""
+    def _micro_step(self, x, y, n_calls: int, *, sync: bool, scale: float | None) -> torch.Tensor:
+        """Forward and backward one micro-batch; its share of the step's loss (float64, on
+        the device)."""
         model = self.parts[0]
         with _grad_sync(model, sync), self.meter or contextlib.nullcontext():
             with self.autocast:
@@ -142,10 +145,10 @@ class Stepper:
             if scale is not None:
                 loss = masked_loss_sum(logits, y) * scale
                 loss.backward()
-                return float(loss.detach())
+                return loss.detach().double()
             loss = loss_fn(logits, y)
             (loss / n_calls).backward()
-        return float(loss.detach()) / n_calls
+        return loss.detach().double() / n_calls
 
     def _pipeline_call(self, x, y, n_calls: int, scale: float | None) -> float | None:
         # The pipeline's loss function divides by the number of calls per step
@@ -176,9 +179,8 @@ class Stepper:
         if not dist.is_initialized():
             return float(local), tuple(int(v) for v in votes)
         share = local / self.holders if self.holds_loss else torch.zeros_like(local)
-        buf = torch.cat(
-            [share.reshape(1), torch.tensor([float(v) for v in votes], dtype=torch.float64)]
-        )
+        flags = torch.tensor([float(v) for v in votes], dtype=torch.float64, device=local.device)
+        buf = torch.cat([share.reshape(1), flags])
         dist.all_reduce(buf)
         return float(buf[0]), tuple(round(float(v)) for v in buf[1:])
 
