@@ -92,6 +92,7 @@ def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | Non
     timestamps (``workers.elastic.startup_times``), passed on to rank 0's first event.
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
 
     from workers.elastic import warm_spares
     from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
@@ -140,7 +141,16 @@ def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | Non
         scaling_config=scaling,
         run_config=run_config,
         scaling_policy=policy,
+        torch_config=TorchConfig(backend=process_group_backend(res.gpus_per_worker > 0)),
     )
+
+
+def process_group_backend(use_gpu: bool) -> str:
+    """gloo on CPUs; on GPUs NCCL for CUDA tensors and gloo for CPU ones. etrain's own small
+    collectives (checkpoint votes, object broadcasts) use CPU tensors, which the NCCL-only
+    group Ray Train makes on GPUs by default refuses ("No backend type associated with
+    device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if use_gpu else "gloo"
 
 
 def _die_with_parent() -> None:
