@@ -204,13 +204,26 @@ class GoodputPublic(View):
     notes: list[str] = Field(description="Which parts are estimates.")
 
 
+class GpuPublic(BaseModel):
+    """One GPU device of a node."""
+
+    name: str | None = Field(None, description="The device's model, e.g. NVIDIA H100 80GB HBM3.")
+    memory_mb: int | None = Field(None, description="Its memory in MB.")
+
+
 class NodePublic(BaseModel):
     """A node of the cluster and its resources."""
 
     node_id: str | None
     ip: str | None
     is_head: bool
-    resources: dict[str, float]
+    resources: dict[str, float] = Field(description="The node's total Ray resources.")
+    available: dict[str, float] = Field(
+        default_factory=dict, description="What is free on the node now (Ray resources)."
+    )
+    gpus: list[GpuPublic] = Field(
+        default_factory=list, description="Its GPU devices, as Ray's reporter agent sees them."
+    )
 
 
 class QueuedJobPublic(View):

@@ -220,6 +220,12 @@ def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:
                 "ip": node.get("ip"),
                 "is_head": raylet.get("isHeadNode", False),
                 "resources": res_total,
+                "available": res_avail,
+                # The reporter agent's GPU list: model name and memory (MB) of each device.
+                "gpus": [
+                    {"name": g.get("name"), "memory_mb": g.get("memoryTotal")}
+                    for g in node.get("gpus") or []
+                ],
             }
         )
         for key in ("CPU", "GPU", "memory"):

@@ -2,17 +2,27 @@
 import { api, poll, requireToken } from "./api.js";
 import { $, clear, fmtBytes, fmtNum, h, showError, table, wireHeader } from "./dom.js";
 
-// GPUs of a resource dict: count, kinds (accelerator_type:*), memory if Ray reports it.
-function gpus(res) {
-  const count = res.GPU || 0;
-  const kinds = Object.keys(res)
-    .filter((k) => k.startsWith("accelerator_type:"))
-    .map((k) => k.slice("accelerator_type:".length));
-  const mem = res.gpu_memory || res.GPU_memory;
+// A node's GPUs: count, then each device's model and memory (Ray's reporter agent), else the
+// accelerator_type:* resource names.
+function gpus(n) {
+  const count = n.resources.GPU || 0;
+  let kinds = (n.gpus || []).map((g) => (g.name || "GPU") + (g.memory_mb ? ` ${fmtBytes(g.memory_mb * 2 ** 20)}` : ""));
+  if (!kinds.length) {
+    kinds = Object.keys(n.resources)
+      .filter((k) => k.startsWith("accelerator_type:"))
+      .map((k) => k.slice("accelerator_type:".length));
+  }
   let text = count ? String(fmtNum(count)) : "0";
-  if (kinds.length) text += " × " + kinds.join(", ");
-  if (mem) text += ` (${fmtBytes(mem)})`;
+  if (kinds.length) text += " × " + [...new Set(kinds)].join(", ");
   return text;
+}
+
+// "free / total" of one resource on a node.
+function freeOf(n, key, fmt) {
+  const total = n.resources[key];
+  if (!total) return "–";
+  const free = (n.available || {})[key];
+  return free === undefined ? fmt(total) : `${fmt(free)} / ${fmt(total)}`;
 }
 
 function nodeRows(nodes) {
@@ -20,9 +30,10 @@ function nodeRows(nodes) {
     h("span", { class: "mono", title: n.node_id || "" }, (n.node_id || "–").slice(0, 12)),
     n.ip || "–",
     n.is_head ? "head" : "worker",
-    fmtNum(n.resources.CPU || 0),
-    gpus(n.resources),
-    n.resources.memory ? fmtBytes(n.resources.memory) : "–",
+    freeOf(n, "CPU", fmtNum),
+    gpus(n),
+    freeOf(n, "GPU", fmtNum),
+    freeOf(n, "memory", fmtBytes),
   ]);
 }
 
@@ -57,7 +68,7 @@ async function refresh() {
     showError($("error"), null);
     clear($("totals")).append(totals(c));
     if (c.dashboard_url) $("totals").append(h("p", { class: "muted" }, "Ray dashboard: " + c.dashboard_url));
-    clear($("nodes")).append(table(["node", "ip", "role", "CPUs", "GPUs", "memory"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
+    clear($("nodes")).append(table(["node", "ip", "role", "CPUs free / total", "GPUs", "GPUs free / total", "memory free / total"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
     renderQueue($("queue"), c.queue);
   } catch (err) {
     if (err.status !== 401) showError($("error"), err);
