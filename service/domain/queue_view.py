@@ -63,13 +63,9 @@ class QueuedJob:
 
 
 @dataclass(frozen=True)
-class ClusterStatus:
+class ClusterStatus(ClusterInfo):
     """The connected cluster and its queue."""
 
-    nodes: list[dict]
-    total: dict[str, float]
-    available: dict[str, float]
-    dashboard_url: str | None
     queue: list[QueuedJob]
 
 
@@ -130,10 +126,4 @@ def cluster_status(
     """Nodes and resources (read at most every few seconds: ``cluster_view``) and the
     queue ``principal`` may see."""
     info: ClusterInfo = cluster_info(backend)
-    return ClusterStatus(
-        nodes=info.nodes,
-        total=info.total,
-        available=info.available,
-        dashboard_url=info.dashboard_url,
-        queue=queue_of(jobs, settings, principal, info.total),
-    )
+    return ClusterStatus(**vars(info), queue=queue_of(jobs, settings, principal, info.total))
