@@ -47,8 +47,9 @@ def test_the_start_is_timestamped_and_prestarted_workers_are_used(
     step1 = telemetry_sink.items("metrics", job_id)[0]
     assert step1["step"] == 1 and step1["ts"] >= started[0]["ts"]
     # Rank 0's process: prestarted by the driver right after it connected (so before
-    # Ray Train's group asked for its actors), or started for the group.
+    # Ray Train's group asked for its actors), or started for the group. A process's start
+    # time counts from /proc's boot time, in whole seconds: it reads up to 1 s early.
     if spares:
         assert marks["ray_connected"] - 1 <= marks["worker_process"] < marks["group_start"]
     else:
-        assert marks["worker_process"] > marks["group_start"]
+        assert marks["worker_process"] > marks["group_start"] - 1

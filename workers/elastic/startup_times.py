@@ -28,7 +28,8 @@ _GROUP_TIMES: dict[str, float] = {}  # on a worker: the controller's times of it
 
 
 def process_start_time(pid: int | None = None) -> float | None:
-    """Unix time the process started (None where /proc cannot say)."""
+    """Unix time the process started (None where /proc cannot say). The boot time /proc
+    gives is in whole seconds, so this reads up to 1 s early."""
     try:
         with open(f"/proc/{pid or os.getpid()}/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
