@@ -15,7 +15,8 @@ The uses, each with what it is for:
    :meth:`~ElasticPolicyBase.usable_workers` (etrain keeps tp x pp intact), and
    ``_get_reserved_resources`` can ask the AutoscalingCoordinator for a view
    recomputed from the live node list (its ``recompute=True``), writing the
-   policy's cached ``_latest_reserved_resources`` as Ray's own code does.
+   policy's cached ``_latest_reserved_resources`` as Ray's own code does;
+   :meth:`~ElasticPolicyBase.skip_resize_interval` clears ``_latest_monitor_time``.
 2. :func:`trainer_class`: a ``TorchTrainer`` that hands its controller another
    scaling policy through ``_initialize_and_run_controller(scaling_policy=...)``,
    the one seam Ray 2.60's ``DataParallelTrainer`` has for it.
@@ -32,6 +33,8 @@ The uses, each with what it is for:
 9. :func:`train_worker_runtime_env`: the runtime environment Ray Train's worker actors
    will get, as the raylet matches it, so the driver can prestart their processes
    (``prestart_workers(runtime_env=...)``) before the controller asks for them.
+10. :func:`setup_hook_of_this_job`: the job's ``worker_process_setup_hook`` (from the
+   variable Ray reserves for it): the controller's sign that the job has warm spares.
 
 Importing this module imports Ray Train's scaling policy (not torch).
 """
@@ -73,6 +76,7 @@ __all__ = [
     "cancel_reservation",
     "check",
     "prestart_workers",
+    "setup_hook_of_this_job",
     "train_worker_runtime_env",
     "trainer_class",
 ]
@@ -94,6 +98,10 @@ class ElasticPolicyBase(ElasticScalingPolicy):
     def usable_workers(self, possible: int) -> int:
         """How many of the ``possible`` workers to start (default: all of them)."""
         return possible
+
+    def skip_resize_interval(self) -> None:
+        """Let the next decision for a running group skip Ray's resize-monitor interval."""
+        self._latest_monitor_time = float("-inf")
 
     def _count_possible_workers(self, reserved_resources) -> int:
         return self.usable_workers(super()._count_possible_workers(reserved_resources))
@@ -146,21 +154,18 @@ def cancel_reservation(requester_id: str, *, timeout_s: float = 5.0) -> None:
 
 
 def prestart_workers(
-    count: int, *, keep_alive_s: int, timeout_s: float = 10.0, runtime_env: str | None = None
+    count: int, *, keep_alive_s: int, timeout_s: float = 10.0, runtime_env=None, node_id=None
 ) -> None:
-    """(5) Ask this process's raylet for ``count`` idle worker processes of this job, with
-    ``runtime_env`` (serialized; by default this process's own), so the next actors with it
-    are placed there."""
+    """(5) Ask the raylet of ``node_id`` (by default this process's node) for ``count`` idle
+    worker processes of this job, with ``runtime_env`` (serialized; by default this
+    process's own), so the next actors with it placed on that node run in them."""
     from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import (
-        common_pb2,
-        node_manager_pb2,
-        node_manager_pb2_grpc,
-        runtime_environment_pb2,
-    )
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+    from ray.core.generated import runtime_environment_pb2 as runtime_env_pb2
 
     ctx = ray.get_runtime_context()
-    node = next(n for n in ray.nodes() if n["NodeID"] == ctx.get_node_id())
+    node_id = node_id or ctx.get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
     channel = init_grpc_channel(
         f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", [], asynchronous=False
     )
@@ -168,7 +173,7 @@ def prestart_workers(
         request = node_manager_pb2.PrestartWorkersRequest(
             language=common_pb2.PYTHON,
             job_id=bytes.fromhex(ctx.get_job_id()),
-            runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(
+            runtime_env_info=runtime_env_pb2.RuntimeEnvInfo(
                 serialized_runtime_env=runtime_env or ctx.get_runtime_env_string()
             ),
             keep_alive_duration_secs=keep_alive_s,
@@ -211,6 +216,14 @@ def train_worker_runtime_env(worker_runtime_env: dict) -> str:
     return json.dumps(merged, sort_keys=True, separators=(",", ":"))
 
 
+def setup_hook_of_this_job() -> str | None:
+    """(10) The ``worker_process_setup_hook`` (module path) of this process's job, or None."""
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+    env = json.loads(ray.get_runtime_context().get_runtime_env_string() or "{}")
+    return env.get("env_vars", {}).get(WORKER_PROCESS_SETUP_HOOK_ENV_VAR)
+
+
 def auth_headers() -> dict[str, str]:
     """(6) Headers that authenticate this process to a Ray dashboard's HTTP API (token auth
     from ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN(_PATH)``, as Ray's clients read it)."""
@@ -245,7 +258,9 @@ def _elastic_policy() -> bool:
             ElasticScalingPolicy.__init__,
             "self._latest_reserved_resources",
             "self._latest_reserved_resources_query_time",
+            "self._latest_monitor_time",
         )
+        and "self._latest_monitor_time" in inspect.getsource(ElasticScalingPolicy)
         and _source_mentions(
             ElasticScalingPolicy._get_reserved_resources,
             "self._autoscaling_coordinator",
@@ -334,6 +349,12 @@ def _worker_runtime_env() -> bool:
     )
 
 
+def _setup_hook_env() -> bool:
+    from ray._private.runtime_env.setup_hook import export_setup_func_module as export
+
+    return _source_mentions(export, "env_vars[ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR]")
+
+
 def _worker_modules() -> bool:
     import importlib.util
 
@@ -342,7 +363,7 @@ def _worker_modules() -> bool:
 
 CHECKS: dict[str, Callable[[], bool]] = {
     "ElasticPolicyBase: ElasticScalingPolicy._count_possible_workers(reserved_resources), "
-    "_get_reserved_resources(), _latest_reserved_resources[_query_time], "
+    "_get_reserved_resources(), _latest_reserved_resources[_query_time], _latest_monitor_time, "
     "_autoscaling_coordinator, _requester_id": _elastic_policy,
     "ElasticPolicyBase: AutoscalingCoordinator.get_reserved_resources(requester_id, "
     "recompute=)": _coordinator_recompute,
@@ -360,6 +381,8 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "WORKER_MODULES importable": _worker_modules,
     "train_worker_runtime_env: DataParallelTrainer and WorkerGroup._get_worker_runtime_env "
     "pass get_env_vars_to_propagate()": _worker_runtime_env,
+    "setup_hook_of_this_job: export_setup_func_module puts the hook in "
+    "WORKER_PROCESS_SETUP_HOOK_ENV_VAR": _setup_hook_env,
 }
 
 
