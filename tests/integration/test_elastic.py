@@ -9,11 +9,13 @@ nodes, so the job cannot end before they happen, then run at full speed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from service.backends.base import RunState
 from tests.support.faults import fault_env
 from tests.support.polling import wait_for
 from tests.support.ray_cluster import start_node, submit_job, wait_for_job
+from workers.contract import WARM_WORKER_ENV
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -53,6 +56,30 @@ def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: P
     )
 
 
+def _warm_processes(pgid: int) -> list[psutil.Process]:
+    """The worker-actor processes (Ray Train workers and their spares) of the node whose
+    processes are in group ``pgid``, oldest first. Ray starts each worker in a session
+    of its own: they are found as children of the node's raylet."""
+    node = set()
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid:
+                node.add(proc.pid)
+    found = []
+    for proc in psutil.process_iter(["ppid", "create_time"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["ppid"] in node and proc.environ().get(WARM_WORKER_ENV) == "1":
+                found.append(proc)
+    return sorted(found, key=lambda p: (p.info["create_time"], p.pid))
+
+
+def _is_train_worker(proc: psutil.Process) -> bool:
+    try:
+        return "RayTrainWorker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
     ray_backend, ray_head, telemetry_sink, tmp_path
 ):
@@ -73,6 +100,16 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
     node = start_node(ray_head, cpus=2)
     try:
         wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=detail)
+        # The new node's workers run in the spares asked for when it joined: the oldest
+        # worker-actor processes there (fresh ones would start after the resize, and the
+        # spares asked for after the grown group's first step later still).
+        warm = _warm_processes(node.pid)
+        workers = {p.pid for p in warm if _is_train_worker(p)}
+        assert len(workers) == 2 and workers == {p.pid for p in warm[:2]}, (
+            [(p.pid, p.info["create_time"], _is_train_worker(p)) for p in warm],
+            detail(),
+        )
+        assert "joined: asked for 2 warm spare worker(s)" in ray_backend.logs(f"it-{job_id}")
         grown_at = len(sizes())
         wait_for(
             lambda: len(sizes()) >= grown_at + 10,

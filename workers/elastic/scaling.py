@@ -7,6 +7,12 @@ workers: the mesh is ``(pp, dp, tp)`` and only ``dp`` may change. This policy
 rounds every count Ray would pick down to such a multiple (never below the
 minimum), and reports each resize, each unused worker slot and each wait for
 resources as a job event from the Ray Train controller.
+
+A node that joins a running group is acted on at once (:mod:`workers.elastic.node_spares`):
+warm spares start there, and the policy considers a resize on the next control-loop
+iteration, and on each one after for ``JOIN_WINDOW_S``, from a reservation recomputed
+from the live node list (the node's resources may take a moment to show), instead of
+waiting for the resize monitor and the coordinator's 20 s view.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import time
 from ray.train import ScalingConfig
 
 from workers.contract import EventKind
+from workers.elastic.node_spares import NodeWatch
 from workers.ray_compat import ElasticPolicyBase, ResizeDecision, ScalingDecision
 from workers.telemetry.reporter import TelemetryReporter
+
+JOIN_WINDOW_S = 30.0  # after a node joins, consider a resize on every iteration this long
 
 
 def usable_workers(possible: int, *, unit: int, max_workers: int) -> int:
@@ -45,6 +54,11 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         self._size: int | None = None  # size of the latest group this policy started
         self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
         self._reporter: TelemetryReporter | None = None
+        self.nodes = NodeWatch(
+            max_workers=scaling_config.max_workers,
+            cpus=scaling_config.num_cpus_per_worker,
+            gpus=scaling_config.num_gpus_per_worker,
+        )
 
     def usable_workers(self, possible: int) -> int:
         """The largest multiple of tp x pp among the ``possible`` workers (a notice if less)."""
@@ -71,6 +85,7 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         A start pins workers to nodes, so it asks for a fresh view; a running group
         keeps Ray's cheap polling.
         """
+        self.nodes.poll()
         self.recompute_reservation = True
         try:
             decision = super().make_decision_for_non_running_worker_group()
@@ -91,11 +106,21 @@ class LayoutScalingPolicy(ElasticPolicyBase):
     def make_decision_for_running_worker_group(
         self, worker_group_state, worker_group_status
     ) -> ScalingDecision:
-        """Grow (or shrink) a healthy group when the usable size changed."""
-        decision = super().make_decision_for_running_worker_group(
-            worker_group_state, worker_group_status
-        )
+        """Grow (or shrink) a healthy group when the usable size changed: every resize
+        monitor interval, and on every iteration for ``JOIN_WINDOW_S`` after a node joined."""
+        self.nodes.poll(worker_group_state.num_workers)
+        joined = self.nodes.joined_at
+        if joined is not None and time.monotonic() - joined < JOIN_WINDOW_S:
+            self.skip_resize_interval()
+            self.recompute_reservation = True
+        try:
+            decision = super().make_decision_for_running_worker_group(
+                worker_group_state, worker_group_status
+            )
+        finally:
+            self.recompute_reservation = False
         if isinstance(decision, ResizeDecision):
+            self.nodes.joined_at = None
             self._size = worker_group_state.num_workers
             self._started(decision.num_workers)
         return decision

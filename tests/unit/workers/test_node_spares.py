@@ -1,0 +1,119 @@
+"""NodeWatch: spares on a node that joins a running job (bounded), and a resize check at once."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from ray.train import ScalingConfig
+
+from tests.support.recording import RecordingReporter
+from workers.elastic import node_spares, scaling
+from workers.elastic.node_spares import NodeWatch
+from workers.ray_compat import NoopDecision, ResizeDecision
+
+
+class Cluster:
+    """The live nodes a watch sees, and the spares it asked each raylet for."""
+
+    def __init__(self, monkeypatch, *, spares: bool = True):
+        self.nodes: dict[str, dict] = {"head": {"CPU": 2.0}}
+        self.asked: list[tuple[str, int, str]] = []
+        monkeypatch.setattr(node_spares, "POLL_S", 0.0)
+        monkeypatch.setattr(NodeWatch, "_alive_nodes", lambda _self: dict(self.nodes))
+        monkeypatch.setattr(NodeWatch, "_worker_env", lambda _self: "ENV" if spares else "")
+        monkeypatch.setattr(node_spares, "prestart_workers", self._prestart)
+
+    def _prestart(self, count, *, keep_alive_s, runtime_env, node_id):
+        assert keep_alive_s > 0
+        self.asked.append((node_id, count, runtime_env))
+
+
+def test_nodes_there_at_the_start_get_nothing_a_joined_one_its_share(monkeypatch):
+    cluster = Cluster(monkeypatch)
+    watch = NodeWatch(max_workers=4, cpus=1, gpus=0)
+    assert watch.poll(2) == [] and cluster.asked == []  # the head: the driver's and top_up's
+    cluster.nodes["n1"] = {"CPU": 8.0}
+    assert watch.poll(2) == ["n1"]
+    # 8 CPUs could hold 8 workers; the group can only add 2 (max 4, running 2).
+    assert cluster.asked == [("n1", 2, "ENV")] and watch.spares == {"n1": 2}
+    assert watch.joined_at is not None
+    assert watch.poll(4) == [] and len(cluster.asked) == 1  # asked once per node
+
+
+def test_spares_are_bounded_by_what_the_node_can_run(monkeypatch):
+    cluster = Cluster(monkeypatch)
+    watch = NodeWatch(max_workers=8, cpus=2, gpus=1)
+    watch.poll(0)
+    cluster.nodes["cpu-only"] = {"CPU": 16.0}  # no GPU: no worker of this job fits
+    cluster.nodes["small"] = {"CPU": 3.0, "GPU": 4.0}  # one worker's 2 CPUs fit once
+    cluster.nodes["big"] = {"CPU": 64.0, "GPU": 8.0}  # 8 fit; the group has room for 7
+    assert sorted(watch.poll(0)) == ["big", "cpu-only", "small"]
+    assert sorted((n, c) for n, c, _ in cluster.asked) == [("big", 7), ("small", 1)]
+
+
+def test_a_job_without_spares_asks_for_none_but_still_sees_the_join(monkeypatch):
+    cluster = Cluster(monkeypatch, spares=False)
+    watch = NodeWatch(max_workers=4, cpus=1, gpus=0)
+    watch.poll(2)
+    cluster.nodes["n1"] = {"CPU": 2.0}
+    assert watch.poll(2) == ["n1"] and cluster.asked == [] and watch.joined_at is not None
+
+
+def test_a_failing_raylet_or_node_list_is_only_logged(monkeypatch, caplog):
+    cluster = Cluster(monkeypatch)
+    watch = NodeWatch(max_workers=4, cpus=1, gpus=0)
+    watch.poll(2)
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("raylet gone")
+
+    monkeypatch.setattr(node_spares, "prestart_workers", refuse)
+    cluster.nodes["n1"] = {"CPU": 2.0}
+    assert watch.poll(2) == ["n1"] and watch.spares == {}
+    monkeypatch.setattr(NodeWatch, "_alive_nodes", lambda _self: 1 / 0)
+    assert watch.poll(2) == []
+    assert "raylet gone" in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+class OfflinePolicy(scaling.LayoutScalingPolicy):
+    """The real policy; the cluster's reserved resources come from the test."""
+
+    cpus = (2.0,)
+    views: list[bool]
+
+    def _maybe_send_resource_request(self):
+        pass
+
+    def _get_reserved_resources(self):
+        self.views.append(self.recompute_reservation)  # True: recomputed from live nodes
+        return {f"node{i}": {"CPU": c} for i, c in enumerate(self.cpus)}
+
+
+@pytest.mark.parametrize("monitor_s", [5.0, 3600.0])
+def test_a_join_is_acted_on_without_waiting_for_the_resize_monitor(monkeypatch, monitor_s):
+    cluster = Cluster(monkeypatch)
+    p = OfflinePolicy(
+        ScalingConfig(
+            num_workers=(2, 4),
+            resources_per_worker={"CPU": 1},
+            elastic_resize_monitor_interval_s=monitor_s,
+        ),
+        unit=1,
+        job_id="j",
+    )
+    p._reporter, p.views = RecordingReporter(), []
+    assert p.make_decision_for_non_running_worker_group().num_workers == 2
+    group = SimpleNamespace(num_workers=2, start_time=float("-inf"))
+    p.make_decision_for_running_worker_group(group, None)  # the monitor looked: nothing new
+    p.make_decision_for_running_worker_group(group, None)  # too soon for the monitor
+    assert p.views == [True, False]
+    cluster.nodes["n1"] = {"CPU": 2.0}
+    # The node is listed before its resources are reserved: looked at again next iteration.
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
+    assert cluster.asked == [("n1", 2, "ENV")]
+    p.cpus = (2.0, 2.0)
+    decision = p.make_decision_for_running_worker_group(group, None)
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
+    assert p.views == [True, False, True, True]
+    assert p.nodes.joined_at is None  # acted on: back to the resize monitor's pace
