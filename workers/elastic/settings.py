@@ -14,7 +14,10 @@ import os
 RESIZE_MONITOR_INTERVAL_ENV = "ETRAIN_RESIZE_MONITOR_INTERVAL_S"
 DEFAULT_RESIZE_MONITOR_INTERVAL_S = 5.0
 
-#  - poll the workers every second, not every 2 s;
+#  - poll the workers every 0.5 s, not every 2 s: a failure is seen at the next poll, and
+#    a poll waits up to this long for workers that do not answer (those of a node that
+#    just died), so this bounds failure detection twice; each poll is one small call per
+#    worker, and a slow answer is only waited for again (a hang fails after 30 s);
 #  - a worker whose health poll hangs 30 s (node unreachable, not dead) is lost,
 #    not after Ray's 10 minutes;
 #  - wait 5 s, not 60 s, for a worker group's resources: an elastic group is
@@ -22,7 +25,7 @@ DEFAULT_RESIZE_MONITOR_INTERVAL_S = 5.0
 #    (a node just died) and a retry at the size now available is the fix.
 #    Start timeouts do not count against failure.max_failures.
 ELASTIC_CONTROLLER_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": "30",
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5",
 }
