@@ -35,7 +35,7 @@ from workers.ray_compat import prestart_workers, setup_hook_of_this_job, train_w
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.5  # how often the controller lists the cluster's nodes
+POLL_S = 1.0  # how often the controller lists the cluster's nodes (one GCS call)
 
 
 class NodeWatch:
