@@ -26,6 +26,11 @@ same knobs and no spares, set through the job's environment, which takes
 precedence, on a head with Ray's default GCS health checks). Each runs on its
 own head, one after the other. Medians over ``--repeats`` runs.
 
+Each run's line also splits (i), (ii) and (iii) into the parts of the new group's start
+(``phases``: the Ray Train controller's and the workers' timestamps from the group's
+``workers_started`` event, ``workers.elastic.startup_times``); each job's driver log
+(with its controller's) is kept in the folder printed last.
+
 Failures are injected in a running job's steady state: with spares, once the
 spares asked for after the last (re)start are ready (on these 2 busy cores they
 take 10-20 s to import torch), as they are hours into a real job.
@@ -36,6 +41,7 @@ take 10-20 s to import torch), as they are hours into a real job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +61,6 @@ from service.backends.embedded import EmbeddedRay  # noqa: E402
 from service.backends.ray_jobs import RayJobBackend  # noqa: E402
 from tests.support.ray_cluster import start_node, submit_job  # noqa: E402
 from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
-from workers.elastic.warm_spares import SPARES_ROOT, spares_in  # noqa: E402
 
 # Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).
 RAY_DEFAULTS = {
@@ -120,6 +126,30 @@ class Observed:
             f"{n} steps at {world} workers",
         )
 
+    def phases(self, after: float) -> dict:
+        """The first group started after ``after``: seconds from each part of its start to
+        the next (Ray Train controller and worker timestamps, workers.elastic.startup_times)."""
+        started = self.events("workers_started", after=after)
+        times = started[0]["data"].get("startup", {}) if started else {}
+        names = ("group_start", "actors_ready", "backend_ready", "train_fn")
+        marks = [(n, times[n]) for n in names if n in times]
+        marks.append(("restored", started[0]["ts"] if started else float("nan")))
+        return {f"{a}->{b}": round(tb - ta, 2) for (a, ta), (b, tb) in pairwise(marks)}
+
+    def growth(self, t_start: float, t_alive: float, first: dict) -> dict:
+        """Where (i) went: the resize decided (the controller may see the node ``ALIVE``
+        before the dashboard lists it), the grown group restored, its first step."""
+        resized = self.events("resized", after=t_start)
+        decided = resized[0]["ts"] if resized else float("nan")
+        restored = self.events("restored", after=decided) if resized else []
+        back = restored[0]["ts"] if restored else float("nan")
+        return {
+            "decide_s": decided - t_alive,
+            "restart_s": back - decided,
+            "first_step_s": first["ts"] - back,
+            "phases": self.phases(decided),
+        }
+
     def recovery(self, t_kill: float, *, timeout: float) -> dict:
         """Seconds from ``t_kill`` to the restored group's first step, and steps redone."""
         restored = self.wait(lambda: self.events("restored", after=t_kill), timeout, "a restore")[0]
@@ -138,6 +168,7 @@ class Observed:
             "first_step_s": first["ts"] - restored["ts"],
             "lost_steps": max(old) - restored["data"]["step"],
             "world": first["world_size"],
+            "phases": self.phases(t_kill),
         }
 
 
@@ -148,6 +179,10 @@ def settle(*, spares: int, timeout: float = 120) -> None:
     production, not while the processes started after the previous event
     still import torch (on 2 busy cores that takes 10-20 s).
     """
+    # Imported here: importing Ray Train fixes this process's Ray auth settings, which
+    # the head's start (ensure_ray_token) sets first.
+    from workers.elastic.warm_spares import SPARES_ROOT, spares_in
+
     deadline = time.monotonic() + timeout
     while len(spares_in(SPARES_ROOT)) < spares:
         if time.monotonic() > deadline:
@@ -197,6 +232,7 @@ def run_once(
         job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
+        t_start = time.time()
         node = start_node(head, cpus=2)
         t_alive = job.wait(
             lambda: len(backend.cluster().nodes) == 2 and time.time(), 120, "the new node ALIVE"
@@ -207,6 +243,7 @@ def run_once(
             "a step at 4 workers",
         )[0]
         out["added_s"] = first4["ts"] - t_alive
+        out["added"] = job.growth(t_start, t_alive, first4)
         job.steps_after(2 * every + 3, world=4, timeout=300)
         settle(spares=4 if spares else 0)
         job.steps_after(3, world=4, timeout=300)
@@ -220,6 +257,8 @@ def run_once(
         if node is not None:
             os.killpg(node.pid, signal.SIGKILL)
             node.wait()
+        with contextlib.suppress(Exception):  # the driver's log, for a look afterwards
+            (work / f"{job_id}.log").write_text(backend.logs(job_id))
         backend.stop(job_id)
         deadline = time.monotonic() + 60
         while (
@@ -240,6 +279,9 @@ def _median(runs: list[dict], *keys: str) -> float:
 
 ROWS = [
     ("(i) node added -> first step at 4", ("added_s",)),
+    ("     of which: resize decided", ("added", "decide_s")),
+    ("     group restarted + restored", ("added", "restart_s")),
+    ("     first step after restore", ("added", "first_step_s")),
     ("(ii) worker SIGKILL (2 workers) -> step", ("killed", "s")),
     ("     of which: failure detected", ("killed", "detect_s")),
     ("     group restarted + restored", ("killed", "restart_s")),
@@ -278,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=10, help="checkpoint.every_steps")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--json", type=Path, help="also write every run here")
+    p.add_argument(
+        "--gcs-health-period-ms",
+        type=int,
+        help="try another GCS health-check period on the etrain head (etrain sets 1000)",
+    )
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="etrain-bench-recovery-"))
     sink = TelemetrySink()
@@ -290,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                 num_cpus=2,
                 fast_node_failure=FAST_NODE_FAILURE[name],
             )
+            if args.gcs_health_period_ms and FAST_NODE_FAILURE[name]:
+                period = {"RAY_health_check_period_ms": str(args.gcs_health_period_ms)}
+                head.gcs_env = {**head.gcs_env, **period}
             backend = RayJobBackend(head.start(), python=sys.executable)
             try:
                 for r in range(args.repeats):
@@ -312,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print_table(results, every=args.every, load=load)
+    print(f"\ndriver logs: {work}")
     return 0
 
 
