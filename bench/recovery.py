@@ -208,6 +208,27 @@ def kill_a_worker() -> float:
     raise RuntimeError("no Ray Train worker process found")
 
 
+def add_node(head: EmbeddedRay, backend: RayJobBackend, job: Observed):
+    """Start a 2-CPU node; return it, when it was started, and when the head listed it.
+
+    A node killed in an earlier repeat can stay listed ALIVE for a while, so the new one
+    is waited for by its id."""
+    known = {n["node_id"] for n in backend.cluster().nodes}
+    t_start = time.time()
+    node = start_node(head, cpus=2)
+    try:
+        t_alive = job.wait(
+            lambda: any(n["node_id"] not in known for n in backend.cluster().nodes) and time.time(),
+            120,
+            "the new node ALIVE",
+        )
+    except BaseException:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        raise
+    return node, t_start, t_alive
+
+
 def run_once(
     head: EmbeddedRay,
     backend: RayJobBackend,
@@ -232,11 +253,7 @@ def run_once(
         job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
-        t_start = time.time()
-        node = start_node(head, cpus=2)
-        t_alive = job.wait(
-            lambda: len(backend.cluster().nodes) == 2 and time.time(), 120, "the new node ALIVE"
-        )
+        node, t_start, t_alive = add_node(head, backend, job)
         first4 = job.wait(
             lambda: [m for m in job.metrics() if m["world_size"] == 4 and m["ts"] > t_alive],
             300,
