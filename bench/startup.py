@@ -49,10 +49,12 @@ from tests.support.polling import wait_for  # noqa: E402
 # into the next one.
 PARTS = (
     ("API + scheduler (POST -> admitted)", "post", "admitted"),
+    ("standby driver takes the job", "admitted", "assigned"),
     ("Ray job start (-> driver process)", "admitted", "driver_process"),
     ("driver: imports + ray.init", "driver_process", "ray_connected"),
     ("driver: trainer built, fit()", "ray_connected", "driver_ready"),
-    ("controller start (-> group start)", "driver_ready", "group_start"),
+    ("controller actor start", "driver_ready", "controller_start"),
+    ("controller run -> group start", "controller_start", "group_start"),
     ("worker group: placement + actors", "group_start", "actors_ready"),
     ("train context + process group", "actors_ready", "backend_ready"),
     ("train fn launched", "backend_ready", "train_fn"),

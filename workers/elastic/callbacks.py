@@ -11,7 +11,7 @@ import time
 from ray.train import UserCallback
 
 from workers.contract import EventKind
-from workers.elastic.startup_times import note_group_times
+from workers.elastic.startup_times import note_group_times, process_start_time
 from workers.ray_compat import ControllerCallback, WorkerGroupCallback, cancel_reservation
 from workers.telemetry.reporter import TelemetryReporter
 
@@ -93,16 +93,24 @@ class ReleaseStaleReservation(ControllerCallback):
         loc.fs.pipe_file(loc.root, mine.encode())  # one small write: whole or absent
 
 
-class StartupTimes(WorkerGroupCallback):
-    """Runs in the Ray Train controller: timestamps each worker group's start and hands
-    them to the group's workers (one short call per worker, once per start)."""
+class StartupTimes(ControllerCallback, WorkerGroupCallback):
+    """Runs in the Ray Train controller: timestamps its own start and each worker group's
+    and hands them to the group's workers (one short call per worker, once per start)."""
 
     def __init__(self):
         self._times: dict[str, float] = {}
+        self._controller: dict[str, float] = {}
+
+    def after_controller_start(self, train_run_context) -> None:
+        """The controller actor is up and starts its run."""
+        self._controller = {"controller_start": time.time()}
+        started = process_start_time()  # long before: a process started ahead for it
+        if started is not None:
+            self._controller["controller_process"] = started
 
     def before_worker_group_start(self, worker_group_context) -> None:
         """The group is about to ask for its placement group."""
-        self._times = {"group_start": time.time()}
+        self._times = {**self._controller, "group_start": time.time()}
 
     def before_init_train_context(self, workers) -> dict:
         """The group's actors are alive."""
