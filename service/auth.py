@@ -34,14 +34,19 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def authenticate(tokens: TokenStore, authorization: str | None) -> Principal:
-    """Resolve an ``Authorization: Bearer ...`` header to a principal, or raise 401."""
+def bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer ...`` header, or raise 401."""
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     token = authorization[7:].strip()
     if not token:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    record = tokens.find_token(hash_token(token))
+    return token
+
+
+def authenticate(tokens: TokenStore, authorization: str | None) -> Principal:
+    """Resolve an ``Authorization: Bearer ...`` header to a principal, or raise 401."""
+    record = tokens.find_token(hash_token(bearer(authorization)))
     if record is None:
         raise Unauthorized("unknown or revoked API token")
     return Principal(tenant_id=record.tenant_id, role=record.role, job_id=record.job_id)

@@ -104,6 +104,23 @@ class Settings(BaseSettings):
         "TensorBoard event files under the job's checkpoint storage.",
     )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
+    standby_drivers: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="Job drivers kept started and warm ahead of the next job (ray-jobs "
+        "backend): each is a Ray job that has imported the training stack and started "
+        "processes for Ray Train's controller and ETRAIN_STANDBY_WORKERS workers, so a job "
+        "handed to it skips their start. 0 = start every job's driver when it is admitted.",
+    )
+    standby_workers: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Worker processes each standby driver warms on its node (at most one "
+        "per CPU there; about 0.45 GB each with a CPU build of torch). A job with more "
+        "workers starts the rest when it is handed over.",
+    )
     submit_retry_s: float = Field(
         300,
         gt=0,

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.store import Stores, migrate
 from tests.support.fakes import FakeBackend, dev_settings
+from tests.support.s3_fixture import s3_server  # noqa: F401 - one per session: moto's state is per process
 
 
 def pytest_configure(config):

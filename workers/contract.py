@@ -39,6 +39,12 @@ REPORT_TOKEN_ENV = "ETRAIN_REPORT_TOKEN"  # a token that may only report for thi
 RUN_HOOKS_ENV = "ETRAIN_RUN_HOOKS"
 # Set (to "1") on Ray Train's worker actors and their warm spares; see workers.elastic.warm_spares.
 WARM_WORKER_ENV = "ETRAIN_WARM_WORKER"
+# A standby driver (``workers.standby``): a Ray job the service starts before any etrain
+# job needs it, which warms up and then asks the service for its job at STANDBY_ROUTE.
+STANDBY_ID_ENV = "ETRAIN_STANDBY_ID"
+STANDBY_TOKEN_ENV = "ETRAIN_STANDBY_TOKEN"  # a token that may only fetch that standby's job
+STANDBY_WORKERS_ENV = "ETRAIN_STANDBY_WORKERS"  # worker processes to warm on its node
+STANDBY_ROUTE = "/v1/standby/{standby_id}/job"
 # The driver exits with this when training itself failed (Ray Train already spent
 # failure.max_failures restarts): resubmitting the job would only repeat the failure.
 EXIT_TRAINING_FAILED = 3

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from workers import standby
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
 from workers.spec import JobSpec
 
@@ -83,19 +84,25 @@ def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
     check_tp_placement(nodes, tp=spec.parallelism.tp)
 
 
-def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | None = None):
+def build_trainer(
+    spec: JobSpec,
+    *,
+    job_id: str,
+    startup: dict[str, float] | None = None,
+    job_env: dict[str, str] | None = None,
+):
     """The TorchTrainer for ``spec``: scaling, storage under the job id, failure policy.
 
     Checkpoints are not registered with Ray Train: etrain commits, lists, restores
     and prunes them itself (``workers.checkpoint.manager``), so Ray's run snapshot
     never names a checkpoint etrain's retention deleted. ``startup``: the driver's
     timestamps (``workers.elastic.startup_times``), passed on to rank 0's first event.
+    ``job_env``: variables the job's Ray job lacks (a standby driver's job, set in the
+    controller and the workers by ``workers.standby.JobEnvironment``).
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig
 
-    from workers.elastic import warm_spares
-    from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
     from workers.elastic.scaling import LayoutScalingPolicy
     from workers.elastic.settings import resize_monitor_interval_s
     from workers.ray_compat import trainer_class
@@ -111,20 +118,6 @@ def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | Non
         resources_per_worker=per_worker,
         elastic_resize_monitor_interval_s=resize_monitor_interval_s(),
     )
-    loc = job_storage(spec)
-    ray_path, ray_fs = loc.ray_storage()
-    run_config = RunConfig(
-        name=job_id,
-        storage_path=ray_path,
-        storage_filesystem=ray_fs,
-        failure_config=FailureConfig(max_failures=spec.failure.max_failures),
-        callbacks=[
-            EventCallback(job_id),
-            ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.checkpoint),
-            StartupTimes(),
-        ],
-        worker_runtime_env=(warm_spares.worker_runtime_env() if spec.failure.warm_spares else {}),
-    )
     config = {
         "spec": spec.model_dump(mode="json", by_alias=True),
         "job_id": job_id,
@@ -139,9 +132,33 @@ def build_trainer(spec: JobSpec, *, job_id: str, startup: dict[str, float] | Non
         train_fn,
         train_loop_config=config,
         scaling_config=scaling,
-        run_config=run_config,
+        run_config=_run_config(spec, job_id=job_id, job_env=job_env),
         scaling_policy=policy,
         torch_config=TorchConfig(backend=process_group_backend(res.gpus_per_worker > 0)),
+    )
+
+
+def _run_config(spec: JobSpec, *, job_id: str, job_env: dict[str, str] | None):
+    """Storage under the job id, the failure policy, etrain's callbacks, the workers' env."""
+    from ray.train import FailureConfig, RunConfig
+
+    from workers.elastic import warm_spares
+    from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
+
+    loc = job_storage(spec)
+    ray_path, ray_fs = loc.ray_storage()
+    return RunConfig(
+        name=job_id,
+        storage_path=ray_path,
+        storage_filesystem=ray_fs,
+        failure_config=FailureConfig(max_failures=spec.failure.max_failures),
+        callbacks=[
+            *([standby.JobEnvironment(job_env)] if job_env else []),  # first: others read it
+            EventCallback(job_id),
+            ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.checkpoint),
+            StartupTimes(),
+        ],
+        worker_runtime_env=(warm_spares.worker_runtime_env() if spec.failure.warm_spares else {}),
     )
 
 
@@ -171,8 +188,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _abort_on_sigterm(spec: JobSpec) -> None:
-    """Stop the run on SIGTERM as Ray Train stops it on Ctrl-C.
+def _abort_on_sigterm(*, warm_spares: bool) -> None:
+    """Connect to Ray (``warm_spares``: with the spares' setup hook) and stop the run on
+    SIGTERM as Ray Train stops it on Ctrl-C.
 
     Cancelling a Ray job sends its driver SIGTERM (SIGKILL 3 s later). Ray
     Train's SIGINT handler aborts the controller, which releases the run's
@@ -191,24 +209,42 @@ def _abort_on_sigterm(spec: JobSpec) -> None:
     # would otherwise replace this one and end the driver without the abort.
     import ray
 
-    from workers.elastic import warm_spares
+    from workers.elastic import warm_spares as spares
 
     if not ray.is_initialized():
         # Merged by Ray with the runtime environment the job was submitted with.
-        ray.init(runtime_env=(warm_spares.job_runtime_env() if spec.failure.warm_spares else None))
+        ray.init(runtime_env=(spares.job_runtime_env() if warm_spares else None))
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def _standby() -> tuple[standby.Assignment | None, standby.Warm]:
+    """A standby driver: warm up, then wait for the job (None: no job will come)."""
+    _abort_on_sigterm(warm_spares=True)
+    warm = standby.warm_up()
+    assignment = standby.wait_for_job()
+    if assignment is not None:
+        standby.take_job(assignment)
+    return assignment, warm
+
+
 def main() -> int:
-    """Run the job described by the environment; return the process exit code."""
+    """Run the job described by the environment (or, for a standby driver, the job the
+    service hands it); return the process exit code."""
     _die_with_parent()
     from workers.elastic.startup_times import process_start_time
 
     startup = {"driver_process": process_start_time() or time.time()}
+    warm, job_env = standby.Warm(), {}
+    if standby.is_standby():
+        assignment, warm = _standby()
+        if assignment is None:
+            return 0
+        startup, job_env = {"assigned": time.time()}, assignment.env
     job_id = os.environ[JOB_ID_ENV]
     spec = JobSpec.model_validate(json.loads(os.environ[JOB_SPEC_ENV]))
-    _abort_on_sigterm(spec)
-    startup["ray_connected"] = time.time()
+    _abort_on_sigterm(warm_spares=spec.failure.warm_spares)
+    if "assigned" not in startup:  # a standby connected long before its job came
+        startup["ray_connected"] = time.time()
     if spec.resources.min_workers != spec.resources.max_workers:
         from workers.elastic.settings import apply_controller_env
 
@@ -217,8 +253,8 @@ def main() -> int:
         from workers.elastic.warm_spares import prestart_first_group
 
         # Before torch is imported here: the workers' imports overlap the driver's.
-        prestart_first_group(spec.resources)
-    trainer = build_trainer(spec, job_id=job_id, startup=startup)
+        prestart_first_group(spec.resources, already=warm.usable())
+    trainer = build_trainer(spec, job_id=job_id, startup=startup, job_env=job_env)
     startup["driver_ready"] = time.time()  # the dict goes to the workers with fit()
     try:
         trainer.fit()

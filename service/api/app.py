@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from service.api import goodput_routes, routes, token_routes
+from service.api import goodput_routes, routes, standby_routes, token_routes
 from service.api.deps import Runtime
 from service.api.docs_pages import mount_docs
 from service.api.limits import BodyLimit
@@ -75,6 +75,7 @@ def create_app(
             yield
         finally:
             runtime.reconciler.stop()
+            runtime.backend.close()
             for embedded in embedded_box:
                 if embedded is not None:
                     embedded.stop()
@@ -101,6 +102,7 @@ def create_app(
     app.include_router(routes.v1)
     app.include_router(goodput_routes.v1)
     app.include_router(token_routes.v1)
+    app.include_router(standby_routes.v1)
     mount_docs(app)
     mount_ui(app)  # the web pages under /ui/ (not in the OpenAPI schema)
     document_bodies(app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS))

@@ -6,8 +6,12 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workers.spec import JobSpec
+
+if TYPE_CHECKING:
+    from service.backends.standby import StandbyDrivers
 
 
 class RunState(str, enum.Enum):
@@ -96,6 +100,25 @@ class Backend(ABC):
         except Exception as e:  # noqa: BLE001 - any failure means not ready
             return type(e).__name__
         return None
+
+    # Drivers started and warmed ahead of the jobs they will run (service.backends.standby);
+    # a backend that can start them sets this up, the reconciler uses it through these.
+    standby: StandbyDrivers | None = None
+
+    def take_standby(self, req: LaunchRequest) -> str | None:
+        """Hand ``req`` to a warm standby driver instead of submitting it: the standby's
+        submission id (the job's from now on), or None (none idle: submit it)."""
+        return self.standby.take(req) if self.standby else None
+
+    def keep_standby(self) -> None:
+        """Keep the configured standby drivers started (each reconciler tick)."""
+        if self.standby:
+            self.standby.keep()
+
+    def close(self) -> None:
+        """The service is stopping: stop the idle standby drivers."""
+        if self.standby:
+            self.standby.close()
 
     def dashboard_links(self, submission_id: str) -> dict[str, str]:
         """Links to a submission's pages in the Ray dashboard, by name; none by default.

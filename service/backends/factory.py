@@ -16,7 +16,8 @@ def build_backend(settings: Settings) -> tuple[Backend, EmbeddedRay | None]:
         return build_kuberay_backend(settings), None
     if settings.ray_address:
         # An existing cluster brings its own token (RAY_AUTH_TOKEN / ~/.ray/auth_token).
-        return RayJobBackend(settings.ray_address, python=settings.worker_python or "python"), None
+        backend = RayJobBackend(settings.ray_address, python=settings.worker_python or "python")
+        return with_standby(backend, settings), None
     ensure_ray_token(settings.data_path)
     embedded = EmbeddedRay(
         data_dir=settings.data_path,
@@ -28,7 +29,18 @@ def build_backend(settings: Settings) -> tuple[Backend, EmbeddedRay | None]:
     backend = RayJobBackend(
         address, python=settings.worker_python or sys.executable, probe_agent=True
     )
-    return backend, embedded
+    return with_standby(backend, settings), embedded
+
+
+def with_standby(backend: RayJobBackend, settings: Settings) -> RayJobBackend:
+    """``backend`` keeping ``standby_drivers`` warm drivers (none when it is 0)."""
+    if settings.standby_drivers > 0:
+        backend.use_standby(
+            count=settings.standby_drivers,
+            workers=settings.standby_workers,
+            report_url=settings.report_url,
+        )
+    return backend
 
 
 def embedded_ports(settings: Settings) -> RayPorts:

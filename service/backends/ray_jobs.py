@@ -6,6 +6,7 @@ import re
 from collections.abc import AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.backends.standby import StandbyDrivers
 from service.errors import BackendError, BackendUnavailable
 from workers.contract import driver_command, launch_env
 
@@ -40,6 +41,19 @@ class RayJobBackend(Backend):
         self.probe_agent = probe_agent
         self._client = None
 
+    def use_standby(self, *, count: int, workers: int, report_url: str) -> None:
+        """Keep ``count`` standby drivers warm (``service.backends.standby``), each warming
+        ``workers`` worker processes on its node."""
+        self.standby = StandbyDrivers(
+            lambda sid, env: self._submit_driver(
+                sid, env, {"etrain_standby": sid}, what="a standby driver"
+            ),
+            self.stop,
+            count=count,
+            workers=workers,
+            report_url=report_url,
+        )
+
     def _jobs(self):
         from ray.job_submission import JobSubmissionClient
 
@@ -61,22 +75,31 @@ class RayJobBackend(Backend):
     def submit(self, req: LaunchRequest) -> str:
         """Submit the driver with the job's environment; a repeated id is not an error."""
         env = {**launch_env(job_id=req.job_id, spec_json=req.spec_json), **req.env}
+        self._submit_driver(
+            req.submission_id, env, {"etrain_job_id": req.job_id}, what=f"job {req.job_id}"
+        )
+        return self.dashboard_job_url(req.submission_id)
+
+    def _submit_driver(
+        self, submission_id: str, env: dict[str, str], metadata: dict, *, what: str
+    ) -> None:
+        """Start the driver as Ray job ``submission_id`` (``what``: for messages); one that
+        already exists is kept."""
         try:
             self._jobs().submit_job(
                 entrypoint=driver_command(self.python),
-                submission_id=req.submission_id,
+                submission_id=submission_id,
                 runtime_env={"env_vars": env},
-                metadata={"etrain_job_id": req.job_id},
+                metadata=metadata,
             )
         except RuntimeError as e:
             if "already exists" in str(e):
-                return self.dashboard_job_url(req.submission_id)
+                return
             if refused(str(e)):
-                raise BackendError(f"Ray refused job {req.job_id}: {e}") from e
-            raise BackendUnavailable(f"Ray's job API cannot take job {req.job_id} now: {e}") from e
+                raise BackendError(f"Ray refused {what}: {e}") from e
+            raise BackendUnavailable(f"Ray's job API cannot take {what} now: {e}") from e
         except Exception as e:
             raise BackendUnavailable(f"cannot submit to Ray at {self.address}: {e}") from e
-        return self.dashboard_job_url(req.submission_id)
 
     def status(self, submission_id: str) -> RunStatus:
         """Map Ray's job status; MISSING when Ray does not know the id."""

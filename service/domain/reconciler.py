@@ -122,6 +122,7 @@ class Reconciler:
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
+        self.backend.keep_standby()  # a standby started now still gains on a fresh start
         for job in self.jobs.list_jobs_fifo(ACTIVE):
             try:
                 self._follow(job)
@@ -129,6 +130,7 @@ class Reconciler:
                 log.warning("reconciler: backend unavailable while following %s: %s", job.id, e)
                 return
         self._admit()
+        self.backend.keep_standby()  # after admission: replaces a standby a job just took
 
     def _admit(self) -> None:
         # A job the cluster turned away for now waits out its backoff in the queue.
@@ -191,7 +193,12 @@ class Reconciler:
             },
         )
         try:
-            url = self.backend.submit(req)
+            # A warm standby driver takes it if one is idle; its Ray job is the job's now.
+            ray_id = self.backend.take_standby(req)
+            if ray_id is None:
+                ray_id, url = submission_id, self.backend.submit(req)
+            else:
+                url = self.backend.dashboard_links(ray_id).get("job", "")
         except BackendUnavailable as e:
             self._submit_failed(job, submission_id, e)
             return
@@ -205,16 +212,16 @@ class Reconciler:
         updated = self.jobs.update_job(
             job.id,
             expect_status=JobStatus.PENDING,
-            submission_id=submission_id,
+            submission_id=ray_id,
             dashboard_url=url,
             event=(
                 EventKind.SUBMITTED,
-                f"submitted to Ray as {submission_id}",
+                f"submitted to Ray as {ray_id}",
                 {"dashboard_url": url},
             ),
         )
         if updated is None:  # cancelled while we were submitting: do not leave it running
-            self.backend.stop(submission_id)
+            self.backend.stop(ray_id)
 
     def _submit_failed(self, job: JobRecord, submission_id: str, error: Exception) -> None:
         """The cluster could not take the job now: back to the queue to be tried again after

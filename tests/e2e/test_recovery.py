@@ -11,6 +11,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.processes import job_processes
+
 pytestmark = pytest.mark.slow
 
 
@@ -24,17 +26,14 @@ def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:
     }
 
 
-def _driver_of(job_id: str) -> psutil.Process | None:
+def _driver_of(job: dict) -> psutil.Process | None:
     """The job driver (`python -m workers.launch`, not Ray's shell around it) of one job."""
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "workers.launch" in cmd and "python" in os.path.basename(cmd[0]):
-            try:
-                if p.environ().get("ETRAIN_JOB_ID") == job_id:
-                    return p
-            except psutil.Error:
-                continue
-    return None
+    drivers = [
+        p
+        for p in job_processes(job, cmdline_has="workers.launch")
+        if "python" in os.path.basename(p.cmdline()[0])
+    ]
+    return drivers[0] if drivers else None
 
 
 def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
@@ -46,7 +45,8 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
             lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,
             what="job past its first checkpoint",
         )
-        driver = waiter(lambda: _driver_of(job["id"]), what="driver process")
+        job = c.get(f"/v1/jobs/{job['id']}").json()  # its submission id, now it has one
+        driver = waiter(lambda: _driver_of(job), what="driver process")
         killed_at = time.time()
         driver.send_signal(signal.SIGKILL)
         done = waiter(

@@ -99,7 +99,7 @@ def _ray_job_status(c, job) -> str:
 
     job = c.get(f"/v1/jobs/{job['id']}").json()
     url = job["dashboard_url"].split("/#/")[0]
-    return JobSubmissionClient(url).get_job_status(f"etrain-{job['id']}-0").value
+    return JobSubmissionClient(url).get_job_status(job["submission_id"]).value
 
 
 def test_bad_specs_are_refused_with_the_field(served, tmp_path):

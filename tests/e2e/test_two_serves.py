@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+from tests.support.processes import runs_job
+
 pytestmark = pytest.mark.slow
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -32,16 +34,17 @@ def _spec(name: str) -> dict:
     }
 
 
-def _job_envs(job_ids: set[str]) -> dict[str, list[set[str]]]:
-    """Variable names of every live process that runs one of ``job_ids`` (driver, workers)."""
+def _job_envs(jobs: list[dict]) -> dict[str, list[set[str]]]:
+    """Variable names of every live process that runs one of ``jobs`` (driver, workers)."""
     found: dict[str, list[set[str]]] = {}
     for p in psutil.process_iter():
         try:
             env = p.environ()
         except psutil.Error:
             continue
-        if env.get("ETRAIN_JOB_ID") in job_ids:
-            found.setdefault(env["ETRAIN_JOB_ID"], []).append(set(env))
+        for job in jobs:
+            if runs_job(env, job):
+                found.setdefault(job["id"], []).append(set(env))
     return found
 
 
@@ -80,7 +83,7 @@ def test_two_serves_each_run_a_job_to_succeeded(serve_factory, tmp_path):
             return [c.get(f"/v1/jobs/{j}").json() for c, j in zip(clients, jobs, strict=True)]
 
         while time.monotonic() < deadline and not all(j["status"] in TERMINAL for j in status()):
-            for job_id, envs in _job_envs(set(jobs)).items():
+            for job_id, envs in _job_envs(status()).items():
                 seen.setdefault(job_id, []).extend(envs)
             time.sleep(0.3)
         final = status()

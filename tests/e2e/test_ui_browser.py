@@ -12,6 +12,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.processes import job_processes
+
 pytestmark = pytest.mark.slow
 
 # A job that runs until the test cancels it: one worker (the fewest processes to start on a
@@ -55,18 +57,11 @@ def _wait_points(tab, chart: str, more_than: int, timeout_s: float = 180) -> int
     return _points(tab, chart)
 
 
-def _train_workers(job_id: str) -> list[psutil.Process]:
+def _train_workers(served, job_id: str) -> list[psutil.Process]:
     """The Ray Train worker processes of one job."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if "RayTrainWorker" not in " ".join(p.info["cmdline"] or []):
-            continue
-        try:
-            if p.environ().get("ETRAIN_JOB_ID") == job_id:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+    with served.client() as c:
+        job = c.get(f"/v1/jobs/{job_id}").json()
+    return job_processes(job, cmdline_has="RayTrainWorker")
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +128,7 @@ def test_a_job_submitted_from_the_plan_page_trains_live_restarts_and_is_cancelle
         assert page.text_content("#chart-loss .hover text").startswith("step ")
         tab.shot("job-training")
         page.wait_for_selector("#chart-loss .marker-checkpoint", state="attached", timeout=120_000)
-        workers = waiter(lambda: _train_workers(job_id), what="the job's Ray Train workers")
+        workers = waiter(lambda: _train_workers(served, job_id), what="the job's Ray Train workers")
         os.kill(workers[0].pid, signal.SIGKILL)
         page.wait_for_selector("#chart-loss .marker-restart", state="attached", timeout=180_000)
         page.wait_for_selector("#events-table .kind-worker_failed")

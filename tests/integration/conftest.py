@@ -19,7 +19,6 @@ from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
 from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
 from tests.support.postgres import postgres_server
 from tests.support.ray_cluster import submit_job, wait_for_job
-from tests.support.s3_fixture import s3_server  # noqa: F401 - the S3 endpoint fixture
 from tests.support.telemetry_sink import TelemetrySink
 
 

@@ -46,7 +46,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from workers.contract import WARM_WORKER_ENV
+from workers.contract import STANDBY_ID_ENV, WARM_WORKER_ENV
 from workers.ray_compat import WORKER_MODULES, prestart_workers, train_worker_runtime_env
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,17 @@ WARM_MODULES = (
 )
 
 
+# What Ray Train's controller and state actors import (what a standby's prestarted
+# processes for them load ahead, workers.standby).
+CONTROLLER_MODULES = (
+    "ray.train.v2._internal.execution.controller.controller",
+    "ray.train.v2._internal.state.state_actor",
+    "ray.train.v2._internal.execution.checkpoint.sync_actor",
+    "workers.elastic.callbacks",
+    "workers.elastic.scaling",
+)
+
+
 def worker_runtime_env() -> dict:
     """``RunConfig.worker_runtime_env``: marks Ray Train's worker actors (and their spares)."""
     return {"env_vars": {WARM_WORKER_ENV: "1"}}
@@ -92,11 +103,15 @@ def job_runtime_env() -> dict:
 def setup_hook() -> None:
     """Ray's per-process setup hook: import the training stack in worker-actor processes.
 
-    Every process of the job runs this at start; only those started with the
-    worker actors' environment (``ETRAIN_WARM_WORKER=1``) import anything, so
-    the controller and Ray's helper actors stay light.
+    Every process of the job runs this at start; those started with the worker
+    actors' environment (``ETRAIN_WARM_WORKER=1``) import the training stack. Of the
+    others, only a standby driver's (``workers.standby``) import anything: Ray Train's
+    controller modules, as they were started for its controller and state actor.
     """
     if os.environ.get(WARM_WORKER_ENV) != "1":
+        if os.environ.get(STANDBY_ID_ENV):  # a standby job: its controller-to-be
+            for name in CONTROLLER_MODULES:
+                importlib.import_module(name)
         return
     warming = _spare_file(WARMING)
     warming.touch()
@@ -156,24 +171,23 @@ def first_group_here(resources: dict, *, workers: int, cpus: float, gpus: float)
     return max(min(fits), 0)
 
 
-def prestart_first_group(resources_spec) -> int:
+def prestart_first_group(resources_spec, *, already: int = 0) -> int:
     """On the driver: start this node's share of the first worker group's processes now.
 
     ``resources_spec`` is the job spec's ``resources``. Asks for at most as many
     processes as the group has workers and this node can place (none on a head that
-    offers no CPU); any of them the group does not use stays a spare for its restarts
-    and ends with the job. Returns how many were asked for; never raises.
+    offers no CPU), less ``already`` started (by a standby driver, ``workers.standby``);
+    any of them the group does not use stays a spare for its restarts and ends with the
+    job. Returns how many were asked for; never raises.
     """
-    import ray
-
     try:
-        ctx = ray.get_runtime_context()
-        node = next(n for n in ray.nodes() if n["NodeID"] == ctx.get_node_id())
-        count = first_group_here(
-            node.get("Resources", {}),
-            workers=resources_spec.max_workers,
-            cpus=resources_spec.cpus_per_worker,
-            gpus=resources_spec.gpus_per_worker,
+        count = (
+            node_capacity(
+                resources_spec.max_workers,
+                cpus=resources_spec.cpus_per_worker,
+                gpus=resources_spec.gpus_per_worker,
+            )
+            - already
         )
         if count > 0:
             env = train_worker_runtime_env(worker_runtime_env())
@@ -182,6 +196,15 @@ def prestart_first_group(resources_spec) -> int:
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         log.warning("etrain: could not prestart worker processes: %s: %s", type(e).__name__, e)
         return 0
+
+
+def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:
+    """How many of ``workers`` (each ``cpus`` and ``gpus``) this process's node can hold."""
+    import ray
+
+    me = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == me)
+    return first_group_here(node.get("Resources", {}), workers=workers, cpus=cpus, gpus=gpus)
 
 
 def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from service.api import goodput_routes, routes, token_routes
+from service.api import goodput_routes, routes, standby_routes, token_routes
 from service.api.app import create_app
 from service.auth import authenticate, create_reporter_token
 from service.errors import BackendUnavailable, Unauthorized
@@ -113,12 +113,18 @@ PROTECTED = [
     ("POST", "/v1/tokens", {"tenant": "acme"}),
     ("GET", "/v1/tokens", None),
     ("DELETE", "/v1/tokens/{token_id}", None),
+    ("GET", "/v1/standby/{standby_id}/job", None),  # a standby driver's own token only
 ]
 
 
 def test_protected_table_lists_every_v1_route(tmp_path):
     table = {(m, p) for m, p, _ in PROTECTED}
-    v1_routes = [*routes.v1.routes, *goodput_routes.v1.routes, *token_routes.v1.routes]
+    v1_routes = [
+        *routes.v1.routes,
+        *goodput_routes.v1.routes,
+        *token_routes.v1.routes,
+        *standby_routes.v1.routes,
+    ]
     assert {(m, r.path) for r in v1_routes for m in r.methods - {"HEAD"}} == table
     app = create_app(_settings(tmp_path), backend=FakeBackend(), reconcile=False)
     documented = {
@@ -141,7 +147,10 @@ def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers)
     client, job_id = shared
     before = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
     r = client.request(
-        method, path.format(job_id=job_id, token_id="k-000000000000"), json=body, headers=headers
+        method,
+        path.format(job_id=job_id, token_id="k-000000000000", standby_id="abc"),
+        json=body,
+        headers=headers,
     )
     assert r.status_code == 401, r.text
     assert "token" in r.json()["detail"]
@@ -151,8 +160,8 @@ def test_every_v1_route_needs_a_valid_token(shared, method, path, body, headers)
 
 @pytest.mark.parametrize(
     ("method", "path", "body"),
-    [p for p in PROTECTED if "telemetry" not in p[1]],
-    ids=[f"{m} {p}" for m, p, _ in PROTECTED if "telemetry" not in p],
+    [p for p in PROTECTED if "telemetry" not in p[1] and "standby" not in p[1]],
+    ids=[f"{m} {p}" for m, p, _ in PROTECTED if "telemetry" not in p and "standby" not in p],
 )
 def test_reporter_tokens_cannot_call_user_routes(shared, method, path, body):
     client, job_id = shared

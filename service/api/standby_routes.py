@@ -1,0 +1,53 @@
+"""The route a standby job driver asks for its job on (``service.backends.standby``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import runtime
+from service.auth import bearer
+from service.backends.standby import UnknownStandby
+from service.errors import Unauthorized
+from workers.contract import STANDBY_ROUTE
+
+v1 = APIRouter(prefix="/v1")
+
+
+class StandbyJob(BaseModel):
+    """The job a standby driver runs: what a driver started for it gets in its environment."""
+
+    job_id: str
+    spec_json: str  # the validated spec, checkpoint storage filled in
+    env: dict[str, str]  # its reporter token and the object-store keys its spec names
+
+
+@v1.get(
+    STANDBY_ROUTE.removeprefix("/v1"),
+    response_model=StandbyJob,
+    responses={204: {"description": "No job yet: ask again"}},
+)
+async def read_standby_job(
+    standby_id: str,
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    wait: Annotated[float, Query(ge=0, le=30)] = 20,
+) -> Response:
+    """For etrain's own standby job drivers (their standby token only): the job handed to
+    this one, waiting up to ``wait`` seconds for it; 204 when none came. Its answer holds
+    the job's credentials, once."""
+    token = bearer(authorization)
+    pool = getattr(runtime(request).backend, "standby", None)
+    try:
+        if pool is None:
+            raise UnknownStandby(standby_id)
+        job = await run_in_threadpool(pool.fetch, standby_id, token, wait_s=wait)
+    except UnknownStandby:
+        raise Unauthorized("unknown standby driver or token") from None
+    if job is None:
+        return Response(status_code=204)
+    return JSONResponse(job, headers={"Cache-Control": "no-store"})

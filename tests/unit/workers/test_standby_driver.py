@@ -1,0 +1,134 @@
+"""A standby driver's side: asking the service for its job, and taking it on."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from workers import standby
+from workers.contract import (
+    JOB_ID_ENV,
+    JOB_SPEC_ENV,
+    REPORT_URL_ENV,
+    STANDBY_ID_ENV,
+    STANDBY_ROUTE,
+    STANDBY_TOKEN_ENV,
+)
+
+
+class Service:
+    """A real HTTP server answering the standby route from a script of (status, body)."""
+
+    def __init__(self, answers: list[tuple[int, dict | None]]):
+        self.answers, self.requests = list(answers), []
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                service.requests.append((self.path, self.headers.get("Authorization")))
+                status, body = service.answers.pop(0) if service.answers else (404, None)
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def standby_env(monkeypatch):
+    monkeypatch.setenv(STANDBY_ID_ENV, "abc123")
+    monkeypatch.setenv(STANDBY_TOKEN_ENV, "s3cret")
+    return monkeypatch
+
+
+JOB = {"job_id": "j-9", "spec_json": '{"name": "n"}', "env": {"ETRAIN_REPORT_TOKEN": "t"}}
+
+
+def test_it_asks_until_the_service_hands_it_a_job(standby_env):
+    service = Service([(204, None), (204, None), (200, JOB)])
+    standby_env.setenv(REPORT_URL_ENV, service.url + "/")
+    try:
+        got = standby.wait_for_job(poll_wait_s=0.1)
+    finally:
+        service.close()
+    assert got == standby.Assignment("j-9", '{"name": "n"}', {"ETRAIN_REPORT_TOKEN": "t"})
+    path = STANDBY_ROUTE.format(standby_id="abc123")
+    assert [r[0].split("?")[0] for r in service.requests] == [path] * 3
+    assert all(auth == "Bearer s3cret" for _, auth in service.requests)
+    assert "wait=0.1" in service.requests[0][0]
+
+
+def test_a_standby_the_service_does_not_know_exits(standby_env):
+    service = Service([(204, None), (401, {"detail": "unknown standby driver or token"})])
+    standby_env.setenv(REPORT_URL_ENV, service.url)
+    try:
+        assert standby.wait_for_job(poll_wait_s=0.1) is None
+    finally:
+        service.close()
+
+
+def test_a_standby_that_cannot_reach_the_service_gives_up(standby_env):
+    service = Service([])
+    url = service.url
+    service.close()  # nothing listens there now
+    standby_env.setenv(REPORT_URL_ENV, url)
+    assert standby.wait_for_job(poll_wait_s=0.1, give_up_s=0.5) is None
+
+
+def test_taking_a_job_sets_what_a_driver_started_for_it_has(standby_env):
+    for name in (JOB_ID_ENV, JOB_SPEC_ENV, "ETRAIN_REPORT_TOKEN"):
+        standby_env.delenv(name, raising=False)
+    standby.take_job(standby.Assignment(**JOB))
+    assert os.environ[JOB_ID_ENV] == "j-9"
+    assert os.environ[JOB_SPEC_ENV] == '{"name": "n"}'
+    assert os.environ["ETRAIN_REPORT_TOKEN"] == "t"
+
+
+class Group:
+    """Runs what the controller would execute on each of its workers, here."""
+
+    def __init__(self):
+        self.calls = []
+
+    def execute(self, fn, *args):
+        self.calls.append(fn)
+        fn(*pickle.loads(pickle.dumps(args)))
+
+
+def test_the_jobs_variables_reach_the_controller_and_each_group(monkeypatch):
+    monkeypatch.delenv("ETRAIN_TEST_STANDBY_VAR", raising=False)
+    callback = pickle.loads(pickle.dumps(standby.JobEnvironment({"ETRAIN_TEST_STANDBY_VAR": "1"})))
+    callback.after_controller_start(None)
+    assert os.environ["ETRAIN_TEST_STANDBY_VAR"] == "1"
+    monkeypatch.delenv("ETRAIN_TEST_STANDBY_VAR")
+    group = Group()
+    callback.after_worker_group_start(group)
+    assert group.calls == [standby.set_env]  # a module function: Ray pickles it by name
+    assert os.environ["ETRAIN_TEST_STANDBY_VAR"] == "1"
+
+
+@pytest.mark.parametrize("now, usable", [("env-a", 2), ("env-b", 0)])
+def test_warm_workers_count_only_when_the_jobs_actors_get_their_environment(
+    monkeypatch, now, usable
+):
+    import workers.ray_compat as ray_compat
+
+    monkeypatch.setattr(ray_compat, "train_worker_runtime_env", lambda extra: now)
+    assert standby.Warm(2, "env-a").usable() == usable
+    assert standby.Warm(0, None).usable() == 0

@@ -1,0 +1,187 @@
+"""A standby job driver: started before any etrain job needs it, warmed up, then handed one.
+
+Most of a job's start is not training: a Ray job's driver process imports torch and Ray
+Train and connects to Ray (about 4 s here), Ray Train's controller actor starts in a new
+process (5-8 s on two busy cores) and each worker process imports the training stack.
+The service therefore keeps one driver ahead (``service.backends.standby``): a Ray job
+started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, which
+
+1. connects to Ray with the job's setup hook (``workers.elastic.warm_spares``);
+2. asks its raylet for idle processes with the runtime environments Ray Train will give
+   the first worker group (``STANDBY_WORKERS_ENV`` of them, at most what the node can
+   place, one CPU or GPU each) and its controller and state actors, which import what
+   they will need (``warm_spares.setup_hook``) while nobody waits;
+3. imports what it will build the trainer with;
+4. asks the service for its job (:func:`wait_for_job`, a long poll on ``STANDBY_ROUTE``)
+   and, once it has one, runs it as a driver started for it would.
+
+The job's environment (its reporter token, object-store keys) arrives with the job, not
+with the Ray job: :class:`workers.elastic.callbacks.JobEnvironment` sets it in the
+controller and in every worker before anything reads it. A standby the service no longer
+knows (it restarted) or cannot reach for ``GIVE_UP_S`` exits 0 without training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from workers.contract import (
+    REPORT_URL_ENV,
+    STANDBY_ID_ENV,
+    STANDBY_ROUTE,
+    STANDBY_TOKEN_ENV,
+    STANDBY_WORKERS_ENV,
+)
+from workers.ray_compat import ControllerCallback, WorkerGroupCallback
+
+# What the driver imports to build and fit a trainer (workers.launch.build_trainer).
+DRIVER_MODULES = (
+    "torch",
+    "ray.train",
+    "ray.train.torch",
+    "ray.train.v2.api.data_parallel_trainer",
+    "workers.elastic.callbacks",
+    "workers.elastic.scaling",
+    "workers.checkpoint.storage",
+)
+# Ray Train's controller and its state actor (RAY_TRAIN_ENABLE_STATE_TRACKING).
+SUPPORT_PROCESSES = 2
+POLL_WAIT_S = 20.0  # how long the service holds one poll open
+GIVE_UP_S = 120.0  # service unreachable this long: exit
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The job a standby driver was handed: what a driver started for it gets in its env."""
+
+    job_id: str
+    spec_json: str
+    env: dict[str, str]
+
+
+def is_standby() -> bool:
+    """Whether this driver was started as a standby (no job yet)."""
+    return bool(os.environ.get(STANDBY_ID_ENV))
+
+
+@dataclass(frozen=True)
+class Warm:
+    """The worker processes a standby started, and the runtime environment they have."""
+
+    workers: int = 0
+    runtime_env: str | None = None
+
+    def usable(self) -> int:
+        """How many of them the job's worker actors can take: none when the job's actors
+        get another environment (an elastic job's controller settings are in it)."""
+        if not self.workers:
+            return 0
+        from workers.elastic.warm_spares import worker_runtime_env
+        from workers.ray_compat import train_worker_runtime_env
+
+        same = train_worker_runtime_env(worker_runtime_env()) == self.runtime_env
+        return self.workers if same else 0
+
+
+def warm_up() -> Warm:
+    """Prestart the first group's and the controller's processes and import the driver's
+    stack; what was started for the workers."""
+    from workers.elastic import warm_spares
+    from workers.ray_compat import prestart_workers, train_worker_runtime_env
+
+    env, count = None, 0
+    try:
+        workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
+        count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
+        env = train_worker_runtime_env(warm_spares.worker_runtime_env())
+        if count > 0:
+            prestart_workers(count, keep_alive_s=warm_spares.KEEP_ALIVE_S, runtime_env=env)
+        prestart_workers(
+            SUPPORT_PROCESSES,
+            keep_alive_s=warm_spares.KEEP_ALIVE_S,
+            runtime_env=train_worker_runtime_env({}),
+        )
+        print(f"etrain: standby driver: {count} worker process(es) warming", flush=True)
+    except Exception as e:  # noqa: BLE001 - only makes the start faster
+        print(f"etrain: standby driver: no warm processes: {type(e).__name__}: {e}", flush=True)
+    for name in DRIVER_MODULES:
+        importlib.import_module(name)
+    return Warm(count, env)
+
+
+def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT_S):
+    """Ask the service for this standby's job until it has one: the :class:`Assignment`, or
+    None when the service no longer wants this standby or stays unreachable."""
+    import httpx
+
+    from workers.telemetry.reporter import quiet_http_loggers
+
+    quiet_http_loggers()
+    standby_id = os.environ[STANDBY_ID_ENV]
+    url = os.environ[REPORT_URL_ENV].rstrip("/") + STANDBY_ROUTE.format(standby_id=standby_id)
+    headers = {"Authorization": f"Bearer {os.environ[STANDBY_TOKEN_ENV]}"}
+    unreachable_since = None
+    with httpx.Client(timeout=poll_wait_s + 10) as client:
+        while True:
+            try:
+                r = client.get(url, headers=headers, params={"wait": poll_wait_s})
+            except httpx.HTTPError as e:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > give_up_s:
+                    _say(f"the service at {url} is unreachable ({type(e).__name__}); exiting")
+                    return None
+                time.sleep(min(2.0, poll_wait_s))
+                continue
+            unreachable_since = None
+            if r.status_code == 200:
+                body = r.json()
+                return Assignment(body["job_id"], body["spec_json"], dict(body["env"]))
+            if r.status_code != 204:
+                _say(f"the service does not want this standby ({r.status_code}); exiting")
+                return None
+
+
+def take_job(assignment: Assignment) -> None:
+    """Make this process the driver of ``assignment``: its variables in the environment."""
+    os.environ.update(assignment.env)
+    from workers.contract import JOB_ID_ENV, JOB_SPEC_ENV
+
+    os.environ[JOB_ID_ENV] = assignment.job_id
+    os.environ[JOB_SPEC_ENV] = assignment.spec_json
+    _say(f"running job {assignment.job_id}")
+
+
+def _say(message: str) -> None:
+    print(f"etrain: standby driver: {message}", file=sys.stderr, flush=True)
+
+
+class JobEnvironment(ControllerCallback, WorkerGroupCallback):
+    """The job's variables in the Ray Train controller and every worker of each group.
+
+    A standby driver's Ray job was started before it had a job, so its processes lack the
+    variables a driver started for the job gets from its Ray job (reporter URL and token,
+    object-store keys). This sets them in the controller as it starts, before the other
+    callbacks read them, and in each group's workers once the group is up, before the
+    train function runs. Pickled to the controller with the run, never exported as the
+    train loop's config is (Ray's Train state API shows that).
+    """
+
+    def __init__(self, env: dict[str, str]):
+        self.env = dict(env)
+
+    def after_controller_start(self, train_run_context) -> None:
+        """Before the callbacks listed after this one start."""
+        set_env(self.env)
+
+    def after_worker_group_start(self, worker_group) -> None:
+        """The group's process group is formed; its train function has not started."""
+        worker_group.execute(set_env, self.env)
+
+
+def set_env(env: dict[str, str]) -> None:
+    """Set ``env`` in this process's environment (run on each worker)."""
+    os.environ.update(env)
