@@ -9,8 +9,8 @@ started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, w
 1. connects to Ray with the job's setup hook (``workers.elastic.warm_spares``);
 2. asks its raylet for idle processes with the runtime environments Ray Train will give
    the first worker group (``STANDBY_WORKERS_ENV`` of them, at most what the node can
-   place, one CPU or GPU each) and its controller and state actors, which import what
-   they will need (``warm_spares.setup_hook``) while nobody waits;
+   place, one CPU each) and its own actors (``warm_spares.RUN_ACTORS``), which import
+   what they will need (``warm_spares.setup_hook``) while nobody waits;
 3. imports what it will build the trainer with;
 4. asks the service for its job (:func:`wait_for_job`, a long poll on ``STANDBY_ROUTE``)
    and, once it has one, runs it as a driver started for it would.
@@ -48,8 +48,6 @@ DRIVER_MODULES = (
     "workers.elastic.scaling",
     "workers.checkpoint.storage",
 )
-# Ray Train's controller and its state actor (RAY_TRAIN_ENABLE_STATE_TRACKING).
-SUPPORT_PROCESSES = 2
 POLL_WAIT_S = 20.0  # how long the service holds one poll open
 GIVE_UP_S = 120.0  # service unreachable this long: exit
 
@@ -70,25 +68,25 @@ def is_standby() -> bool:
 
 @dataclass(frozen=True)
 class Warm:
-    """The worker processes a standby started, and the runtime environment they have."""
+    """The worker processes a standby started, and the runtime environment they have (its
+    run actors' processes have the same, less the workers' own variables)."""
 
     workers: int = 0
     runtime_env: str | None = None
 
-    def usable(self) -> int:
-        """How many of them the job's worker actors can take: none when the job's actors
-        get another environment (an elastic job's controller settings are in it)."""
-        if not self.workers:
-            return 0
+    def same_env(self) -> bool:
+        """Whether the job's actors get the environment these processes have: not when its
+        driver set other Ray Train variables (an elastic job's controller settings)."""
+        if self.runtime_env is None:
+            return False
         from workers.elastic.warm_spares import worker_runtime_env
         from workers.ray_compat import train_worker_runtime_env
 
-        same = train_worker_runtime_env(worker_runtime_env()) == self.runtime_env
-        return self.workers if same else 0
+        return train_worker_runtime_env(worker_runtime_env()) == self.runtime_env
 
 
 def warm_up() -> Warm:
-    """Prestart the first group's and the controller's processes and import the driver's
+    """Prestart the first group's and the run actors' processes and import the driver's
     stack; what was started for the workers."""
     from workers.elastic import warm_spares
     from workers.ray_compat import prestart_workers, train_worker_runtime_env
@@ -100,11 +98,7 @@ def warm_up() -> Warm:
         env = train_worker_runtime_env(warm_spares.worker_runtime_env())
         if count > 0:
             prestart_workers(count, keep_alive_s=warm_spares.KEEP_ALIVE_S, runtime_env=env)
-        prestart_workers(
-            SUPPORT_PROCESSES,
-            keep_alive_s=warm_spares.KEEP_ALIVE_S,
-            runtime_env=train_worker_runtime_env({}),
-        )
+        warm_spares.prestart_run_actors()
         print(f"etrain: standby driver: {count} worker process(es) warming", flush=True)
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         print(f"etrain: standby driver: no warm processes: {type(e).__name__}: {e}", flush=True)

@@ -123,12 +123,12 @@ def test_the_jobs_variables_reach_the_controller_and_each_group(monkeypatch):
     assert os.environ["ETRAIN_TEST_STANDBY_VAR"] == "1"
 
 
-@pytest.mark.parametrize("now, usable", [("env-a", 2), ("env-b", 0)])
-def test_warm_workers_count_only_when_the_jobs_actors_get_their_environment(
-    monkeypatch, now, usable
+@pytest.mark.parametrize("now, same", [("env-a", True), ("env-b", False)])
+def test_warm_processes_count_only_when_the_jobs_actors_get_their_environment(
+    monkeypatch, now, same
 ):
     import workers.ray_compat as ray_compat
 
     monkeypatch.setattr(ray_compat, "train_worker_runtime_env", lambda extra: now)
-    assert standby.Warm(2, "env-a").usable() == usable
-    assert standby.Warm(0, None).usable() == 0
+    assert standby.Warm(2, "env-a").same_env() is same
+    assert standby.Warm().same_env() is False  # a driver started for its job warmed nothing

@@ -52,12 +52,16 @@ def imports(monkeypatch):
     return seen
 
 
-def test_the_hook_imports_nothing_outside_training_workers(monkeypatch, tmp_path, imports):
-    """The controller and Ray's helper actors run the hook too: it must stay a no-op there."""
+def test_the_hook_gives_the_run_actors_ray_train_only(monkeypatch, tmp_path, imports):
+    """The controller and Ray Train's other actors run the hook too: they import Ray Train's
+    modules (not torch, not etrain's loop) and are no spares."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
     monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
     warm_spares.setup_hook()
-    assert imports == [] and list(tmp_path.iterdir()) == []
+    assert imports == list(warm_spares.RUN_ACTOR_MODULES)
+    assert not {"torch", "workers.train_loop"} & set(imports)
+    assert all(name in sys.modules for name in warm_spares.RUN_ACTOR_MODULES)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_path, imports):
