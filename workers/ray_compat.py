@@ -3,10 +3,10 @@
 etrain pins Ray (``RAY_VERSION``) and everything here was written against that
 release. Nothing else in the project touches ``ray._private``, ``ray.core``,
 ``ray.data._internal`` or ``ray.train.v2._internal``, or overrides a Ray method
-whose name starts with ``_``. :func:`check` verifies that each use below still
-finds what it needs in the installed Ray, and names the one that does not;
-``tests/unit/test_ray_compat.py`` runs it (and fails when the installed Ray is
-not the pinned one), so a Ray upgrade cannot break these silently.
+whose name starts with ``_``. ``workers.ray_compat_check.check`` verifies that each
+use below still finds what it needs in the installed Ray, and names the one that
+does not; ``tests/unit/workers/test_ray_compat.py`` runs it (and fails when the
+installed Ray is not the pinned one), so a Ray upgrade cannot break these silently.
 
 The uses, each with what it is for:
 
@@ -35,16 +35,22 @@ The uses, each with what it is for:
    (``prestart_workers(runtime_env=...)``) before the controller asks for them.
 10. :func:`setup_hook_of_this_job`: the job's ``worker_process_setup_hook`` (from the
    variable Ray reserves for it): the controller's sign that the job has warm spares.
+11. :data:`RUN_ACTOR_MODULES`: the modules of Ray Train's own actors of a run (controller,
+   placement-group cleaner, sync actor, dataset manager, preemption watcher, state
+   actor), which their prestarted processes import ahead of time.
+12. :func:`create_train_singletons`: Ray Train's cluster-wide detached actors (its state
+   actor and Ray Data's AutoscalingCoordinator), which the first run on a cluster would
+   otherwise create, each in a new process, while it starts.
+
+:func:`workers.ray_compat_check.check` probes each of them.
 
 Importing this module imports Ray Train's scaling policy (not torch).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-from collections.abc import Callable
 
 import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
@@ -65,6 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "RAY_VERSION",
+    "RUN_ACTOR_MODULES",
     "WORKER_MODULES",
     "ControllerCallback",
     "ElasticPolicyBase",
@@ -74,7 +81,7 @@ __all__ = [
     "WorkerGroupCallback",
     "auth_headers",
     "cancel_reservation",
-    "check",
+    "create_train_singletons",
     "prestart_workers",
     "setup_hook_of_this_job",
     "train_worker_runtime_env",
@@ -84,6 +91,15 @@ __all__ = [
 # (7) What a Ray Train worker imports before its first step after a restore, beyond
 # torch and etrain: the worker actor's module and Ray Train's torch backend.
 WORKER_MODULES = ("ray.train.torch", "ray.train.v2._internal.execution.worker_group.worker")
+# (11) What Ray Train's own actors of a run import: each runs in a process of its own.
+RUN_ACTOR_MODULES = (
+    "ray.train.v2._internal.execution.controller.controller",
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner",
+    "ray.train.v2._internal.execution.checkpoint.sync_actor",
+    "ray.train.v2._internal.data_integration.dataset_manager",
+    "ray.train.v2._internal.execution.preemption",
+    "ray.train.v2._internal.state.state_actor",
+)
 
 
 class ElasticPolicyBase(ElasticScalingPolicy):
@@ -234,166 +250,17 @@ def auth_headers() -> dict[str, str]:
     return get_auth_headers_if_auth_enabled({})
 
 
-# --- the check ------------------------------------------------------------------------------
-
-
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
-def _has_params(fn, *names: str) -> bool:
-    return all(n in _params(fn) for n in names)
-
-
-def _source_mentions(obj, *names: str) -> bool:
-    source = inspect.getsource(obj)
-    return all(n in source for n in names)
-
-
-def _elastic_policy() -> bool:
-    return (
-        _has_params(ElasticScalingPolicy._count_possible_workers, "reserved_resources")
-        and _params(ElasticScalingPolicy._get_reserved_resources) == ["self"]
-        and _source_mentions(
-            ElasticScalingPolicy.__init__,
-            "self._latest_reserved_resources",
-            "self._latest_reserved_resources_query_time",
-            "self._latest_monitor_time",
-        )
-        and "self._latest_monitor_time" in inspect.getsource(ElasticScalingPolicy)
-        and _source_mentions(
-            ElasticScalingPolicy._get_reserved_resources,
-            "self._autoscaling_coordinator",
-            "self._requester_id",
-        )
-    )
-
-
-def _coordinator_recompute() -> bool:
+def create_train_singletons(*, state_tracking: bool) -> None:
+    """(12) Ask Ray to create Ray Train's cluster-wide detached actors if they do not exist
+    (without waiting for them): the AutoscalingCoordinator every run asks for its workers'
+    resources and, with ``state_tracking`` (RAY_TRAIN_ENABLE_STATE_TRACKING), the state
+    actor."""
     from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        _AutoscalingCoordinatorActor,
-    )
-
-    return _has_params(
-        _AutoscalingCoordinatorActor.get_reserved_resources, "requester_id", "recompute"
-    )
-
-
-def _trainer_seam() -> bool:
-    from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.execution.controller import TrainController
-
-    return _source_mentions(
-        TorchTrainer._initialize_and_run_controller, "controller_init_kwargs"
-    ) and _has_params(TrainController.__init__, "scaling_policy")
-
-
-def _controller_callback() -> bool:
-    return _params(ControllerCallback.after_controller_start) == ["self", "train_run_context"]
-
-
-def _worker_group_callback() -> bool:
-    return (
-        _params(WorkerGroupCallback.before_worker_group_start) == ["self", "worker_group_context"]
-        and _params(WorkerGroupCallback.before_init_train_context) == ["self", "workers"]
-        and _params(WorkerGroupCallback.after_worker_group_start) == ["self", "worker_group"]
-    )
-
-
-def _cancel_request() -> bool:
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        _AutoscalingCoordinatorActor,
         get_or_create_autoscaling_coordinator,
     )
 
-    return callable(get_or_create_autoscaling_coordinator) and _has_params(
-        _AutoscalingCoordinatorActor.cancel_request, "requester_id"
-    )
+    get_or_create_autoscaling_coordinator()
+    if state_tracking:
+        from ray.train.v2._internal.state.state_actor import get_or_create_state_actor
 
-
-def _prestart() -> bool:
-    from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
-
-    fields = set(node_manager_pb2.PrestartWorkersRequest.DESCRIPTOR.fields_by_name)
-    return (
-        {"language", "job_id", "runtime_env_info", "keep_alive_duration_secs", "num_workers"}
-        <= fields
-        and hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
-        and "PrestartWorkers" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
-        and _has_params(init_grpc_channel, "address", "options", "asynchronous")
-    )
-
-
-def _auth() -> bool:
-    from ray._private.authentication.http_token_authentication import (
-        get_auth_headers_if_auth_enabled,
-    )
-
-    return len(_params(get_auth_headers_if_auth_enabled)) >= 1
-
-
-def _worker_runtime_env() -> bool:
-    from ray.train.v2._internal.constants import get_env_vars_to_propagate
-    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-    return (
-        callable(get_env_vars_to_propagate)
-        and _source_mentions(
-            DataParallelTrainer._initialize_and_run_controller,
-            "get_env_vars_to_propagate",
-            "DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE",
-        )
-        and _source_mentions(WorkerGroup._get_worker_runtime_env, "get_env_vars_to_propagate")
-    )
-
-
-def _setup_hook_env() -> bool:
-    from ray._private.runtime_env.setup_hook import export_setup_func_module as export
-
-    return _source_mentions(export, "env_vars[ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR]")
-
-
-def _worker_modules() -> bool:
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in WORKER_MODULES)
-
-
-CHECKS: dict[str, Callable[[], bool]] = {
-    "ElasticPolicyBase: ElasticScalingPolicy._count_possible_workers(reserved_resources), "
-    "_get_reserved_resources(), _latest_reserved_resources[_query_time], _latest_monitor_time, "
-    "_autoscaling_coordinator, _requester_id": _elastic_policy,
-    "ElasticPolicyBase: AutoscalingCoordinator.get_reserved_resources(requester_id, "
-    "recompute=)": _coordinator_recompute,
-    "trainer_class: TorchTrainer._initialize_and_run_controller(**controller_init_kwargs) -> "
-    "TrainController(scaling_policy=)": _trainer_seam,
-    "ControllerCallback.after_controller_start(train_run_context)": _controller_callback,
-    "WorkerGroupCallback.before_worker_group_start(worker_group_context), "
-    "before_init_train_context(workers), after_worker_group_start(worker_group)": (
-        _worker_group_callback
-    ),
-    "cancel_reservation: get_or_create_autoscaling_coordinator().cancel_request("
-    "requester_id=)": _cancel_request,
-    "prestart_workers: raylet PrestartWorkers and init_grpc_channel": _prestart,
-    "auth_headers: get_auth_headers_if_auth_enabled(headers)": _auth,
-    "WORKER_MODULES importable": _worker_modules,
-    "train_worker_runtime_env: DataParallelTrainer and WorkerGroup._get_worker_runtime_env "
-    "pass get_env_vars_to_propagate()": _worker_runtime_env,
-    "setup_hook_of_this_job: export_setup_func_module puts the hook in "
-    "WORKER_PROCESS_SETUP_HOOK_ENV_VAR": _setup_hook_env,
-}
-
-
-def check() -> list[str]:
-    """The uses above that the installed Ray no longer supports, by name (empty: all fine)."""
-    broken = []
-    for name, probe in CHECKS.items():
-        try:
-            ok = probe()
-        except Exception as e:  # noqa: BLE001 - a missing module or attribute is the finding
-            ok, name = False, f"{name} ({type(e).__name__}: {e})"
-        if not ok:
-            broken.append(name)
-    return broken
+        get_or_create_state_actor()

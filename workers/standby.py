@@ -36,7 +36,7 @@ from workers.contract import (
     STANDBY_TOKEN_ENV,
     STANDBY_WORKERS_ENV,
 )
-from workers.ray_compat import ControllerCallback, WorkerGroupCallback
+from workers.ray_compat import ControllerCallback, WorkerGroupCallback, create_train_singletons
 
 # What the driver imports to build and fit a trainer (workers.launch.build_trainer).
 DRIVER_MODULES = (
@@ -99,12 +99,19 @@ def warm_up() -> Warm:
         if count > 0:
             prestart_workers(count, keep_alive_s=warm_spares.KEEP_ALIVE_S, runtime_env=env)
         warm_spares.prestart_run_actors()
-        print(f"etrain: standby driver: {count} worker process(es) warming", flush=True)
+        _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
+        # The first run on a cluster would create these, each in a new process.
+        create_train_singletons(state_tracking=env_bool("RAY_TRAIN_ENABLE_STATE_TRACKING"))
     except Exception as e:  # noqa: BLE001 - only makes the start faster
-        print(f"etrain: standby driver: no warm processes: {type(e).__name__}: {e}", flush=True)
+        _say(f"not all processes started ahead: {type(e).__name__}: {e}")
     for name in DRIVER_MODULES:
         importlib.import_module(name)
     return Warm(count, env)
+
+
+def env_bool(name: str) -> bool:
+    """A variable set to 1 / true (as Ray reads its flags)."""
+    return os.environ.get(name, "").lower() in ("1", "true")
 
 
 def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT_S):

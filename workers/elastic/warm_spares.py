@@ -47,7 +47,12 @@ import tempfile
 from pathlib import Path
 
 from workers.contract import WARM_WORKER_ENV
-from workers.ray_compat import WORKER_MODULES, prestart_workers, train_worker_runtime_env
+from workers.ray_compat import (
+    RUN_ACTOR_MODULES,
+    WORKER_MODULES,
+    prestart_workers,
+    train_worker_runtime_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +89,9 @@ WARM_MODULES = (
 # preemption watcher, and each worker group's synchronisation actor. A new process for
 # each imports Ray Train (1-2 s of CPU apiece), one after the other as the run starts.
 RUN_ACTORS = 5
-RUN_ACTOR_MODULES = (
-    "ray.train.v2._internal.execution.controller.controller",
-    "ray.train.v2._internal.execution.controller.placement_group_cleaner",
-    "ray.train.v2._internal.execution.checkpoint.sync_actor",
-    "ray.train.v2._internal.data_integration.dataset_manager",
-    "ray.train.v2._internal.execution.preemption",
-    "ray.train.v2._internal.state.state_actor",
-    "workers.elastic.callbacks",
-    "workers.elastic.scaling",
-)
+# What their processes import ahead: Ray Train's modules, and etrain's callbacks and
+# scaling policy, which the controller unpickles (no torch).
+RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")
 
 
 def worker_runtime_env() -> dict:
@@ -114,7 +112,7 @@ def setup_hook() -> None:
     Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules.
     """
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
-        for name in RUN_ACTOR_MODULES:
+        for name in RUN_ACTOR_IMPORTS:
             importlib.import_module(name)
         return
     warming = _spare_file(WARMING)

@@ -58,9 +58,9 @@ def test_the_hook_gives_the_run_actors_ray_train_only(monkeypatch, tmp_path, imp
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
     monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
     warm_spares.setup_hook()
-    assert imports == list(warm_spares.RUN_ACTOR_MODULES)
+    assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
     assert not {"torch", "workers.train_loop"} & set(imports)
-    assert all(name in sys.modules for name in warm_spares.RUN_ACTOR_MODULES)
+    assert all(name in sys.modules for name in warm_spares.RUN_ACTOR_IMPORTS)
     assert list(tmp_path.iterdir()) == []
 
 
