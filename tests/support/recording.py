@@ -12,6 +12,7 @@ class RecordingReporter(TelemetryReporter):
 
     def __init__(self, job_id: str = "j-test"):
         self.job_id = job_id
+        self._first_sent = True  # no sender to wake
         self.metrics: list[MetricPoint] = []
         self.events: list[TelemetryEvent] = []
         self.checkpoints: list[CheckpointRecord] = []

@@ -66,6 +66,7 @@ class TelemetryReporter:
         self._wake = threading.Event()
         # Items queued, and items sent (or dropped): flush() waits for the second to catch up.
         self._queued = self._done = 0
+        self._first_sent = False  # the first metric point wakes the sender
         self._progress = threading.Condition()
         quiet_http_loggers()
         self._thread = threading.Thread(target=self._run, name="etrain-telemetry", daemon=True)
@@ -81,8 +82,11 @@ class TelemetryReporter:
         )
 
     def metric(self, point: MetricPoint) -> None:
-        """Queue one per-step metrics point."""
+        """Queue one per-step metrics point; the first goes out at once (it ends a start)."""
         self._put(("metrics", point))
+        if not self._first_sent:
+            self._first_sent = True
+            self._wake.set()
 
     def event(
         self,

@@ -108,3 +108,21 @@ def test_a_backlog_is_sent_in_parts_under_the_body_limit():
     assert max(len(json.dumps(b)) for _, _, b in ep.posts) < 64 * 1024
     assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == list(range(1, 1001))
     ep.server.shutdown()
+
+
+def test_the_first_metric_point_goes_out_at_once_the_rest_at_the_flush_interval():
+    """Step 1 ends a job's start: its point does not wait out the batching interval."""
+    ep = Endpoint()
+    r = TelemetryReporter(url=ep.url, token="t", job_id="j-1", flush_interval=30)
+    time.sleep(0.2)  # the sender is waiting out its interval
+    t0 = time.monotonic()
+    r.metric(MetricPoint(step=1, world_size=1, loss=1.0))
+    while not ep.posts and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == [1]
+    r.metric(MetricPoint(step=2, world_size=1, loss=1.0))
+    time.sleep(0.5)
+    assert len(ep.posts) == 1  # step 2 waits for the interval (or a flush)
+    r.close(timeout=5)
+    assert [m["step"] for _, _, b in ep.posts for m in b["metrics"]] == [1, 2]
+    ep.server.shutdown()
