@@ -2,8 +2,10 @@
 
 Per repeat, the script starts ``etrain serve`` with its embedded Ray head (the service's
 default settings, a fresh data dir), waits for ``/readyz``, and submits ``--jobs`` jobs
-over REST one after the other, each waited out before the next: the first runs on a
-fresh cluster, the others on a warm one (a cluster that has run a job). Then it stops
+over REST one after the other, each waited out before the next (``--gap`` seconds
+later): the first runs on a fresh cluster, the others on a warm one (a cluster that has
+run a job, and whose standby driver had the previous job's run and the gap to warm
+up). Then it stops
 the service and runs torchrun on the same loop (``bench/step_overhead.py``'s torchrun
 path). The job: gpt-tiny, synthetic data, seq_len 128, global batch 16, micro batch 4,
 DDP over 2 CPU workers, ``--steps`` steps.
@@ -11,9 +13,10 @@ DDP over 2 CPU workers, ``--steps`` steps.
 Submit → first step is from the POST to the first ``GET /v1/jobs/{id}`` that shows
 step >= 1 (polled every 0.1 s). Its parts come from stored timestamps: the service's
 ``admitted`` event, the ``startup`` data of rank 0's ``workers_started`` event
-(``workers.elastic.startup_times``: driver process start, Ray connected, ``fit()``
-called, worker group start, actors alive, process group formed, train function
-entered, worker process start), the event's own time (model built) and step 1's
+(``workers.elastic.startup_times``: driver process start and Ray connected, or a
+standby driver's hand-over, ``fit()`` called, controller start, worker group start,
+actors alive, process group formed, train function entered, worker process start),
+the event's own time (model built) and step 1's
 metric time. Medians over repeats; the load average is printed beside the table.
 
 ``--variants before=/other/checkout,after=`` compares checkouts: each repeat starts
@@ -148,7 +151,12 @@ def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> 
     finally:
         os.chdir(here)
     try:
-        return [run_job(served, args.steps) for _ in range(args.jobs)]
+        runs = []
+        for i in range(args.jobs):
+            if i:
+                time.sleep(args.gap)
+            runs.append(run_job(served, args.steps))
+        return runs
     finally:
         served.stop()
 
@@ -157,7 +165,12 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
     """Every repeat's fresh and warm jobs per variant, and torchrun runs."""
     variants = dict(v.split("=", 1) for v in args.variants.split(",")) if args.variants else {}
     variants = variants or {"etrain": ""}
-    results: dict = {"variants": {}, "torchrun": [], "load": [os.getloadavg()]}
+    results: dict = {
+        "variants": {},
+        "torchrun": [],
+        "load": [os.getloadavg()],
+        "gap": args.gap,
+    }
     for r in range(args.repeats):
         for name, pythonpath in variants.items():
             runs = serve_jobs(args, work, pythonpath or None)
@@ -186,7 +199,7 @@ def print_table(results: dict) -> None:
     print(
         "\nmedian of "
         + ", ".join(f"{len(runs)} {label}" for label, _, runs in columns)
-        + " jobs; load average "
+        + f" jobs, {results.get('gap', 0):g} s between jobs; load average "
         + " -> ".join("/".join(f"{x:.2f}" for x in load) for load in results["load"])
     )
     print(f"\n{'seconds':<40}" + "".join(f"{label:>14}" for label, _, _ in columns))
@@ -206,6 +219,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="fresh services (one fresh job each)")
     p.add_argument("--jobs", type=int, default=3, help="jobs per service (1 fresh, rest warm)")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds between one job's end and the next job's submission (a user's pause)",
+    )
     p.add_argument(
         "--variants",
         help="name=PYTHONPATH,...: compare checkouts of etrain, interleaved per repeat "
