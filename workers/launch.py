@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 
 from workers import standby
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
@@ -62,7 +63,7 @@ def train_fn(config: dict) -> None:
         hooks=load_hooks(),
         # After the first step every worker has claimed its process, so each
         # node's spares can be counted and topped up for the next restart.
-        after_first_step=warm_spares.top_up,
+        after_first_step=partial(warm_spares.top_up, controller_node=config.get("driver_node")),
     )
     try:
         run(spec, env)
@@ -103,6 +104,7 @@ def build_trainer(
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig
 
+    from workers.elastic import warm_spares
     from workers.elastic.scaling import LayoutScalingPolicy
     from workers.elastic.settings import resize_monitor_interval_s
     from workers.ray_compat import trainer_class
@@ -122,6 +124,7 @@ def build_trainer(
         "spec": spec.model_dump(mode="json", by_alias=True),
         "job_id": job_id,
         "startup": startup or {},
+        "driver_node": warm_spares.ray_node_id(),  # where the controller runs
     }
     policy = (
         LayoutScalingPolicy(scaling, unit=spec.parallelism.model_parallel_size, job_id=job_id)

@@ -89,6 +89,7 @@ WARM_MODULES = (
 # preemption watcher, and each worker group's synchronisation actor. A new process for
 # each imports Ray Train (1-2 s of CPU apiece), one after the other as the run starts.
 RUN_ACTORS = 5
+RUN_ACTORS_PER_GROUP = 3  # of them, started again for every group: sync, datasets, preemption
 # What their processes import ahead: Ray Train's modules, and etrain's callbacks and
 # scaling policy, which the controller unpickles (no torch).
 RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")
@@ -130,9 +131,10 @@ def claim() -> None:
         _spare_file(WORKER).touch()
 
 
-def top_up() -> int:
+def top_up(controller_node: str | None = None) -> int:
     """Ask this node's raylet for one spare per training worker here; return how many were
-    asked for.
+    asked for. On ``controller_node`` (the node of Ray Train's controller) also for the
+    processes of the next group's own actors (:data:`RUN_ACTORS_PER_GROUP`).
 
     Every worker calls this once all workers have claimed their processes (after
     the first step, a collective). One per node acts: the first to lock the
@@ -156,6 +158,10 @@ def top_up() -> int:
         missing = len(spares_in(folder, states=(WORKER,))) - len(spares)
         if missing > 0:
             _prestart(missing)
+        if controller_node and controller_node == ray_node_id():
+            prestart_workers(
+                RUN_ACTORS_PER_GROUP, keep_alive_s=KEEP_ALIVE_S, runtime_env=_controller_env()
+            )
         return max(missing, 0)
     except Exception as e:  # noqa: BLE001 - spares only make restarts faster
         log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
@@ -245,6 +251,26 @@ def _prestart(count: int) -> None:
         count,
         ray.get_runtime_context().get_node_id()[:8],
     )
+
+
+def ray_node_id() -> str | None:
+    """This process's Ray node (None before it connected to Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def _controller_env() -> str:
+    """The controller's runtime environment, from a worker's: the same, less the variables
+    Ray Train's worker actors get beyond it (:func:`worker_runtime_env`)."""
+    import json
+
+    import ray
+
+    env = json.loads(ray.get_runtime_context().get_runtime_env_string())
+    for name in worker_runtime_env()["env_vars"]:
+        env["env_vars"].pop(name, None)
+    return json.dumps(env, sort_keys=True, separators=(",", ":"))
 
 
 def _spare_dir() -> Path:

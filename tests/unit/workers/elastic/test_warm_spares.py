@@ -119,3 +119,47 @@ def test_one_worker_per_node_asks_for_the_missing_spares_and_never_raises(monkey
 
     monkeypatch.setattr(warm_spares, "_prestart", refused)
     assert warm_spares.top_up() == 0
+
+
+@pytest.mark.parametrize("here, asked_for_actors", [("node-a", True), ("node-b", False)])
+def test_the_leader_on_the_controllers_node_also_readies_the_next_groups_run_actors(
+    monkeypatch, node, here, asked_for_actors
+):
+    """Every group start creates Ray Train's sync actor, dataset manager and preemption
+    watcher anew, each in a process of the controller's node."""
+    _, asked = node
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    monkeypatch.setattr(warm_spares, "ray_node_id", lambda: here)
+    monkeypatch.setattr(warm_spares, "_controller_env", lambda: "controller-env")
+    actors: list[tuple] = []
+    monkeypatch.setattr(
+        warm_spares,
+        "prestart_workers",
+        lambda n, keep_alive_s, runtime_env: actors.append((n, runtime_env)),
+    )
+    warm_spares.claim()
+    assert warm_spares.top_up(controller_node="node-a") == 1 and asked == [1]
+    expected = [(warm_spares.RUN_ACTORS_PER_GROUP, "controller-env")] if asked_for_actors else []
+    assert actors == expected
+
+
+def test_the_controllers_environment_is_the_workers_less_the_worker_marker(monkeypatch):
+    import json
+
+    import ray
+
+    worker_env = {
+        "env_vars": {"A": "1", WARM_WORKER_ENV: "1"},
+        "worker_process_setup_hook": warm_spares.HOOK,
+    }
+
+    class Context:
+        def get_runtime_env_string(self):
+            return json.dumps(worker_env)
+
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    assert json.loads(warm_spares._controller_env()) == {
+        "env_vars": {"A": "1"},
+        "worker_process_setup_hook": warm_spares.HOOK,
+    }
+    assert " " not in warm_spares._controller_env()  # Ray's compact, sorted form
