@@ -77,7 +77,7 @@ def test_per_job_cluster_of_a_rayjob_has_token_auth():
 def test_only_the_head_gets_the_fast_node_failure_settings():
     spec = build_raycluster(RayClusterConfig())["spec"]
     assert FAST_NODE_FAILURE_ENV == {
-        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_period_ms": "500",
         "RAY_health_check_failure_threshold": "3",
     }
     assert _head_env(spec) == FAST_NODE_FAILURE_ENV
