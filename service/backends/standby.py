@@ -33,6 +33,7 @@ from workers.contract import (
     STANDBY_ID_ENV,
     STANDBY_TOKEN_ENV,
     STANDBY_WORKERS_ENV,
+    TRAIN_STATE_TRACKING_ENV,
 )
 
 log = logging.getLogger(__name__)
@@ -180,9 +181,9 @@ class StandbyDrivers:
             STANDBY_TOKEN_ENV: token,
             STANDBY_WORKERS_ENV: str(self.workers),
             REPORT_URL_ENV: self.report_url,
-            # As every job of the service has it (reconciler): the standby's processes are
-            # started with the environment its job's will have.
-            "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
+            # As every job has it: the standby's processes get the environment its job's
+            # will have.
+            **TRAIN_STATE_TRACKING_ENV,
         }
         with self._lock:
             self._pool[standby_id] = s

@@ -24,7 +24,12 @@ from service.errors import BackendError, BackendUnavailable
 from service.settings import Settings
 from service.status import JobStatus
 from service.store import JobRecord, Stores
-from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV, EventKind
+from workers.contract import (
+    REPORT_TOKEN_ENV,
+    REPORT_URL_ENV,
+    TRAIN_STATE_TRACKING_ENV,
+    EventKind,
+)
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
@@ -178,8 +183,6 @@ class Reconciler:
             self.stores.tokens, tenant_id=job.tenant_id, job_id=job.id
         )
         self._tokens[submission_id] = token
-        # RAY_TRAIN_ENABLE_STATE_TRACKING: Ray Train records the run for the dashboard's
-        # Train run list (Backend.dashboard_links "train_runs"); off by default in Ray 2.60.
         req = LaunchRequest(
             job_id=job.id,
             submission_id=submission_id,
@@ -189,7 +192,7 @@ class Reconciler:
                 **self._storage_env(job),
                 REPORT_URL_ENV: self.settings.report_url,
                 REPORT_TOKEN_ENV: token,
-                "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
+                **TRAIN_STATE_TRACKING_ENV,  # the dashboard's Train run list
             },
         )
         try:
