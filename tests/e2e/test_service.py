@@ -7,6 +7,8 @@ import psutil
 import pytest
 import yaml
 
+from service.backends.standby import SUBMISSION_PREFIX
+
 pytestmark = pytest.mark.slow
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -21,6 +23,11 @@ def tiny_spec(name: str, *, steps: int = 12, every: int = 6) -> dict:
         "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3},
         "checkpoint": {"every_steps": every},
     }
+
+
+def _standby_ids(job: dict) -> tuple[str, ...]:
+    sid = job["submission_id"] or ""
+    return (sid,) if sid.startswith(SUBMISSION_PREFIX) else ()
 
 
 def write(tmp_path, spec: dict, name: str = "job.yaml"):
@@ -39,7 +46,9 @@ def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
         job = c.get("/v1/jobs", params={"limit": 1}).json()["items"][0]
         assert job["name"] == "e2e-follow" and job["status"] == "SUCCEEDED"
         assert job["step"] == 12 and job["world_size"] == 2
-        assert job["dashboard_url"].endswith(f"/#/jobs/etrain-{job['id']}-0")
+        # Its Ray job: a standby driver's (etrain-standby-<id>) or its own (etrain-<id>-0).
+        assert job["submission_id"] in (f"etrain-{job['id']}-0", *_standby_ids(job))
+        assert job["dashboard_url"].endswith(f"/#/jobs/{job['submission_id']}")
         metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
         assert [m["step"] for m in metrics] == list(range(1, 13))
         assert all(m["world_size"] == 2 and m["tokens_per_s"] > 0 for m in metrics)

@@ -32,6 +32,20 @@ def _train_worker_pids() -> list[int]:
     ]
 
 
+def _ray_job_id(ray_backend, submission_id: str) -> str:
+    """The Ray job id of a submission, once its driver has started (names its spares'
+    folder: other jobs on the session's cluster, e.g. a standby driver, keep their own)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(ray_backend.address)
+    return wait_for(
+        lambda: client.get_job_info(submission_id).job_id,
+        timeout=120,
+        every=0.3,
+        what="the driver's Ray job id",
+    )
+
+
 def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
     ray_backend, telemetry_sink, tmp_path
 ):
@@ -53,6 +67,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         report_url=telemetry_sink.url,
         env=fault_env(THROTTLE_FILE=throttle, THROTTLE_S=0.3),
     )
+    mine = SPARES_ROOT / _ray_job_id(ray_backend, f"it-{job_id}")
     try:
         # After its first step, the group's node asks for as many spares as it runs
         # workers (the workers' own processes stopped counting when they started).
@@ -61,7 +76,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         )
         spares = set(
             wait_for(
-                lambda: (s := spares_in(SPARES_ROOT)) and len(s) >= 2 and s,
+                lambda: (s := spares_in(mine)) and len(s) >= 2 and s,
                 timeout=180,
                 every=0.3,
                 what="2 ready spares",
@@ -96,7 +111,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         ray_backend.stop(f"it-{job_id}")
     # The raylet ends a finished job's idle workers, spares included.
     wait_for(
-        lambda: not spares_in(SPARES_ROOT, states=(WARMING, READY)) or None,
+        lambda: not spares_in(mine, states=(WARMING, READY)) or None,
         timeout=60,
         every=0.3,
         what="every spare gone after the job",
