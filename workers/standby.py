@@ -16,7 +16,7 @@ started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, w
    and, once it has one, runs it as a driver started for it would.
 
 The job's environment (its reporter token, object-store keys) arrives with the job, not
-with the Ray job: :class:`workers.elastic.callbacks.JobEnvironment` sets it in the
+with the Ray job: :class:`JobEnvironment` (below) sets it in the
 controller and in every worker before anything reads it. A standby the service no longer
 knows (it restarted) or cannot reach for ``GIVE_UP_S`` exits 0 without training.
 """
@@ -35,6 +35,7 @@ from workers.contract import (
     STANDBY_ROUTE,
     STANDBY_TOKEN_ENV,
     STANDBY_WORKERS_ENV,
+    TRAIN_STATE_TRACKING_ENV,
 )
 from workers.ray_compat import ControllerCallback, WorkerGroupCallback, create_train_singletons
 
@@ -89,29 +90,22 @@ def warm_up() -> Warm:
     """Prestart the first group's and the run actors' processes and import the driver's
     stack; what was started for the workers."""
     from workers.elastic import warm_spares
-    from workers.ray_compat import prestart_workers, train_worker_runtime_env
 
     env, count = None, 0
     try:
         workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
         count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
-        env = train_worker_runtime_env(warm_spares.worker_runtime_env())
-        if count > 0:
-            prestart_workers(count, keep_alive_s=warm_spares.KEEP_ALIVE_S, runtime_env=env)
+        env = warm_spares.prestart_group_workers(count)
         warm_spares.prestart_run_actors()
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
         # The first run on a cluster would create these, each in a new process.
-        create_train_singletons(state_tracking=env_bool("RAY_TRAIN_ENABLE_STATE_TRACKING"))
+        tracking = all(os.environ.get(k) == v for k, v in TRAIN_STATE_TRACKING_ENV.items())
+        create_train_singletons(state_tracking=tracking)
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         _say(f"not all processes started ahead: {type(e).__name__}: {e}")
     for name in DRIVER_MODULES:
         importlib.import_module(name)
     return Warm(count, env)
-
-
-def env_bool(name: str) -> bool:
-    """A variable set to 1 / true (as Ray reads its flags)."""
-    return os.environ.get(name, "").lower() in ("1", "true")
 
 
 def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT_S):

@@ -197,13 +197,20 @@ def prestart_first_group(resources_spec, *, already: int = 0) -> int:
             )
             - already
         )
-        if count > 0:
-            env = train_worker_runtime_env(worker_runtime_env())
-            prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
+        prestart_group_workers(count)
         return count
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         log.warning("etrain: could not prestart worker processes: %s: %s", type(e).__name__, e)
         return 0
+
+
+def prestart_group_workers(count: int) -> str:
+    """Ask this node's raylet for ``count`` processes with the runtime environment Ray
+    Train's worker actors will have (none when ``count`` <= 0); return that environment."""
+    env = train_worker_runtime_env(worker_runtime_env())
+    if count > 0:
+        prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
+    return env
 
 
 def prestart_run_actors() -> int:
