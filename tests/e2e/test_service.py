@@ -85,8 +85,16 @@ def test_fifo_queue_and_cancel(served, tmp_path, waiter):
             what="first job running",
         )
         assert c.get(f"/v1/jobs/{b['id']}").json()["status"] == "QUEUED"
-        events = c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
-        assert any(e["kind"] == "waiting" for e in events)
+        # The scheduler records why on its next tick, which a standby-started job may
+        # beat to RUNNING.
+        waiter(
+            lambda: any(
+                e["kind"] == "waiting"
+                for e in c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
+            ),
+            what="second job's waiting event",
+        )
+        assert c.get(f"/v1/jobs/{b['id']}").json()["status"] == "QUEUED"
 
         out = served.cli("cancel", a["id"])
         assert out.returncode == 0 and "CANCELLED" in out.stdout

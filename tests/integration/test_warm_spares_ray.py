@@ -32,6 +32,17 @@ def _train_worker_pids() -> list[int]:
     ]
 
 
+def _spare_folders(ray_backend, ray_job_id: str) -> list:
+    """The job's spare folders on this session's nodes: Ray job ids restart with every
+    cluster, and other clusters on this machine (an e2e test's service) keep spares too."""
+    nodes = [n["node_id"] for n in ray_backend.cluster().nodes if n.get("node_id")]
+    return [SPARES_ROOT / ray_job_id / node[:16] for node in nodes]
+
+
+def _spares(folders, **kw) -> list[int]:
+    return [pid for folder in folders for pid in spares_in(folder, **kw)]
+
+
 def _ray_job_id(ray_backend, submission_id: str) -> str:
     """The Ray job id of a submission, once its driver has started (names its spares'
     folder: other jobs on the session's cluster, e.g. a standby driver, keep their own)."""
@@ -67,7 +78,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         report_url=telemetry_sink.url,
         env=fault_env(THROTTLE_FILE=throttle, THROTTLE_S=0.3),
     )
-    mine = SPARES_ROOT / _ray_job_id(ray_backend, f"it-{job_id}")
+    mine = _spare_folders(ray_backend, _ray_job_id(ray_backend, f"it-{job_id}"))
     try:
         # After its first step, the group's node asks for as many spares as it runs
         # workers (the workers' own processes stopped counting when they started).
@@ -76,7 +87,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         )
         spares = set(
             wait_for(
-                lambda: (s := spares_in(mine)) and len(s) >= 2 and s,
+                lambda: (s := _spares(mine)) and len(s) >= 2 and s,
                 timeout=180,
                 every=0.3,
                 what="2 ready spares",
@@ -111,7 +122,7 @@ def test_a_restarted_group_runs_in_warm_spares_that_end_with_the_job(
         ray_backend.stop(f"it-{job_id}")
     # The raylet ends a finished job's idle workers, spares included.
     wait_for(
-        lambda: not spares_in(mine, states=(WARMING, READY)) or None,
+        lambda: not _spares(mine, states=(WARMING, READY)) or None,
         timeout=60,
         every=0.3,
         what="every spare gone after the job",
