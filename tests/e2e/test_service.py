@@ -89,8 +89,7 @@ def test_fifo_queue_and_cancel(served, tmp_path, waiter):
         # beat to RUNNING.
         waiter(
             lambda: any(
-                e["kind"] == "waiting"
-                for e in c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
+                e["kind"] == "waiting" for e in c.get(f"/v1/jobs/{b['id']}/events").json()["items"]
             ),
             what="second job's waiting event",
         )
