@@ -111,7 +111,9 @@ class Settings(BaseSettings):
         description="Job drivers kept started and warm ahead of the next job (ray-jobs "
         "backend): each is a Ray job that has imported the training stack and started "
         "processes for Ray Train's controller and ETRAIN_STANDBY_WORKERS workers, so a job "
-        "handed to it skips their start. 0 = start every job's driver when it is admitted.",
+        "handed to it skips their start. A new one starts when no admitted job is still "
+        "before its first step (its warm-up would slow that job's start). 0 = start every "
+        "job's driver when it is admitted.",
     )
     standby_workers: int = Field(
         2,

@@ -50,6 +50,19 @@ def demand_of(job: JobRecord) -> Demand:
     )
 
 
+# A job is starting from its admission to its first step, for at most this long.
+STARTING_S = 60.0
+
+
+def starting(job: JobRecord, now: datetime) -> bool:
+    """Whether ``job`` was admitted and has not reported a step yet (within STARTING_S of
+    its admission): its driver, controller and workers are starting."""
+    if job.status not in ACTIVE or job.step > 0:
+        return False
+    since = job.started_at or job.updated_at
+    return (now - since).total_seconds() < STARTING_S
+
+
 class SubmitBackoff:
     """When a job whose submission the cluster turned away for now is tried again.
 
@@ -127,15 +140,24 @@ class Reconciler:
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
-        self.backend.keep_standby()  # a standby started now still gains on a fresh start
-        for job in self.jobs.list_jobs_fifo(ACTIVE):
+        active = self.jobs.list_jobs_fifo(ACTIVE)
+        self._keep_standby(active)  # a standby started now still gains on a fresh start
+        for job in active:
             try:
                 self._follow(job)
             except BackendUnavailable as e:
                 log.warning("reconciler: backend unavailable while following %s: %s", job.id, e)
                 return
         self._admit()
-        self.backend.keep_standby()  # after admission: replaces a standby a job just took
+        # After admission: replaces a standby a job just took, once that job is going.
+        self._keep_standby(self.jobs.list_jobs_fifo(ACTIVE))
+
+    def _keep_standby(self, active: list[JobRecord]) -> None:
+        """Start standby drivers, but not while a job is starting (:func:`starting`): a
+        standby's warm-up takes the CPU that job's start needs."""
+        now = _now()
+        if not any(starting(job, now) for job in active):
+            self.backend.keep_standby()
 
     def _admit(self) -> None:
         # A job the cluster turned away for now waits out its backoff in the queue.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,7 +20,7 @@ from service.backends.standby import (
     StandbyDrivers,
     UnknownStandby,
 )
-from service.domain.reconciler import Reconciler
+from service.domain.reconciler import STARTING_S, Reconciler, starting
 from service.errors import BackendUnavailable
 from service.settings import Settings
 from service.status import JobStatus
@@ -270,4 +271,27 @@ def test_an_admitted_job_goes_to_an_idle_standby_and_keeps_its_ray_id(stores, tm
     assert [r.job_id for r in backend.submitted] == [jobs[1].id]
     events = stores.events.list_events(jobs[0].id)
     assert any(e.kind == "submitted" and standby in e.message for e in events)
-    assert len(ray.started) == 2 and backend.standby.idle() == 1  # replaced after admission
+    # Not replaced while the jobs start: a standby's warm-up would take their CPU.
+    assert len(ray.started) == 1 and backend.standby.idle() == 0
+    reconciler.tick()
+    assert len(ray.started) == 1
+    for job in jobs:  # both report their first step
+        stores.jobs.update_job(job.id, step=1)
+    reconciler.tick()
+    assert len(ray.started) == 2 and backend.standby.idle() == 1  # replaced now
+
+
+def test_a_job_counts_as_starting_until_its_first_step_or_for_at_most_a_minute(stores):
+    tenant = stores.tokens.create_tenant("acme").id
+    spec = parse_spec({"name": "a", "resources": {"workers": 1}})
+    job = stores.jobs.create_job(tenant_id=tenant, name="a", spec=spec, min_workers=1)
+    now = datetime.now(UTC)
+    assert not starting(job, now)  # QUEUED: nothing starts yet
+    stores.jobs.update_job(job.id, status=JobStatus.PENDING)
+    pending = stores.jobs.get_job(job.id)
+    assert starting(pending, now)
+    assert not starting(pending, now + timedelta(seconds=STARTING_S + 1))  # stuck: not forever
+    stores.jobs.update_job(job.id, status=JobStatus.RUNNING, started_at=now)
+    assert starting(stores.jobs.get_job(job.id), now)
+    stores.jobs.update_job(job.id, step=1)
+    assert not starting(stores.jobs.get_job(job.id), now)
