@@ -89,8 +89,14 @@ __all__ = [
 ]
 
 # (7) What a Ray Train worker imports before its first step after a restore, beyond
-# torch and etrain: the worker actor's module and Ray Train's torch backend.
-WORKER_MODULES = ("ray.train.torch", "ray.train.v2._internal.execution.worker_group.worker")
+# torch and etrain: the worker actor's module, Ray Train's torch backend, and the Ray
+# Tune module ``ray.train.get_context()`` imports on its first call (Ray Train's torch
+# backend calls it as it sets up the process group: about 1 s inside a started worker).
+WORKER_MODULES = (
+    "ray.train.torch",
+    "ray.train.v2._internal.execution.worker_group.worker",
+    "ray.tune.trainable.trainable_fn_utils",
+)
 # (11) What Ray Train's own actors of a run import: each runs in a process of its own.
 RUN_ACTOR_MODULES = (
     "ray.train.v2._internal.execution.controller.controller",
