@@ -253,13 +253,13 @@ def main() -> int:
 
         apply_controller_env()
     if spec.failure.warm_spares:
-        from workers.elastic.warm_spares import prestart_first_group, prestart_run_actors
+        from workers.elastic.warm_spares import prestart_first_group
 
         # Before torch is imported here: the workers' imports overlap the driver's.
         same = warm.same_env()
-        prestart_first_group(spec.resources, already=warm.workers if same else 0)
-        if not same:
-            prestart_run_actors()
+        prestart_first_group(
+            spec.resources, already=warm.workers if same else 0, run_actors=not same
+        )
     trainer = build_trainer(spec, job_id=job_id, startup=startup, job_env=job_env)
     startup["driver_ready"] = time.time()  # the dict goes to the workers with fit()
     try:

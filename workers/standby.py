@@ -95,8 +95,7 @@ def warm_up() -> Warm:
     try:
         workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
         count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
-        env = warm_spares.prestart_group_workers(count)
-        warm_spares.prestart_run_actors()
+        env = warm_spares.prestart_for_run(count)
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
         # The first run on a cluster would create these, each in a new process.
         tracking = all(os.environ.get(k) == v for k, v in TRAIN_STATE_TRACKING_ENV.items())

@@ -44,6 +44,9 @@ import importlib
 import logging
 import os
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from workers.contract import WARM_WORKER_ENV
@@ -63,6 +66,10 @@ KEEP_ALIVE_S = 24 * 3600
 # <root>/<Ray job id>/<node id>/ (nodes on one machine share the root).
 SPARES_ROOT = Path(tempfile.gettempdir()) / "etrain-spares"
 WARMING, READY, WORKER = "warming", "ready", "worker"
+# <root>/<Ray job id>/<node id>/started/<pid>: every process of the job that reached the
+# setup hook, so past the raylet's start-up (prestart_waves counts them).
+STARTED = "started"
+WAVE_WAIT_S = 30.0  # at most this long for one wave of prestarted processes to start
 _LEADER_LOCK = None  # this node's leader.lock, while this worker is the node's leader
 # What a Ray Train worker imports before its first step after a restore: Ray's
 # worker actor module and torch backend (workers.ray_compat.WORKER_MODULES), etrain's
@@ -111,7 +118,9 @@ def setup_hook() -> None:
     Every process of the job runs this at start: those started with the worker actors'
     environment (``ETRAIN_WARM_WORKER=1``) import the training stack, the others (Ray
     Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules.
+    Each first marks itself started (:func:`prestart_waves` counts them).
     """
+    _mark_started()
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
         for name in RUN_ACTOR_IMPORTS:
             importlib.import_module(name)
@@ -155,14 +164,14 @@ def top_up(controller_node: str | None = None) -> int:
             return 0
         _LEADER_LOCK = lock
         spares = spares_in(folder, states=(WARMING, READY))  # ready or still importing
-        missing = len(spares_in(folder, states=(WORKER,))) - len(spares)
-        if missing > 0:
-            _prestart(missing)
+        missing = max(len(spares_in(folder, states=(WORKER,))) - len(spares), 0)
+        requests = [(missing, None)]  # None: this worker's own runtime environment
         if controller_node and controller_node == ray_node_id():
-            prestart_workers(
-                RUN_ACTORS_PER_GROUP, keep_alive_s=KEEP_ALIVE_S, runtime_env=_controller_env()
-            )
-        return max(missing, 0)
+            requests.append((RUN_ACTORS_PER_GROUP, _controller_env()))
+        prestart_waves(requests)
+        if missing:
+            log.info("etrain: asked for %d warm spare worker(s) on this node", missing)
+        return missing
     except Exception as e:  # noqa: BLE001 - spares only make restarts faster
         log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
         return 0
@@ -179,51 +188,127 @@ def first_group_here(resources: dict, *, workers: int, cpus: float, gpus: float)
     return max(min(fits), 0)
 
 
-def prestart_first_group(resources_spec, *, already: int = 0) -> int:
+def prestart_first_group(resources_spec, *, already: int = 0, run_actors: bool = True) -> int:
     """On the driver: start this node's share of the first worker group's processes now.
 
     ``resources_spec`` is the job spec's ``resources``. Asks for at most as many
     processes as the group has workers and this node can place (none on a head that
-    offers no CPU), less ``already`` started (by a standby driver, ``workers.standby``);
-    any of them the group does not use stays a spare for its restarts and ends with the
-    job. Returns how many were asked for; never raises.
+    offers no CPU), less ``already`` started (by a standby driver, ``workers.standby``),
+    then (``run_actors``) for the processes of Ray Train's own actors
+    (:func:`prestart_for_run`). Any of them the group does not use stays a spare for its
+    restarts and ends with the job. Returns how many workers were asked for; never raises.
     """
     try:
-        count = (
-            node_capacity(
-                resources_spec.max_workers,
-                cpus=resources_spec.cpus_per_worker,
-                gpus=resources_spec.gpus_per_worker,
-            )
-            - already
+        count = node_capacity(
+            resources_spec.max_workers,
+            cpus=resources_spec.cpus_per_worker,
+            gpus=resources_spec.gpus_per_worker,
         )
-        prestart_group_workers(count)
-        return count
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         log.warning("etrain: could not prestart worker processes: %s: %s", type(e).__name__, e)
         return 0
+    count = max(count - already, 0)
+    prestart_for_run(count, run_actors=run_actors)
+    return count
 
 
-def prestart_group_workers(count: int) -> str:
-    """Ask this node's raylet for ``count`` processes with the runtime environment Ray
-    Train's worker actors will have (none when ``count`` <= 0); return that environment."""
+def prestart_for_run(workers: int, *, run_actors: bool = True) -> str:
+    """On the driver: ask this node's raylet for ``workers`` processes with the runtime
+    environment Ray Train's worker actors will have, then (``run_actors``) for
+    :data:`RUN_ACTORS` with the controller's, for Ray Train's own actors of the run, so
+    all of them import what they need while nobody waits (:func:`prestart_waves`).
+    Returns the workers' runtime environment; never raises."""
     env = train_worker_runtime_env(worker_runtime_env())
-    if count > 0:
-        prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
+    requests = [(workers, env)]
+    if run_actors:
+        requests.append((RUN_ACTORS, train_worker_runtime_env({})))  # the controller's
+    prestart_waves(requests)
     return env
 
 
-def prestart_run_actors() -> int:
-    """On the driver: start the processes of Ray Train's own actors of the run now, with
-    the controller's runtime environment, so they import Ray Train while nobody waits.
-    Returns how many were asked for; never raises."""
+def startup_concurrency() -> int:
+    """How many worker processes this node's raylet starts at a time: Ray starts it with
+    ``max(1, min(cpu_count, the node's CPUs))`` (``ray._private.services``), and its
+    ``PrestartWorkers`` silently drops what would start beyond that."""
+    import ray
+
+    me = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == me)
+    return max(1, min(os.cpu_count() or 1, int(node.get("Resources", {}).get("CPU", 0))))
+
+
+def prestart_waves(requests: list[tuple[int, str | None]]) -> threading.Thread | None:
+    """Ask this node's raylet for processes of this job: ``requests`` is a list of
+    (count, serialized runtime environment, None for this process's own).
+
+    At most :func:`startup_concurrency` at a time, as the raylet drops the rest: the first
+    wave now, each next one from a daemon thread once the previous wave's processes reached
+    the setup hook (:data:`STARTED`) or :data:`WAVE_WAIT_S` passed. Returns that thread
+    (None when one wave is all); never raises.
+    """
     try:
-        env = train_worker_runtime_env({})  # the controller's: no worker variables
-        prestart_workers(RUN_ACTORS, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
-        return RUN_ACTORS
-    except Exception as e:  # noqa: BLE001 - only makes the start faster
-        log.warning("etrain: could not prestart run actor processes: %s: %s", type(e).__name__, e)
-        return 0
+        waves = list(_waves(requests, startup_concurrency()))
+        if not waves:
+            return None
+        started = _spare_dir() / STARTED
+        started.mkdir(exist_ok=True)
+        target = _send_wave(waves[0], started)
+    except Exception as e:  # noqa: BLE001 - prestarted processes only make starts faster
+        log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
+        return None
+    if len(waves) == 1:
+        return None
+
+    def rest() -> None:
+        nonlocal target
+        try:
+            for wave in waves[1:]:
+                deadline = time.monotonic() + WAVE_WAIT_S
+                while _count(started) < target and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                target = _send_wave(wave, started)
+        except Exception as e:  # noqa: BLE001
+            log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
+
+    thread = threading.Thread(target=rest, name="etrain-prestart", daemon=True)
+    thread.start()
+    return thread
+
+
+def _waves(requests: list[tuple[int, str | None]], size: int) -> Iterator[list]:
+    """``requests`` cut into waves of at most ``size`` processes, in order."""
+    wave, room = [], size
+    for count, env in requests:
+        while count > 0:
+            n = min(count, room)
+            wave.append((n, env))
+            count, room = count - n, room - n
+            if room == 0:
+                yield wave
+                wave, room = [], size
+    if wave:
+        yield wave
+
+
+def _send_wave(wave: list[tuple[int, str | None]], started: Path) -> int:
+    """Ask for one wave; return how many started processes there will be once it has."""
+    before = _count(started)
+    for count, env in wave:
+        prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
+    return before + sum(count for count, _ in wave)
+
+
+def _count(folder: Path) -> int:
+    return sum(1 for _ in folder.iterdir())
+
+
+def _mark_started() -> None:
+    try:
+        folder = _spare_dir() / STARTED
+        folder.mkdir(exist_ok=True)
+        (folder / str(os.getpid())).touch()
+    except OSError as e:
+        log.warning("etrain: could not mark this process started: %s", e)
 
 
 def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:
@@ -246,18 +331,6 @@ def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:
             else:
                 path.unlink(missing_ok=True)
     return spares
-
-
-def _prestart(count: int) -> None:
-    """Ask this node's raylet for ``count`` spares with this worker's runtime environment."""
-    import ray
-
-    prestart_workers(count, keep_alive_s=KEEP_ALIVE_S)
-    log.info(
-        "etrain: asked for %d warm spare worker(s) on node %s",
-        count,
-        ray.get_runtime_context().get_node_id()[:8],
-    )
 
 
 def ray_node_id() -> str | None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.support.polling import wait_for
 from workers.contract import WARM_WORKER_ENV
 from workers.elastic import warm_spares
 
@@ -61,7 +64,7 @@ def test_the_hook_gives_the_run_actors_ray_train_only(monkeypatch, tmp_path, imp
     assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
     assert not {"torch", "workers.train_loop"} & set(imports)
     assert all(name in sys.modules for name in warm_spares.RUN_ACTOR_IMPORTS)
-    assert list(tmp_path.iterdir()) == []
+    assert _files(tmp_path) == {f"started/{os.getpid()}"}  # started, and no spare
 
 
 def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_path, imports):
@@ -70,9 +73,13 @@ def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_p
     warm_spares.setup_hook()
     assert imports == list(warm_spares.WARM_MODULES)
     assert all(name in sys.modules for name in warm_spares.WARM_MODULES)
-    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}.ready"]
+    assert _files(tmp_path) == {f"{os.getpid()}.ready", f"started/{os.getpid()}"}
     warm_spares.claim()
-    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}.worker"]
+    assert _files(tmp_path) == {f"{os.getpid()}.worker", f"started/{os.getpid()}"}
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.fixture
@@ -80,8 +87,13 @@ def node(monkeypatch, tmp_path):
     """This process as a worker of one node, with ``asked`` recording each spare request."""
     monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
     monkeypatch.setattr(warm_spares, "_LEADER_LOCK", None)
-    asked: list[int] = []
-    monkeypatch.setattr(warm_spares, "_prestart", asked.append)
+    monkeypatch.setattr(warm_spares, "ray_node_id", lambda: "node-a")
+    asked: list[int] = []  # spares asked for with the worker's own runtime environment
+
+    def prestart_waves(requests):
+        asked.extend(n for n, env in requests if env is None and n)
+
+    monkeypatch.setattr(warm_spares, "prestart_waves", prestart_waves)
     yield tmp_path, asked
     if warm_spares._LEADER_LOCK is not None:
         warm_spares._LEADER_LOCK.close()
@@ -114,33 +126,31 @@ def test_one_worker_per_node_asks_for_the_missing_spares_and_never_raises(monkey
     warm_spares._LEADER_LOCK.close()
     warm_spares._LEADER_LOCK = None
 
-    def refused(n):
+    def refused(*a, **kw):
         raise RuntimeError("raylet unreachable")
 
-    monkeypatch.setattr(warm_spares, "_prestart", refused)
+    monkeypatch.setattr(warm_spares, "prestart_waves", refused)
     assert warm_spares.top_up() == 0
 
 
 @pytest.mark.parametrize("here, asked_for_actors", [("node-a", True), ("node-b", False)])
 def test_the_leader_on_the_controllers_node_also_readies_the_next_groups_run_actors(
-    monkeypatch, node, here, asked_for_actors
+    monkeypatch, tmp_path, here, asked_for_actors
 ):
     """Every group start creates Ray Train's sync actor, dataset manager and preemption
     watcher anew, each in a process of the controller's node."""
-    _, asked = node
     monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "_LEADER_LOCK", None)
     monkeypatch.setattr(warm_spares, "ray_node_id", lambda: here)
     monkeypatch.setattr(warm_spares, "_controller_env", lambda: "controller-env")
-    actors: list[tuple] = []
-    monkeypatch.setattr(
-        warm_spares,
-        "prestart_workers",
-        lambda n, keep_alive_s, runtime_env: actors.append((n, runtime_env)),
-    )
+    asked: list[list] = []
+    monkeypatch.setattr(warm_spares, "prestart_waves", asked.append)
     warm_spares.claim()
-    assert warm_spares.top_up(controller_node="node-a") == 1 and asked == [1]
-    expected = [(warm_spares.RUN_ACTORS_PER_GROUP, "controller-env")] if asked_for_actors else []
-    assert actors == expected
+    assert warm_spares.top_up(controller_node="node-a") == 1
+    actors = [(warm_spares.RUN_ACTORS_PER_GROUP, "controller-env")] if asked_for_actors else []
+    assert asked == [[(1, None), *actors]]  # one request, in waves the raylet takes
+    warm_spares._LEADER_LOCK.close()
 
 
 def test_the_controllers_environment_is_the_workers_less_the_worker_marker(monkeypatch):
@@ -163,3 +173,77 @@ def test_the_controllers_environment_is_the_workers_less_the_worker_marker(monke
         "worker_process_setup_hook": warm_spares.HOOK,
     }
     assert " " not in warm_spares._controller_env()  # Ray's compact, sorted form
+
+
+class Raylet:
+    """A raylet's PrestartWorkers as Ray's worker pool has it: it starts a process per worker
+    asked for while fewer than ``concurrency`` are starting and silently drops the rest; a
+    process stops starting once it reaches the job's setup hook (marks itself started)."""
+
+    def __init__(self, folder: Path, concurrency: int):
+        self.folder, self.concurrency = folder, concurrency
+        self.starting: list = []
+        self.started: list[str | None] = []  # the runtime env of each process started
+        self.next_pid = 1000
+
+    def prestart_workers(self, count, *, keep_alive_s, runtime_env=None):
+        assert keep_alive_s == warm_spares.KEEP_ALIVE_S
+        for _ in range(count):
+            if len(self.starting) >= self.concurrency:
+                return  # TooManyStartingWorkerProcesses, ignored by PrestartWorkers
+            self.next_pid += 1
+            timer = threading.Timer(0.05, self._hook, (self.next_pid, runtime_env))
+            self.starting.append(timer)
+            timer.start()
+
+    def _hook(self, pid, runtime_env):
+        self.starting.pop()  # registered with the raylet, then the hook runs
+        self.started.append(runtime_env)
+        (self.folder / warm_spares.STARTED / str(pid)).touch()
+
+
+def test_prestarts_go_in_waves_the_raylet_takes(monkeypatch, tmp_path):
+    """Seven processes on a raylet that starts two at a time: all seven start, in order."""
+    raylet = Raylet(tmp_path, concurrency=2)
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "startup_concurrency", lambda: 2)
+    monkeypatch.setattr(warm_spares, "prestart_workers", raylet.prestart_workers)
+    thread = warm_spares.prestart_waves([(2, "workers"), (5, "controller")])
+    thread.join(timeout=10)  # the last wave asked for
+    assert not thread.is_alive()
+    wait_for(lambda: len(raylet.started) >= 7, timeout=5, every=0.05, what="7 processes")
+    time.sleep(0.2)
+    assert raylet.started == ["workers"] * 2 + ["controller"] * 5
+
+    # Asked for at once, the raylet would have started two of them.
+    once = Raylet(tmp_path, concurrency=2)
+    once.prestart_workers(7, keep_alive_s=warm_spares.KEEP_ALIVE_S)
+    time.sleep(0.3)
+    assert len(once.started) == 2
+
+
+def test_waves_are_the_requests_cut_to_size_and_one_wave_needs_no_thread(monkeypatch, tmp_path):
+    assert list(warm_spares._waves([(3, "a"), (0, "x"), (2, "b")], 2)) == [
+        [(2, "a")],
+        [(1, "a"), (1, "b")],
+        [(1, "b")],
+    ]
+    assert list(warm_spares._waves([(0, "a")], 2)) == []
+    asked = []
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "startup_concurrency", lambda: 4)
+    monkeypatch.setattr(warm_spares, "prestart_workers", lambda n, **kw: asked.append(n))
+    assert warm_spares.prestart_waves([(3, None), (1, "b")]) is None and asked == [3, 1]
+    assert warm_spares.prestart_waves([(0, None)]) is None and asked == [3, 1]
+
+
+def test_a_wave_that_never_starts_does_not_stop_the_next(monkeypatch, tmp_path):
+    """Processes that never reach the hook (a raylet that dropped them) hold the next wave
+    back for WAVE_WAIT_S only."""
+    asked = []
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "startup_concurrency", lambda: 1)
+    monkeypatch.setattr(warm_spares, "WAVE_WAIT_S", 0.2)
+    monkeypatch.setattr(warm_spares, "prestart_workers", lambda n, **kw: asked.append(n))
+    warm_spares.prestart_waves([(3, None)]).join(timeout=5)
+    assert asked == [1, 1, 1]
