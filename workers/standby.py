@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from workers.contract import (
     REPORT_URL_ENV,
@@ -92,14 +93,16 @@ def warm_up() -> Warm:
     from workers.elastic import warm_spares
 
     env, count = None, 0
+    # The first run on a cluster would create these, each in a new process. Created once
+    # the run's processes started, so that theirs are not among the run's first (which
+    # import torch for the controller, warm_spares.CONTROLLER_IMPORTS).
+    tracking = all(os.environ.get(k) == v for k, v in TRAIN_STATE_TRACKING_ENV.items())
+    singletons = partial(create_train_singletons, state_tracking=tracking)
     try:
         workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
         count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
-        env = warm_spares.prestart_for_run(count)
+        env = warm_spares.prestart_for_run(count, then=singletons)
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
-        # The first run on a cluster would create these, each in a new process.
-        tracking = all(os.environ.get(k) == v for k, v in TRAIN_STATE_TRACKING_ENV.items())
-        create_train_singletons(state_tracking=tracking)
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         _say(f"not all processes started ahead: {type(e).__name__}: {e}")
     for name in DRIVER_MODULES:

@@ -100,6 +100,13 @@ RUN_ACTORS_PER_GROUP = 3  # of them, started again for every group: sync, datase
 # What their processes import ahead: Ray Train's modules, and etrain's callbacks and
 # scaling policy, which the controller unpickles (no torch).
 RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")
+# What the controller also imports as it unpickles its arguments: the trainer's TorchConfig
+# (in its backend and accelerator callbacks), whose module imports torch (1.6 s of CPU,
+# 180 MB). The job's first RUN_ACTORS run-actor processes on a node import it ahead: the
+# run's own (the controller's among them, which no process can tell ahead); the 3 per
+# group restart after them need none of it.
+CONTROLLER_IMPORTS = ("ray.train.torch.config",)
+RUN_ACTORS_DIR = "run-actors"  # <pid> per run-actor process of the job on the node
 
 
 def worker_runtime_env() -> dict:
@@ -117,12 +124,14 @@ def setup_hook() -> None:
 
     Every process of the job runs this at start: those started with the worker actors'
     environment (``ETRAIN_WARM_WORKER=1``) import the training stack, the others (Ray
-    Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules.
+    Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules,
+    the first :data:`RUN_ACTORS` of them torch too (:data:`CONTROLLER_IMPORTS`).
     Each first marks itself started (:func:`prestart_waves` counts them).
     """
-    _mark_started()
+    _mark_started(STARTED)
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
-        for name in RUN_ACTOR_IMPORTS:
+        first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS
+        for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first else ())):
             importlib.import_module(name)
         return
     warming = _spare_file(WARMING)
@@ -212,17 +221,18 @@ def prestart_first_group(resources_spec, *, already: int = 0, run_actors: bool =
     return count
 
 
-def prestart_for_run(workers: int, *, run_actors: bool = True) -> str:
+def prestart_for_run(workers: int, *, run_actors: bool = True, then=None) -> str:
     """On the driver: ask this node's raylet for ``workers`` processes with the runtime
     environment Ray Train's worker actors will have, then (``run_actors``) for
     :data:`RUN_ACTORS` with the controller's, for Ray Train's own actors of the run, so
-    all of them import what they need while nobody waits (:func:`prestart_waves`).
-    Returns the workers' runtime environment; never raises."""
+    all of them import what they need while nobody waits (:func:`prestart_waves`, which
+    calls ``then`` once they started). Returns the workers' runtime environment; never
+    raises."""
     env = train_worker_runtime_env(worker_runtime_env())
     requests = [(workers, env)]
     if run_actors:
         requests.append((RUN_ACTORS, train_worker_runtime_env({})))  # the controller's
-    prestart_waves(requests)
+    prestart_waves(requests, then=then)
     return env
 
 
@@ -237,36 +247,38 @@ def startup_concurrency() -> int:
     return max(1, min(os.cpu_count() or 1, int(node.get("Resources", {}).get("CPU", 0))))
 
 
-def prestart_waves(requests: list[tuple[int, str | None]]) -> threading.Thread | None:
+def prestart_waves(requests: list[tuple[int, str | None]], *, then=None) -> threading.Thread | None:
     """Ask this node's raylet for processes of this job: ``requests`` is a list of
     (count, serialized runtime environment, None for this process's own).
 
     At most :func:`startup_concurrency` at a time, as the raylet drops the rest: the first
     wave now, each next one from a daemon thread once the previous wave's processes reached
-    the setup hook (:data:`STARTED`) or :data:`WAVE_WAIT_S` passed. Returns that thread
-    (None when one wave is all); never raises.
+    the setup hook (:data:`STARTED`) or :data:`WAVE_WAIT_S` passed; ``then`` (no
+    arguments) runs on that thread once the last wave started. Returns the thread (None
+    when one wave is all and nothing follows); never raises.
     """
     try:
         waves = list(_waves(requests, startup_concurrency()))
-        if not waves:
-            return None
         started = _spare_dir() / STARTED
         started.mkdir(exist_ok=True)
-        target = _send_wave(waves[0], started)
+        target = _send_wave(waves[0], started) if waves else 0
     except Exception as e:  # noqa: BLE001 - prestarted processes only make starts faster
         log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
-        return None
-    if len(waves) == 1:
+        waves, target = [], 0
+    if len(waves) <= 1 and then is None:
         return None
 
     def rest() -> None:
         nonlocal target
         try:
-            for wave in waves[1:]:
+            for wave in [*waves[1:], None]:
                 deadline = time.monotonic() + WAVE_WAIT_S
                 while _count(started) < target and time.monotonic() < deadline:
                     time.sleep(0.1)
-                target = _send_wave(wave, started)
+                if wave is not None:
+                    target = _send_wave(wave, started)
+            if then is not None:
+                then()
         except Exception as e:  # noqa: BLE001
             log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
 
@@ -302,13 +314,17 @@ def _count(folder: Path) -> int:
     return sum(1 for _ in folder.iterdir())
 
 
-def _mark_started() -> None:
+def _mark_started(name: str) -> int:
+    """Mark this process in the node's folder ``name``; return how many it holds now
+    (0 when it cannot be written)."""
     try:
-        folder = _spare_dir() / STARTED
+        folder = _spare_dir() / name
         folder.mkdir(exist_ok=True)
         (folder / str(os.getpid())).touch()
+        return _count(folder)
     except OSError as e:
         log.warning("etrain: could not mark this process started: %s", e)
+        return 0
 
 
 def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:

@@ -55,16 +55,28 @@ def imports(monkeypatch):
     return seen
 
 
-def test_the_hook_gives_the_run_actors_ray_train_only(monkeypatch, tmp_path, imports):
+def test_the_hook_gives_the_run_actors_ray_train_and_the_first_of_them_torch(
+    monkeypatch, tmp_path, imports
+):
     """The controller and Ray Train's other actors run the hook too: they import Ray Train's
-    modules (not torch, not etrain's loop) and are no spares."""
+    modules and are no spares. The job's first RUN_ACTORS on the node (the controller's
+    process among them) also import what unpickling the controller's arguments does (torch);
+    later ones (a restarted group's sync, dataset and preemption actors) not."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
     monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
     warm_spares.setup_hook()
+    assert imports == [*warm_spares.RUN_ACTOR_IMPORTS, *warm_spares.CONTROLLER_IMPORTS]
+    assert "workers.train_loop" not in imports
+    assert all(name in sys.modules for name in imports)
+    me = os.getpid()
+    assert _files(tmp_path) == {f"started/{me}", f"run-actors/{me}"}  # no spare file
+
+    for pid in range(1, warm_spares.RUN_ACTORS):  # the run's other actors started
+        (tmp_path / "run-actors" / str(pid)).touch()
+    imports.clear()
+    monkeypatch.setattr(os, "getpid", lambda: me + 1)  # one more run-actor process
+    warm_spares.setup_hook()
     assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
-    assert not {"torch", "workers.train_loop"} & set(imports)
-    assert all(name in sys.modules for name in warm_spares.RUN_ACTOR_IMPORTS)
-    assert _files(tmp_path) == {f"started/{os.getpid()}"}  # started, and no spare
 
 
 def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_path, imports):
