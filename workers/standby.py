@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -50,6 +51,8 @@ DRIVER_MODULES = (
     "workers.elastic.scaling",
     "workers.checkpoint.storage",
 )
+# Set once the job came: the warm-up stops asking for processes (warm_spares.prestart_waves).
+STOP_WARMING = threading.Event()
 POLL_WAIT_S = 20.0  # how long the service holds one poll open
 GIVE_UP_S = 120.0  # service unreachable this long: exit
 
@@ -101,7 +104,7 @@ def warm_up() -> Warm:
     try:
         workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
         count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
-        env = warm_spares.prestart_for_run(count, then=singletons)
+        env = warm_spares.prestart_for_run(count, then=singletons, stop=STOP_WARMING)
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         _say(f"not all processes started ahead: {type(e).__name__}: {e}")
@@ -143,7 +146,9 @@ def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT
 
 
 def take_job(assignment: Assignment) -> None:
-    """Make this process the driver of ``assignment``: its variables in the environment."""
+    """Make this process the driver of ``assignment``: its variables in the environment;
+    the processes its warm-up has not asked for yet are left to the job's start."""
+    STOP_WARMING.set()
     os.environ.update(assignment.env)
     from workers.contract import JOB_ID_ENV, JOB_SPEC_ENV
 

@@ -221,18 +221,18 @@ def prestart_first_group(resources_spec, *, already: int = 0, run_actors: bool =
     return count
 
 
-def prestart_for_run(workers: int, *, run_actors: bool = True, then=None) -> str:
+def prestart_for_run(workers: int, *, run_actors: bool = True, then=None, stop=None) -> str:
     """On the driver: ask this node's raylet for ``workers`` processes with the runtime
     environment Ray Train's worker actors will have, then (``run_actors``) for
     :data:`RUN_ACTORS` with the controller's, for Ray Train's own actors of the run, so
     all of them import what they need while nobody waits (:func:`prestart_waves`, which
-    calls ``then`` once they started). Returns the workers' runtime environment; never
-    raises."""
+    calls ``then`` once they started, unless ``stop`` was set first). Returns the
+    workers' runtime environment; never raises."""
     env = train_worker_runtime_env(worker_runtime_env())
     requests = [(workers, env)]
     if run_actors:
         requests.append((RUN_ACTORS, train_worker_runtime_env({})))  # the controller's
-    prestart_waves(requests, then=then)
+    prestart_waves(requests, then=then, stop=stop)
     return env
 
 
@@ -247,16 +247,21 @@ def startup_concurrency() -> int:
     return max(1, min(os.cpu_count() or 1, int(node.get("Resources", {}).get("CPU", 0))))
 
 
-def prestart_waves(requests: list[tuple[int, str | None]], *, then=None) -> threading.Thread | None:
+def prestart_waves(
+    requests: list[tuple[int, str | None]], *, then=None, stop: threading.Event | None = None
+) -> threading.Thread | None:
     """Ask this node's raylet for processes of this job: ``requests`` is a list of
     (count, serialized runtime environment, None for this process's own).
 
     At most :func:`startup_concurrency` at a time, as the raylet drops the rest: the first
     wave now, each next one from a daemon thread once the previous wave's processes reached
     the setup hook (:data:`STARTED`) or :data:`WAVE_WAIT_S` passed; ``then`` (no
-    arguments) runs on that thread once the last wave started. Returns the thread (None
-    when one wave is all and nothing follows); never raises.
+    arguments) runs on that thread once the last wave started. Once ``stop`` is set, no
+    further wave goes and ``then`` does not run (a standby handed its job: what is still
+    to start would take the cores that job's start needs). Returns the thread (None when
+    one wave is all and nothing follows); never raises.
     """
+    stop = stop or threading.Event()
     try:
         waves = list(_waves(requests, startup_concurrency()))
         started = _spare_dir() / STARTED
@@ -274,10 +279,11 @@ def prestart_waves(requests: list[tuple[int, str | None]], *, then=None) -> thre
             for wave in [*waves[1:], None]:
                 deadline = time.monotonic() + WAVE_WAIT_S
                 while _count(started) < target and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                    if stop.wait(0.1):
+                        return
                 if wave is not None:
                     target = _send_wave(wave, started)
-            if then is not None:
+            if then is not None and not stop.is_set():
                 then()
         except Exception as e:  # noqa: BLE001
             log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)

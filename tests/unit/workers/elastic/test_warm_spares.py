@@ -259,3 +259,23 @@ def test_a_wave_that_never_starts_does_not_stop_the_next(monkeypatch, tmp_path):
     monkeypatch.setattr(warm_spares, "prestart_workers", lambda n, **kw: asked.append(n))
     warm_spares.prestart_waves([(3, None)]).join(timeout=5)
     assert asked == [1, 1, 1]
+
+
+def test_once_stopped_no_further_wave_goes_and_nothing_follows(monkeypatch, tmp_path):
+    """A standby handed its job stops its warm-up: what was not asked for yet is not."""
+    raylet = Raylet(tmp_path, concurrency=2)
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "startup_concurrency", lambda: 2)
+    monkeypatch.setattr(warm_spares, "prestart_workers", raylet.prestart_workers)
+    stop, followed = threading.Event(), []
+    stop.set()  # the job came while the first wave started
+    thread = warm_spares.prestart_waves(
+        [(2, "workers"), (5, "controller")], then=lambda: followed.append(1), stop=stop
+    )
+    thread.join(timeout=5)
+    time.sleep(0.2)
+    assert raylet.started == ["workers"] * 2 and followed == []
+
+    thread = warm_spares.prestart_waves([(3, "a")], then=lambda: followed.append(1))
+    thread.join(timeout=5)
+    assert followed == [1]  # not stopped: it runs once the last wave started
