@@ -63,7 +63,9 @@ def train_fn(config: dict) -> None:
         hooks=load_hooks(),
         # After the first step every worker has claimed its process, so each
         # node's spares can be counted and topped up for the next restart.
-        after_first_step=partial(warm_spares.top_up, controller_node=config.get("driver_node")),
+        after_first_step=partial(
+            warm_spares.top_up_in_background, controller_node=config.get("driver_node")
+        ),
     )
     try:
         run(spec, env)

@@ -186,6 +186,19 @@ def top_up(controller_node: str | None = None) -> int:
         return 0
 
 
+def top_up_in_background(controller_node: str | None = None) -> threading.Thread:
+    """:func:`top_up` on a daemon thread: its raylet and GCS calls (and its waves) stay off
+    the training thread, which runs it after the first step of every group."""
+    thread = threading.Thread(
+        target=top_up,
+        kwargs={"controller_node": controller_node},
+        name="etrain-top-up",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
 def first_group_here(resources: dict, *, workers: int, cpus: float, gpus: float) -> int:
     """How many of a group's ``workers`` (each ``cpus`` and ``gpus``) a node with
     ``resources`` (Ray's totals) can hold."""

@@ -279,3 +279,20 @@ def test_once_stopped_no_further_wave_goes_and_nothing_follows(monkeypatch, tmp_
     thread = warm_spares.prestart_waves([(3, "a")], then=lambda: followed.append(1))
     thread.join(timeout=5)
     assert followed == [1]  # not stopped: it runs once the last wave started
+
+
+def test_the_training_thread_leaves_the_top_up_to_a_thread_of_its_own(monkeypatch):
+    """After a group's first step the top-up's raylet and GCS calls run off the training
+    thread, which goes on with step 2."""
+    release, seen = threading.Event(), []
+
+    def slow_top_up(controller_node=None):
+        release.wait(5)  # a slow raylet
+        seen.append((threading.current_thread().name, controller_node))
+
+    monkeypatch.setattr(warm_spares, "top_up", slow_top_up)
+    thread = warm_spares.top_up_in_background(controller_node="node-a")
+    assert seen == [] and thread.is_alive() and thread.daemon  # returned at once
+    release.set()
+    thread.join(timeout=5)
+    assert seen == [("etrain-top-up", "node-a")]
