@@ -45,15 +45,13 @@ import logging
 import os
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from workers.contract import WARM_WORKER_ENV
+from workers.elastic import waves
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
-    prestart_workers,
     train_worker_runtime_env,
 )
 
@@ -69,7 +67,6 @@ WARMING, READY, WORKER = "warming", "ready", "worker"
 # <root>/<Ray job id>/<node id>/started/<pid>: every process of the job that reached the
 # setup hook, so past the raylet's start-up (prestart_waves counts them).
 STARTED = "started"
-WAVE_WAIT_S = 30.0  # at most this long for one wave of prestarted processes to start
 _LEADER_LOCK = None  # this node's leader.lock, while this worker is the node's leader
 # What a Ray Train worker imports before its first step after a restore: Ray's
 # worker actor module and torch backend (workers.ray_compat.WORKER_MODULES), etrain's
@@ -249,88 +246,18 @@ def prestart_for_run(workers: int, *, run_actors: bool = True, then=None, stop=N
     return env
 
 
-def startup_concurrency() -> int:
-    """How many worker processes this node's raylet starts at a time: Ray starts it with
-    ``max(1, min(cpu_count, the node's CPUs))`` (``ray._private.services``), and its
-    ``PrestartWorkers`` silently drops what would start beyond that."""
-    import ray
-
-    me = ray.get_runtime_context().get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == me)
-    return max(1, min(os.cpu_count() or 1, int(node.get("Resources", {}).get("CPU", 0))))
-
-
-def prestart_waves(
-    requests: list[tuple[int, str | None]], *, then=None, stop: threading.Event | None = None
-) -> threading.Thread | None:
-    """Ask this node's raylet for processes of this job: ``requests`` is a list of
-    (count, serialized runtime environment, None for this process's own).
-
-    At most :func:`startup_concurrency` at a time, as the raylet drops the rest: the first
-    wave now, each next one from a daemon thread once the previous wave's processes reached
-    the setup hook (:data:`STARTED`) or :data:`WAVE_WAIT_S` passed; ``then`` (no
-    arguments) runs on that thread once the last wave started. Once ``stop`` is set, no
-    further wave goes and ``then`` does not run (a standby handed its job: what is still
-    to start would take the cores that job's start needs). Returns the thread (None when
-    one wave is all and nothing follows); never raises.
-    """
-    stop = stop or threading.Event()
+def prestart_waves(requests: list[tuple[int, str | None]], *, then=None, stop=None):
+    """This job's processes on this node (``requests``: (count, serialized runtime env,
+    None for this process's own)), in waves the raylet takes (:func:`waves.prestart`);
+    the thread that sends the later ones, or None. Never raises."""
     try:
-        waves = list(_waves(requests, startup_concurrency()))
         started = _spare_dir() / STARTED
-        started.mkdir(exist_ok=True)
-        target = _send_wave(waves[0], started) if waves else 0
     except Exception as e:  # noqa: BLE001 - prestarted processes only make starts faster
         log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
-        waves, target = [], 0
-    if len(waves) <= 1 and then is None:
         return None
-
-    def rest() -> None:
-        nonlocal target
-        try:
-            for wave in [*waves[1:], None]:
-                deadline = time.monotonic() + WAVE_WAIT_S
-                while _count(started) < target and time.monotonic() < deadline:
-                    if stop.wait(0.1):
-                        return
-                if wave is not None:
-                    target = _send_wave(wave, started)
-            if then is not None and not stop.is_set():
-                then()
-        except Exception as e:  # noqa: BLE001
-            log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
-
-    thread = threading.Thread(target=rest, name="etrain-prestart", daemon=True)
-    thread.start()
-    return thread
-
-
-def _waves(requests: list[tuple[int, str | None]], size: int) -> Iterator[list]:
-    """``requests`` cut into waves of at most ``size`` processes, in order."""
-    wave, room = [], size
-    for count, env in requests:
-        while count > 0:
-            n = min(count, room)
-            wave.append((n, env))
-            count, room = count - n, room - n
-            if room == 0:
-                yield wave
-                wave, room = [], size
-    if wave:
-        yield wave
-
-
-def _send_wave(wave: list[tuple[int, str | None]], started: Path) -> int:
-    """Ask for one wave; return how many started processes there will be once it has."""
-    before = _count(started)
-    for count, env in wave:
-        prestart_workers(count, keep_alive_s=KEEP_ALIVE_S, runtime_env=env)
-    return before + sum(count for count, _ in wave)
-
-
-def _count(folder: Path) -> int:
-    return sum(1 for _ in folder.iterdir())
+    return waves.prestart(
+        requests, started=started, keep_alive_s=KEEP_ALIVE_S, then=then, stop=stop
+    )
 
 
 def _mark_started(name: str) -> int:
@@ -340,7 +267,7 @@ def _mark_started(name: str) -> int:
         folder = _spare_dir() / name
         folder.mkdir(exist_ok=True)
         (folder / str(os.getpid())).touch()
-        return _count(folder)
+        return waves.count_files(folder)
     except OSError as e:
         log.warning("etrain: could not mark this process started: %s", e)
         return 0
