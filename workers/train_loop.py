@@ -253,16 +253,15 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))
     last = min(spec.train.steps, env.stop_at or spec.train.steps)
+    measure = _measures_memory(env, start=start, restored=restored)
     for step in range(start + 1, last + 1):
         t0 = time.perf_counter()
         batch = sampler.next_global_batch(spec.train.global_batch_size)
         first = step == start + 1
-        stepper.meter = (
-            ActivationMeter(stepper.parts, pipeline=stepper.pipeline is not None) if first else None
-        )
+        stepper.meter = _meter(stepper) if first and measure else None
         loss, (due_votes, done_votes) = stepper.step(batch, votes=saving.votes())
         if first:
-            result.memory = _report_memory(env, stepper)
+            result.memory = _report_memory(env, stepper) if measure else None
             if env.after_first_step is not None:
                 env.after_first_step()
         stepper.zero_grad()
@@ -299,6 +298,18 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     saving.close()
     tb.close()
     return result
+
+
+def _meter(stepper: Stepper) -> ActivationMeter:
+    return ActivationMeter(stepper.parts, pipeline=stepper.pipeline is not None)
+
+
+def _measures_memory(env: RunEnv, *, start: int, restored: dict | None) -> bool:
+    """Whether this group measures its memory at its first step: a new run, or a restore
+    at another world size. The meter traces every op of that step (about 1 s for gpt-tiny
+    on one CPU core), and a group restarted at the size that saved the checkpoint holds what
+    the group of that size measured before it (the same on every rank: one manifest)."""
+    return start == 0 or (restored or {}).get("world_size") != env.world_size
 
 
 def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:

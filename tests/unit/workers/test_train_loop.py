@@ -56,6 +56,10 @@ def test_resume_from_committed_checkpoint_continues_exactly(tmp_path):
     shutil.rmtree(tmp_path / "b" / "step_00000006")  # as if killed after step 5
     resumed = run(spec(), env(tmp_path / "b"))
     assert resumed.resumed_from == 3
+    # A new run measures its memory at its first step; a restart at the size that saved the
+    # checkpoint does not trace that step again (the size's figures were reported before).
+    assert full.memory and full.memory[0]["activations_bytes"] > 0
+    assert resumed.memory is None
     assert {s: resumed.losses[s] for s in (4, 5, 6)} == {s: full.losses[s] for s in (4, 5, 6)}
     for (na, pa), (nb, pb) in zip(
         full.model.named_parameters(), resumed.model.named_parameters(), strict=True
@@ -125,6 +129,7 @@ def test_a_restore_at_another_world_size_says_so(tmp_path):
     assert kinds["restored"][1]["step"] == 3
     assert kinds["restored"][0] == "restored from step 3 (saved by 2 workers, now 1)"
     assert kinds["restored"][1]["saved_world_size"] == 2
+    assert "memory" in kinds  # another size: measured again
     assert [m.step for m in reporter.metrics] == [4, 5, 6]
     assert all(m.world_size == 1 and not m.model_extra for m in reporter.metrics)
 
