@@ -1,0 +1,62 @@
+"""Prestarting in waves on a real raylet (workers.elastic.waves).
+
+A raylet starts at most min(cores, node CPUs) worker processes at a time and drops
+prestart requests beyond that; asked for in waves, every process starts. Both halves
+run in one Ray job on the session's 2-CPU head, counted by the setup hook's marks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, sys, time
+import ray
+from workers.elastic import warm_spares, waves
+from workers.ray_compat import prestart_workers, train_worker_runtime_env
+
+ray.init(address=sys.argv[1], runtime_env=warm_spares.job_runtime_env())
+started = warm_spares._spare_dir() / warm_spares.STARTED
+started.mkdir(parents=True, exist_ok=True)
+env = train_worker_runtime_env({})
+
+def settle(want, timeout):
+    deadline = time.monotonic() + timeout
+    while waves.count_files(started) < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return waves.count_files(started)
+
+prestart_workers(5, keep_alive_s=120, runtime_env=env)  # all at once
+at_once = settle(5, 15)
+thread = warm_spares.prestart_waves([(5, env)])
+if thread is not None:
+    thread.join(120)
+in_waves = settle(at_once + 5, 60) - at_once
+print(json.dumps({"limit": waves.startup_concurrency(), "at_once": at_once, "in_waves": in_waves}))
+"""
+
+
+def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ray_head.gcs_address],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts["limit"] == min(2, os.cpu_count())  # the head has 2 CPUs
+    assert counts["at_once"] == counts["limit"]  # 5 asked for, the rest dropped
+    assert counts["in_waves"] == 5
