@@ -84,6 +84,7 @@ __all__ = [
     "create_train_singletons",
     "prestart_workers",
     "setup_hook_of_this_job",
+    "this_node",
     "train_worker_runtime_env",
     "trainer_class",
 ]
@@ -186,8 +187,7 @@ def prestart_workers(
     from ray.core.generated import runtime_environment_pb2 as runtime_env_pb2
 
     ctx = ray.get_runtime_context()
-    node_id = node_id or ctx.get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    node = this_node(node_id)
     channel = init_grpc_channel(
         f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", [], asynchronous=False
     )
@@ -206,6 +206,13 @@ def prestart_workers(
         )
     finally:
         channel.close()
+
+
+def this_node(node_id: str | None = None) -> dict:
+    """Ray's entry for ``node_id`` (by default this process's node) in ``ray.nodes()``:
+    its address, raylet port and total ``Resources``."""
+    node_id = node_id or ray.get_runtime_context().get_node_id()
+    return next(n for n in ray.nodes() if n["NodeID"] == node_id)
 
 
 def train_worker_runtime_env(worker_runtime_env: dict) -> str:

@@ -52,6 +52,7 @@ from workers.elastic import waves
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
+    this_node,
     train_worker_runtime_env,
 )
 
@@ -275,11 +276,8 @@ def _mark_started(name: str) -> int:
 
 def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:
     """How many of ``workers`` (each ``cpus`` and ``gpus``) this process's node can hold."""
-    import ray
-
-    me = ray.get_runtime_context().get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == me)
-    return first_group_here(node.get("Resources", {}), workers=workers, cpus=cpus, gpus=gpus)
+    resources = this_node().get("Resources", {})
+    return first_group_here(resources, workers=workers, cpus=cpus, gpus=gpus)
 
 
 def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from workers.ray_compat import prestart_workers
+from workers.ray_compat import prestart_workers, this_node
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,8 @@ def startup_concurrency() -> int:
     """How many worker processes this node's raylet starts at a time: Ray starts it with
     ``max(1, min(cpu_count, the node's CPUs))`` (``ray._private.services``), and its
     ``PrestartWorkers`` silently drops what would start beyond that."""
-    import ray
-
-    me = ray.get_runtime_context().get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == me)
-    return max(1, min(os.cpu_count() or 1, int(node.get("Resources", {}).get("CPU", 0))))
+    cpus = int(this_node().get("Resources", {}).get("CPU", 0))
+    return max(1, min(os.cpu_count() or 1, cpus))
 
 
 def prestart(
