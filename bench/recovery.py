@@ -167,6 +167,7 @@ class Observed:
             "restart_s": restored["ts"] - t_kill - max(detect, 0.0),
             "first_step_s": first["ts"] - restored["ts"],
             "lost_steps": max(old) - restored["data"]["step"],
+            "last_step": max(old),  # where in the checkpoint interval the failure landed
             "world": first["world_size"],
             "phases": self.phases(t_kill),
         }

@@ -269,6 +269,11 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - the driver's exit code is the report
         print(f"etrain: training failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_TRAINING_FAILED
+    finally:
+        if spec.failure.warm_spares:  # the spares' keys in Ray's GCS
+            from workers.elastic.warm_spares import forget_ready
+
+            forget_ready()
     print("etrain: training finished", flush=True)
     return 0
 

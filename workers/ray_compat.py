@@ -41,6 +41,9 @@ The uses, each with what it is for:
 12. :func:`create_train_singletons`: Ray Train's cluster-wide detached actors (its state
    actor and Ray Data's AutoscalingCoordinator), which the first run on a cluster would
    otherwise create, each in a new process, while it starts.
+13. :func:`kv_put`, :func:`kv_delete`, :func:`kv_count`: Ray's GCS key-value store
+   (``ray.experimental.internal_kv``), which every process of the cluster reaches: a
+   warm spare records itself ready there, and the controller on another node counts them.
 
 :func:`workers.ray_compat_check.check` probes each of them.
 
@@ -277,3 +280,24 @@ def create_train_singletons(*, state_tracking: bool) -> None:
         from ray.train.v2._internal.state.state_actor import get_or_create_state_actor
 
         get_or_create_state_actor()
+
+
+def kv_put(key: str, *, namespace: str) -> None:
+    """(13) Store ``key`` (no value) in the cluster's GCS key-value store."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, b"", namespace=namespace)
+
+
+def kv_delete(key: str, *, namespace: str, prefix: bool = False) -> None:
+    """(13) Drop ``key`` (with ``prefix``: every key that starts with it)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(key, del_by_prefix=prefix, namespace=namespace)
+
+
+def kv_count(prefix: str, *, namespace: str) -> int:
+    """(13) How many keys in ``namespace`` start with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    return len(internal_kv._internal_kv_list(prefix, namespace=namespace))

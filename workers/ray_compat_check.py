@@ -160,6 +160,16 @@ def _train_singletons() -> bool:
     )
 
 
+def _kv() -> bool:
+    from ray.experimental import internal_kv
+
+    return (
+        _has_params(internal_kv._internal_kv_put, "key", "value", "namespace")
+        and _has_params(internal_kv._internal_kv_del, "key", "del_by_prefix", "namespace")
+        and _has_params(internal_kv._internal_kv_list, "prefix", "namespace")
+    )
+
+
 CHECKS: dict[str, Callable[[], bool]] = {
     "ElasticPolicyBase: ElasticScalingPolicy._count_possible_workers(reserved_resources), "
     "_get_reserved_resources(), _latest_reserved_resources[_query_time], _latest_monitor_time, "
@@ -183,6 +193,9 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "get_or_create_state_actor()": _train_singletons,
     "train_worker_runtime_env: DataParallelTrainer and WorkerGroup._get_worker_runtime_env "
     "pass get_env_vars_to_propagate()": _worker_runtime_env,
+    "kv_put / kv_delete / kv_count: internal_kv._internal_kv_put(key, value, namespace=), "
+    "_internal_kv_del(key, del_by_prefix=, namespace=), _internal_kv_list(prefix, "
+    "namespace=)": _kv,
     "setup_hook_of_this_job: export_setup_func_module puts the hook in "
     "WORKER_PROCESS_SETUP_HOOK_ENV_VAR": _setup_hook_env,
 }

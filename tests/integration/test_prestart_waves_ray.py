@@ -60,3 +60,42 @@ def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
     assert counts["limit"] == min(2, os.cpu_count())  # the head has 2 CPUs
     assert counts["at_once"] == counts["limit"]  # 5 asked for, the rest dropped
     assert counts["in_waves"] == 5
+
+
+READY_SCRIPT = """
+import json, sys, time
+import ray
+from workers.elastic import warm_spares
+from workers.ray_compat import prestart_workers, train_worker_runtime_env
+
+ray.init(address=sys.argv[1], runtime_env=warm_spares.job_runtime_env())
+node = ray.get_runtime_context().get_node_id()
+before = warm_spares.ready_on(node)
+env = train_worker_runtime_env(warm_spares.worker_runtime_env())
+prestart_workers(2, keep_alive_s=120, runtime_env=env)
+folder = warm_spares._spare_dir()
+deadline = time.monotonic() + 120
+while len(warm_spares.spares_in(folder)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+files = len(warm_spares.spares_in(folder))
+counted = warm_spares.ready_on(node)
+warm_spares.forget_ready()
+print(json.dumps({"before": before, "files": files, "counted": counted,
+                  "after": warm_spares.ready_on(node), "elsewhere": warm_spares.ready_on("x")}))
+"""
+
+
+def test_ready_spares_are_counted_through_the_gcs(ray_head):
+    """What a controller on another node reads: each spare's key, once it imported the
+    training stack; the driver drops them when the job ends."""
+    out = subprocess.run(
+        [sys.executable, "-c", READY_SCRIPT, ray_head.gcs_address],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts == {"before": 0, "files": 2, "counted": 2, "after": 0, "elsewhere": 0}

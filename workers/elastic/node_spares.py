@@ -21,7 +21,12 @@ started it
   is printed to the controller's log (the job's log); the spares end with the job
   like every other;
 - records the join (``joined_at``), so that the policy considers a resize at once,
-  from a reservation recomputed from the live node list.
+  from a reservation recomputed from the live node list;
+- says whether a joined node's spares still import (:meth:`NodeWatch.warming`): each
+  records itself ready in Ray's GCS (:func:`warm_spares.ready_on`), and the policy keeps
+  the running group training until they are, for at most ``SPARES_WAIT_S`` after the
+  join. Resizing at once would stop the group and then wait for those imports anyway
+  (the grown group is placed in them), with the old group's cores idle.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from workers.ray_compat import prestart_workers, setup_hook_of_this_job, train_w
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often the controller lists the cluster's nodes (one GCS call)
+SPARES_WAIT_S = 20.0  # a resize waits this long at most for a joined node's spares
 
 
 class NodeWatch:
@@ -45,6 +51,7 @@ class NodeWatch:
         self.max_workers, self.cpus, self.gpus = max_workers, cpus, gpus
         self.joined_at: float | None = None  # monotonic time of the latest join
         self.spares: dict[str, int] = {}  # node id -> spares asked for there
+        self.pending: dict[str, int] = {}  # of them, the nodes joined since the last resize
         self._known: set[str] | None = None  # live nodes at the last poll
         self._polled = float("-inf")
         self._env: str | None = None  # the worker actors' runtime env ("" = no spares)
@@ -75,6 +82,27 @@ class NodeWatch:
             room -= self._prestart(node_id, nodes[node_id], room)
         return joined
 
+    def warming(self) -> dict[str, int]:
+        """Joined nodes (since :meth:`resized`) whose spares are not all ready yet: node id ->
+        spares still importing; empty once ``SPARES_WAIT_S`` passed since the latest join.
+        Never raises (a count it cannot read is taken as ready)."""
+        if self.joined_at is None or time.monotonic() - self.joined_at >= SPARES_WAIT_S:
+            return {}
+        waiting = {}
+        for node_id, asked in self.pending.items():
+            try:
+                left = asked - warm_spares.ready_on(node_id)
+            except Exception as e:  # noqa: BLE001 - then resize without waiting
+                log.warning("etrain: could not count a joined node's spares: %s", e)
+                left = 0
+            if left > 0:
+                waiting[node_id] = left
+        return waiting
+
+    def resized(self) -> None:
+        """The group was resized: joins before now are acted on."""
+        self.joined_at, self.pending = None, {}
+
     def _alive_nodes(self) -> dict[str, dict]:
         """Live nodes by id, with their total resources."""
         import ray
@@ -98,7 +126,7 @@ class NodeWatch:
         except Exception as e:  # noqa: BLE001 - spares only make the resize faster
             log.warning("etrain: could not start warm spares on a joined node: %s", e)
             return 0
-        self.spares[node_id] = count
+        self.spares[node_id] = self.pending[node_id] = count
         print(
             f"etrain: node {node_id[:8]} joined: asked for {count} warm spare worker(s) there",
             file=sys.stderr,

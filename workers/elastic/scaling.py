@@ -12,18 +12,22 @@ A node that joins a running group is acted on at once (:mod:`workers.elastic.nod
 warm spares start there, and the policy considers a resize on the next control-loop
 iteration, and on each one after for ``JOIN_WINDOW_S``, from a reservation recomputed
 from the live node list (the node's resources may take a moment to show), instead of
-waiting for the resize monitor and the coordinator's 20 s view.
+waiting for the resize monitor and the coordinator's 20 s view. A resize that grows the
+group waits until the joined node's warm spares are ready (at most
+``node_spares.SPARES_WAIT_S``): the running group trains meanwhile, and the grown one
+starts in processes that have the training stack imported.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 from ray.train import ScalingConfig
 
 from workers.contract import EventKind
-from workers.elastic.node_spares import NodeWatch
-from workers.ray_compat import ElasticPolicyBase, ResizeDecision, ScalingDecision
+from workers.elastic.node_spares import SPARES_WAIT_S, NodeWatch
+from workers.ray_compat import ElasticPolicyBase, NoopDecision, ResizeDecision, ScalingDecision
 from workers.telemetry.reporter import TelemetryReporter
 
 JOIN_WINDOW_S = 30.0  # after a node joins, consider a resize on every iteration this long
@@ -53,6 +57,7 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         self.unit, self.job_id = unit, job_id
         self._size: int | None = None  # size of the latest group this policy started
         self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
+        self._waited: set[str] = set()  # joined nodes whose spares a resize waited for
         self._reporter: TelemetryReporter | None = None
         self.nodes = NodeWatch(
             max_workers=scaling_config.max_workers,
@@ -92,6 +97,7 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         finally:
             self.recompute_reservation = False
         if isinstance(decision, ResizeDecision):
+            self.nodes.resized()  # a restart places workers on every live node
             self._started(decision.num_workers)
         elif self._size is not None:
             self._notice(
@@ -120,10 +126,26 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         finally:
             self.recompute_reservation = False
         if isinstance(decision, ResizeDecision):
-            self.nodes.joined_at = None
+            if decision.num_workers > worker_group_state.num_workers and self._spares_warming():
+                return NoopDecision()
+            self.nodes.resized()
             self._size = worker_group_state.num_workers
             self._started(decision.num_workers)
         return decision
+
+    def _spares_warming(self) -> bool:
+        """A joined node's spares still import: say so in the job's log (once per node)."""
+        warming = self.nodes.warming()
+        for node_id, left in warming.items():
+            if node_id not in self._waited:
+                self._waited.add(node_id)
+                print(
+                    f"etrain: node {node_id[:8]} joined: resizing once its {left} warm spare(s) "
+                    f"are ready (at most {SPARES_WAIT_S:g} s); the group trains meanwhile",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return bool(warming)
 
     def _started(self, size: int) -> None:
         before, self._size, self._said = self._size, size, None

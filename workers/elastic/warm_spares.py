@@ -52,6 +52,9 @@ from workers.elastic import waves
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
+    kv_count,
+    kv_delete,
+    kv_put,
     this_node,
     train_worker_runtime_env,
 )
@@ -68,6 +71,9 @@ WARMING, READY, WORKER = "warming", "ready", "worker"
 # <root>/<Ray job id>/<node id>/started/<pid>: every process of the job that reached the
 # setup hook, so past the raylet's start-up (prestart_waves counts them).
 STARTED = "started"
+# Ready spares also in Ray's GCS key-value store, which any node reads (a joined node's
+# files are on another machine): key <Ray job id>/<node id>/<pid> (:func:`ready_on`).
+KV_NAMESPACE = "etrain-spares"
 _LEADER_LOCK = None  # this node's leader.lock, while this worker is the node's leader
 # What a Ray Train worker imports before its first step after a restore: Ray's
 # worker actor module and torch backend (workers.ray_compat.WORKER_MODULES), etrain's
@@ -137,6 +143,7 @@ def setup_hook() -> None:
     for name in WARM_MODULES:
         importlib.import_module(name)
     warming.rename(_spare_file(READY))
+    _announce(ready=True)
 
 
 def claim() -> None:
@@ -145,6 +152,27 @@ def claim() -> None:
         for state in (WARMING, READY):
             _spare_file(state).unlink(missing_ok=True)
         _spare_file(WORKER).touch()
+        _announce(ready=False)
+
+
+def ready_on(node_id: str) -> int:
+    """How many of this job's spares on ``node_id`` are ready (from any node of the job)."""
+    import ray
+
+    prefix = f"{ray.get_runtime_context().get_job_id()}/{node_id}/"
+    return kv_count(prefix, namespace=KV_NAMESPACE)
+
+
+def forget_ready() -> None:
+    """On the driver, once the job ended: drop its spares' keys (:data:`KV_NAMESPACE`)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            prefix = f"{ray.get_runtime_context().get_job_id()}/"
+            kv_delete(prefix, namespace=KV_NAMESPACE, prefix=True)
+    except Exception as e:  # noqa: BLE001 - a few bytes left in the GCS
+        log.warning("etrain: could not drop the spares' keys: %s: %s", type(e).__name__, e)
 
 
 def top_up(controller_node: str | None = None) -> int:
@@ -311,6 +339,18 @@ def _controller_env() -> str:
     for name in worker_runtime_env()["env_vars"]:
         env["env_vars"].pop(name, None)
     return json.dumps(env, sort_keys=True, separators=(",", ":"))
+
+
+def _announce(*, ready: bool) -> None:
+    """This spare is ready (or no longer a spare) in :data:`KV_NAMESPACE`. Never raises."""
+    try:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        key = f"{ctx.get_job_id()}/{ctx.get_node_id()}/{os.getpid()}"
+        (kv_put if ready else kv_delete)(key, namespace=KV_NAMESPACE)
+    except Exception as e:  # noqa: BLE001 - only a joined node's resize waits for it
+        log.warning("etrain: could not record this spare: %s: %s", type(e).__name__, e)
 
 
 def _spare_dir() -> Path:

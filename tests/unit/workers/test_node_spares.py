@@ -19,7 +19,9 @@ class Cluster:
     def __init__(self, monkeypatch, *, spares: bool = True):
         self.nodes: dict[str, dict] = {"head": {"CPU": 2.0}}
         self.asked: list[tuple[str, int, str]] = []
+        self.ready: dict[str, int] = {}  # node id -> its spares recorded ready
         monkeypatch.setattr(node_spares, "POLL_S", 0.0)
+        monkeypatch.setattr(node_spares.warm_spares, "ready_on", lambda n: self.ready.get(n, 0))
         monkeypatch.setattr(NodeWatch, "_alive_nodes", lambda _self: dict(self.nodes))
         monkeypatch.setattr(NodeWatch, "_worker_env", lambda _self: "ENV" if spares else "")
         monkeypatch.setattr(node_spares, "prestart_workers", self._prestart)
@@ -113,7 +115,67 @@ def test_a_join_is_acted_on_without_waiting_for_the_resize_monitor(monkeypatch, 
     assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
     assert cluster.asked == [("n1", 2, "ENV")]
     p.cpus = (2.0, 2.0)
+    cluster.ready["n1"] = 2
     decision = p.make_decision_for_running_worker_group(group, None)
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
     assert p.views == [True, False, True, True]
     assert p.nodes.joined_at is None  # acted on: back to the resize monitor's pace
+
+
+def _policy_with_a_joined_node(monkeypatch, cluster: Cluster):
+    p = OfflinePolicy(
+        ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}),
+        unit=1,
+        job_id="j",
+    )
+    p._reporter, p.views = RecordingReporter(), []
+    group = SimpleNamespace(num_workers=2, start_time=float("-inf"))
+    p.make_decision_for_non_running_worker_group()
+    p.make_decision_for_running_worker_group(group, None)
+    cluster.nodes["n1"] = {"CPU": 2.0}
+    p.cpus = (2.0, 2.0)
+    return p, group
+
+
+def test_a_grown_group_waits_for_the_joined_nodes_spares(monkeypatch, capsys):
+    cluster = Cluster(monkeypatch)
+    p, group = _policy_with_a_joined_node(monkeypatch, cluster)
+    # The node's 2 spares still import: the running group keeps training.
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
+    cluster.ready["n1"] = 1
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
+    assert p.nodes.warming() == {"n1": 1}
+    cluster.ready["n1"] = 2
+    decision = p.make_decision_for_running_worker_group(group, None)
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
+    assert p.nodes.pending == {} and p.nodes.warming() == {}
+    assert capsys.readouterr().err.count("resizing once its 2 warm spare(s) are ready") == 1
+
+
+def test_the_wait_for_spares_is_bounded(monkeypatch):
+    cluster = Cluster(monkeypatch)
+    p, group = _policy_with_a_joined_node(monkeypatch, cluster)
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
+    p.nodes.joined_at -= node_spares.SPARES_WAIT_S  # no spare ever became ready
+    decision = p.make_decision_for_running_worker_group(group, None)
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
+
+
+def test_no_wait_without_spares_or_when_a_count_fails(monkeypatch):
+    cluster = Cluster(monkeypatch, spares=False)  # a job without warm spares asks for none
+    p, group = _policy_with_a_joined_node(monkeypatch, cluster)
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), ResizeDecision)
+
+    cluster = Cluster(monkeypatch)
+    p, group = _policy_with_a_joined_node(monkeypatch, cluster)
+    monkeypatch.setattr(node_spares.warm_spares, "ready_on", lambda n: 1 / 0)
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), ResizeDecision)
+
+
+def test_a_restart_acts_on_the_join_too(monkeypatch):
+    cluster = Cluster(monkeypatch)
+    p, group = _policy_with_a_joined_node(monkeypatch, cluster)
+    assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
+    # A worker fails meanwhile: the restart is sized from every live node, the new one too.
+    assert p.make_decision_for_non_running_worker_group().num_workers == 4
+    assert p.nodes.pending == {} and p.nodes.joined_at is None

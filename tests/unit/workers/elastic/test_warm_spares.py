@@ -77,15 +77,61 @@ def test_the_hook_gives_the_run_actors_ray_train_and_the_first_of_them_torch(
     assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
 
 
-def test_the_hook_warms_every_module_a_restarted_worker_needs(monkeypatch, tmp_path, imports):
-    monkeypatch.setenv(WARM_WORKER_ENV, "1")
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+def test_the_hook_warms_every_module_a_restarted_worker_needs(gcs, tmp_path, imports):
     warm_spares.setup_hook()
     assert imports == list(warm_spares.WARM_MODULES)
     assert all(name in sys.modules for name in warm_spares.WARM_MODULES)
     assert _files(tmp_path) == {f"{os.getpid()}.ready", f"started/{os.getpid()}"}
     warm_spares.claim()
     assert _files(tmp_path) == {f"{os.getpid()}.worker", f"started/{os.getpid()}"}
+
+
+class Context:
+    """This process as a Ray worker of job 02000000 on node-b."""
+
+    def get_job_id(self):
+        return "02000000"
+
+    def get_node_id(self):
+        return "node-b"
+
+
+@pytest.fixture
+def gcs(monkeypatch, tmp_path) -> set[str]:
+    """The GCS key-value store's keys, for a spare of job 02000000 on node-b."""
+    import ray
+
+    store: set[str] = set()
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    monkeypatch.setattr(warm_spares, "kv_put", lambda key, namespace: store.add(key))
+    monkeypatch.setattr(warm_spares, "kv_delete", lambda key, namespace: store.discard(key))
+    monkeypatch.setattr(
+        warm_spares, "kv_count", lambda prefix, namespace: sum(k.startswith(prefix) for k in store)
+    )
+    return store
+
+
+def test_a_ready_spare_is_recorded_in_the_gcs_until_it_becomes_a_worker(gcs, imports):
+    """A controller on another node cannot read this node's files: it counts the keys."""
+    warm_spares.setup_hook()
+    assert gcs == {f"02000000/node-b/{os.getpid()}"}
+    assert warm_spares.ready_on("node-b") == 1 and warm_spares.ready_on("node-c") == 0
+    warm_spares.claim()
+    assert warm_spares.ready_on("node-b") == 0
+
+
+def test_a_spare_that_cannot_reach_the_gcs_is_still_a_spare(gcs, monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(warm_spares, "WARM_MODULES", ())
+
+    def down(key, namespace):
+        raise ConnectionError("GCS unavailable")
+
+    monkeypatch.setattr(warm_spares, "kv_put", down)
+    warm_spares.setup_hook()
+    assert f"{os.getpid()}.ready" in _files(tmp_path) and not gcs
+    assert "GCS unavailable" in caplog.text
 
 
 def _files(folder: Path) -> set[str]:
