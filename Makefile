@@ -89,7 +89,7 @@ check: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM)
-	$(TEST_ENV) $(VENV)/bin/pytest -q
+	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=30
 
 # unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
 # S3 / GCS / PostgreSQL servers, kustomize; e2e: `etrain serve` driven by the CLI and REST.
