@@ -12,12 +12,15 @@ Each job goes through three events, in order:
 (ii)  **worker SIGKILL**: at 2 workers (one per core), one training worker is
       killed; from the kill to the first step of the restored group;
 (i)   **node added**: a second Ray node (2 CPUs) joins; from the moment the
-      head lists it ALIVE to the first step at 4 workers;
+      head lists it ALIVE to the first step at 4 workers, and how long training
+      paused (from the last step at 2 workers to the first at 4: etrain resizes
+      once the node's spares are ready, and the old group trains until then);
 (iii) **node lost**: the second node is killed (SIGKILL to its process group,
       raylet and workers); from the kill to the first step of the restored
       group at 2 workers;
 (iv)  **lost work**: for (ii) and (iii), steps the failed group had finished
-      beyond the checkpoint the new group restored (computed twice).
+      beyond the checkpoint the new group restored (computed twice); each run's
+      line has the last step before the failure (``last_step``).
 
 Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, with
 warm spare worker processes (``workers.elastic.warm_spares``), on a head started as
@@ -262,6 +265,11 @@ def run_once(
         )[0]
         out["added_s"] = first4["ts"] - t_alive
         out["added"] = job.growth(t_start, t_alive, first4)
+        # What the job lost: from its last step at 2 workers to its first at 4.
+        last2 = max(
+            m["ts"] for m in job.metrics() if m["world_size"] == 2 and m["ts"] < first4["ts"]
+        )
+        out["added"]["paused_s"] = first4["ts"] - last2
         job.steps_after(2 * every + 3, world=4, timeout=300)
         settle(spares=4 if spares else 0)
         job.steps_after(3, world=4, timeout=300)
@@ -300,6 +308,7 @@ ROWS = [
     ("     of which: resize decided", ("added", "decide_s")),
     ("     group restarted + restored", ("added", "restart_s")),
     ("     first step after restore", ("added", "first_step_s")),
+    ("     training paused (last step at 2)", ("added", "paused_s")),
     ("(ii) worker SIGKILL (2 workers) -> step", ("killed", "s")),
     ("     of which: failure detected", ("killed", "detect_s")),
     ("     group restarted + restored", ("killed", "restart_s")),

@@ -52,7 +52,7 @@ class NodeWatch:
         self.joined_at: float | None = None  # monotonic time of the latest join
         self.spares: dict[str, int] = {}  # node id -> spares asked for there
         self.pending: dict[str, int] = {}  # of them, the nodes joined since the last resize
-        self._known: set[str] | None = None  # live nodes at the last poll
+        self._known: set[str] | None = None  # every node seen alive so far
         self._polled = float("-inf")
         self._env: str | None = None  # the worker actors' runtime env ("" = no spares)
 
@@ -73,8 +73,10 @@ class NodeWatch:
         if self._known is None:  # nodes there at the start: the driver and top_up serve them
             self._known = set(nodes)
             return []
+        # Every node ever seen stays known (Ray never reuses a node id): should the list
+        # drop a node for a moment, its return is no new join and asks for no more spares.
         joined = [n for n in nodes if n not in self._known]
-        self._known = set(nodes)
+        self._known |= set(nodes)
         if joined:
             self.joined_at = now
         room = max(self.max_workers - group_size, 0)

@@ -115,6 +115,8 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         """Grow (or shrink) a healthy group when the usable size changed: every resize
         monitor interval, and on every iteration for ``JOIN_WINDOW_S`` after a node joined."""
         self.nodes.poll(worker_group_state.num_workers)
+        if self._spares_warming():  # a grow would start in them: train on meanwhile
+            return NoopDecision()
         joined = self.nodes.joined_at
         if joined is not None and time.monotonic() - joined < JOIN_WINDOW_S:
             self.skip_resize_interval()
@@ -126,8 +128,6 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         finally:
             self.recompute_reservation = False
         if isinstance(decision, ResizeDecision):
-            if decision.num_workers > worker_group_state.num_workers and self._spares_warming():
-                return NoopDecision()
             self.nodes.resized()
             self._size = worker_group_state.num_workers
             self._started(decision.num_workers)
