@@ -46,9 +46,10 @@ print(json.dumps({"limit": waves.startup_concurrency(), "at_once": at_once, "in_
 """
 
 
-def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
+def _run_driver(script: str, address: str) -> dict:
+    """Run ``script`` as a Ray job's driver on ``address``; its last line, as JSON."""
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, ray_head.gcs_address],
+        [sys.executable, "-c", script, address],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -56,7 +57,11 @@ def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
         timeout=240,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
+    counts = _run_driver(SCRIPT, ray_head.gcs_address)
     assert counts["limit"] == min(2, os.cpu_count())  # the head has 2 CPUs
     assert counts["at_once"] == counts["limit"]  # 5 asked for, the rest dropped
     assert counts["in_waves"] == 5
@@ -88,14 +93,5 @@ print(json.dumps({"before": before, "files": files, "counted": counted,
 def test_ready_spares_are_counted_through_the_gcs(ray_head):
     """What a controller on another node reads: each spare's key, once it imported the
     training stack; the driver drops them when the job ends."""
-    out = subprocess.run(
-        [sys.executable, "-c", READY_SCRIPT, ray_head.gcs_address],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    counts = _run_driver(READY_SCRIPT, ray_head.gcs_address)
     assert counts == {"before": 0, "files": 2, "counted": 2, "after": 0, "elsewhere": 0}
