@@ -30,6 +30,12 @@ runs the loop, read at the start of every step (when the loop asks the sampler
 for the step's batch), so each delta holds everything the loop does per step
 (metrics, checkpoint checks, telemetry queueing); median per repeat, then the
 median over repeats.
+
+Last, what etrain's loop itself adds to the training thread per step is timed on its
+own (``etrain_step_work_ms``: rank 0's metric point queued to a live reporter, the
+only per-step work the ``etrain`` path has beyond ``bare``, a few thousand times): on 2
+shared cores the paths' CPU per step varies by several percent from repeat to repeat,
+more than the difference the ratio lines look for.
 """
 
 from __future__ import annotations
@@ -536,6 +542,45 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     return results
 
 
+def etrain_step_work_ms(spec_dict: dict, calls: int = 3000) -> tuple[float, float]:
+    """What etrain's loop adds to the training thread per step, timed on its own: rank 0's
+    metric point (``train_loop._emit_metric``, as the loop calls it) queued to a live
+    reporter posting to a local sink. Returns (ms per step, the same loop without it)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from workers import train_loop
+    from workers.spec import JobSpec
+    from workers.telemetry.reporter import TelemetryReporter
+
+    spec = JobSpec.model_validate(spec_dict)
+    sink = TelemetrySink()
+    reporter = TelemetryReporter(url=sink.url, token=None, job_id="bench-step-work")
+    env = train_loop.RunEnv(
+        rank=0, world_size=2, device=torch.device("cpu"), checkpoint_root=None, reporter=reporter
+    )
+    stepper = SimpleNamespace(optimizers=[SimpleNamespace(param_groups=[{"lr": 1e-3}])])
+    stepper.grad_norm = 1.0
+    sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0, "position": 0})
+    times = {}
+    try:
+        for name in ("baseline", "emit"):
+            t = time.thread_time()
+            for step in range(calls):
+                if name == "emit":
+                    train_loop._emit_metric(
+                        spec, env, step=step, loss=1.0, dt=0.03, stepper=stepper,
+                        sampler=sampler, dataset_len=100,
+                    )  # fmt: skip
+                time.sleep(0.0005)  # the reporter's thread runs between steps, as in training
+            times[name] = 1e3 * (time.thread_time() - t) / calls
+    finally:
+        reporter.close()
+        sink.close()
+    return times["emit"] - times["baseline"], times["baseline"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with ``--worker``, one torchrun rank)."""
     args = parse_args(argv)
@@ -552,6 +597,20 @@ def main(argv: list[str] | None = None) -> int:
             f"(1, 5, 15 min) before, after: {load}\n"
         )
         print_table(results)
+        work_ms, _ = etrain_step_work_ms(
+            build_spec_dict(
+                steps=args.steps,
+                seq_len=args.seq_len,
+                global_batch=args.global_batch,
+                micro=args.micro,
+            )
+        )
+        step_ms = _cpu(results["etrain"], "thread_cpu_ms", 0) if "etrain" in results else None
+        share = f" ({100 * work_ms / step_ms:.2f} % of etrain's {step_ms:.2f})" if step_ms else ""
+        print(
+            f"\netrain's own per-step work on the training thread, timed alone: "
+            f"{work_ms:.3f} ms{share}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     return 0
