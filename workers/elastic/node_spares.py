@@ -50,8 +50,7 @@ class NodeWatch:
     def __init__(self, *, max_workers: int, cpus: float, gpus: float):
         self.max_workers, self.cpus, self.gpus = max_workers, cpus, gpus
         self.joined_at: float | None = None  # monotonic time of the latest join
-        self.spares: dict[str, int] = {}  # node id -> spares asked for there
-        self.pending: dict[str, int] = {}  # of them, the nodes joined since the last resize
+        self.pending: dict[str, int] = {}  # node id -> spares asked for, since the last resize
         self._known: set[str] | None = None  # every node seen alive so far
         self._polled = float("-inf")
         self._env: str | None = None  # the worker actors' runtime env ("" = no spares)
@@ -128,7 +127,7 @@ class NodeWatch:
         except Exception as e:  # noqa: BLE001 - spares only make the resize faster
             log.warning("etrain: could not start warm spares on a joined node: %s", e)
             return 0
-        self.spares[node_id] = self.pending[node_id] = count
+        self.pending[node_id] = count
         print(
             f"etrain: node {node_id[:8]} joined: asked for {count} warm spare worker(s) there",
             file=sys.stderr,

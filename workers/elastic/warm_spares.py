@@ -149,18 +149,17 @@ def setup_hook() -> None:
 def claim() -> None:
     """This process is now a training worker on its node: a worker, no longer a spare."""
     if os.environ.get(WARM_WORKER_ENV) == "1":
+        was_ready = _spare_file(READY).exists()  # then its key is in the GCS, too
         for state in (WARMING, READY):
             _spare_file(state).unlink(missing_ok=True)
         _spare_file(WORKER).touch()
-        _announce(ready=False)
+        if was_ready:  # a new process was no spare: no GCS call on its start
+            _announce(ready=False)
 
 
 def ready_on(node_id: str) -> int:
     """How many of this job's spares on ``node_id`` are ready (from any node of the job)."""
-    import ray
-
-    prefix = f"{ray.get_runtime_context().get_job_id()}/{node_id}/"
-    return kv_count(prefix, namespace=KV_NAMESPACE)
+    return kv_count(_kv_key(node_id), namespace=KV_NAMESPACE)
 
 
 def forget_ready() -> None:
@@ -169,8 +168,8 @@ def forget_ready() -> None:
         import ray
 
         if ray.is_initialized():
-            prefix = f"{ray.get_runtime_context().get_job_id()}/"
-            kv_delete(prefix, namespace=KV_NAMESPACE, prefix=True)
+            job_id = ray.get_runtime_context().get_job_id()
+            kv_delete(f"{job_id}/", namespace=KV_NAMESPACE, prefix=True)
     except Exception as e:  # noqa: BLE001 - a few bytes left in the GCS
         log.warning("etrain: could not drop the spares' keys: %s: %s", type(e).__name__, e)
 
@@ -344,13 +343,19 @@ def _controller_env() -> str:
 def _announce(*, ready: bool) -> None:
     """This spare is ready (or no longer a spare) in :data:`KV_NAMESPACE`. Never raises."""
     try:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        key = f"{ctx.get_job_id()}/{ctx.get_node_id()}/{os.getpid()}"
+        key = _kv_key(pid=str(os.getpid()))
         (kv_put if ready else kv_delete)(key, namespace=KV_NAMESPACE)
     except Exception as e:  # noqa: BLE001 - only a joined node's resize waits for it
         log.warning("etrain: could not record this spare: %s: %s", type(e).__name__, e)
+
+
+def _kv_key(node_id: str | None = None, pid: str = "") -> str:
+    """A spare's key in :data:`KV_NAMESPACE` (node: by default this process's; without
+    ``pid``: the prefix of every key of the node)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return f"{ctx.get_job_id()}/{node_id or ctx.get_node_id()}/{pid}"
 
 
 def _spare_dir() -> Path:

@@ -38,7 +38,7 @@ def test_nodes_there_at_the_start_get_nothing_a_joined_one_its_share(monkeypatch
     cluster.nodes["n1"] = {"CPU": 8.0}
     assert watch.poll(2) == ["n1"]
     # 8 CPUs could hold 8 workers; the group can only add 2 (max 4, running 2).
-    assert cluster.asked == [("n1", 2, "ENV")] and watch.spares == {"n1": 2}
+    assert cluster.asked == [("n1", 2, "ENV")] and watch.pending == {"n1": 2}
     assert watch.joined_at is not None
     assert watch.poll(4) == [] and len(cluster.asked) == 1  # asked once per node
 
@@ -84,7 +84,7 @@ def test_a_failing_raylet_or_node_list_is_only_logged(monkeypatch, caplog):
 
     monkeypatch.setattr(node_spares, "prestart_workers", refuse)
     cluster.nodes["n1"] = {"CPU": 2.0}
-    assert watch.poll(2) == ["n1"] and watch.spares == {}
+    assert watch.poll(2) == ["n1"] and watch.pending == {}
     monkeypatch.setattr(NodeWatch, "_alive_nodes", lambda _self: 1 / 0)
     assert watch.poll(2) == []
     assert "raylet gone" in caplog.text and "ZeroDivisionError" in caplog.text

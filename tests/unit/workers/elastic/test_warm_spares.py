@@ -122,6 +122,13 @@ def test_a_ready_spare_is_recorded_in_the_gcs_until_it_becomes_a_worker(gcs, imp
     assert warm_spares.ready_on("node-b") == 0
 
 
+def test_a_new_process_that_was_no_spare_claims_without_a_gcs_call(gcs, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(warm_spares, "kv_delete", lambda key, namespace: calls.append(key))
+    warm_spares.claim()  # no setup hook ran here: never a ready spare
+    assert calls == [] and _files(tmp_path) == {f"{os.getpid()}.worker"}
+
+
 def test_a_spare_that_cannot_reach_the_gcs_is_still_a_spare(gcs, monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(warm_spares, "WARM_MODULES", ())
 
