@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import uuid
 from pathlib import Path
@@ -109,7 +110,12 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
             [(p.pid, p.info["create_time"], _is_train_worker(p)) for p in warm],
             detail(),
         )
-        assert "joined: asked for 2 warm spare worker(s)" in ray_backend.logs(f"it-{job_id}")
+        # ... and the resize waited for them: their readiness, which they record in the
+        # GCS on that node, was read by the controller on the head.
+        logs = ray_backend.logs(f"it-{job_id}")
+        assert "joined: asked for 2 warm spare worker(s)" in logs
+        assert "joined: resizing once its 2 warm spare(s) are ready" in logs, detail()
+        assert re.search(r"'s warm spares ready [\d.]+ s after it joined: resizing", logs), detail()
         grown_at = len(sizes())
         wait_for(
             lambda: len(sizes()) >= grown_at + 10,

@@ -58,6 +58,7 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         self._size: int | None = None  # size of the latest group this policy started
         self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
         self._waited: set[str] = set()  # joined nodes whose spares a resize waited for
+        self._waiting: set[str] = set()  # ... and waits for now
         self._reporter: TelemetryReporter | None = None
         self.nodes = NodeWatch(
             max_workers=scaling_config.max_workers,
@@ -145,7 +146,22 @@ class LayoutScalingPolicy(ElasticPolicyBase):
                     file=sys.stderr,
                     flush=True,
                 )
+        for node_id in self._waiting - warming.keys():
+            print(self._wait_over(node_id), file=sys.stderr, flush=True)
+        self._waiting = set(warming)
         return bool(warming)
+
+    def _wait_over(self, node_id: str) -> str:
+        """The job-log line for the end of a wait for ``node_id``'s spares."""
+        joined = self.nodes.joined_at
+        waited = None if joined is None else time.monotonic() - joined
+        if waited is None:
+            how = "no longer waited for: the group restarted meanwhile, on every live node"
+        elif waited >= SPARES_WAIT_S:
+            how = f"not all ready after {SPARES_WAIT_S:g} s: resizing without waiting longer"
+        else:
+            how = f"ready {waited:.1f} s after it joined: resizing"
+        return f"etrain: node {node_id[:8]}'s warm spares {how}"
 
     def _started(self, size: int) -> None:
         before, self._size, self._said = self._size, size, None

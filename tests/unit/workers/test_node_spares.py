@@ -163,16 +163,23 @@ def test_a_grown_group_waits_for_the_joined_nodes_spares(monkeypatch, capsys):
     decision = p.make_decision_for_running_worker_group(group, None)
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
     assert p.nodes.pending == {} and p.nodes.warming() == {}
-    assert capsys.readouterr().err.count("resizing once its 2 warm spare(s) are ready") == 1
+    err = capsys.readouterr().err
+    assert err.count("resizing once its 2 warm spare(s) are ready") == 1
+    assert err.count("node n1's warm spares ready") == 1 and "s after it joined: resizing" in err
+    p.make_decision_for_running_worker_group(group, None)
+    assert "warm spares" not in capsys.readouterr().err  # each said once
 
 
-def test_the_wait_for_spares_is_bounded(monkeypatch):
+def test_the_wait_for_spares_is_bounded(monkeypatch, capsys):
     cluster = Cluster(monkeypatch)
     p, group = _policy_with_a_joined_node(monkeypatch, cluster)
     assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
     p.nodes.joined_at -= node_spares.SPARES_WAIT_S  # no spare ever became ready
     decision = p.make_decision_for_running_worker_group(group, None)
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 4
+    assert "node n1's warm spares not all ready after 20 s: resizing without" in (
+        capsys.readouterr().err
+    )
 
 
 def test_no_wait_without_spares_or_when_a_count_fails(monkeypatch):
@@ -186,10 +193,14 @@ def test_no_wait_without_spares_or_when_a_count_fails(monkeypatch):
     assert isinstance(p.make_decision_for_running_worker_group(group, None), ResizeDecision)
 
 
-def test_a_restart_acts_on_the_join_too(monkeypatch):
+def test_a_restart_acts_on_the_join_too(monkeypatch, capsys):
     cluster = Cluster(monkeypatch)
     p, group = _policy_with_a_joined_node(monkeypatch, cluster)
     assert isinstance(p.make_decision_for_running_worker_group(group, None), NoopDecision)
     # A worker fails meanwhile: the restart is sized from every live node, the new one too.
     assert p.make_decision_for_non_running_worker_group().num_workers == 4
     assert p.nodes.pending == {} and p.nodes.joined_at is None
+    p.make_decision_for_running_worker_group(SimpleNamespace(num_workers=4, start_time=0), None)
+    assert "node n1's warm spares no longer waited for: the group restarted" in (
+        capsys.readouterr().err
+    )
