@@ -14,7 +14,9 @@ Each job goes through three events, in order:
 (i)   **node added**: a second Ray node (2 CPUs) joins; from the moment the
       head lists it ALIVE to the first step at 4 workers, and how long training
       paused (from the last step at 2 workers to the first at 4: etrain resizes
-      once the node's spares are ready, and the old group trains until then);
+      once the node's spares are ready, and the old group trains until then),
+      and when those spares were ready (from the controller's line in the job
+      log; 20, the most a resize waits, if they were not);
 (iii) **node lost**: the second node is killed (SIGKILL to its process group,
       raylet and workers); from the kill to the first step of the restored
       group at 2 workers;
@@ -47,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -270,6 +273,7 @@ def run_once(
             m["ts"] for m in job.metrics() if m["world_size"] == 2 and m["ts"] < first4["ts"]
         )
         out["added"]["paused_s"] = first4["ts"] - last2
+        out["added"]["spares_ready_s"] = spares_ready_s(backend.logs(job_id))
         job.steps_after(2 * every + 3, world=4, timeout=300)
         settle(spares=4 if spares else 0)
         job.steps_after(3, world=4, timeout=300)
@@ -294,6 +298,16 @@ def run_once(
             time.sleep(0.5)
 
 
+def spares_ready_s(log: str) -> float:
+    """From the controller's line in the job log (``workers.elastic.scaling``): seconds from
+    the join (as the controller saw it) to the joined node's spares all ready; the cap
+    (``node_spares.SPARES_WAIT_S``) if they were not all ready then; NaN without a wait.
+    (The bench imports nothing of Ray Train: it would fix Ray's auth mode before the head
+    has its token.)"""
+    said = re.search(r"'s warm spares (?:ready|not all ready after) ([\d.]+) s", log)
+    return float(said.group(1)) if said else float("nan")
+
+
 def _median(runs: list[dict], *keys: str) -> float:
     values = []
     for run in runs:
@@ -309,6 +323,7 @@ ROWS = [
     ("     group restarted + restored", ("added", "restart_s")),
     ("     first step after restore", ("added", "first_step_s")),
     ("     training paused (last step at 2)", ("added", "paused_s")),
+    ("     new node's spares ready after join", ("added", "spares_ready_s")),
     ("(ii) worker SIGKILL (2 workers) -> step", ("killed", "s")),
     ("     of which: failure detected", ("killed", "detect_s")),
     ("     group restarted + restored", ("killed", "restart_s")),
