@@ -23,6 +23,7 @@ knows (it restarted) or cannot reach for ``GIVE_UP_S`` exits 0 without training.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -127,8 +128,11 @@ def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT
     unreachable_since = None
     with httpx.Client(timeout=poll_wait_s + 10) as client:
         while True:
+            params = {"wait": poll_wait_s}
+            if (held := memory_held()) is not None:
+                params["memory"] = held
             try:
-                r = client.get(url, headers=headers, params={"wait": poll_wait_s})
+                r = client.get(url, headers=headers, params=params)
             except httpx.HTTPError as e:
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > give_up_s:
@@ -143,6 +147,27 @@ def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT
             if r.status_code != 204:
                 _say(f"the service does not want this standby ({r.status_code}); exiting")
                 return None
+
+
+def memory_held() -> int | None:
+    """Bytes of host memory this standby holds: its own process and the ones it started
+    ahead on its node (``warm_spares.started_pids``), each one's PSS (its pages, and its
+    share of pages it shares, such as torch's libraries) where the OS reports it, else
+    RSS; None if it cannot tell."""
+    try:
+        import psutil
+        import ray
+
+        from workers.elastic.warm_spares import started_pids
+
+        total = 0
+        for pid in {os.getpid(), *(started_pids() if ray.is_initialized() else ())}:
+            with contextlib.suppress(psutil.Error):
+                info = psutil.Process(pid).memory_full_info()
+                total += getattr(info, "pss", info.rss)  # shared pages once (Linux)
+        return total
+    except Exception:  # noqa: BLE001 - the figure is only shown, never acted on
+        return None
 
 
 def take_job(assignment: Assignment) -> None:

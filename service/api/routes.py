@@ -205,8 +205,8 @@ async def create_plan(request: Request, user: User, submission: Submissions) -> 
 
 @v1.get("/cluster")
 def read_cluster(request: Request, user: User) -> ClusterPublic:
-    """Ray nodes, resources, the dashboard URL, and the queue in scheduling order with why
-    each job waits (other tenants' jobs anonymous)."""
+    """Ray nodes, resources, the dashboard URL, the queue in scheduling order with why
+    each job waits (other tenants' jobs anonymous), and the standby drivers kept warm."""
     rt = runtime(request)
     return ClusterPublic.model_validate(
         cluster_status(rt.backend, rt.stores.jobs, rt.settings, user)

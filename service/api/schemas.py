@@ -238,8 +238,22 @@ class QueuedJobPublic(View):
     )
 
 
+class StandbyPublic(View):
+    """The job drivers the service keeps started and warm ahead of the next jobs."""
+
+    configured: int = Field(description="How many it keeps idle (ETRAIN_STANDBY_DRIVERS).")
+    idle: int = Field(description="Started and waiting for a job, warm or still warming.")
+    warm: int = Field(description="Of them, those warmed up: a job handed to one skips its start.")
+    memory_bytes: int = Field(
+        description="Host memory the warm ones hold: each driver's process and the worker "
+        "and Ray Train processes it started ahead (PSS on Linux: pages shared between them, "
+        "such as torch's libraries, counted once), as each measured it at its latest ask "
+        "for a job (every 20 s at most)."
+    )
+
+
 class ClusterPublic(View):
-    """Nodes and resources of the connected cluster, and its queue."""
+    """Nodes and resources of the connected cluster, its queue, and its warm standbys."""
 
     nodes: list[NodePublic]
     total: dict[str, float]
@@ -248,6 +262,9 @@ class ClusterPublic(View):
     queue: list[QueuedJobPublic] = Field(
         description="Queued jobs in the order the scheduler takes them up, with why each "
         "waits; another tenant's jobs appear as anonymous entries (admins see all)."
+    )
+    standby: StandbyPublic | None = Field(
+        None, description="Standby job drivers; null when the service keeps none."
     )
 
 

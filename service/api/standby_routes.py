@@ -36,16 +36,20 @@ async def read_standby_job(
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
     wait: Annotated[float, Query(ge=0, le=30)] = 20,
+    memory: Annotated[int | None, Query(ge=0, le=2**50)] = None,
 ) -> Response:
     """For etrain's own standby job drivers (their standby token only): the job handed to
     this one, waiting up to ``wait`` seconds for it; 204 when none came. Its answer holds
-    the job's credentials, once."""
+    the job's credentials, once. ``memory``: bytes its processes hold (the driver's and
+    the ones it warmed), shown in ``GET /v1/cluster``."""
     token = bearer(authorization)
     pool = getattr(runtime(request).backend, "standby", None)
     try:
         if pool is None:
             raise UnknownStandby(standby_id)
-        job = await run_in_threadpool(pool.fetch, standby_id, token, wait_s=wait)
+        job = await run_in_threadpool(
+            pool.fetch, standby_id, token, wait_s=wait, memory_bytes=memory
+        )
     except UnknownStandby:
         raise Unauthorized("unknown standby driver or token") from None
     if job is None:

@@ -71,6 +71,17 @@ class Standby:
     taken_at: float | None = None
     job: dict | None = None
     handed: threading.Event = field(default_factory=threading.Event)
+    memory_bytes: int | None = None  # its driver's and warm processes' RSS, at its last ask
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What the standby pool holds now (``GET /v1/cluster``)."""
+
+    configured: int  # standby drivers kept idle (``standby_drivers``)
+    idle: int  # started and not yet handed a job
+    warm: int  # of them, those that have warmed up and asked for their job
+    memory_bytes: int  # host memory of the warm ones' processes, as they last reported it
 
 
 class StandbyDrivers:
@@ -131,15 +142,20 @@ class StandbyDrivers:
         log.info("job %s handed to standby driver %s", req.job_id, s.submission_id)
         return s.submission_id
 
-    def fetch(self, standby_id: str, token: str, *, wait_s: float) -> dict | None:
+    def fetch(
+        self, standby_id: str, token: str, *, wait_s: float, memory_bytes: int | None = None
+    ) -> dict | None:
         """A standby asks for its job: the job (once; the standby then leaves the pool), or
-        None after ``wait_s`` without one. UnknownStandby for a wrong id or token."""
+        None after ``wait_s`` without one. UnknownStandby for a wrong id or token.
+        ``memory_bytes``: what its processes hold now, as it measured it."""
         given = _sha256(token)
         with self._lock:
             s = self._pool.get(standby_id)
             if s is None or not hmac.compare_digest(s.token_hash, given):
                 raise UnknownStandby(standby_id)
             s.seen = self.clock()
+            if memory_bytes is not None:
+                s.memory_bytes = memory_bytes
         s.handed.wait(wait_s)
         with self._lock:
             if s.job is None or self._pool.get(standby_id) is not s:
@@ -150,8 +166,19 @@ class StandbyDrivers:
 
     def idle(self) -> int:
         """Standbys waiting for a job (started or warm)."""
+        return self.status().idle
+
+    def status(self) -> PoolStatus:
+        """How many standbys wait for a job, how many of them are warm, and their memory."""
         with self._lock:
-            return sum(1 for s in self._pool.values() if s.taken_for is None)
+            idle = [s for s in self._pool.values() if s.taken_for is None]
+        warm = [s for s in idle if s.seen is not None]
+        return PoolStatus(
+            configured=self.count,
+            idle=len(idle),
+            warm=len(warm),
+            memory_bytes=sum(s.memory_bytes or 0 for s in warm),
+        )
 
     def close(self) -> None:
         """Stop every standby that has no job (the service is stopping)."""

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
+from service.backends.standby import PoolStatus
 from service.domain.cluster_view import cluster_info
 from service.domain.queries import scope
 from service.domain.scheduler import AdmissionDecision, decide_admissions, policy_of, queue_demand
@@ -67,6 +68,7 @@ class ClusterStatus(ClusterInfo):
     """The connected cluster and its queue."""
 
     queue: list[QueuedJob]
+    standby: PoolStatus | None = None  # the standby drivers kept warm (none configured: None)
 
 
 def _scrub(reason: str, foreign: set[str]) -> str:
@@ -123,7 +125,10 @@ def queue_of(
 def cluster_status(
     backend: Backend, jobs: JobStore, settings: Settings, principal: Principal
 ) -> ClusterStatus:
-    """Nodes and resources (read at most every few seconds: ``cluster_view``) and the
-    queue ``principal`` may see."""
+    """Nodes and resources (read at most every few seconds: ``cluster_view``), the queue
+    ``principal`` may see, and the standby drivers kept warm."""
     info: ClusterInfo = cluster_info(backend)
-    return ClusterStatus(**vars(info), queue=queue_of(jobs, settings, principal, info.total))
+    pool = backend.standby.status() if backend.standby else None
+    return ClusterStatus(
+        **vars(info), queue=queue_of(jobs, settings, principal, info.total), standby=pool
+    )

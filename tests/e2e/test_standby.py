@@ -39,7 +39,19 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
     s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address, extra_env=s3_server["env"])
     try:
         with s.client() as c:
-            # A new service starts its standby before it admits the first job.
+            # A new service starts its standby before it admits the first job; once warm,
+            # it reports what its processes hold (the driver alone is well under 1 GB; with
+            # the worker processes it warmed, over).
+            pool = waiter(
+                lambda: (
+                    (st := c.get("/v1/cluster").json()["standby"])["warm"] == 1
+                    and st["memory_bytes"] > 1e9
+                    and st
+                ),
+                timeout=120,
+                what="the standby warm, its memory reported",
+            )
+            assert pool["configured"] == 1 and pool["idle"] == 1
             job = c.post("/v1/jobs", json=_spec("standby-s3", s3_server)).json()
             done = waiter(
                 lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"] in TERMINAL and j,

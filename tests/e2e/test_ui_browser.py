@@ -217,6 +217,11 @@ def test_pages_fit_an_800px_window_with_wide_tables_scrolling(served, open_tab, 
     # Each node's CPUs as free / total (the head's free count moves with the jobs).
     assert tab.page.locator("#nodes-table td", has_text=re.compile(r"^\d+ / \d+$")).count() >= 1
     assert tab.page.locator("#totals-table tr", has_text="CPU").count() >= 1
+    # The session's service keeps one standby driver: its line, memory included.
+    standby = tab.page.locator("#standby").inner_text()
+    assert re.fullmatch(
+        r"Standby job drivers: \d warm, \d warming \(1 kept\), [\d.]+ GB .*", standby
+    )
     assert _overflow(tab) <= 0
     tab.shot("cluster-800")
     tab.page.goto(f"{served.url}/ui/plan")

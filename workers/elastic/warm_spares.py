@@ -301,6 +301,15 @@ def _mark_started(name: str) -> int:
         return 0
 
 
+def started_pids() -> list[int]:
+    """This job's running processes on this node that ran the setup hook (workers, spares
+    and Ray Train's actors)."""
+    folder = _spare_dir() / STARTED
+    if not folder.is_dir():
+        return []
+    return [int(f.name) for f in folder.iterdir() if f.name.isdigit() and _running(int(f.name))]
+
+
 def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:
     """How many of ``workers`` (each ``cpus`` and ``gpus``) this process's node can hold."""
     resources = this_node().get("Resources", {})

@@ -579,6 +579,7 @@ def test_cluster(client):
     assert body["total"] == {"CPU": 2.0}
     assert body["dashboard_url"] == "http://ray.test:8265"
     assert [n["node_id"] for n in body["nodes"]] == ["n-1"]
+    assert body["standby"] is None  # this backend keeps no standby drivers
 
 
 def test_healthz(client):

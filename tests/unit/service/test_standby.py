@@ -24,7 +24,7 @@ from service.domain.reconciler import STARTING_S, Reconciler, starting
 from service.errors import BackendUnavailable
 from service.settings import Settings
 from service.status import JobStatus
-from tests.support.fakes import FakeBackend, dev_settings
+from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
 from workers.contract import (
     REPORT_TOKEN_ENV,
     REPORT_URL_ENV,
@@ -211,6 +211,23 @@ def test_close_stops_the_idle_standbys_only():
     assert set(ray.stopped) == set(ray.started) - {taken}
 
 
+def test_the_pool_counts_its_warm_standbys_and_their_memory():
+    ray, clock = Ray(), Clock()
+    pool = _pool(ray, clock, count=3)
+    pool.keep()
+    first, second = (ray.token(s) for s in list(ray.started)[:2])
+    pool.fetch(*first, wait_s=0, memory_bytes=2_000_000_000)
+    pool.fetch(*second, wait_s=0)  # one that cannot measure itself is warm all the same
+    status = pool.status()
+    assert (status.configured, status.idle, status.warm) == (3, 3, 2)
+    assert status.memory_bytes == 2_000_000_000
+    pool.fetch(*first, wait_s=0, memory_bytes=2_500_000_000)  # its latest figure counts
+    assert pool.status().memory_bytes == 2_500_000_000
+    pool.take(_req())  # the warm one with the figure goes first; it is the job's now
+    status = pool.status()
+    assert (status.idle, status.warm, status.memory_bytes) == (2, 1, 0)
+
+
 # -- the route -------------------------------------------------------------------------------
 
 
@@ -242,6 +259,23 @@ def test_the_route_hands_the_job_once_to_its_standby_only(standby_api):
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     assert r.json()["env"][REPORT_TOKEN_ENV] == "reporter-j-1"
     assert c.get(_route(standby_id), params={"wait": 0}, headers=auth).status_code == 401
+
+
+def test_a_standby_reports_its_memory_and_the_cluster_shows_it(standby_api):
+    c, pool, ray = standby_api
+    pool.keep()
+    standby_id, token = ray.token(next(iter(ray.started)))
+    auth = {"Authorization": f"Bearer {token}"}
+    shown = lambda: c.get("/v1/cluster", headers=ADMIN_H).json()["standby"]  # noqa: E731
+    assert shown() == {"configured": 1, "idle": 1, "warm": 0, "memory_bytes": 0}
+    bad = c.get(_route(standby_id), params={"wait": 0, "memory": -1}, headers=auth)
+    assert bad.status_code == 422 and "memory" in bad.text
+    ok = c.get(_route(standby_id), params={"wait": 0, "memory": 1_900_000_000}, headers=auth)
+    assert ok.status_code == 204
+    assert shown() == {"configured": 1, "idle": 1, "warm": 1, "memory_bytes": 1_900_000_000}
+    # A wrong token's figure is not taken.
+    c.get(_route(standby_id), params={"wait": 0, "memory": 5}, headers={"Authorization": "x"})
+    assert shown()["memory_bytes"] == 1_900_000_000
 
 
 def test_without_standbys_the_route_knows_none(client):

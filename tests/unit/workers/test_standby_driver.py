@@ -7,7 +7,9 @@ import os
 import pickle
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
+import psutil
 import pytest
 
 from workers import standby
@@ -72,6 +74,33 @@ def test_it_asks_until_the_service_hands_it_a_job(standby_env):
     assert [r[0].split("?")[0] for r in service.requests] == [path] * 3
     assert all(auth == "Bearer s3cret" for _, auth in service.requests)
     assert "wait=0.1" in service.requests[0][0]
+
+
+def test_each_ask_says_how_much_memory_the_standby_holds(standby_env):
+    def held(pid: int) -> int:
+        return psutil.Process(pid).memory_full_info().pss  # Linux, as in CI
+
+    own = held(os.getpid())
+    assert standby.memory_held() >= own * 0.9  # not connected to Ray: its own process
+    standby_env.setattr("ray.is_initialized", lambda: True)
+    standby_env.setattr("workers.elastic.warm_spares.started_pids", lambda: [os.getppid()])
+    assert standby.memory_held() >= (own + held(os.getppid())) * 0.9
+    service = Service([(204, None), (200, JOB)])
+    standby_env.setenv(REPORT_URL_ENV, service.url)
+    try:
+        standby.wait_for_job(poll_wait_s=0.1)
+    finally:
+        service.close()
+    sent = [int(parse_qs(urlsplit(path).query)["memory"][0]) for path, _ in service.requests]
+    assert len(sent) == 2 and all(m > own * 0.9 for m in sent)
+    standby_env.setattr(standby, "memory_held", lambda: None)  # cannot tell: not sent
+    service = Service([(200, JOB)])
+    standby_env.setenv(REPORT_URL_ENV, service.url)
+    try:
+        standby.wait_for_job(poll_wait_s=0.1)
+    finally:
+        service.close()
+    assert "memory" not in service.requests[0][0]
 
 
 def test_a_standby_the_service_does_not_know_exits(standby_env):

@@ -62,12 +62,19 @@ function renderQueue(el, queue) {
   el.append(table(["#", "job", "name", "tenant", "why it waits"], rows, { id: "queue-table", empty: "no job is waiting" }));
 }
 
+// The job drivers kept warm ahead of the next jobs, and the host memory they hold.
+function standbyLine(s) {
+  const gb = (s.memory_bytes / 1e9).toFixed(1);
+  return `Standby job drivers: ${s.warm} warm, ${s.idle - s.warm} warming (${s.configured} kept), ${gb} GB of host memory`;
+}
+
 async function refresh() {
   try {
     const c = await api("/v1/cluster");
     showError($("error"), null);
     clear($("totals")).append(totals(c));
     if (c.dashboard_url) $("totals").append(h("p", { class: "muted" }, "Ray dashboard: " + c.dashboard_url));
+    if (c.standby) $("totals").append(h("p", { class: "muted", id: "standby" }, standbyLine(c.standby)));
     clear($("nodes")).append(table(["node", "ip", "role", "CPUs free / total", "GPUs", "GPUs free / total", "memory free / total"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
     renderQueue($("queue"), c.queue);
   } catch (err) {
