@@ -55,6 +55,9 @@ DRIVER_MODULES = (
 # Set once the job came: the warm-up stops asking for processes (warm_spares.prestart_waves).
 STOP_WARMING = threading.Event()
 POLL_WAIT_S = 20.0  # how long the service holds one poll open
+# ... at most for the first asks: each says what the standby holds (memory_held), and its
+# processes are still importing then, so the figure the service shows follows the warm-up.
+WARMING_POLLS, WARMING_POLL_WAIT_S = 6, 5.0
 GIVE_UP_S = 120.0  # service unreachable this long: exit
 
 
@@ -125,10 +128,12 @@ def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT
     standby_id = os.environ[STANDBY_ID_ENV]
     url = os.environ[REPORT_URL_ENV].rstrip("/") + STANDBY_ROUTE.format(standby_id=standby_id)
     headers = {"Authorization": f"Bearer {os.environ[STANDBY_TOKEN_ENV]}"}
-    unreachable_since = None
+    unreachable_since, asks = None, 0
     with httpx.Client(timeout=poll_wait_s + 10) as client:
         while True:
-            params = {"wait": poll_wait_s}
+            asks += 1
+            wait = poll_wait_s if asks > WARMING_POLLS else min(poll_wait_s, WARMING_POLL_WAIT_S)
+            params = {"wait": wait}
             if (held := memory_held()) is not None:
                 params["memory"] = held
             try:

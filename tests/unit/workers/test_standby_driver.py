@@ -103,6 +103,17 @@ def test_each_ask_says_how_much_memory_the_standby_holds(standby_env):
     assert "memory" not in service.requests[0][0]
 
 
+def test_its_first_asks_are_short_so_its_memory_figure_follows_the_warm_up(standby_env):
+    service = Service([(204, None)] * 7 + [(200, JOB)])
+    standby_env.setenv(REPORT_URL_ENV, service.url)
+    try:
+        standby.wait_for_job(poll_wait_s=20)  # this service answers at once
+    finally:
+        service.close()
+    waits = [parse_qs(urlsplit(path).query)["wait"][0] for path, _ in service.requests]
+    assert waits == ["5.0"] * standby.WARMING_POLLS + ["20"] * 2
+
+
 def test_a_standby_the_service_does_not_know_exits(standby_env):
     service = Service([(204, None), (401, {"detail": "unknown standby driver or token"})])
     standby_env.setenv(REPORT_URL_ENV, service.url)
