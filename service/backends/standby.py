@@ -71,7 +71,7 @@ class Standby:
     taken_at: float | None = None
     job: dict | None = None
     handed: threading.Event = field(default_factory=threading.Event)
-    memory_bytes: int | None = None  # its driver's and warm processes' RSS, at its last ask
+    memory_bytes: int | None = None  # what its processes held (PSS) at its last ask
 
 
 @dataclass(frozen=True)
