@@ -164,10 +164,6 @@ class StandbyDrivers:
             del self._pool[standby_id]
             return job
 
-    def idle(self) -> int:
-        """Standbys waiting for a job (started or warm)."""
-        return self.status().idle
-
     def status(self) -> PoolStatus:
         """How many standbys wait for a job, how many of them are warm, and their memory."""
         with self._lock:

@@ -57,8 +57,7 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         self.unit, self.job_id = unit, job_id
         self._size: int | None = None  # size of the latest group this policy started
         self._said: tuple | None = None  # last unused-slot or waiting notice (no repeats)
-        self._waited: set[str] = set()  # joined nodes whose spares a resize waited for
-        self._waiting: set[str] = set()  # ... and waits for now
+        self._waiting: set[str] = set()  # joined nodes whose spares a resize waits for
         self._reporter: TelemetryReporter | None = None
         self.nodes = NodeWatch(
             max_workers=scaling_config.max_workers,
@@ -135,11 +134,11 @@ class LayoutScalingPolicy(ElasticPolicyBase):
         return decision
 
     def _spares_warming(self) -> bool:
-        """A joined node's spares still import: say so in the job's log (once per node)."""
+        """A joined node's spares still import: say so in the job's log (once as a
+        wait starts, once as it ends)."""
         warming = self.nodes.warming()
         for node_id, left in warming.items():
-            if node_id not in self._waited:
-                self._waited.add(node_id)
+            if node_id not in self._waiting:
                 print(
                     f"etrain: node {node_id[:8]} joined: resizing once its {left} warm spare(s) "
                     f"are ready (at most {SPARES_WAIT_S:g} s); the group trains meanwhile",

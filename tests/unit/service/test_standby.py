@@ -85,7 +85,7 @@ def test_keep_starts_the_configured_number_with_only_standby_variables():
     pool = _pool(ray, clock, count=2)
     pool.keep()
     pool.keep()  # already enough: nothing more
-    assert len(ray.started) == 2 and pool.idle() == 2
+    assert len(ray.started) == 2 and pool.status().idle == 2
     for submission_id, env in ray.started.items():
         assert submission_id == SUBMISSION_PREFIX + env[STANDBY_ID_ENV]
         assert env[STANDBY_WORKERS_ENV] == "3" and env[REPORT_URL_ENV] == "http://cp:8080"
@@ -114,7 +114,7 @@ def test_a_job_is_handed_once_and_the_standby_leaves_the_pool():
     with pytest.raises(UnknownStandby):  # handed out once; the driver is the job's now
         pool.fetch(standby_id, token, wait_s=0)
     pool.keep()
-    assert len(ray.started) == 2 and pool.idle() == 1
+    assert len(ray.started) == 2 and pool.status().idle == 1
 
 
 def test_a_wrong_token_or_id_learns_nothing():
@@ -175,7 +175,7 @@ def test_lost_standbys_are_stopped_and_replaced(seen, wait, lost):
     clock.now += wait
     pool.keep()
     assert (ray.stopped == [first]) is lost
-    assert len(ray.started) == (2 if lost else 1) and pool.idle() == 1
+    assert len(ray.started) == (2 if lost else 1) and pool.status().idle == 1
 
 
 def test_a_job_its_standby_never_fetched_is_given_up_after_the_handover_time():
@@ -196,7 +196,7 @@ def test_a_failed_start_is_retried_after_a_pause_not_every_tick():
     pool.keep()
     ray.refuse = False
     pool.keep()
-    assert not ray.started and pool.idle() == 0
+    assert not ray.started and pool.status().idle == 0
     clock.now += RETRY_S
     pool.keep()
     assert len(ray.started) == 1
@@ -306,13 +306,13 @@ def test_an_admitted_job_goes_to_an_idle_standby_and_keeps_its_ray_id(stores, tm
     events = stores.events.list_events(jobs[0].id)
     assert any(e.kind == "submitted" and standby in e.message for e in events)
     # Not replaced while the jobs start: a standby's warm-up would take their CPU.
-    assert len(ray.started) == 1 and backend.standby.idle() == 0
+    assert len(ray.started) == 1 and backend.standby.status().idle == 0
     reconciler.tick()
     assert len(ray.started) == 1
     for job in jobs:  # both report their first step
         stores.jobs.update_job(job.id, step=1)
     reconciler.tick()
-    assert len(ray.started) == 2 and backend.standby.idle() == 1  # replaced now
+    assert len(ray.started) == 2 and backend.standby.status().idle == 1  # replaced now
 
 
 def test_a_job_counts_as_starting_until_its_first_step_or_for_at_most_a_minute(stores):
