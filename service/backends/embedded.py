@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from service.errors import BackendUnavailable
 from service.ray_head import FAST_NODE_FAILURE_ENV
@@ -161,6 +162,31 @@ class RayPorts:
         return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process that is not a zombie is left in process group ``pgid``."""
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def stop_group(pgid: int, grace: float = 5.0) -> None:
+    """SIGTERM what is left in process group ``pgid``; SIGKILL what outlives ``grace`` s.
+
+    Returns once no live process is left in it (zombies, which only their parent can
+    remove, do not count).
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not group_alive(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + grace
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 class HeadExited(BackendUnavailable):
     """``ray start`` gave up while starting (e.g. a port it was given was taken)."""
 
@@ -292,5 +318,8 @@ class EmbeddedRay:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+            # `ray start` can exit before all it started has: a dashboard killed after its
+            # grace second leaves its forkserver and module processes behind. Its group goes too.
+            stop_group(self.proc.pid)
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
