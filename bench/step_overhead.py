@@ -45,7 +45,6 @@ import itertools
 import json
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -279,14 +278,11 @@ class LocalRay:
     def stop(self) -> None:
         import ray
 
+        from service.backends.embedded import stop_blocking_start
+
         ray.shutdown()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops its children
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_blocking_start(self.proc, 60)
 
 
 def _free_port() -> int:

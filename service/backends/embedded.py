@@ -187,6 +187,23 @@ def stop_group(pgid: int, grace: float = 5.0) -> None:
             time.sleep(0.1)
 
 
+def stop_blocking_start(proc: subprocess.Popen, timeout: float) -> None:
+    """Stop a running ``ray start --block`` child (started in a session of its own) and all
+    it started."""
+    if proc.poll() is not None:
+        return
+    # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # `ray start` can exit before all it started has: a dashboard killed after its grace
+    # second leaves its forkserver and module processes behind. Its group goes too.
+    stop_group(proc.pid)
+
+
 class HeadExited(BackendUnavailable):
     """``ray start`` gave up while starting (e.g. a port it was given was taken)."""
 
@@ -310,16 +327,7 @@ class EmbeddedRay:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the head and everything it started; remove its temp dir."""
-        if self.proc is not None and self.proc.poll() is None:
-            # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            # `ray start` can exit before all it started has: a dashboard killed after its
-            # grace second leaves its forkserver and module processes behind. Its group goes too.
-            stop_group(self.proc.pid)
+        if self.proc is not None:
+            stop_blocking_start(self.proc, timeout)
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
