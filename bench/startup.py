@@ -23,6 +23,10 @@ metric time. Medians over repeats; the load average is printed beside the table.
 one service per variant with that path first on ``PYTHONPATH`` (the embedded head
 passes it to drivers and workers); marks a checkout lacks merge into the next part.
 
+``--trace`` also prints, after each job, how many CPU seconds the service's processes
+used from its POST to its first step against what the cores could give (per 2 s
+window), and each process that ran meanwhile with its titles in turn (``proctrace.py``).
+
     .venv/bin/python bench/startup.py --repeats 3
 """
 
@@ -42,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from proctrace import ProcessSampler, print_trace  # noqa: E402
 from step_overhead import build_spec_dict, launch_torchrun  # noqa: E402
 
 from service.settings import Settings  # noqa: E402
@@ -155,7 +160,14 @@ def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> 
         for i in range(args.jobs):
             if i:
                 time.sleep(args.gap)
-            runs.append(run_job(served, args.steps))
+            if not args.trace:
+                runs.append(run_job(served, args.steps))
+                continue
+            with ProcessSampler(served.proc.pid) as sampler:
+                runs.append(run_job(served, args.steps))
+            marks, kind = runs[-1]["marks"], "warm" if i else "fresh"
+            print(f"\ntrace of job {i + 1} ({kind}), {runs[-1]['total_s']:.1f} s:")
+            print_trace(sampler.seen, marks["post"], marks["visible"], os.cpu_count() or 1)
         return runs
     finally:
         served.stop()
@@ -204,7 +216,8 @@ def print_table(results: dict) -> None:
     )
     print(f"\n{'seconds':<40}" + "".join(f"{label:>14}" for label, _, _ in columns))
     totals = "".join(
-        f"{statistics.median(r['total_s'] for r in runs):>14.2f}" for _, _, runs in columns
+        f"{statistics.median(r['total_s'] for r in runs):>14.2f}" if runs else f"{'-':>14}"
+        for _, _, runs in columns
     )
     print(f"{'submit -> first step (REST)':<40}{totals}")
     for label, _, _ in PARTS:
@@ -231,6 +244,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(an empty path is this one)",
     )
     p.add_argument("--json", type=Path, help="also write every run here")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="after each job, the CPU its start kept busy and its processes (proctrace.py)",
+    )
     return p.parse_args(argv)
 
 
