@@ -65,11 +65,14 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
         assert "resubmitted" in kinds
         restored = [e for e in events if e["kind"] == "restored"]
         assert restored and restored[-1]["data"]["step"] >= 20
-        # Well under the 180 s a stale reservation would hold the head's CPUs.
+        # A stale reservation would hold the head's CPUs for 180 s from the killed
+        # controller's last renewal, so the restore would come after that; with it cancelled,
+        # the restore is only the resubmission and a start (92 s once on a host where torchrun
+        # took three times its usual start: the bound leaves that room and still catches it).
         when = dt.datetime.fromisoformat(restored[-1]["ts"])
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-        assert when.timestamp() - killed_at < 90, when.timestamp() - killed_at
+        assert when.timestamp() - killed_at < 150, when.timestamp() - killed_at
         steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
         assert steps == list(range(1, 401))  # every step once, none counted twice
 
