@@ -101,6 +101,16 @@ class StartupTimes(ControllerCallback, WorkerGroupCallback):
         self._times: dict[str, float] = {}
         self._controller: dict[str, float] = {}
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled: in the controller, before it creates Ray Train's other actors, whose
+        processes then skip the torch import the controller's needs (or in a worker, once
+        the controller is up). Either way no process of this run started later on this
+        node is the controller."""
+        self.__dict__.update(state)
+        from workers.elastic.warm_spares import mark_controller
+
+        mark_controller()
+
     def after_controller_start(self, train_run_context) -> None:
         """The controller actor is up and starts its run."""
         self._controller = {"controller_start": time.time()}

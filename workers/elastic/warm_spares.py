@@ -39,6 +39,7 @@ its failures, and without spares a restart is as slow as Ray's default, never wr
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import logging
@@ -106,11 +107,12 @@ RUN_ACTORS_PER_GROUP = 3  # of them, started again for every group: sync, datase
 RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")
 # What the controller also imports as it unpickles its arguments: the trainer's TorchConfig
 # (in its backend and accelerator callbacks), whose module imports torch (1.6 s of CPU,
-# 180 MB). The job's first RUN_ACTORS run-actor processes on a node import it ahead: the
-# run's own (the controller's among them, which no process can tell ahead); the 3 per
-# group restart after them need none of it.
+# 180 MB). The job's first RUN_ACTORS run-actor processes on a node import it ahead (none
+# can tell which is the controller's) until the controller is here (CONTROLLER_HERE).
 CONTROLLER_IMPORTS = ("ray.train.torch.config",)
 RUN_ACTORS_DIR = "run-actors"  # <pid> per run-actor process of the job on the node
+# Made by mark_controller: later run-actor processes are Ray Train's others (no torch).
+CONTROLLER_HERE = "controller-here"
 
 
 def worker_runtime_env() -> dict:
@@ -129,12 +131,13 @@ def setup_hook() -> None:
     Every process of the job runs this at start: those started with the worker actors'
     environment (``ETRAIN_WARM_WORKER=1``) import the training stack, the others (Ray
     Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules,
-    the first :data:`RUN_ACTORS` of them torch too (:data:`CONTROLLER_IMPORTS`).
-    Each first marks itself started (:func:`prestart_waves` counts them).
+    the first :data:`RUN_ACTORS` torch too (:data:`CONTROLLER_IMPORTS`) unless the run's
+    controller is here. Each marks itself started (:func:`prestart_waves` counts).
     """
     _mark_started(STARTED)
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
-        first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS
+        here = (_spare_dir() / CONTROLLER_HERE).exists()
+        first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS and not here
         for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first else ())):
             importlib.import_module(name)
         return
@@ -144,6 +147,13 @@ def setup_hook() -> None:
         importlib.import_module(name)
     warming.rename(_spare_file(READY))
     _announce(ready=True)
+
+
+def mark_controller() -> None:
+    """In the run's controller, as it unpickles its arguments (before it creates any actor)."""
+    with contextlib.suppress(Exception):  # only makes a start cheaper
+        if ray_node_id() is not None:  # in Ray (not unpickled in a test, say)
+            (_spare_dir() / CONTROLLER_HERE).touch()
 
 
 def claim() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from workers.contract import WARM_WORKER_ENV
 from workers.elastic import warm_spares
+from workers.elastic.callbacks import StartupTimes
 
 NO_SUCH_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
 
@@ -75,6 +77,32 @@ def test_the_hook_gives_the_run_actors_ray_train_and_the_first_of_them_torch(
     monkeypatch.setattr(os, "getpid", lambda: me + 1)  # one more run-actor process
     warm_spares.setup_hook()
     assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
+
+
+def test_once_the_controller_is_here_no_later_run_actor_imports_torch(
+    monkeypatch, tmp_path, imports
+):
+    """A fresh start: the controller's process was the job's first run actor, and the
+    processes Ray Train starts for its coordinator, state actor and cleaner once the
+    controller unpickled its arguments are among the first RUN_ACTORS too: they need no
+    torch."""
+    monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "ray_node_id", lambda: "node-a")
+    pickle.loads(pickle.dumps(StartupTimes()))  # as the controller gets its callbacks
+    assert (tmp_path / warm_spares.CONTROLLER_HERE).exists()
+    warm_spares.setup_hook()  # the second run-actor process on the node
+    assert imports == list(warm_spares.RUN_ACTOR_IMPORTS)
+
+
+def test_unpickled_outside_ray_the_callbacks_mark_nothing(monkeypatch, tmp_path):
+    """No Ray connection, no mark, and no local Ray started to find one."""
+    import ray
+
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    pickle.loads(pickle.dumps(StartupTimes()))
+    assert not ray.is_initialized()
+    assert not (tmp_path / warm_spares.CONTROLLER_HERE).exists()
 
 
 def test_the_hook_warms_every_module_a_restarted_worker_needs(gcs, tmp_path, imports):
