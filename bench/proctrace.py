@@ -26,7 +26,6 @@ class Seen:
 
     pid: int
     created: float
-    command: str
     titles: list[tuple[float, str]] = field(default_factory=list)
     cpu: list[tuple[float, float]] = field(default_factory=list)
 
@@ -68,14 +67,12 @@ class ProcessSampler:
         for p in procs:
             try:
                 with p.oneshot():
-                    title, cpu = p.name(), p.cpu_times()
-                    seen = self.seen.get(p.pid)
-                    if seen is None or seen.created != p.create_time():
-                        seen = self.seen[p.pid] = Seen(
-                            p.pid, p.create_time(), " ".join(p.cmdline())[:80]
-                        )
+                    title, cpu, created = p.name(), p.cpu_times(), p.create_time()
             except psutil.Error:
                 continue
+            seen = self.seen.get(p.pid)
+            if seen is None or seen.created != created:  # new, or its pid was reused
+                seen = self.seen[p.pid] = Seen(p.pid, created)
             if not seen.titles or seen.titles[-1][1] != title:
                 seen.titles.append((now, title))
             seen.cpu.append((now, cpu.user + cpu.system))
@@ -88,9 +85,9 @@ def busy_windows(
     ``start`` to ``end``: (window start relative to ``start``, CPU seconds). A process
     already running before ``start`` counts from its first sample, a new one from 0."""
     used: dict[int, float] = defaultdict(float)
-    for s in seen.values():
-        first = s.cpu[0][0] if s.cpu else start
-        last = s.cpu[0][1] if s.cpu and s.created < first - 1 else 0.0
+    for s in (s for s in seen.values() if s.cpu):
+        # Seen over a second after it started: it ran before, count from that first sample.
+        last = s.cpu[0][1] if s.created < s.cpu[0][0] - 1 else 0.0
         for t, c in s.cpu:
             if start <= t <= end:
                 used[int((t - start) // width)] += c - last
@@ -112,11 +109,12 @@ def process_rows(seen: dict[int, Seen], start: float, end: float) -> list[str]:
     return rows
 
 
-def print_trace(seen: dict[int, Seen], start: float, end: float, cores: int) -> None:
+def print_trace(
+    seen: dict[int, Seen], start: float, end: float, cores: int, width: float = 2.0
+) -> None:
     """The windows and the processes of one job's start (``start``: its POST, ``end``:
     its first step visible)."""
-    windows = busy_windows(seen, start, end)
-    width = 2.0
+    windows = busy_windows(seen, start, end, width)
     total = sum(c for _, c in windows)
     print(
         f"\nCPU used by the service's processes from the POST to the first step: {total:.1f} s"

@@ -162,13 +162,14 @@ class RayPorts:
         return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process that is not a zombie is left in process group ``pgid``."""
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that are not zombies."""
+    members = []
     for p in psutil.process_iter(["status"]):
         with contextlib.suppress(ProcessLookupError, psutil.Error):
             if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-    return False
+                members.append(p.pid)
+    return members
 
 
 def stop_group(pgid: int, grace: float = 5.0) -> None:
@@ -178,12 +179,12 @@ def stop_group(pgid: int, grace: float = 5.0) -> None:
     remove, do not count).
     """
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not group_alive(pgid):
+        if not group_members(pgid):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + grace
-        while group_alive(pgid) and time.monotonic() < deadline:
+        while group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 

@@ -6,7 +6,7 @@ from bench.proctrace import Seen, busy_windows, process_rows
 
 
 def _seen(pid, created, cpu, titles=()):
-    s = Seen(pid, created, f"proc {pid}")
+    s = Seen(pid, created)
     s.cpu = list(cpu)
     s.titles = list(titles)
     return s

@@ -136,8 +136,8 @@ def setup_hook() -> None:
     """
     _mark_started(STARTED)
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
-        here = (_spare_dir() / CONTROLLER_HERE).exists()
-        first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS and not here
+        first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS
+        first = first and not (_spare_dir() / CONTROLLER_HERE).exists()
         for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first else ())):
             importlib.import_module(name)
         return
