@@ -11,6 +11,12 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 
+# Idle keep-alive connections are kept this long. A pooled client reuses an idle connection
+# until its own expiry (httpx: 5 s, ingress-nginx's upstream pool: 60 s); a server that closes
+# first races with the client's next request on it, which then gets a connection reset.
+KEEP_ALIVE_S = 75
+
+
 def describe_ray(settings: Settings) -> str:
     """Where jobs will run, as ``build_backend`` will decide it from ``settings``."""
     if settings.backend == "kuberay":
@@ -94,4 +100,5 @@ def run_server(
         port=settings.port,
         log_level="info",
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )

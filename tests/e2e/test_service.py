@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import time
+from urllib.parse import urlsplit
+
 import httpx
 import psutil
 import pytest
@@ -34,6 +38,22 @@ def write(tmp_path, spec: dict, name: str = "job.yaml"):
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def test_an_idle_connection_outlives_a_clients_pool_expiry(served):
+    """A pooled client (httpx keeps idle connections 5 s) may reuse a connection up to its
+    own expiry; closed by the server first, the request sent on it would get a reset."""
+    url = urlsplit(served.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read()
+        sock = conn.sock
+        time.sleep(6)  # longer than httpx's keepalive_expiry and uvicorn's default 5 s
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200 and conn.sock is sock  # the same connection
+    finally:
+        conn.close()
 
 
 def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
