@@ -189,7 +189,7 @@ async def create_job_telemetry(
 ) -> TelemetryAccepted:
     """Metrics, events and checkpoints from a job's workers (its reporter token only)."""
     data = await read_body(request, yaml_ok=False)
-    accepted = ingest.ingest(principal, job_id, data)
+    accepted = await run_in_threadpool(ingest.ingest, principal, job_id, data)  # the store
     prom.TELEMETRY_POINTS.inc(accepted)
     return TelemetryAccepted(accepted=accepted)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from service.api import openapi
@@ -59,8 +60,8 @@ async def create_token(request: Request, user: User) -> TokenPublic:
     except ValidationError as e:
         errors = field_errors(e, ["body"], root=TokenRequest)
         raise InvalidSpec("invalid token request", errors) from e
-    token, record = issue_user_token(
-        runtime(request).stores.tokens, tenant=body.tenant, name=body.name
+    token, record = await run_in_threadpool(  # the store: off the event loop
+        issue_user_token, runtime(request).stores.tokens, tenant=body.tenant, name=body.name
     )
     return TokenPublic(id=record.id, tenant=body.tenant, name=body.name, token=token)
 
