@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import statistics
 import sys
@@ -67,6 +66,7 @@ from service.backends.embedded import EmbeddedRay  # noqa: E402
 from service.backends.ray_jobs import RayJobBackend  # noqa: E402
 from tests.support.ray_cluster import start_node, submit_job  # noqa: E402
 from tests.support.telemetry_sink import TelemetrySink  # noqa: E402
+from workers.contract import SPARES_WAIT_OVER  # noqa: E402
 
 # Ray 2.60's own values (ray/train/v2/_internal/constants.py, ScalingConfig).
 RAY_DEFAULTS = {
@@ -304,8 +304,8 @@ def spares_ready_s(log: str) -> float:
     (``node_spares.SPARES_WAIT_S``) if they were not all ready then; NaN without a wait.
     (The bench imports nothing of Ray Train: it would fix Ray's auth mode before the head
     has its token.)"""
-    said = re.search(r"'s warm spares (?:ready|not all ready after) ([\d.]+) s", log)
-    return float(said.group(1)) if said else float("nan")
+    said = SPARES_WAIT_OVER.search(log)
+    return float(said.group(1) or said.group(2)) if said else float("nan")
 
 
 def _median(runs: list[dict], *keys: str) -> float:

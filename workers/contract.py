@@ -17,6 +17,7 @@ Imports nothing but pydantic and the standard library.
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 from typing import Any
 
@@ -65,6 +66,14 @@ def driver_command(python: str = "python") -> str:
 def launch_env(*, job_id: str, spec_json: str) -> dict[str, str]:
     """The variables that tell a driver which job to run (the backend adds credentials)."""
     return {JOB_ID_ENV: job_id, JOB_SPEC_ENV: spec_json}
+
+
+# The controller's job-log line as its wait for a joined node's warm spares ends with a resize
+# (workers.elastic.scaling), as tests and bench/recovery.py read it: group 1, the seconds from
+# the join to all ready; group 2 instead, the cap it waited without them all ready.
+SPARES_WAIT_OVER = re.compile(
+    r"'s warm spares (?:ready ([\d.]+) s after it joined|not all ready after ([\d.]+) s): resizing"
+)
 
 
 # --- parallel strategies -------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import uuid
 from pathlib import Path
@@ -24,7 +23,7 @@ from service.backends.base import RunState
 from tests.support.faults import fault_env
 from tests.support.polling import wait_for
 from tests.support.ray_cluster import start_node, submit_job, wait_for_job
-from workers.contract import WARM_WORKER_ENV
+from workers.contract import SPARES_WAIT_OVER, WARM_WORKER_ENV
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -116,12 +115,7 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
         logs = ray_backend.logs(f"it-{job_id}")
         assert "joined: asked for 2 warm spare worker(s)" in logs
         assert "joined: resizing once its 2 warm spare(s) are ready" in logs, detail()
-        ended = re.search(
-            r"'s warm spares (ready [\d.]+ s after it joined|not all ready after [\d.]+ s): "
-            r"resizing",
-            logs,
-        )
-        assert ended, detail()
+        assert SPARES_WAIT_OVER.search(logs), detail()
         grown_at = len(sizes())
         wait_for(
             lambda: len(sizes()) >= grown_at + 10,
