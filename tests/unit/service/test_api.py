@@ -3,12 +3,14 @@ plan, cluster, probes, Prometheus, and telemetry from a job's reporter token."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from sqlalchemy import event
 
 from service.api import goodput_routes, routes, standby_routes, token_routes
 from service.api.app import create_app
@@ -771,6 +773,51 @@ def test_malformed_telemetry_is_422(tmp_path):
         job_id = _submit(c)["id"]
         r = c.post(f"/v1/jobs/{job_id}/telemetry", json=[_point(1)], headers=_reporter(c, job_id))
     assert r.status_code == 422
+
+
+# -- the event loop ----------------------------------------------------------------
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_routes_query_the_store_off_the_event_loop(client):
+    """A query on the event loop waits (SQLite's writers queue on one lock), and every other
+    request, a job's telemetry included, would wait with it."""
+    queries: list[tuple[bool, str]] = []
+
+    def seen(conn, cursor, statement, *args) -> None:
+        queries.append((_on_loop(), statement.split("\n")[0][:80]))
+
+    event.listen(_stores(client).db._engine, "before_cursor_execute", seen)
+    job_id = _submit(client)["id"]
+    calls = [
+        ("POST", "/v1/jobs", SPEC, ADMIN_H),
+        ("POST", "/v1/plan", {"spec": SPEC}, ADMIN_H),
+        ("POST", "/v1/tokens", {"tenant": "acme", "name": "ci"}, ADMIN_H),
+        (
+            "POST",
+            f"/v1/jobs/{job_id}/telemetry",
+            {"events": [{"kind": "started", "message": "up", "ts": 1.0}]},
+            _reporter(client, job_id),
+        ),
+        ("GET", "/v1/jobs", None, ADMIN_H),
+        ("GET", f"/v1/jobs/{job_id}", None, ADMIN_H),
+        ("GET", "/v1/tokens", None, ADMIN_H),
+        ("POST", f"/v1/jobs/{job_id}/cancel", None, ADMIN_H),
+    ]
+    for method, path, body, headers in calls:
+        queries.clear()
+        r = client.request(method, path, json=body, headers=headers)
+        assert r.status_code < 300, (path, r.text)
+        assert queries, f"{method} {path} made no query: the check sees nothing"
+        on_loop = [q for loop, q in queries if loop]
+        assert not on_loop, f"{method} {path} queried on the event loop: {on_loop}"
 
 
 # -- secrets ---------------------------------------------------------------------
