@@ -122,6 +122,8 @@ def print_trace(
         f" per {width:g} s window (at most {width * cores:g}):"
     )
     print("  " + " ".join(f"{t:g}:{c:.1f}" for t, c in windows))
+    least = total / cores  # every core busy all along, no process ever waiting
+    print(f"  (the least time that CPU takes on {cores} cores: {least:.1f} s)")
     print(f"\n{'started':>8} {'pid':>7} {'CPU s':>8}  titles (s after the POST)")
     for row in process_rows(seen, start, end):
         print(row)

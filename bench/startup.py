@@ -25,7 +25,8 @@ passes it to drivers and workers); marks a checkout lacks merge into the next pa
 
 ``--trace`` also prints, after each job, how many CPU seconds the service's processes
 used from its POST to its first step against what the cores could give (per 2 s
-window), and each process that ran meanwhile with its titles in turn (``proctrace.py``).
+window, and the least time that CPU takes with every core busy), and each process that ran
+meanwhile with its titles in turn (``proctrace.py``).
 
     .venv/bin/python bench/startup.py --repeats 3
 """
