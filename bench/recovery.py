@@ -36,6 +36,12 @@ Each run's line also splits (i), (ii) and (iii) into the parts of the new group'
 ``workers_started`` event, ``workers.elastic.startup_times``); each job's driver log
 (with its controller's) is kept in the folder printed last.
 
+``--split-cores`` gives each node cores of its own, as separate machines have: the head
+(and every process it starts: drivers, controllers, workers) runs on the first half of
+this machine's CPUs, the joining node on the other half (Linux CPU affinity, which child
+processes inherit). Each node still offers Ray 2 CPUs. Without it both nodes share all
+cores, so the joining node's spares import on the cores the job trains on.
+
 Failures are injected in a running job's steady state: with spares, once the
 spares asked for after the last (re)start are ready (on these 2 busy cores they
 take 10-20 s to import torch), as they are hours into a real job.
@@ -215,14 +221,39 @@ def kill_a_worker() -> float:
     raise RuntimeError("no Ray Train worker process found")
 
 
-def add_node(head: EmbeddedRay, backend: RayJobBackend, job: Observed):
-    """Start a 2-CPU node; return it, when it was started, and when the head listed it.
+def core_halves() -> tuple[set[int], set[int]]:
+    """The CPUs this process may run on, in two halves: the head's and the joining node's."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--split-cores needs at least 2 CPUs")
+    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+    """Meanwhile this process runs on ``cpus`` only (None: unchanged), and so does every
+    process it starts meanwhile, for good (children inherit CPU affinity)."""
+    before = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def add_node(
+    head: EmbeddedRay, backend: RayJobBackend, job: Observed, cpus: set[int] | None = None
+):
+    """Start a 2-CPU node (on ``cpus``, None: all); return it, when it was started, and when
+    the head listed it.
 
     A node killed in an earlier repeat can stay listed ALIVE for a while, so the new one
     is waited for by its id."""
     known = {n["node_id"] for n in backend.cluster().nodes}
     t_start = time.time()
-    node = start_node(head, cpus=2)
+    with pinned(cpus):
+        node = start_node(head, cpus=2)
     try:
         t_alive = job.wait(
             lambda: any(n["node_id"] not in known for n in backend.cluster().nodes) and time.time(),
@@ -245,8 +276,10 @@ def run_once(
     every: int,
     *,
     spares: bool,
+    node_cpus: set[int] | None = None,
 ) -> dict:
-    """One job through (ii), (i) and (iii); returns the measurements."""
+    """One job through (ii), (i) and (iii) (the added node on ``node_cpus``, None: all);
+    returns the measurements."""
     job_id = f"bench-rec-{uuid.uuid4().hex[:6]}"
     spec = job_spec(work / job_id, every=every, spares=spares)
     submit_job(
@@ -260,7 +293,7 @@ def run_once(
         job.steps_after(3, world=2, timeout=300)
         out = {"killed": job.recovery(kill_a_worker(), timeout=300)}
         job.steps_after(2 * every, world=2, timeout=300)
-        node, t_start, t_alive = add_node(head, backend, job)
+        node, t_start, t_alive = add_node(head, backend, job, node_cpus)
         first4 = job.wait(
             lambda: [m for m in job.metrics() if m["world_size"] == 4 and m["ts"] > t_alive],
             300,
@@ -341,10 +374,13 @@ ROWS = [
 GOALS = {("added_s",): 10.0, ("killed", "s"): 3.0, ("lost", "s"): 5.0}
 
 
-def print_table(results: dict[str, list[dict]], *, every: int, load: list) -> None:
+def print_table(
+    results: dict[str, list[dict]], *, every: int, load: list, cores: str | None = None
+) -> None:
     """Medians per configuration, etrain / defaults ratios, and the goals."""
     names = list(results)
     print(f"\nmedian of {len(results[names[0]])} runs; checkpoints every {every} steps")
+    print(f"cores: {cores or 'all shared by both nodes'}")
     print("load average " + " -> ".join("/".join(f"{x:.2f}" for x in la) for la in load) + "\n")
     print(f"{'measurement':<38}" + "".join(f"{n:>14}" for n in names) + f"{'ratio':>9}{'goal':>8}")
     for label, keys in ROWS:
@@ -367,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="try another GCS health-check period on the etrain head (etrain sets 1000)",
     )
+    p.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="the head on half of the CPUs, the joining node on the other half",
+    )
     args = p.parse_args(argv)
+    head_cpus, node_cpus = core_halves() if args.split_cores else (None, None)
     work = Path(tempfile.mkdtemp(prefix="etrain-bench-recovery-"))
     sink = TelemetrySink()
     load = [os.getloadavg()]
@@ -382,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.gcs_health_period_ms and FAST_NODE_FAILURE[name]:
                 period = {"RAY_health_check_period_ms": str(args.gcs_health_period_ms)}
                 head.gcs_env = {**head.gcs_env, **period}
-            backend = RayJobBackend(head.start(), python=sys.executable)
+            with pinned(head_cpus):
+                started = head.start()
+            backend = RayJobBackend(started, python=sys.executable)
             try:
                 for r in range(args.repeats):
                     run = run_once(
@@ -393,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                         work,
                         args.every,
                         spares=WARM_SPARES[name],
+                        node_cpus=node_cpus,
                     )
                     results[name].append(run)
                     print(f"{name} run {r + 1}: {json.dumps(run)}", flush=True)
@@ -403,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     load.append(os.getloadavg())
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    print_table(results, every=args.every, load=load)
+    cores = None
+    if args.split_cores:
+        cores = f"head on CPUs {sorted(head_cpus)}, joining node on {sorted(node_cpus)}"
+    print_table(results, every=args.every, load=load, cores=cores)
     print(f"\ndriver logs: {work}")
     return 0
 
