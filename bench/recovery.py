@@ -229,6 +229,13 @@ def core_halves() -> tuple[set[int], set[int]]:
     return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
 
 
+def layout(head: set[int] | None, node: set[int] | None) -> str | None:
+    """The table's line on where each node ran (None: both on all CPUs)."""
+    if head is None or node is None:
+        return None
+    return f"head on CPUs {sorted(head)}, joining node on {sorted(node)}"
+
+
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None):
     """Meanwhile this process runs on ``cpus`` only (None: unchanged), and so does every
@@ -448,10 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     load.append(os.getloadavg())
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    cores = None
-    if args.split_cores:
-        cores = f"head on CPUs {sorted(head_cpus)}, joining node on {sorted(node_cpus)}"
-    print_table(results, every=args.every, load=load, cores=cores)
+    print_table(results, every=args.every, load=load, cores=layout(head_cpus, node_cpus))
     print(f"\ndriver logs: {work}")
     return 0
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.recovery import core_halves, pinned
+from bench.recovery import core_halves, layout, pinned
 
 CPUS = os.sched_getaffinity(0)
 
@@ -38,3 +38,8 @@ def test_none_leaves_the_affinity_as_it_was():
     with pinned(None):
         assert os.sched_getaffinity(0) == CPUS
     assert os.sched_getaffinity(0) == CPUS
+
+
+def test_the_table_says_where_each_node_ran():
+    assert layout(None, None) is None  # without --split-cores: both nodes on every CPU
+    assert layout({0}, {1}) == "head on CPUs [0], joining node on [1]"
