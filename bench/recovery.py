@@ -229,10 +229,10 @@ def core_halves() -> tuple[set[int], set[int]]:
     return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
 
 
-def layout(head: set[int] | None, node: set[int] | None) -> str | None:
-    """The table's line on where each node ran (None: both on all CPUs)."""
+def layout(head: set[int] | None, node: set[int] | None) -> str:
+    """The table's line on where each node ran (None: on every CPU)."""
     if head is None or node is None:
-        return None
+        return "all shared by both nodes"
     return f"head on CPUs {sorted(head)}, joining node on {sorted(node)}"
 
 
@@ -382,12 +382,12 @@ GOALS = {("added_s",): 10.0, ("killed", "s"): 3.0, ("lost", "s"): 5.0}
 
 
 def print_table(
-    results: dict[str, list[dict]], *, every: int, load: list, cores: str | None = None
+    results: dict[str, list[dict]], *, every: int, load: list, cores: str = layout(None, None)
 ) -> None:
     """Medians per configuration, etrain / defaults ratios, and the goals."""
     names = list(results)
     print(f"\nmedian of {len(results[names[0]])} runs; checkpoints every {every} steps")
-    print(f"cores: {cores or 'all shared by both nodes'}")
+    print(f"cores: {cores}")
     print("load average " + " -> ".join("/".join(f"{x:.2f}" for x in la) for la in load) + "\n")
     print(f"{'measurement':<38}" + "".join(f"{n:>14}" for n in names) + f"{'ratio':>9}{'goal':>8}")
     for label, keys in ROWS:

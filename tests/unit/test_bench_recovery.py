@@ -41,5 +41,5 @@ def test_none_leaves_the_affinity_as_it_was():
 
 
 def test_the_table_says_where_each_node_ran():
-    assert layout(None, None) is None  # without --split-cores: both nodes on every CPU
+    assert layout(None, None) == "all shared by both nodes"  # without --split-cores
     assert layout({0}, {1}) == "head on CPUs [0], joining node on [1]"
