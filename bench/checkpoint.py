@@ -54,9 +54,9 @@ sys.path.insert(0, str(ROOT))
 from workers.checkpoint.async_save import AsyncSaver  # noqa: E402
 from workers.checkpoint.manager import CheckpointInfo, CheckpointManager  # noqa: E402
 from workers.checkpoint.state import ModelAndOptimizer  # noqa: E402
-from workers.checkpoint.storage import resolve_storage  # noqa: E402
 from workers.models.config import ModelConfig, count_params  # noqa: E402
 from workers.models.llama import build_model  # noqa: E402
+from workers.storage.location import resolve_storage  # noqa: E402
 
 CONFIG = ModelConfig(
     vocab_size=16000, dim=384, n_layers=6, n_heads=6, n_kv_heads=6, ffn_hidden=1024, max_seq_len=128

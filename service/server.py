@@ -48,7 +48,7 @@ def ray_token_line(settings: Settings) -> str | None:
 
 def configure_logging() -> None:
     """The service's log: ``ETRAIN_LOG_LEVEL`` (INFO), without client libraries' chatter."""
-    from workers.checkpoint.storage import quiet_storage_loggers
+    from workers.storage.location import quiet_storage_loggers
     from workers.telemetry.reporter import quiet_http_loggers
 
     logging.basicConfig(

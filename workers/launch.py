@@ -23,7 +23,7 @@ from workers.spec import JobSpec
 
 def job_storage(spec: JobSpec):
     """The job's checkpoint store (credentials from this process's environment)."""
-    from workers.checkpoint.storage import resolve_checkpoint_storage
+    from workers.storage.location import resolve_checkpoint_storage
 
     return resolve_checkpoint_storage(spec.checkpoint)
 

@@ -50,7 +50,7 @@ DRIVER_MODULES = (
     "ray.train.v2.api.data_parallel_trainer",
     "workers.elastic.callbacks",
     "workers.elastic.scaling",
-    "workers.checkpoint.storage",
+    "workers.storage.location",
 )
 # Set once the job came: the warm-up stops asking for processes (warm_spares.prestart_waves).
 STOP_WARMING = threading.Event()

@@ -22,7 +22,6 @@ from torch import nn
 from workers.checkpoint.loop import Checkpointer
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
-from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_storage
 from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, dataset_for
 from workers.hooks import RunHooks
@@ -38,6 +37,7 @@ from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
+from workers.storage.location import StorageLocation, resolve_checkpoint_storage
 from workers.strategies import StrategyConfig, get_strategy
 from workers.strategies.mesh import build_mesh, coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report

@@ -50,7 +50,7 @@ HEAD_ENV_NAMES = frozenset(
         "MKL_NUM_THREADS",
         "SSL_CERT_FILE",
         "SSL_CERT_DIR",
-        # Storage switches that hold no secret (workers.checkpoint.storage).
+        # Storage switches that hold no secret (workers.storage.location).
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
         "STORAGE_EMULATOR_HOST",
     }

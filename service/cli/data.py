@@ -73,11 +73,11 @@ def model_vocab_size(model: dict[str, Any]) -> int | None:
 
 def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
     """Validate the merged options as a data section and write the prepared folder."""
-    from workers.checkpoint.storage import resolve_checkpoint_storage
     from workers.data.prepare import prepare
     from workers.data.tokens import ShapeOptions
     from workers.spec.checkpoint import CheckpointSpec
     from workers.spec.data import DataSpec
+    from workers.storage.location import resolve_checkpoint_storage
 
     data = DataSpec.model_validate(options["data"])
     # The spec's checkpoint.s3 / checkpoint.gcs options reach s3:// / gs:// inputs.

@@ -118,7 +118,7 @@ def export_job(
     checkpoint = job_checkpoint_section(job)
     # torch loads here, only once there is something to export.
     from workers.checkpoint.export import ExportError, export_checkpoint, open_checkpoint_dir
-    from workers.checkpoint.storage import quiet_storage_loggers
+    from workers.storage.location import quiet_storage_loggers
 
     quiet_storage_loggers()  # their DEBUG records would print signed headers
     try:
@@ -154,7 +154,7 @@ def export_lora_job(
     checkpoint = job_checkpoint_section(job)
     from workers.checkpoint.export import ExportError, open_checkpoint_dir
     from workers.checkpoint.export_lora import export_adapter, export_merged
-    from workers.checkpoint.storage import quiet_storage_loggers
+    from workers.storage.location import quiet_storage_loggers
 
     quiet_storage_loggers()
     kind = "merged" if merge else "adapter"

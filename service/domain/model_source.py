@@ -27,8 +27,6 @@ from pathlib import Path
 
 from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
-from workers.checkpoint.probe import quick_fs, redact_credentials, store_error_code
-from workers.checkpoint.storage import StorageError, StorageLocation, resolve_checkpoint_storage
 from workers.models.config import ModelConfig
 from workers.models.hf_config import (
     MAX_CONFIG_BYTES,
@@ -37,6 +35,8 @@ from workers.models.hf_config import (
     read_hf_config_text,
 )
 from workers.spec import JobSpec
+from workers.storage.location import StorageError, StorageLocation, resolve_checkpoint_storage
+from workers.storage.probe import quick_fs, redact_credentials, store_error_code
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 LOC = ("model", "hf")

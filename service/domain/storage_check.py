@@ -30,14 +30,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from service.errors import EtrainError, InvalidSpec
-from workers.checkpoint.probe import check_storage
-from workers.checkpoint.storage import (
+from workers.spec import CheckpointSpec, JobSpec
+from workers.storage.location import (
     StorageError,
     checkpoint_credential_env,
     job_credential_env,
     resolve_checkpoint_storage,
 )
-from workers.spec import CheckpointSpec, JobSpec
+from workers.storage.probe import check_storage
 
 OBJECT_STORE_SCHEMES = ("s3://", "gs://")
 T = TypeVar("T")

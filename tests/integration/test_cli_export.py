@@ -27,8 +27,8 @@ from service.settings import Settings
 from tests.support.fakes import FakeBackend
 from workers.checkpoint.export import ExportError, open_checkpoint_dir
 from workers.checkpoint.manager import CheckpointManager
-from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
 from workers.spec import JobSpec
+from workers.storage.location import resolve_checkpoint_storage, resolve_storage
 from workers.train_loop import RunEnv, run
 
 ADMIN = "et_admin-token-for-the-export-tests-0123456789"

@@ -17,7 +17,6 @@ import pytest
 from tests.support.hf_fixtures import make_word_tokenizer
 from tests.support.local_launch import LocalJob, run_local
 from tests.support.s3_fixture import s3_client
-from workers.checkpoint.storage import resolve_checkpoint_storage
 from workers.data import TokenDataset, dataset_for
 from workers.data.prepare import local_prepared, prepare
 from workers.data.tokenizer import local_tokenizer, tokenizer_hash
@@ -25,6 +24,7 @@ from workers.data.tokens import ShapeOptions
 from workers.spec import JobSpec
 from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSpec
+from workers.storage.location import resolve_checkpoint_storage
 
 pytestmark = pytest.mark.slow
 

@@ -27,11 +27,11 @@ from workers.checkpoint.export import (
     open_checkpoint_dir,
 )
 from workers.checkpoint.manager import MANIFEST, CheckpointManager
-from workers.checkpoint.storage import StorageLocation, resolve_storage
 from workers.models.config import get_model_config
 from workers.models.hf_naming import from_hf_state_dict, to_hf_name
 from workers.models.llama import apply_rotary_emb, build_model
 from workers.spec import CheckpointSpec, JobSpec
+from workers.storage.location import StorageLocation, resolve_storage
 from workers.train_loop import RunEnv, run
 
 CFG = get_model_config("gpt-tiny")

@@ -147,7 +147,7 @@ def test_export_is_a_hugging_face_folder_of_the_source_architecture(
 
     from workers.checkpoint.export import export_checkpoint
     from workers.checkpoint.manager import CheckpointManager
-    from workers.checkpoint.storage import resolve_storage
+    from workers.storage.location import resolve_storage
 
     run_, root = reference_runs["sgd"], reference_runs["checkpoints"]
     (ckpt,) = CheckpointManager(resolve_storage(root), keep_last=None, rank=0).committed()

@@ -236,11 +236,11 @@ def test_export_copies_config_and_tokenizer_from_the_store(store, tmp_path):
 
 def test_each_store_gives_the_same_weights_and_config(object_store, store):
     from service.domain.model_source import read_remote_model
-    from workers.checkpoint.storage import resolve_checkpoint_storage
     from workers.models.hf_load import LocalWeights, hf_model_config, load_pretrained, materialize
     from workers.models.hf_remote import RemoteWeights, model_location
     from workers.models.llama import build_model
     from workers.spec import CheckpointSpec
+    from workers.storage.location import resolve_checkpoint_storage
 
     loc = object_store.location("hf", "qwen2")
     for p in store["local"].iterdir():

@@ -10,8 +10,8 @@ import pytest
 
 from tests.support.storage_checks import AWS, KEY, SECRET, no_secrets, round_trip
 from workers.checkpoint.dcp_io import dcp_writer
-from workers.checkpoint.probe import check_storage
-from workers.checkpoint.storage import StorageError, resolve_storage
+from workers.storage.location import StorageError, resolve_storage
+from workers.storage.probe import check_storage
 
 
 def _moto(s3_server, uri: str | None = None, **env) -> object:

@@ -11,8 +11,8 @@ import pytest
 from service.domain.storage_check import check_checkpoint_storage
 from service.errors import InvalidSpec
 from tests.support.fakes import ADMIN_H
-from workers.checkpoint.storage import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 from workers.spec import CheckpointSpec, parse_spec
+from workers.storage.location import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 
 SECRET_NAME = "moto-store"
 SECRET_VARS = (

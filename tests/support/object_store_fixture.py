@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.checkpoint.storage import StorageLocation, resolve_checkpoint_storage
 from workers.spec import CheckpointSpec
+from workers.storage.location import StorageLocation, resolve_checkpoint_storage
 
 
 @dataclass(frozen=True)

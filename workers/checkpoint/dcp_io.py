@@ -14,7 +14,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
 from workers.checkpoint.safe_load import SafeMetadataReader
-from workers.checkpoint.storage import StorageError, StorageLocation
+from workers.storage.location import StorageError, StorageLocation
 
 
 def _as_uri(loc: StorageLocation, path: str) -> str:

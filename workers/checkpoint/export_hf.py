@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from workers.checkpoint.source import ExportError
-from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
 from workers.data import tokenizer
 from workers.models.config import ModelConfig
 from workers.models.hf_config import read_hf_config_text
 from workers.models.hf_load import hf_config_bytes, hf_model_config, local_folder
 from workers.models.hf_remote import is_remote, model_location
+from workers.storage.location import resolve_checkpoint_storage, resolve_storage
 
 # Tokenizer (and generation) files a model folder may carry; copied when present: those
 # that decide tokenization (workers.data.tokenizer), then the rest.

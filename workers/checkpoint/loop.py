@@ -19,10 +19,10 @@ from workers.checkpoint.async_save import AsyncSaver, SaveOutcome
 from workers.checkpoint.interval import AutoIntervalPolicy, IntervalDecision, changed
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
-from workers.checkpoint.storage import resolve_checkpoint_storage
 from workers.contract import CheckpointRecord, EventKind
 from workers.models.lora import base_reference, check_base
 from workers.spec import JobSpec
+from workers.storage.location import resolve_checkpoint_storage
 
 
 def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:

@@ -46,7 +46,7 @@ from workers.checkpoint.dcp_io import dcp_reader, dcp_writer
 from workers.checkpoint.retention import retained_steps
 from workers.checkpoint.safe_load import SafeLoadPlanner, load_tensors
 from workers.checkpoint.state import rng_state, set_rng_state
-from workers.checkpoint.storage import StorageLocation, resolve_storage
+from workers.storage.location import StorageLocation, resolve_storage
 
 _STEP_DIR = re.compile(r"^step_(\d{8})(?:\.([0-9a-f]{8}))?$")  # final, or an object-store attempt
 MANIFEST = "manifest.json"

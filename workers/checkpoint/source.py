@@ -1,7 +1,7 @@
 """A committed checkpoint opened where it lies, outside a job (``etrain export``, tools).
 
 The store comes from the job's ``checkpoint`` section (the one mapping in
-:mod:`workers.checkpoint.storage`); the folder counts only if the checkpoint
+:mod:`workers.storage.location`); the folder counts only if the checkpoint
 layout lists it as committed; and every failure to read it is one
 :class:`ExportError` that says what to change, naming credentials by their
 source and never by their value.
@@ -18,13 +18,13 @@ from torch.distributed.checkpoint import CheckpointException
 
 from workers.checkpoint.dcp_io import dcp_reader
 from workers.checkpoint.manager import MANIFEST, CheckpointInfo, CheckpointManager
-from workers.checkpoint.probe import redact_credentials, store_error_code
-from workers.checkpoint.storage import (
+from workers.storage.location import (
     StorageError,
     StorageLocation,
     resolve_checkpoint_storage,
     resolve_storage,
 )
+from workers.storage.probe import redact_credentials, store_error_code
 
 if TYPE_CHECKING:
     from workers.spec import CheckpointSpec
@@ -64,7 +64,7 @@ def open_checkpoint_dir(
     how to reach the store, and an object-store ``uri`` must lie under its
     ``storage`` (this process's credentials are sent nowhere else). Credentials come
     from ``env`` (default: this process's environment), as
-    :func:`workers.checkpoint.storage.resolve_storage` reads them. Reads the manifest
+    :func:`workers.storage.location.resolve_storage` reads them. Reads the manifest
     only (one request to an object store).
     """
     uri = os.fspath(uri)

@@ -4,7 +4,7 @@ A job's ``data.path``, ``model.tokenizer`` or ``model.hf`` may name an object
 store. It is reached with the same mapping from a spec to a store as the
 checkpoints: the caller passes ``stores``, a function of a URL to its
 ``StorageLocation`` (the training loop and the CLI pass
-:func:`workers.checkpoint.storage.resolve_checkpoint_storage` over the spec's
+:func:`workers.storage.location.resolve_checkpoint_storage` over the spec's
 ``checkpoint`` section, whose ``s3`` / ``gcs`` options apply when the scheme is
 theirs; credentials from the environment). This package sits below
 ``workers.checkpoint``, so it takes the function rather than importing it; without

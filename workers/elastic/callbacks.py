@@ -72,7 +72,7 @@ class ReleaseStaleReservation(ControllerCallback):
 
     def after_controller_start(self, train_run_context) -> None:
         """Cancel the previous run's reservation, then record this run's."""
-        from workers.checkpoint.storage import resolve_checkpoint_storage, resolve_storage
+        from workers.storage.location import resolve_checkpoint_storage, resolve_storage
 
         mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
         loc = (

@@ -98,7 +98,7 @@ class EventFiles:
 
 class Upload:
     """Brings copies of a spool folder's event files up to date under ``store``'s root
-    (a :class:`~workers.checkpoint.storage.StorageLocation` of ``<root>/tensorboard``)."""
+    (a :class:`~workers.storage.location.StorageLocation` of ``<root>/tensorboard``)."""
 
     def __init__(self, store, spool: str):
         self.store, self.spool = store, spool

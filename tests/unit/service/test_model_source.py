@@ -17,8 +17,8 @@ from service.k8s.pod_security import storage_env_names, tenant_storage_env
 from tests.support.fakes import FakeBackend
 from tests.support.hf_fixtures import hf_config
 from tests.unit.service.test_storage_check import AWS, NAMED, OTHER
-from workers.checkpoint.storage import AWS_ENV, job_credential_env, job_store_uris
 from workers.spec import JobSpec
+from workers.storage.location import AWS_ENV, job_credential_env, job_store_uris
 
 ENV = {**AWS, **NAMED, **OTHER}
 

@@ -21,7 +21,7 @@ from workers.checkpoint.dcp_io import dcp_writer
 from workers.checkpoint.local_writer import LocalCheckpointWriter, WritebackFile
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.state import ModelAndOptimizer
-from workers.checkpoint.storage import resolve_storage
+from workers.storage.location import resolve_storage
 
 
 def state() -> dict:

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tests.support.hf_fixtures import make_hf_model
-from workers.checkpoint.storage import resolve_storage
 from workers.models.hf_load import (
     LocalWeights,
     _read_block,
@@ -21,6 +20,7 @@ from workers.models.hf_load import (
 from workers.models.hf_naming import to_hf_name
 from workers.models.hf_remote import RemoteWeights, is_remote, model_location, read_small
 from workers.models.llama import build_model
+from workers.storage.location import resolve_storage
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,8 @@ def test_missing_files_name_model_hf(tmp_path):
 
 
 def test_object_store_uris_resolve_through_stores(monkeypatch):
-    from workers.checkpoint.storage import resolve_checkpoint_storage
     from workers.spec import CheckpointSpec
+    from workers.storage.location import resolve_checkpoint_storage
 
     assert is_remote("s3://b/m") and is_remote("gs://b/m") and not is_remote("/data/m")
     checkpoint = CheckpointSpec.model_validate(

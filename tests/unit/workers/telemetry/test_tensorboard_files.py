@@ -11,8 +11,8 @@ import os
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from workers.checkpoint.storage import resolve_storage
 from workers.contract import EventKind, MetricPoint
+from workers.storage.location import resolve_storage
 from workers.telemetry import tensorboard as tb
 
 

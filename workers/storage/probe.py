@@ -2,7 +2,7 @@
 
 :func:`check_storage` writes and deletes a probe object with the credentials
 this process holds (the service's, at submit and plan time); every failure
-becomes one :class:`~workers.checkpoint.storage.StorageError` that names
+becomes one :class:`~workers.storage.location.StorageError` that names
 ``checkpoint.storage``, where the credentials came from (by variable name) and
 what to change. :func:`redact_credentials` keeps key values out of any text.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import fsspec
 
-from workers.checkpoint.storage import S3_OPTIONS, StorageError, StorageLocation
+from workers.storage.location import S3_OPTIONS, StorageError, StorageLocation
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

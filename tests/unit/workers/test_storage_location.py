@@ -11,15 +11,15 @@ import re
 import pytest
 
 from tests.support.storage_checks import AWS, KEY, NAMED, SECRET, TOKEN, no_secrets, round_trip
-from workers.checkpoint.probe import check_storage
-from workers.checkpoint.storage import (
+from workers.spec import CheckpointSpec
+from workers.storage.location import (
     StorageError,
     credential_env,
     resolve_checkpoint_storage,
     resolve_storage,
     secret_env_names,
 )
-from workers.spec import CheckpointSpec
+from workers.storage.probe import check_storage
 
 # --- resolving URIs -----------------------------------------------------------------------
 

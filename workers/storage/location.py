@@ -26,7 +26,7 @@ from, never their values:
   the workers' environment must set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
 
 Importing this module imports neither torch nor pyarrow (the service uses it).
-:mod:`workers.checkpoint.probe` checks a location before a job runs;
+:mod:`workers.storage.probe` checks a location before a job runs;
 :mod:`workers.checkpoint.dcp_io` gives DCP readers and writers for it.
 """
 
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     import pyarrow.fs
     from fsspec import AbstractFileSystem
 
-    from workers.spec import CheckpointSpec
+    # A spec's ``checkpoint`` section (workers.spec.CheckpointSpec, a layer above this one):
+    # read for its ``storage``, ``s3`` and ``gcs`` fields only.
+    CheckpointSpec = Any
 
 SCHEMES = ("file", "s3", "gs")
 AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
