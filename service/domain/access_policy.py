@@ -22,6 +22,9 @@ settings, for the tenant that sends it:
   secret named after the tenant); without one, an ``s3://`` job would run with the
   service's own keys, which only tenants in ``policy_ambient_credentials`` may.
 
+What holds is the check at use: :meth:`AccessPolicy.roots` gives the folders a tenant's
+job may open, and every local open (the service's at submit, the workers' at run time)
+goes through :mod:`workers.storage.confine`, component by component, beneath them.
 A job restores from its own ``checkpoint.storage`` only, so what a restore reads
 (DCP's pickled ``.metadata`` included) comes from a place this policy allowed.
 Each refusal is one 422 item whose loc names the field and whose msg names the rule
@@ -37,6 +40,7 @@ from pathlib import Path
 from service.errors import InvalidSpec
 from service.settings import Settings
 from workers.spec import JobSpec
+from workers.storage.confine import Roots
 
 # Never named by any spec, admin's included.
 SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run")
@@ -77,6 +81,16 @@ class AccessPolicy:
     def data_area(self, tenant: Tenant) -> Path:
         """The folder a tenant's data files live in."""
         return self.data_root.expanduser() / tenant.name
+
+    def roots(self, tenant: Tenant) -> Roots:
+        """The folders ``tenant``'s jobs may open, for the check at the moment of use: read
+        beneath its data area, the shared data roots and its checkpoint area; write beneath
+        its checkpoint area; an admin also beneath ``policy_admin_roots``. The service opens
+        a spec's files beneath them at submit and plan, and writes them into each job's
+        environment (``ETRAIN_STORAGE_ROOTS``), where the workers read them."""
+        admin = list(self.settings.policy_admin_roots) if tenant.admin else []
+        read = [self.data_area(tenant), *self.settings.policy_shared_data_roots, *admin]
+        return Roots.of(read, [self.checkpoint_area(tenant), *admin])
 
     def default_storage(self, tenant: Tenant) -> str:
         """``checkpoint.storage`` for a spec that names none: the tenant's checkpoint area."""

@@ -30,6 +30,7 @@ from workers.data.formats import field, jsonl_lines, read_rows
 from workers.data.prepare import read_index
 from workers.data.remote import is_remote
 from workers.spec import JobSpec
+from workers.storage.confine import UNCONFINED, Roots, is_file, opened
 
 MAX_ROWS = 200
 MAX_TEXT_BYTES = 1 << 20
@@ -38,10 +39,12 @@ MAX_REMOTE_BYTES = 1 << 20
 PATH = ("data", "path")
 
 
-def data_refusals(spec: JobSpec, *, probes=None, tenant: str = "") -> list[tuple[tuple, str]]:
+def data_refusals(
+    spec: JobSpec, *, probes=None, tenant: str = "", roots: Roots = UNCONFINED
+) -> list[tuple[tuple, str]]:
     """(field path, why and what to do) for each problem of ``spec``'s data section;
     object-store data is read through ``probes`` (for ``tenant``), or left to the workers
-    when there are none."""
+    when there are none; a local file is opened beneath ``roots`` (the tenant's folders)."""
     data = spec.data
     tokenizer = spec.model.tokenizer or spec.model.hf
     if data.source == "synthetic":
@@ -62,24 +65,24 @@ def data_refusals(spec: JobSpec, *, probes=None, tenant: str = "") -> list[tuple
     if "://" in path or not os.path.exists(path):
         return []  # not visible here: the workers read it (and name it if it is missing)
     try:
-        _check(path, spec)
+        _check(path, spec, roots)
     except (ValueError, OSError) as e:
         return [(PATH, str(e))]
     return []
 
 
-def _check(path: str, spec: JobSpec) -> None:
+def _check(path: str, spec: JobSpec, roots: Roots) -> None:
     data = spec.data
     if data.source == "prepared":
-        _check_prepared(path, spec)
+        _check_prepared(path, spec, roots)
         return
-    if not os.path.isfile(path):
+    if not is_file(path, roots):
         raise ValueError(f"data.path {path!r} is not a file; name the data file")
     if data.source == "text":
-        with open(path, "rb") as f:
+        with opened(path, roots) as f:
             _check_text_head(path, f.read(MAX_TEXT_BYTES))
         return
-    _check_rows(path, _head_rows(path, data.source), spec)
+    _check_rows(path, _head_rows(path, data.source, roots), spec)
 
 
 def _check_rows(path: str, rows, spec: JobSpec) -> None:
@@ -92,12 +95,12 @@ def _check_rows(path: str, rows, spec: JobSpec) -> None:
         raise ValueError(f"data.path {path!r} holds no rows; it needs at least one")
 
 
-def _head_rows(path: str, source: str):
+def _head_rows(path: str, source: str, roots: Roots):
     """The rows of the file's head: jsonl lines within :data:`MAX_JSONL_BYTES` (a line cut
     there is left to the workers), parquet's first batch."""
     if source != "jsonl":
-        return read_rows(path, source)
-    with open(path, "rb") as f:
+        return read_rows(path, source, roots=roots)
+    with opened(path, roots) as f:
         head = f.read(MAX_JSONL_BYTES + 1)
     return _head_lines(path, head, MAX_JSONL_BYTES)
 
@@ -129,8 +132,8 @@ def _check_row(path: str, row: int, record: object, spec: JobSpec) -> None:
             )
 
 
-def _check_prepared(path: str, spec: JobSpec) -> None:
-    _check_index(path, read_index(path), spec)
+def _check_prepared(path: str, spec: JobSpec, roots: Roots) -> None:
+    _check_index(path, read_index(path, roots), spec)
 
 
 def _check_index(path: str, index: object, spec: JobSpec) -> None:

@@ -10,8 +10,11 @@ fix: no folder, no ``config.json``, no safetensors weights, an architecture
 etrain cannot train (the message lists the supported ones), a layout that does
 not fit (tp must divide the heads, ...). The resolved shape goes to the planner.
 
-Only regular files are opened (a FIFO named config.json cannot stall a
-request). A folder in an object store (``s3://`` / ``gs://``, reached with the
+Files are opened beneath the tenant's folders (:mod:`workers.storage.confine`: no
+link out, regular files only, reads bounded), so a FIFO named config.json cannot stall
+a request and a link cannot show another tenant's config; a sharded model's weight map
+must name files inside the folder.
+A folder in an object store (``s3://`` / ``gs://``, reached with the
 spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options and the credentials its
 workers will get) is read in :class:`~service.domain.storage_check.StorageProbes`'
 threads, with their timeouts and per-tenant bounds, never on the event loop:
@@ -22,8 +25,8 @@ answer). Torch-free.
 
 from __future__ import annotations
 
+import json
 import os
-from pathlib import Path
 
 from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
@@ -35,10 +38,21 @@ from workers.models.hf_config import (
     read_hf_config_text,
 )
 from workers.spec import JobSpec
+from workers.storage.confine import (
+    UNCONFINED,
+    ConfinementError,
+    Roots,
+    child_name,
+    is_file,
+    open_fd,
+    read_bounded,
+)
 from workers.storage.location import StorageError, StorageLocation, resolve_checkpoint_storage
 from workers.storage.probe import quick_fs, redact_credentials, store_error_code
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+MAX_INDEX_BYTES = 16 << 20  # as the workers' reader (workers.models.hf_remote)
+MAX_SHARDS = 10_000
 LOC = ("model", "hf")
 
 
@@ -46,27 +60,52 @@ class ModelRefused(ValueError):
     """``model.hf`` cannot be trained as the spec asks; the message says what to change."""
 
 
-def _folder(uri: str) -> Path:
-    folder = Path(uri.removeprefix("file://"))
-    if "://" in uri.removeprefix("file://") or not folder.is_dir():
+def _folder(uri: str, roots: Roots) -> str:
+    folder = uri.removeprefix("file://")
+    try:
+        if "://" in folder:
+            raise NotADirectoryError(folder)
+        os.close(open_fd(folder, roots, directory=True))
+    except ConfinementError as e:
+        raise ModelRefused(f"model.hf: {e}; name a folder inside your data area") from None
+    except (FileNotFoundError, NotADirectoryError):
         raise ModelRefused(
             f"model.hf {uri} is not a folder the service can see; name a Hugging Face model "
             "folder (config.json + model.safetensors) inside your data area, or an s3:// / "
             "gs:// prefix holding one"
-        )
+        ) from None
     return folder
 
 
-def _read_config(folder: Path, uri: str) -> dict:
-    config = folder / "config.json"
-    if not config.is_file():  # also refuses FIFOs and devices, which could block a read
+def _read_config(folder: str, uri: str, roots: Roots) -> dict:
+    config = f"{folder}/config.json"
+    # Opened beneath the tenant's folders, a regular file only (a FIFO cannot stall a
+    # request), at most MAX_CONFIG_BYTES read.
+    if not is_file(config, roots):
         raise ModelRefused(
             f"model.hf {uri} has no config.json; name the folder transformers' save_pretrained "
             "wrote (config.json + model.safetensors)"
         )
-    with open(config, "rb") as f:
-        text = f.read(MAX_CONFIG_BYTES + 1)
+    text = read_bounded(config, roots, MAX_CONFIG_BYTES, what="model.hf config.json")
     return read_hf_config_text(text, where="model.hf")
+
+
+def _check_index(folder: str, roots: Roots) -> None:
+    """Every file a sharded model's weight map names is a relative name inside the folder,
+    and there (as the workers will open it): a 422 now instead of a failed job."""
+    raw = read_bounded(
+        f"{folder}/{WEIGHTS[1]}", roots, MAX_INDEX_BYTES, what=f"model.hf {WEIGHTS[1]}"
+    )
+    try:
+        files = set(json.loads(raw)["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise ModelRefused(f"model.hf {WEIGHTS[1]} has no weight_map object") from None
+    if len(files) > MAX_SHARDS:
+        raise ModelRefused(f"model.hf {WEIGHTS[1]} names {len(files)} files, over {MAX_SHARDS}")
+    where = f"model.hf {WEIGHTS[1]} weight_map"
+    for name in sorted(files, key=str):
+        if not is_file(f"{folder}/{child_name(name, where=where)}", roots):
+            raise ModelRefused(f"{where} names {name!r}, which is not a file in the folder")
 
 
 def _explain(loc: StorageLocation, e: Exception) -> str:
@@ -129,24 +168,36 @@ def _remote_config(spec: JobSpec, probes: StorageProbes | None, tenant: str) -> 
     return read_hf_config_text(text, where="model.hf"), weights
 
 
-def _local_config(uri: str) -> tuple[dict, bool]:
-    folder = _folder(uri)
-    return _read_config(folder, uri), any((folder / name).is_file() for name in WEIGHTS)
+def _local_config(uri: str, roots: Roots) -> tuple[dict, bool]:
+    folder = _folder(uri, roots)
+    config = _read_config(folder, uri, roots)
+    if is_file(f"{folder}/{WEIGHTS[1]}", roots):
+        _check_index(folder, roots)
+        return config, True
+    return config, is_file(f"{folder}/{WEIGHTS[0]}", roots)
 
 
 def model_config_of(
-    spec: JobSpec, *, probes: StorageProbes | None = None, tenant: str = ""
+    spec: JobSpec,
+    *,
+    probes: StorageProbes | None = None,
+    tenant: str = "",
+    roots: Roots = UNCONFINED,
 ) -> ModelConfig | None:
     """The shape of ``spec``'s ``model.hf`` checked against its layout (None for a preset).
 
-    An object-store folder is read through ``probes`` (bounds per ``tenant``).
+    An object-store folder is read through ``probes`` (bounds per ``tenant``); a local one
+    beneath ``roots`` (the tenant's, :meth:`AccessPolicy.roots`).
     :class:`ModelRefused` names model.hf and the fix for any problem.
     """
     uri = spec.model.hf
     if uri is None:
         return None
     try:
-        hf, weights = _remote_config(spec, probes, tenant) if is_remote(uri) else _local_config(uri)
+        if is_remote(uri):
+            hf, weights = _remote_config(spec, probes, tenant)
+        else:
+            hf, weights = _local_config(uri, roots)
         cfg = config_from_hf(hf, where="model.hf")
     except (OSError, ValueError) as e:
         raise ModelRefused(str(e) if isinstance(e, ValueError) else f"model.hf {uri}: {e}") from e
@@ -179,10 +230,11 @@ def check_model(
     loc: tuple = ("body",),
     probes: StorageProbes | None = None,
     tenant: str = "",
+    roots: Roots = UNCONFINED,
 ) -> ModelConfig | None:
     """:func:`model_config_of` as a 422 (InvalidSpec) whose loc is ``model.hf``."""
     try:
-        return model_config_of(spec, probes=probes, tenant=tenant)
+        return model_config_of(spec, probes=probes, tenant=tenant, roots=roots)
     except ModelRefused as e:
         raise InvalidSpec(
             "the job's model cannot be trained",

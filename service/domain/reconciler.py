@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from service.auth import create_reporter_token
+from service.auth import ADMIN_TENANT, create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
+from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.queue_view import admission
 from service.domain.recovery import decide_recovery
 from service.domain.scheduler import (
@@ -127,6 +128,7 @@ class Reconciler:
     ):
         """Follow the jobs of ``stores`` on ``backend``; poll every ``reconcile_interval_s``."""
         self.stores, self.backend, self.settings = stores, backend, settings
+        self.policy = AccessPolicy(settings)
         self.jobs = stores.jobs
         self.backoff = SubmitBackoff(give_up_after_s=settings.submit_retry_s, clock=clock)
         self._stop = threading.Event()
@@ -205,13 +207,15 @@ class Reconciler:
             self.stores.tokens, tenant_id=job.tenant_id, job_id=job.id
         )
         self._tokens[submission_id] = token
+        tenant = getattr(self.stores.tokens.get_tenant(job.tenant_id), "name", None)
         req = LaunchRequest(
             job_id=job.id,
             submission_id=submission_id,
             spec_json=job.spec.model_dump_json(by_alias=True),
-            tenant=getattr(self.stores.tokens.get_tenant(job.tenant_id), "name", None),
+            tenant=tenant,
             env={
                 **self._storage_env(job),
+                **self._roots_env(tenant),
                 REPORT_URL_ENV: self.settings.report_url,
                 REPORT_TOKEN_ENV: token,
                 **TRAIN_STATE_TRACKING_ENV,  # the dashboard's Train run list
@@ -274,6 +278,12 @@ class Reconciler:
                 {"tries": tries, "retry_in_s": delay},
             ),
         )
+
+    def _roots_env(self, tenant: str | None) -> dict[str, str]:
+        """The folders the job's processes may open (``ETRAIN_STORAGE_ROOTS``), from the
+        access policy for its tenant: the workers confine every local open to them."""
+        who = Tenant(name=tenant or "", admin=tenant == ADMIN_TENANT)
+        return self.policy.roots(who).env()
 
     def _storage_env(self, job: JobRecord) -> dict[str, str]:
         """The object-store credentials the job's workers need, from the service's env.

@@ -31,6 +31,7 @@ from service.planner.hardware import cluster_from_nodes
 from service.settings import Settings
 from service.store import JobRecord, JobStore
 from workers.spec import JobSpec
+from workers.storage.confine import UNCONFINED, Roots
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,9 @@ class Submission:
         spec = self._with_defaults(validate_spec(data), tenant)
         self.policy.check(tenant, spec)
         # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec, probes=self.probes, tenant=tenant.name)
+        roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
+        check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
         plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
@@ -139,8 +141,9 @@ class Submission:
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
         self.policy.check(tenant, spec)
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec, probes=self.probes, tenant=tenant.name)
+        roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
+        check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
         try:
             cluster = ClusterSpec.model_validate(data.get("cluster") or {})
         except ValidationError as e:
@@ -168,12 +171,17 @@ class Submission:
 
 
 def check_data(
-    spec: JobSpec, *, loc: tuple = ("body",), probes: StorageProbes | None = None, tenant: str = ""
+    spec: JobSpec,
+    *,
+    loc: tuple = ("body",),
+    probes: StorageProbes | None = None,
+    tenant: str = "",
+    roots: Roots = UNCONFINED,
 ) -> None:
     """InvalidSpec (422) naming the field when ``spec``'s data cannot be trained on (only
-    after the access policy allowed the path: the check reads the file; an object-store
-    one's head through ``probes``, for ``tenant``)."""
-    refusals = data_refusals(spec, probes=probes, tenant=tenant)
+    after the access policy allowed the path: the check reads the file beneath ``roots``;
+    an object-store one's head through ``probes``, for ``tenant``)."""
+    refusals = data_refusals(spec, probes=probes, tenant=tenant, roots=roots)
     if refusals:
         raise InvalidSpec(
             "the job's data cannot be used",

@@ -46,6 +46,7 @@ from workers.checkpoint.dcp_io import dcp_reader, dcp_writer
 from workers.checkpoint.retention import retained_steps
 from workers.checkpoint.safe_load import SafeLoadPlanner, load_tensors
 from workers.checkpoint.state import rng_state, set_rng_state
+from workers.storage.confine import Roots, check_folder
 from workers.storage.location import StorageLocation, resolve_storage
 
 _STEP_DIR = re.compile(r"^step_(\d{8})(?:\.([0-9a-f]{8}))?$")  # final, or an object-store attempt
@@ -102,6 +103,9 @@ class CheckpointManager:
         keeps every committed checkpoint (tools that only read or list them)."""
         self.loc = _as_location(root)
         self.fs, self.local = self.loc.fs, self.loc.scheme == "file"
+        # A local folder is checked beneath the job's write roots at each list, save and
+        # load: one swapped for a link (to another job's checkpoints) is refused then.
+        self.roots = Roots.from_env()
         self.keep_last, self.keep_every = keep_last, keep_every
         self.rank = rank
         self.commit_error: str | None = None  # why rank 0's last commit failed, if it did
@@ -111,7 +115,18 @@ class CheckpointManager:
         """The checkpoints folder as the store's file system sees it."""
         return self.loc.root
 
+    def _confined(self, *, create: bool = False) -> None:
+        """Refuse a local checkpoint folder that is not beneath the job's write roots or has
+        a link in its path (made there when ``create``)."""
+        if self.local:
+            try:
+                check_folder(self.root, self.roots, write=True, create=create)
+            except FileNotFoundError:
+                if create:
+                    raise
+
     def _names(self) -> list[str]:
+        self._confined()
         try:
             return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
         except FileNotFoundError:
@@ -181,6 +196,7 @@ class CheckpointManager:
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)
         staging = self.loc.join(box[0])
+        self._confined(create=True)
         self.fs.makedirs(posixpath.join(staging, "rng"), exist_ok=True)
         with self.fs.open(posixpath.join(staging, "rng", f"rank_{self.rank}.pt"), "wb") as f:
             torch.save(rng_state(), f)
@@ -213,6 +229,7 @@ class CheckpointManager:
         return box2[0]
 
     def _commit(self, staging: str, *, step: int, extra: dict, save_s: float) -> CheckpointInfo:
+        self._confined()
         nbytes = int(self.fs.du(staging, total=True))
         manifest = {
             "step": step,
@@ -295,6 +312,7 @@ class CheckpointManager:
         two object collectives it would run cost a restarted group 0.4-1 s for
         nothing. Resharding still comes from each rank's own DTensor layout.
         """
+        self._confined()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from workers.data.prepare import ensure_prepared, local_prepared, read_index
-from workers.data.remote import is_remote
+from workers.data.remote import cache_roots, is_remote
 from workers.data.tokens import ShapeOptions
+from workers.storage.confine import Roots, is_file, open_fd, opened, proc_path
 
 SOURCES = ("synthetic", "text", "jsonl", "parquet", "prepared")
 # Sources read as raw bytes (token = byte) when no tokenizer is given.
@@ -96,8 +97,13 @@ class ByteWindowDataset:
 class TokenDataset:
     """Samples of a prepared folder (:mod:`workers.data.prepare`), memory-mapped."""
 
-    def __init__(self, folder: str, *, vocab_size: int | None = None) -> None:
-        self.index = index = read_index(folder)
+    def __init__(
+        self, folder: str, *, vocab_size: int | None = None, roots: Roots | None = None
+    ) -> None:
+        """The prepared ``folder``, every file of it opened beneath ``roots`` (default: the
+        job's folders; the node cache's for a copy or a tokenization made there)."""
+        roots = Roots.from_env() if roots is None else roots
+        self.index = index = read_index(folder, roots)
         self.seq_len, self.num_samples = index["seq_len"], index["num_samples"]
         self.masked = bool(index["masked"])
         if vocab_size is not None and index["max_token_id"] >= vocab_size:
@@ -105,7 +111,7 @@ class TokenDataset:
                 f"data.path {folder!r} holds token ids up to {index['max_token_id']} but the "
                 f"model's vocab_size is {vocab_size}; prepare it with the model's tokenizer"
             )
-        load = lambda name: np.load(os.path.join(folder, name), mmap_mode="r")  # noqa: E731
+        load = lambda name: _load_npy(os.path.join(folder, name), roots)  # noqa: E731
         self.tokens = load("tokens.npy")
         self.targets = load("targets.npy") if self.masked else None
         self.counts = np.asarray(load("counts.npy"), dtype=np.int64)
@@ -129,6 +135,16 @@ class TokenDataset:
         return int(self.counts[_check_index(index, self.num_samples)])
 
 
+def _load_npy(path: str, roots: Roots) -> np.ndarray:
+    """The array file at ``path`` memory-mapped, opened beneath ``roots`` (numpy maps a path:
+    it is given the descriptor's, so it maps the file that was checked)."""
+    fd = open_fd(path, roots)
+    try:
+        return np.load(proc_path(fd), mmap_mode="r", allow_pickle=False)
+    finally:
+        os.close(fd)
+
+
 def _check_index(index: int, length: int) -> int:
     index = int(index)
     if not 0 <= index < length:
@@ -139,7 +155,7 @@ def _check_index(index: int, length: int) -> int:
 def _require_file(path: str | None, source: str) -> str:
     if not path:
         raise ValueError(f"data.path is required when data.source is {source!r}")
-    if not os.path.isfile(path):
+    if not is_file(path, Roots.from_env()):
         raise ValueError(
             f"data.path {path!r} does not exist or is not a file; set data.path to a readable file"
         )
@@ -147,16 +163,17 @@ def _require_file(path: str | None, source: str) -> str:
 
 
 def _read_text(path: str) -> np.ndarray:
-    if os.path.getsize(path) == 0:
-        # np.memmap refuses empty files; an empty array gives the "too short" error instead.
-        return np.zeros(0, dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r")
+    with opened(path, Roots.from_env()) as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            # np.memmap refuses empty files; an empty array gives the "too short" error instead.
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(f, dtype=np.uint8, mode="r")
 
 
 def _read_jsonl(path: str) -> np.ndarray:
     texts: list[bytes] = []
     # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
-    with open(path, "rb") as f:
+    with opened(path, Roots.from_env()) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -218,7 +235,8 @@ def dataset_for(
     paths are reached with ``stores`` (a URL -> its StorageLocation, from the spec).
     """
     if data.source == "prepared":
-        ds = TokenDataset(local_prepared(data.path, stores), vocab_size=vocab_size)
+        roots = cache_roots() if is_remote(data.path) else None  # a copy in the node cache
+        ds = TokenDataset(local_prepared(data.path, stores), vocab_size=vocab_size, roots=roots)
         if ds.seq_len != data.seq_len:
             raise ValueError(
                 f"data.path {data.path!r} was prepared with seq_len {ds.seq_len}, the spec says "
@@ -254,4 +272,4 @@ def dataset_for(
         vocab_size=vocab_size,
         stores=stores,
     )
-    return TokenDataset(folder, vocab_size=vocab_size)
+    return TokenDataset(folder, vocab_size=vocab_size, roots=cache_roots())

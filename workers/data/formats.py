@@ -15,14 +15,18 @@ from collections.abc import Iterable, Iterator
 from typing import IO
 
 from workers.data import remote
+from workers.storage.confine import Roots, is_file, open_fd
 
 FORMATS = ("text", "jsonl", "parquet")
 # Parquet rows are read in batches of this many rows (bounded memory on big files).
 _PARQUET_BATCH = 4096
 
 
-def require_file(path: str | None, source: str, stores: remote.Stores | None = None) -> str:
-    """``path`` if it is an existing file (or object); else a ValueError naming data.path."""
+def require_file(
+    path: str | None, source: str, stores: remote.Stores | None = None, roots: Roots | None = None
+) -> str:
+    """``path`` if it is an existing file (or object); else a ValueError naming data.path.
+    A local one must be a regular file beneath ``roots`` (default: the job's)."""
     if not path:
         raise ValueError(f"data.path is required when data.source is {source!r}")
     if remote.is_remote(path):
@@ -30,28 +34,33 @@ def require_file(path: str | None, source: str, stores: remote.Stores | None = N
         return path
     if path.startswith("file://"):
         path = path.removeprefix("file://")
-    if not os.path.isfile(path):
+    if not is_file(path, Roots.from_env() if roots is None else roots):
         raise ValueError(
             f"data.path {path!r} does not exist or is not a file; set data.path to a readable file"
         )
     return path
 
 
-def open_binary(path: str, stores: remote.Stores | None = None) -> IO[bytes]:
-    """``path`` opened for reading bytes: a local file, or a streaming object-store file."""
+def open_binary(
+    path: str, stores: remote.Stores | None = None, roots: Roots | None = None
+) -> IO[bytes]:
+    """``path`` opened for reading bytes: a streaming object-store file, or a local file
+    opened beneath ``roots`` (default: the job's folders, :mod:`workers.storage.confine`)."""
     if remote.is_remote(path):
         return remote.open_file(path, stores)
-    return open(path.removeprefix("file://"), "rb")
+    roots = Roots.from_env() if roots is None else roots
+    return os.fdopen(open_fd(path.removeprefix("file://"), roots), "rb")
 
 
 def read_rows(
-    path: str, source: str, stores: remote.Stores | None = None
+    path: str, source: str, stores: remote.Stores | None = None, *, roots: Roots | None = None
 ) -> Iterator[tuple[int, object]]:
-    """``(row, record)`` pairs of ``path`` read as ``source`` (text, jsonl or parquet)."""
+    """``(row, record)`` pairs of ``path`` read as ``source`` (text, jsonl or parquet); a
+    local file opened beneath ``roots`` (default: the job's)."""
     if source not in FORMATS:
         raise ValueError(f"unknown data.source {source!r}; set one of: {', '.join(FORMATS)}")
     # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
-    with open_binary(path, stores) as f:
+    with open_binary(path, stores, roots) as f:
         if source == "text":
             raw = f.read()
             try:

@@ -27,16 +27,19 @@ from workers.data.formats import read_rows, require_file
 from workers.data.remote import (
     Stores,
     cache_root,
+    cache_roots,
     cached_folder,
     is_remote,
     locate,
     read_small,
     replace_folder,
+    store_identity,
 )
 from workers.data.remote import file_info as remote_file_info
 from workers.data.remote import identity as remote_identity
 from workers.data.tokenizer import check_vocab, load_tokenizer, local_tokenizer, tokenizer_hash
 from workers.data.tokens import Samples, ShapeOptions, tokenize_rows
+from workers.storage.confine import ConfinementError, Roots, child_name, opened, read_bounded
 
 INDEX = "index.json"
 FORMAT_VERSION = 1
@@ -45,15 +48,16 @@ MAX_INDEX_BYTES = 16 << 20
 
 
 def file_identity(path: str, stores: Stores | None = None) -> dict:
-    """Name, size, mtime and SHA-256 of the source file (what the samples came from); of an
-    object, its URL, name, size, ETag and mtime as the store tells them (no second read)."""
+    """Name, size, mtime and SHA-256 of the source file (what the samples came from; opened
+    beneath the job's folders); of an object, its URL, name, size, ETag and mtime as the
+    store tells them (no second read)."""
     if is_remote(path):
         return remote_identity(path, remote_file_info(path, stores))
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with opened(path, Roots.from_env()) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    st = os.stat(path)
+        st = os.fstat(f.fileno())
     return {
         "name": os.path.basename(path),
         "size": st.st_size,
@@ -124,16 +128,22 @@ def _write(out: str, samples: Samples, index: dict) -> None:
     replace_folder(out, fill, prefix=".prepare-")
 
 
-def read_index(folder: str) -> dict:
-    """The index of a prepared folder; a ValueError naming data.path when it is not one."""
+def read_index(folder: str, roots: Roots | None = None) -> dict:
+    """The index of a prepared folder, a regular file beneath ``roots`` (default: the job's)
+    read bounded; a ValueError naming data.path when it is not one."""
+    roots = Roots.from_env() if roots is None else roots
     try:
-        with open(os.path.join(folder, INDEX)) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
+        raw = read_bounded(os.path.join(folder, INDEX), roots, MAX_INDEX_BYTES, what=INDEX)
+        index = json.loads(raw)
+    except ConfinementError as e:
+        raise ValueError(f"data.path {folder!r}: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(
             f"data.path {folder!r} is not a prepared folder (no readable {INDEX}); write one "
             "with `etrain data prepare`"
         ) from e
+    if not isinstance(index, dict):
+        raise ValueError(f"data.path {folder!r}: {INDEX} is not an object; prepare it again")
     if index.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"data.path {folder!r} was prepared in format {index.get('format_version')}, this "
@@ -161,7 +171,8 @@ def local_prepared(path: str, stores: Stores | None = None) -> str:
     fs, root = locate(url, stores)
 
     def fill(tmp: str) -> None:
-        for name in sorted(set(index["files"].values())):
+        for name in sorted(set(index["files"].values()), key=str):
+            child_name(name, where=f"data.path {path!r}: {INDEX}")
             if "/" in name or name.startswith("."):
                 raise ValueError(f"data.path {path!r}: {INDEX} names a bad file {name!r}")
             try:
@@ -171,9 +182,10 @@ def local_prepared(path: str, stores: Stores | None = None) -> str:
         with open(os.path.join(tmp, INDEX), "wb") as f:
             f.write(raw)  # last: its presence marks the copy complete
 
-    key = hashlib.sha256(raw).hexdigest()[:32]
+    where = json.dumps(store_identity(url, stores), sort_keys=True).encode()
+    key = hashlib.sha256(where + b"\0" + raw).hexdigest()[:32]
     out = os.path.join(cache_root(), "prepared", key)
-    return cached_folder(out, fill, lambda d: bool(read_index(d)))
+    return cached_folder(out, fill, lambda d: bool(read_index(d, cache_roots())))
 
 
 def ensure_prepared(
@@ -199,6 +211,7 @@ def ensure_prepared(
                 # An object: its URL, size and ETag (its mtime where the store gives none).
                 "file": ident.get("sha256")
                 or {k: ident[k] for k in ("url", "size", "etag" if ident["etag"] else "mtime")},
+                "store": store_identity(path, stores),
                 "tokenizer": tokenizer_hash(tokenizer),
                 "opts": asdict(opts),
             },
@@ -211,7 +224,7 @@ def ensure_prepared(
     with open(os.path.join(root, key + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(Exception):
-            read_index(out)
+            read_index(out, cache_roots())
             return out
         prepare(
             source=source,

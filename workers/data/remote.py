@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from workers.models.uris import is_remote as is_remote  # one definition, asked for here too
+from workers.storage.confine import ROOTS_ENV, Roots
 
 # A URL -> its StorageLocation (an fsspec ``fs`` and the ``root`` path it sees).
 Stores = Callable[[str], Any]
@@ -40,8 +41,30 @@ MAX_TOKENIZER_FILE = 64 << 20
 
 
 def cache_root() -> str:
-    """Where workers keep what they prepare or fetch ($ETRAIN_DATA_CACHE, else the temp dir)."""
-    return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "etrain-data-cache")
+    """Where this job's processes keep what they prepare or fetch: a folder of the node cache
+    ($ETRAIN_DATA_CACHE, else the temp dir) of the job's tenant alone, named after the
+    folders the service lets the tenant use (``ETRAIN_STORAGE_ROOTS``), so one tenant's job
+    never reads an entry another tenant's job made."""
+    base = os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "etrain-data-cache")
+    who = os.environ.get(ROOTS_ENV, "")
+    return os.path.join(base, hashlib.sha256(who.encode()).hexdigest()[:16] if who else "local")
+
+
+def cache_roots() -> Roots:
+    """The node cache as a root: what is read back from it is opened beneath it."""
+    return Roots.of([cache_root()])
+
+
+def store_identity(url: str, stores: Stores | None = None) -> dict:
+    """Which store ``url`` is in, for cache keys: the URL (scheme, bucket, full path) and the
+    endpoint the spec maps it to; a local path as an absolute path."""
+    if not is_remote(url):
+        return {"path": os.path.abspath(url.removeprefix("file://"))}
+    endpoint = None
+    if stores is not None:
+        with contextlib.suppress(ValueError):
+            endpoint = stores(url).endpoint_url
+    return {"url": url.rstrip("/"), "endpoint": endpoint or ""}
 
 
 def locate(url: str, stores: Stores | None = None, *, field: str = "data.path") -> tuple[Any, str]:
@@ -167,7 +190,8 @@ def fetch_files(
         if int(found[name].get("size") or 0) > limit:
             raise ValueError(f"{field} {url!r}: {name} is larger than {limit} bytes")
     facts = [identity(f"{url}/{n}", found[n]) for n in picked]
-    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+    where = store_identity(url, stores)
+    key = hashlib.sha256(json.dumps([where, facts], sort_keys=True).encode()).hexdigest()[:32]
 
     def fill(tmp: str) -> None:
         for name in picked:

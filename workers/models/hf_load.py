@@ -21,9 +21,11 @@ initialise themselves); a peft ``.base_layer`` maps to the plain projection.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from workers.models.hf_config import (
 )
 from workers.models.hf_naming import from_hf_tensor, is_rope_permuted, to_hf_name
 from workers.models.hf_remote import (
+    MAX_INDEX_BYTES,
     RemoteWeights,
     Stores,
     is_remote,
@@ -49,6 +52,15 @@ from workers.models.hf_remote import (
     read_small,
 )
 from workers.models.llama import Transformer
+from workers.storage.confine import (
+    ConfinementError,
+    Roots,
+    child_name,
+    is_file,
+    open_fd,
+    proc_path,
+    read_bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +78,28 @@ _WRAPPERS = {
 
 
 def local_folder(
-    root: str, *, where: str = "model.hf", required: str | None = "config.json"
+    root: str,
+    *,
+    where: str = "model.hf",
+    required: str | None = "config.json",
+    roots: Roots | None = None,
 ) -> Path:
-    """The local folder ``root`` names (``file://`` stripped); ``ValueError`` naming ``where``
-    if it is an object-store URL, or lacks the ``required`` file (or is no folder)."""
+    """The local folder ``root`` names (``file://`` stripped), opened beneath ``roots``
+    (default: the job's, :meth:`Roots.from_env`); ``ValueError`` naming ``where`` if it is
+    an object-store URL, or lacks the ``required`` regular file (or is no folder), and
+    :class:`ConfinementError` if it lies outside the job's folders."""
     path = Path(root.removeprefix("file://"))
     if "://" in str(root).removeprefix("file://"):
         raise ValueError(f"{where}: {root!r} is not a local folder (file:// or a path)")
-    if not path.is_dir() or (required and not (path / required).is_file()):
+    roots = Roots.from_env() if roots is None else roots
+    try:
+        os.close(open_fd(str(path), roots, directory=True))
+        ok = not required or is_file(str(path / required), roots)
+    except (FileNotFoundError, NotADirectoryError):
+        ok = False
+    except ConfinementError as e:
+        raise ConfinementError(f"{where}: {e}") from None
+    if not ok:
         raise ValueError(
             f"{where}: {root!r} is not a folder with {required or 'files'}; "
             "name a Hugging Face model folder"
@@ -81,12 +107,18 @@ def local_folder(
     return path
 
 
-def hf_config_bytes(root: str, stores: Stores | None = None) -> bytes:
-    """``config.json`` of the model folder ``root``: local, or in an object store reached
-    through ``stores`` (a URL -> its StorageLocation)."""
+def hf_config_bytes(root: str, stores: Stores | None = None, roots: Roots | None = None) -> bytes:
+    """``config.json`` of the model folder ``root``: local (beneath ``roots``, default the
+    job's), or in an object store reached through ``stores`` (a URL -> its StorageLocation)."""
     if is_remote(root):
         return read_small(model_location(root, stores), "config.json", MAX_CONFIG_BYTES)
-    return (local_folder(root) / "config.json").read_bytes()
+    folder = local_folder(root, roots=roots)
+    return read_bounded(
+        str(folder / "config.json"),
+        Roots.from_env() if roots is None else roots,
+        MAX_CONFIG_BYTES,
+        what="model.hf config.json",
+    )
 
 
 def hf_model_config(root: str, stores: Stores | None = None) -> ModelConfig:
@@ -113,28 +145,51 @@ def spec_model_config(spec, stores: Stores | None = None) -> ModelConfig:
     return cfg
 
 
-def weight_files(root: str) -> dict[str, Path]:
-    """Hugging Face tensor name -> the safetensors file holding it (single or sharded)."""
-    folder = local_folder(root)
-    if (folder / INDEX).is_file():
-        index = json.loads((folder / INDEX).read_text())
-        return {name: folder / file for name, file in index["weight_map"].items()}
-    if (folder / SINGLE).is_file():
-        with safe_open(str(folder / SINGLE), framework="pt") as f:
-            return {name: folder / SINGLE for name in f.keys()}  # noqa: SIM118 (not a dict)
+def weight_files(root: str, roots: Roots | None = None) -> dict[str, str]:
+    """Hugging Face tensor name -> the safetensors file holding it (single or sharded), as
+    a path in ``root``. The index is read bounded and beneath ``roots`` (default: the
+    job's); every file it names must be a relative name inside the folder."""
+    roots = Roots.from_env() if roots is None else roots
+    folder = local_folder(root, roots=roots)
+    if is_file(str(folder / INDEX), roots):
+        raw = read_bounded(str(folder / INDEX), roots, MAX_INDEX_BYTES, what=f"model.hf {INDEX}")
+        try:
+            weight_map = json.loads(raw)["weight_map"]
+            items = list(weight_map.items())
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            raise ValueError(f"model.hf: {INDEX} has no weight_map object") from None
+        where = f"model.hf {INDEX} weight_map"
+        return {name: str(folder / child_name(file, where=where)) for name, file in items}
+    if is_file(str(folder / SINGLE), roots):
+        with _opened_weights(str(folder / SINGLE), roots) as f:
+            return {name: str(folder / SINGLE) for name in f.keys()}  # noqa: SIM118 (not a dict)
     raise ValueError(
         f"model.hf: {root!r} has neither {SINGLE} nor {INDEX}; etrain reads safetensors weights"
     )
 
 
+@contextlib.contextmanager
+def _opened_weights(path: str, roots: Roots):
+    """safetensors' reader on the file at ``path``, opened beneath ``roots`` (safetensors
+    takes a path: it is given the descriptor's, so it maps the file that was checked)."""
+    fd = open_fd(path, roots)
+    try:
+        with safe_open(proc_path(fd), framework="pt") as f:
+            yield f
+    finally:
+        os.close(fd)
+
+
 class LocalWeights:
-    """The safetensors weights of a local folder: each read maps the file for one block."""
+    """The safetensors weights of a local folder: each read opens the file beneath the
+    job's folders and maps it for one block."""
 
     bytes_fetched = 0  # memory-mapped, not fetched
 
-    def __init__(self, root: str):
-        """Index the tensors of the local folder ``root``."""
-        self.files = weight_files(root)
+    def __init__(self, root: str, roots: Roots | None = None):
+        """Index the tensors of the local folder ``root`` (beneath ``roots``)."""
+        self.roots = Roots.from_env() if roots is None else roots
+        self.files = weight_files(root, self.roots)
 
     def names(self):
         """Every tensor name the folder holds."""
@@ -142,12 +197,12 @@ class LocalWeights:
 
     def shape(self, name: str) -> list[int]:
         """The stored shape of tensor ``name``."""
-        with safe_open(str(self.files[name]), framework="pt") as f:
+        with _opened_weights(self.files[name], self.roots) as f:
             return list(f.get_slice(name).get_shape())
 
     def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         """``tensor[index]``, read from the mapped file."""
-        with safe_open(str(self.files[name]), framework="pt") as f:
+        with _opened_weights(self.files[name], self.roots) as f:
             return f.get_slice(name)[index]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from workers.storage.confine import Roots, list_folder, open_fd, read_bounded
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -162,13 +165,10 @@ def hf_fingerprint(path: str, stores=None) -> dict:
     (an object-store one reached through ``stores``, a URL -> its StorageLocation)."""
     from workers.models.hf_remote import is_remote, model_location
 
-    if is_remote(path):
-        loc = model_location(path, stores)
-        fs, root = loc.fs, loc.root
-    else:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path)
+    if not is_remote(path):
+        return _local_fingerprint(path.removeprefix("file://"), Roots.from_env())
+    loc = model_location(path, stores)
+    fs, root = loc.fs, loc.root
     with fs.open(f"{root.rstrip('/')}/config.json", "rb") as f:
         config_sha = hashlib.sha256(f.read()).hexdigest()
     sizes = {
@@ -177,6 +177,25 @@ def hf_fingerprint(path: str, stores=None) -> dict:
         if info["name"].endswith(".safetensors")
     }
     return {"config_sha256": config_sha, "weights": dict(sorted(sizes.items()))}
+
+
+def _local_fingerprint(folder: str, roots: Roots) -> dict:
+    """:func:`hf_fingerprint` of a local folder, every file opened beneath ``roots``."""
+    from workers.models.hf_config import MAX_CONFIG_BYTES
+
+    config = read_bounded(f"{folder}/config.json", roots, MAX_CONFIG_BYTES, what="config.json")
+    sizes = {}
+    for name in list_folder(folder, roots):
+        if name.endswith(".safetensors"):
+            fd = open_fd(f"{folder}/{name}", roots)
+            try:
+                sizes[name] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return {
+        "config_sha256": hashlib.sha256(config).hexdigest(),
+        "weights": dict(sorted(sizes.items())),
+    }
 
 
 def check_base(saved: dict | None, current: dict) -> None:

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 
 from workers.contract import CheckpointRecord, EventKind, MetricPoint
+from workers.storage.confine import Roots, check_folder
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,9 @@ def open_log(checkpoint_root: str, *, start: int, stores: Callable | None) -> Te
     local, else spooled here and uploaded through ``stores(uri)`` (its StorageLocation)."""
     where = tensorboard_uri(checkpoint_root)
     if not _is_remote(where):
-        return TensorBoardLog(EventFiles(where.removeprefix("file://")), start=start)
+        # Beneath the job's write roots, no link in the path, checked as it is made.
+        folder = check_folder(where, Roots.from_env(), write=True, create=True)
+        return TensorBoardLog(EventFiles(folder), start=start)
     if stores is None:
         raise ValueError(f"no store options to reach {where}")
     store = stores(where)

@@ -226,8 +226,14 @@ def test_a_jobs_ray_env_holds_only_its_own_storage_keys(
         "ETRAIN_REPORT_URL",
         "ETRAIN_SECRET_ACME_ACCESS_KEY_ID",
         "ETRAIN_SECRET_ACME_SECRET_ACCESS_KEY",
+        "ETRAIN_STORAGE_ROOTS",
         "RAY_TRAIN_ENABLE_STATE_TRACKING",
     ]
+    # The folders the job may open are its tenant's, from the access policy (not the spec).
+    roots = json.loads(req.env["ETRAIN_STORAGE_ROOTS"])
+    name = stores.tokens.get_tenant(tenant).name
+    assert roots["write"] and all(p.endswith(f"/checkpoints/{name}") for p in roots["write"])
+    assert any(p.endswith(f"/tenants/{name}") for p in roots["read"])
 
     # What Ray's job API is handed: that, and which job to run; nothing of the service's.
     class Client:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ import torch
 from tests.unit.workers.data.conftest import CHATS, INSTRUCTIONS, write_jsonl
 from workers.data import GlobalBatchSampler, TokenDataset, collate, dataset_for, shard_global_batch
 from workers.data.prepare import prepare, read_index
+from workers.data.remote import cache_root
 from workers.data.tokens import ShapeOptions
 from workers.spec.data import DataSpec
 
@@ -135,7 +137,9 @@ def test_dataset_for_prepares_once_and_reuses_the_cache(tmp_path, bpe_tokenizer,
     path = write_jsonl(tmp_path / "rows.jsonl", INSTRUCTIONS)
     data = spec(source="jsonl", path=path, shape="instruction", seq_len=32)
     first = dataset_for(data, tokenizer=folder, vocab_size=512, seed=0)
-    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    cache = Path(cache_root())  # this tenant's folder of the node cache
+    assert cache.parent == tmp_path / "cache"
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
     stamp = os.stat(entry / "tokens.npy").st_mtime_ns
     again = dataset_for(data, tokenizer=folder, vocab_size=512, seed=0)
     assert os.stat(entry / "tokens.npy").st_mtime_ns == stamp
@@ -143,9 +147,7 @@ def test_dataset_for_prepares_once_and_reuses_the_cache(tmp_path, bpe_tokenizer,
     other = dataset_for(
         data.model_copy(update={"seq_len": 48}), tokenizer=folder, vocab_size=512, seed=0
     )
-    assert (
-        other.seq_len == 48 and len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2
-    )
+    assert other.seq_len == 48 and len([p for p in cache.iterdir() if p.is_dir()]) == 2
 
 
 def test_dataset_for_refusals(tmp_path, bpe_tokenizer):

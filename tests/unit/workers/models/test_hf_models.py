@@ -127,7 +127,7 @@ def test_a_block_of_rows_cutting_heads_reads_like_the_whole_tensor_cut(tmp_path,
     files = weight_files(str(tmp_path))
     for fqn in ("layers.1.attention.wq.weight", "layers.1.attention.wq.bias"):
         name = to_hf_name(fqn)
-        with safe_open(str(files[name]), framework="pt") as f:
+        with safe_open(files[name], framework="pt") as f:
             whole = from_hf_tensor(fqn, f.get_tensor(name), cfg)
         shape = (rows, *whole.shape[1:])
         offset = (start,) + (0,) * (whole.dim() - 1)
