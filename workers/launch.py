@@ -151,6 +151,10 @@ def _run_config(spec: JobSpec, *, job_id: str, job_env: dict[str, str] | None):
     from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
 
     loc = job_storage(spec)
+    if loc.scheme == "file":  # Ray Train and etrain write beneath it: no link, in the roots
+        from workers.storage.confine import Roots, check_folder
+
+        check_folder(loc.join(job_id), Roots.from_env(), write=True, create=True)
     ray_path, ray_fs = loc.ray_storage()
     return RunConfig(
         name=job_id,

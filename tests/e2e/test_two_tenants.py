@@ -135,3 +135,46 @@ def test_b_cannot_reach_a_through_any_field(served, tenants):
             assert b.get(f"/v1/jobs/{a_id}{path}").status_code == 404
         assert b.post(f"/v1/jobs/{a_id}/cancel").status_code == 404
     assert _files(served.data_dir / "checkpoints" / "team-a") == before
+
+
+def test_b_tricks_in_its_own_area_after_submit_reach_nothing_of_a(served, tenants, waiter):
+    """What the submit check cannot see: after the service accepted them, B swaps its data
+    file for a link to A's corpus, and plants its next job's checkpoint folder as a link to
+    A's job. The workers and the driver check at the moment of use: both jobs fail naming
+    the refusal, no byte of A's corpus reaches B's job, logs or errors, and A's checkpoint
+    folder is unchanged (bytes and mtimes)."""
+    heads, jobs = tenants
+    a_ckpt = served.data_dir / "checkpoints" / "team-a"
+    before = _files(a_ckpt)
+    b_area = served.data_dir / "tenants" / "team-b"
+    trick = b_area / "trick.txt"
+    trick.write_text("team-b harmless line\n" * 800)
+    a_corpus = served.data_dir / "tenants" / "team-a" / "corpus.txt"
+    with served.client(heads["team-b"]) as b:
+        r = b.post("/v1/jobs", json=_spec("b-swap", str(trick)))
+        assert r.status_code == 201, r.text
+        swapped = r.json()["id"]
+        trick.unlink()
+        trick.symlink_to(a_corpus)
+        r = b.post("/v1/jobs", json=_spec("b-link", str(b_area / "corpus.txt")))
+        assert r.status_code == 201, r.text
+        linked = r.json()["id"]
+        (served.data_dir / "checkpoints" / "team-b" / linked).symlink_to(
+            a_ckpt / jobs["team-a"]["id"]
+        )
+        ended = {}
+
+        def done(job_id: str) -> bool:
+            ended[job_id] = b.get(f"/v1/jobs/{job_id}").json()
+            return ended[job_id]["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
+
+        for job_id in (swapped, linked):
+            waiter(lambda j=job_id: done(j), timeout=400, what=f"B's job {job_id} to end")
+        for job_id, words in ((swapped, "outside the folders"), (linked, "is a link")):
+            job = ended[job_id]
+            assert job["status"] == "FAILED", job
+            said = b.get(f"/v1/jobs/{job_id}/logs").text + (job["error"] or "")
+            assert words in said, (job["error"], said[-2000:])
+            assert "private corpus" not in said
+            assert b.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"] == []
+    assert _files(a_ckpt) == before
