@@ -37,7 +37,7 @@ from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
-from workers.storage.location import StorageLocation, resolve_checkpoint_storage
+from workers.storage.location import StorageLocation, resolve_checkpoint_storage, stores_for
 from workers.strategies import StrategyConfig, get_strategy
 from workers.strategies.mesh import build_mesh, coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report
@@ -135,9 +135,8 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
 
 
 def _stores(spec: JobSpec):
-    """A URL -> its StorageLocation, with the spec's checkpoint.s3 / checkpoint.gcs options
-    where the scheme is theirs: how model.hf, model.tokenizer and data.path are reached."""
-    return lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri)
+    """How model.hf, model.tokenizer and data.path are reached (:func:`stores_for`)."""
+    return stores_for(spec.checkpoint)
 
 
 def _new_model(

@@ -77,7 +77,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
     from workers.data.tokens import ShapeOptions
     from workers.spec.checkpoint import CheckpointSpec
     from workers.spec.data import DataSpec
-    from workers.storage.location import resolve_checkpoint_storage
+    from workers.storage.location import stores_for
 
     data = DataSpec.model_validate(options["data"])
     # The spec's checkpoint.s3 / checkpoint.gcs options reach s3:// / gs:// inputs.
@@ -98,7 +98,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
         opts=opts,
         out=str(out),
         vocab_size=model_vocab_size(options.get("model") or {}),
-        stores=lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri),
+        stores=stores_for(checkpoint),
     )
 
 

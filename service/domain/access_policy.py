@@ -41,6 +41,7 @@ from service.errors import InvalidSpec
 from service.settings import Settings
 from workers.spec import JobSpec
 from workers.storage.confine import Roots
+from workers.storage.location import is_remote
 
 # Never named by any spec, admin's included.
 SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run")
@@ -172,7 +173,7 @@ class AccessPolicy:
         ``s3://`` / ``gs://`` object the object-store prefixes (like model.hf) and
         :meth:`_service_keys_refusal`."""
         path = spec.data.path or ""
-        if not path.startswith(("s3://", "gs://")):
+        if not is_remote(path):
             return self._file_refusal(tenant, path, field="data.path", data=True)
         return self._model_refusal(tenant, path, field="data.path") or self._service_keys_refusal(
             tenant, spec, path, field="data.path"
@@ -209,7 +210,7 @@ class AccessPolicy:
         """
         if place is None:
             return None
-        if place.startswith(("s3://", "gs://")):
+        if is_remote(place):
             if tenant.admin and self.settings.policy_admin_any_store:
                 return None
             prefixes = [

@@ -28,9 +28,9 @@ import os
 
 from workers.data.formats import field, jsonl_lines, read_rows
 from workers.data.prepare import read_index
-from workers.data.remote import is_remote
 from workers.spec import JobSpec
 from workers.storage.confine import UNCONFINED, Roots, is_file, opened
+from workers.storage.location import is_remote
 
 MAX_ROWS = 200
 MAX_TEXT_BYTES = 1 << 20

@@ -47,7 +47,12 @@ from workers.storage.confine import (
     open_fd,
     read_bounded,
 )
-from workers.storage.location import StorageError, StorageLocation, resolve_checkpoint_storage
+from workers.storage.location import (
+    StorageError,
+    StorageLocation,
+    is_remote,
+    resolve_checkpoint_storage,
+)
 from workers.storage.probe import quick_fs, redact_credentials, store_error_code
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -217,11 +222,6 @@ def model_config_of(
     except ValueError as e:
         raise ModelRefused(str(e)) from e
     return cfg
-
-
-def is_remote(uri: str) -> bool:
-    """Whether ``uri`` names an object store."""
-    return uri.startswith(("s3://", "gs://"))
 
 
 def check_model(

@@ -34,12 +34,12 @@ from workers.spec import CheckpointSpec, JobSpec
 from workers.storage.location import (
     StorageError,
     checkpoint_credential_env,
+    is_remote,
     job_credential_env,
     resolve_checkpoint_storage,
 )
 from workers.storage.probe import check_storage
 
-OBJECT_STORE_SCHEMES = ("s3://", "gs://")
 T = TypeVar("T")
 
 
@@ -61,7 +61,7 @@ def check_checkpoint_storage(
     job's workers choose them (``checkpoint.s3.credentials_secret``, else AWS_*); the
     error names checkpoint.storage and the fix, never a credential value.
     """
-    if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
+    if not is_remote(checkpoint.storage):
         return
     try:
         check_storage(resolve_checkpoint_storage(checkpoint, env=env), timeout_s=timeout_s)
@@ -104,7 +104,7 @@ class StorageProbes:
 
     def _start(self, tenant: str, checkpoint: CheckpointSpec) -> Future | None:
         """The probe of ``checkpoint`` started for ``tenant`` (None: nothing to probe)."""
-        if not (checkpoint.storage or "").startswith(OBJECT_STORE_SCHEMES):
+        if not is_remote(checkpoint.storage):
             return None
         return self._spawn(
             tenant, lambda: check_checkpoint_storage(checkpoint, timeout_s=self.timeout_s)

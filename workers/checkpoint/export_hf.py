@@ -23,7 +23,7 @@ from workers.models.config import ModelConfig
 from workers.models.hf_config import read_hf_config_text
 from workers.models.hf_load import hf_config_bytes, hf_model_config, local_folder
 from workers.models.hf_remote import is_remote, model_location
-from workers.storage.location import resolve_checkpoint_storage, resolve_storage
+from workers.storage.location import stores_for
 
 # Tokenizer (and generation) files a model folder may carry; copied when present: those
 # that decide tokenization (workers.data.tokenizer), then the rest.
@@ -46,14 +46,6 @@ def _folder(path: str, what: str, required: str | None = "config.json") -> Path:
             f"{e} (export reads the job's {what} folder where the CLI runs: run it where "
             "that path is mounted)"
         ) from None
-
-
-def stores_for(checkpoint):
-    """A URL -> its StorageLocation: the job's checkpoint section's store options where
-    the scheme is theirs (as the workers reach it), else this process's defaults."""
-    if checkpoint is None:
-        return resolve_storage
-    return lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri)
 
 
 def source_model_config(hf: str, checkpoint=None) -> ModelConfig:

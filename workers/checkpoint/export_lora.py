@@ -34,13 +34,13 @@ from workers.checkpoint.export import (
     _stored_model_tensors,
     hf_config,
 )
-from workers.checkpoint.export_hf import stores_for
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
 from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
 from workers.models.llama import build_model
 from workers.models.lora import ADAPTER, lora_config
 from workers.spec.model import LoraSpec
+from workers.storage.location import is_remote, stores_for
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -192,7 +192,7 @@ def _fetch_base(hf: str, tmp: str, store) -> Path:
 def _local_base_dir(base: dict, tmp: str, store=None) -> Path:
     if "preset" in base:
         return write_preset_base(base["preset"], int(base["seed"]), Path(tmp) / "base")
-    if base["hf"].startswith(("s3://", "gs://")):
+    if is_remote(base["hf"]):
         return _fetch_base(base["hf"], tmp, store)
     path = base["hf"].removeprefix("file://")
     if "://" in path or not Path(path, "config.json").is_file():

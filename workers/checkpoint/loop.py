@@ -22,7 +22,7 @@ from workers.checkpoint.state import ModelAndOptimizer
 from workers.contract import CheckpointRecord, EventKind
 from workers.models.lora import base_reference, check_base
 from workers.spec import JobSpec
-from workers.storage.location import resolve_checkpoint_storage
+from workers.storage.location import stores_for
 
 
 def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
@@ -32,7 +32,7 @@ def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
     current = base_reference(  # an object-store model.hf is reached with the spec's options
         spec.model,
         seed=spec.train.seed,
-        stores=lambda uri: resolve_checkpoint_storage(spec.checkpoint, uri=uri),
+        stores=stores_for(spec.checkpoint),
     )
     if restored_extra is not None:
         check_base(restored_extra.get("lora_base"), current)

@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
-from workers.models.uris import is_remote as is_remote  # one definition, asked for here too
 from workers.storage.confine import ROOTS_ENV, Roots
+from workers.storage.location import is_remote as is_remote  # the one rule, asked here too
 
 # A URL -> its StorageLocation (an fsspec ``fs`` and the ``root`` path it sees).
 Stores = Callable[[str], Any]

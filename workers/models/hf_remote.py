@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from workers.models.uris import is_remote as is_remote  # one definition, asked for here too
+from workers.storage.location import is_remote as is_remote  # the one rule, asked here too
 
 log = logging.getLogger(__name__)
 

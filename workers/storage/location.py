@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     CheckpointSpec = Any
 
 SCHEMES = ("file", "s3", "gs")
+OBJECT_STORES = ("s3://", "gs://")
 AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 SECRET_ENV_PREFIX = "ETRAIN_SECRET_"
 GCS_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
@@ -157,6 +158,22 @@ class StorageLocation:
         if self.scheme == "file":
             return self.root, None
         return self.root, self.pyarrow_fs()
+
+
+def is_remote(uri: str | None) -> bool:
+    """Whether ``uri`` names an object store (``s3://`` or ``gs://``): the one rule, which
+    the service and every loader ask."""
+    return bool(uri) and str(uri).startswith(OBJECT_STORES)
+
+
+def stores_for(checkpoint: CheckpointSpec | None) -> Callable[[str], StorageLocation]:
+    """A URL -> its StorageLocation, with the spec's ``checkpoint`` section's store options
+    where the scheme is theirs: how a job reaches ``model.hf``, ``model.tokenizer``,
+    ``data.path`` and TensorBoard's folder as its workers do. Without a section, this
+    process's defaults."""
+    if checkpoint is None:
+        return resolve_storage
+    return lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri)
 
 
 def secret_env_names(name: str) -> tuple[str, str, str]:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from workers.contract import CheckpointRecord, EventKind, MetricPoint
 from workers.storage.confine import Roots, check_folder
+from workers.storage.location import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ _CLOSE_WAIT_S = 30.0
 def tensorboard_uri(checkpoint_root: str) -> str:
     """Where a job with this checkpoint root (a path or a URI) keeps its event files."""
     return checkpoint_root.rstrip("/") + "/tensorboard"
-
-
-def _is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
 
 
 class EventFiles:
@@ -291,7 +288,7 @@ def open_log(checkpoint_root: str, *, start: int, stores: Callable | None) -> Te
     """The log of a run whose checkpoints live at ``checkpoint_root``: in place when that is
     local, else spooled here and uploaded through ``stores(uri)`` (its StorageLocation)."""
     where = tensorboard_uri(checkpoint_root)
-    if not _is_remote(where):
+    if not is_remote(where):
         # Beneath the job's write roots, no link in the path, checked as it is made.
         folder = check_folder(where, Roots.from_env(), write=True, create=True)
         return TensorBoardLog(EventFiles(folder), start=start)

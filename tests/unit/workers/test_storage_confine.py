@@ -70,11 +70,11 @@ def test_a_link_that_leaves_the_roots_is_refused_and_says_nothing_of_its_target(
 
 
 def test_dotdot_cannot_climb_above_the_root(areas):
-    a, b, _, roots = areas
+    a, _, _, roots = areas
     with pytest.raises(ConfinementError):
         _read(f"{a}/m/../../b/m/config.json", roots)
     (a / "m" / "esc").symlink_to("../../b/m/config.json")
-    with pytest.raises(ConfinementError, match="'..' would go outside"):
+    with pytest.raises(ConfinementError, match=r"'\.\.' would go outside"):
         _read(a / "m" / "esc", roots)
 
 
