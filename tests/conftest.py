@@ -93,22 +93,3 @@ def ray_head(tmp_path_factory):
     head.start()
     yield head
     head.stop()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    """One headless Debian chromium for the session (tests/support/browser.py)."""
-    from tests.support.browser import chromium
-
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def open_tab(browser, tmp_path):
-    """``open_tab(width=..., height=...)`` -> a loopback-only :class:`Tab`; screenshots go under
-    the test's ``tmp_path/shots``. Call ``tab.check()`` to fail on console errors."""
-    from tests.support.browser import tabs
-
-    with tabs(browser, tmp_path / "shots") as factory:
-        yield factory

@@ -107,9 +107,11 @@ def start_serve(
     return Served(proc=proc, url=url, data_dir=data_dir, token=token, log=log)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def served(ray_backend, tmp_path_factory):
-    """One control plane for the e2e session, on the session's Ray cluster."""
+    """One control plane for the e2e tests, on the session's Ray cluster. It stops after
+    the last e2e test: its reconciler and warm standby driver would otherwise run on
+    through the rest of the session, taking CPU from the tests after it."""
     s = start_serve(tmp_path_factory.mktemp("etrain-e2e"), ray_address=ray_backend.address)
     yield s
     s.stop()
@@ -125,3 +127,23 @@ def waiter():
 def serve_factory():
     """Start another control plane (the caller stops it)."""
     return start_serve
+
+
+@pytest.fixture(scope="package")
+def browser():
+    """One headless Debian chromium for the e2e tests (tests/support/browser.py), closed
+    after the last of them."""
+    from tests.support.browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def open_tab(browser, tmp_path):
+    """``open_tab(width=..., height=...)`` -> a loopback-only :class:`Tab`; screenshots go under
+    the test's ``tmp_path/shots``. Call ``tab.check()`` to fail on console errors."""
+    from tests.support.browser import tabs
+
+    with tabs(browser, tmp_path / "shots") as factory:
+        yield factory

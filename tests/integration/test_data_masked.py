@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.hf_fixtures import make_word_tokenizer
-from tests.support.local_launch import LocalJob, run_local
+from tests.support.local_launch import LocalJob, run_local_groups
 from tests.unit.workers.data.conftest import write_jsonl
 from workers.data.prepare import prepare
 from workers.data.tokens import ShapeOptions
@@ -101,10 +101,10 @@ def results(data):
             "save", spec("save", 2, {"strategy": "ddp"}, prepared), str(root / "ck"), stop_at=3
         ),
     ]
-    out = run_local(jobs, world_size=2)
     # Pipeline stages with data parallelism inside them: the dp factor on the pp loss.
     hybrid = {"strategy": "hybrid", "pp": 2, "pipeline": {"microbatches": 2}}
-    out.update(run_local([LocalJob("pp2-dp2", spec("pp2-dp2", 4, hybrid, prepared))], world_size=4))
+    pp2_dp2 = LocalJob("pp2-dp2", spec("pp2-dp2", 4, hybrid, prepared))
+    out = run_local_groups([(2, jobs), (4, [pp2_dp2])])  # one set of 4 processes
     # The reference: one process, the whole global batch in micro-batches of 1.
     out["reference"] = single(spec("ref", 1, {"strategy": "ddp"}, prepared, mbs=1))
     # Elastic shrink: the job saved on 2 ranks at step 3 resumes on 1.

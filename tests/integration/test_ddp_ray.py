@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,11 +51,30 @@ def _reference_losses(spec: dict) -> dict[int, float]:
     return result.losses
 
 
+@pytest.fixture(scope="module")
+def clean_runs(run_job, tmp_path_factory) -> Callable[..., tuple[str, dict, Path]]:
+    """``clean_runs(optimizer, asynchronous=...)`` -> (job id, spec, storage folder) of an
+    uninterrupted Ray job of that spec, run once per module: the adamw run the loss test
+    checks is also the uninterrupted run the synchronous kill test compares with."""
+    done: dict[tuple[str, bool], tuple[str, dict, Path]] = {}
+
+    def clean(optimizer: str, *, asynchronous: bool = False) -> tuple[str, dict, Path]:
+        key = (optimizer, asynchronous)
+        if key not in done:
+            mode = "async" if asynchronous else "sync"
+            folder = tmp_path_factory.mktemp(f"clean-{optimizer}-{mode}")
+            spec = _spec(folder, optimizer, asynchronous=asynchronous)
+            job_id = f"j-clean-{optimizer}-{mode}-{uuid.uuid4().hex[:6]}"
+            assert run_job(job_id=job_id, spec=spec) == RunState.SUCCEEDED
+            done[key] = (job_id, spec, folder)
+        return done[key]
+
+    return clean
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_ddp_loss_per_step_matches_single_process(run_job, telemetry_sink, tmp_path, optimizer):
-    spec = _spec(tmp_path, optimizer)
-    job_id = f"j-ddp-{optimizer}-{uuid.uuid4().hex[:6]}"
-    assert run_job(job_id=job_id, spec=spec) == RunState.SUCCEEDED
+def test_ddp_loss_per_step_matches_single_process(clean_runs, telemetry_sink, optimizer):
+    job_id, spec, _ = clean_runs(optimizer)
     got, want = telemetry_sink.losses(job_id), _reference_losses(spec)
     assert sorted(got) == list(range(1, 9))
     for step, loss in want.items():
@@ -75,16 +96,16 @@ KILLS = {
 
 @pytest.mark.parametrize("mode", list(KILLS))
 def test_kill_and_resume_equals_uninterrupted(
-    run_job, telemetry_sink, checkpoint_tensors, tmp_path, mode
+    clean_runs, run_job, telemetry_sink, checkpoint_tensors, tmp_path, mode
 ):
     """The resumed run ends bitwise equal to an uninterrupted one."""
-    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    killed_dir = tmp_path / "killed"
     asynchronous = mode == "async"
-    clean = _spec(clean_dir, "adamw", asynchronous=asynchronous)
+    clean_id, clean, clean_dir = clean_runs("adamw", asynchronous=asynchronous)
     killed = _spec(killed_dir, "adamw", asynchronous=asynchronous)
-    tag = uuid.uuid4().hex[:6]
-    clean_id, killed_id = f"j-clean-{tag}", f"j-killed-{tag}"
-    assert run_job(job_id=clean_id, spec=clean) == RunState.SUCCEEDED
+    anywhere = lambda spec: {**spec, "checkpoint": {**spec["checkpoint"], "storage": None}}  # noqa: E731
+    assert anywhere(killed) == anywhere(clean)  # the same job but for where it saves
+    killed_id = f"j-killed-{uuid.uuid4().hex[:6]}"
     marker = tmp_path / "killed-once"
     assert (
         run_job(

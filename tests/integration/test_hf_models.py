@@ -20,7 +20,7 @@ import torch
 
 from tests.support.hf_fixtures import make_hf_folder
 from tests.support.hf_load_memory import measure_load, write_random_llama
-from tests.support.local_launch import LocalJob, run_local
+from tests.support.local_launch import LocalJob, run_local_groups
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -98,16 +98,19 @@ def references(reference_runs) -> dict[str, dict[int, float]]:
 
 @pytest.fixture(scope="module")
 def results(qwen_folder) -> dict:
-    out = {}
-    for world in (2, 4):
-        jobs = [
-            LocalJob(f"{name}-{opt}", _spec(qwen_folder, workers, par, opt))
-            for name, (workers, par) in LAYOUTS.items()
-            if workers == world
-            for opt in OPTIMIZERS
-        ]
-        out.update(run_local(jobs, world_size=world))
-    return out
+    groups = [
+        (
+            world,
+            [
+                LocalJob(f"{name}-{opt}", _spec(qwen_folder, workers, par, opt))
+                for name, (workers, par) in LAYOUTS.items()
+                if workers == world
+                for opt in OPTIMIZERS
+            ],
+        )
+        for world in (2, 4)
+    ]
+    return run_local_groups(groups)  # both sizes on one set of 4 processes
 
 
 def test_first_loss_equals_transformers_on_the_same_global_batch(qwen_folder, references):

@@ -2,7 +2,9 @@
 
 The matrix is a table of spec overrides (torchtitan's features.py style). All
 2-worker rows run in one group of 2 gloo processes, all 4-worker rows in one
-group of 4, so start-up is paid twice for the whole table. Each row runs with
+group of 4, and the resumes that need a checkpoint of the other size last; the
+groups run on one set of 4 processes, so start-up is paid once for the whole
+table. Each row runs with
 SGD (momentum) and with AdamW: Adam normalises gradient scale away, SGD does
 not, so a gradient-scaling bug shows up in the SGD column.
 """
@@ -16,7 +18,7 @@ import torch
 
 from service.planner.memory_model import activation_bytes, state_bytes_by_rank
 from service.planner.planning import layout_of, workload_of
-from tests.support.local_launch import LocalJob, run_local
+from tests.support.local_launch import LocalJob, run_local_groups
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -129,8 +131,9 @@ RESUMES = {
 
 @pytest.fixture(scope="module")
 def matrix_results(tmp_path_factory) -> dict:
-    """Run every row (both optimizers) and every save, grouped by world size; then the
-    resumes (a resume may run at a size whose group would otherwise come first)."""
+    """Run every row (both optimizers) and every save, grouped by world size; the resumes
+    at 4 after the 4-worker saves, those at 2 last (a resume may need a save of either
+    size)."""
     root = tmp_path_factory.mktemp("resumes")
     by_world: dict[int, list[LocalJob]] = {2: [], 4: []}
     resumes: dict[int, list[LocalJob]] = {2: [], 4: []}
@@ -157,11 +160,7 @@ def matrix_results(tmp_path_factory) -> dict:
         resumes[w2].append(
             LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw", steps=6), ckpt)
         )
-    results = {}
-    for groups in (by_world, resumes):
-        for world, jobs in groups.items():
-            results.update(run_local(jobs, world_size=world))
-    return results
+    return run_local_groups([(2, by_world[2]), (4, by_world[4] + resumes[4]), (2, resumes[2])])
 
 
 def assert_matches(res, want: dict[int, float], label: str) -> None:

@@ -5,6 +5,11 @@ One group of processes runs a list of jobs in order, so process start-up and
 builds its own mesh from its spec; every job must use all ``world_size``
 ranks. Rank 0 writes each job's result (losses, step times, per-rank memory)
 as JSON; a job that raises is recorded with its error and the rest go on.
+
+:func:`run_local_groups` runs groups of different world sizes on one set of
+processes (as many as the largest group): each group is a process group of its
+own over the first ranks, and the others wait for it to end. Spawning a process
+and importing torch and the workers costs seconds of CPU, once per process.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +48,7 @@ class LocalResult:
     memory: list[dict] | None = None
     resumed_from: int | None = None
     error: str | None = None
+    wall_s: float = 0.0  # rank 0's time for the job: set-up, steps and saves
 
 
 def _free_port() -> int:
@@ -50,7 +57,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: str) -> None:
+def _worker(rank: int, groups: list[tuple[int, int, list[LocalJob]]], out: str) -> None:
+    """Run each (world_size, port, jobs) group this rank belongs to; a rank outside a group
+    waits for the group's end (a file rank 0 writes after the group's last barrier)."""
+    for i, (world_size, port, jobs) in enumerate(groups):
+        done = Path(out, f"group{i}.done")
+        if rank >= world_size:
+            while not done.exists():
+                time.sleep(0.1)
+            continue
+        _run_group(rank, world_size, port, jobs, out)
+        if rank == 0:
+            done.touch()
+
+
+def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
         "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
@@ -60,6 +81,7 @@ def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: st
 
     for job in jobs:
         record: dict = {}
+        t0 = time.perf_counter()
         try:
             res = run(
                 JobSpec.model_validate(job.spec),
@@ -76,6 +98,7 @@ def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: st
                 "step_times": res.step_times,
                 "memory": res.memory,
                 "resumed_from": res.resumed_from,
+                "wall_s": time.perf_counter() - t0,
             }
         except Exception:  # noqa: BLE001 - recorded for the caller, the next job runs
             record = {"error": f"rank {rank}: {traceback.format_exc()}"}
@@ -87,15 +110,32 @@ def _worker(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: st
 
 def run_local(jobs: list[LocalJob], *, world_size: int) -> dict[str, LocalResult]:
     """Run ``jobs`` in order on ``world_size`` spawned processes; results by job name."""
+    return run_local_groups([(world_size, jobs)])
+
+
+def run_local_groups(groups: list[tuple[int, list[LocalJob]]]) -> dict[str, LocalResult]:
+    """Run each ``(world_size, jobs)`` group in turn, its jobs in order, on one set of
+    spawned processes (as many as the largest world size); results by job name, which
+    must be unique across the groups."""
+    names = [job.name for _, jobs in groups for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"job names repeat across the groups: {sorted(names)}")
+    ports: list[int] = []
+    while len(ports) < len(groups):  # one rendezvous port per group, all different
+        if (port := _free_port()) not in ports:
+            ports.append(port)
+    plan = [(world, port, jobs) for (world, jobs), port in zip(groups, ports, strict=True)]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _worker,
-            args=(world_size, _free_port(), jobs, out),
-            nprocs=world_size,
+            args=(plan, out),
+            nprocs=max(world for world, _ in groups),
             join=True,
             start_method="spawn",
         )
-        return {job.name: _collect(Path(out), job.name, world_size) for job in jobs}
+        return {
+            job.name: _collect(Path(out), job.name, world) for world, jobs in groups for job in jobs
+        }
 
 
 def _collect(out: Path, name: str, world_size: int) -> LocalResult:
@@ -113,4 +153,5 @@ def _collect(out: Path, name: str, world_size: int) -> LocalResult:
         step_times=data["step_times"],
         memory=data["memory"],
         resumed_from=data["resumed_from"],
+        wall_s=data["wall_s"],
     )
