@@ -60,6 +60,9 @@ class RunEnv:
     after_first_step: Callable[[], object] | None = None
     # Installed by tests and drills (fault injection); None in production.
     hooks: RunHooks | None = None
+    # Measure memory at the first step (a new run or a resize): False only for tests and
+    # benchmarks that do not read it (the meter traces every op of that step).
+    measure_memory: bool = True
 
 
 @dataclass
@@ -308,6 +311,8 @@ def _measures_memory(env: RunEnv, *, start: int, restored: dict | None) -> bool:
     at another world size. The meter traces every op of that step (about 1 s for gpt-tiny
     on one CPU core), and a group restarted at the size that saved the checkpoint holds what
     the group of that size measured before it (the same on every rank: one manifest)."""
+    if not env.measure_memory:
+        return False
     return start == 0 or (restored or {}).get("world_size") != env.world_size
 
 

@@ -37,6 +37,7 @@ class LocalJob:
     spec: dict
     checkpoint_root: str | None = None
     stop_at: int | None = None
+    measure_memory: bool = True  # False: the test reads no memory figure of this job
 
 
 @dataclass
@@ -91,6 +92,7 @@ def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out:
                     device=torch.device("cpu"),
                     checkpoint_root=job.checkpoint_root,
                     stop_at=job.stop_at,
+                    measure_memory=job.measure_memory,
                 ),
             )
             record = {

@@ -176,3 +176,16 @@ def test_activation_checkpointing_from_the_spec_recomputes_blocks_with_the_same_
     checkpointed = run(with_ac, env())
     assert calls, "model.activation_checkpointing: full did not reach the model"
     assert checkpointed.losses == plain.losses
+
+
+def test_memory_is_measured_for_a_new_run_or_a_resize_unless_turned_off():
+    import torch
+
+    from workers.train_loop import RunEnv, _measures_memory
+
+    env = RunEnv(rank=0, world_size=2, device=torch.device("cpu"), checkpoint_root=None)
+    assert _measures_memory(env, start=0, restored=None)
+    assert _measures_memory(env, start=3, restored={"world_size": 4})
+    assert not _measures_memory(env, start=3, restored={"world_size": 2})
+    env.measure_memory = False
+    assert not _measures_memory(env, start=0, restored=None)
