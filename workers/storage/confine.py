@@ -303,6 +303,8 @@ def check_folder(path: str, roots: Roots, *, write: bool = False, create: bool =
             os.makedirs(walk.path, exist_ok=True)
         return walk.path
     root, parts = walk.start(walk.path)
+    if create:  # the root itself is the operator's (a tenant's first job makes its area)
+        os.makedirs(root, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for name in parts:
