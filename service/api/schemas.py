@@ -11,8 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from service.auth import RESERVED_TENANTS
 from service.domain.queries import JobDetail as Detail
 from service.status import JobStatus
 from service.store import JobRecord
@@ -275,9 +277,21 @@ class TokenRequest(BaseModel):
         min_length=1,
         max_length=64,
         pattern=r"^[a-z0-9][-a-z0-9]*$",
-        description="Tenant name (created if new).",
+        description="Tenant name (created if new); 'admin' is reserved.",
     )
     name: str = Field("token", max_length=64, description="A label for the token.")
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_reserved(cls, tenant: str) -> str:
+        if tenant in RESERVED_TENANTS:
+            raise PydanticCustomError(
+                "reserved_tenant",
+                "tenant '{tenant}' is reserved: the service's admin token belongs to it; "
+                "choose another tenant name (an admin token already acts for every tenant)",
+                {"tenant": tenant},
+            )
+        return tenant
 
 
 class TokenPublic(BaseModel):
