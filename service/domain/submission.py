@@ -11,6 +11,7 @@ its job will use. The API calls the steps one by one (``prepare``, ``probe``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,19 @@ class Prepared:
 class Submission:
     """Validation, planning and storing of new jobs."""
 
-    def __init__(self, jobs: JobStore, backend: Backend, settings: Settings):
+    def __init__(
+        self,
+        jobs: JobStore,
+        backend: Backend,
+        settings: Settings,
+        *,
+        on_stored: Callable[[], None] | None = None,
+    ):
         """Store into ``jobs``; plan on ``backend``'s cluster; defaults and the access
-        policy from ``settings``."""
+        policy from ``settings``; ``on_stored`` is called after each job is stored (the
+        reconciler's wake, so that it is admitted now, not at the next poll)."""
         self.jobs, self.backend, self.settings = jobs, backend, settings
+        self.on_stored = on_stored
         self.policy = AccessPolicy(settings)
         self.probes = StorageProbes(
             workers=settings.probe_workers,
@@ -95,7 +105,7 @@ class Submission:
     def store(self, prepared: Prepared) -> JobRecord:
         """Store a prepared (and probed) job as QUEUED; the scheduler takes it from there."""
         spec = prepared.spec
-        return self.jobs.create_job(
+        job = self.jobs.create_job(
             tenant_id=prepared.tenant_id,
             name=spec.name,
             spec=spec,
@@ -104,6 +114,9 @@ class Submission:
             # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
             max_queued=max_queued_jobs(self.settings, prepared.tenant.name),
         )
+        if self.on_stored is not None:
+            self.on_stored()
+        return job
 
     def _with_defaults(self, spec: JobSpec, tenant: Tenant) -> JobSpec:
         """``spec`` with the tenant's default storage and the service's metrics.tensorboard."""
