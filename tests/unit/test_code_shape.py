@@ -72,3 +72,37 @@ def test_routes_reach_domain_services_only_through_depends(path):
 )
 def test_the_route_check_sees_each_way_of_reaching_past_the_services(source):
     assert _reaches(ast.parse(source))
+
+
+def _strategy_literals(tree: ast.AST) -> list[str]:
+    """Strategy names written as strings where a strategy is compared or a layout built."""
+    from workers.contract import STRATEGIES
+
+    def named(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in STRATEGIES
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            touches = any(isinstance(s, ast.Attribute) and s.attr == "strategy" for s in sides)
+            if touches and any(named(s) for s in sides):
+                found.append(f"line {node.lineno}: compared with a string")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Layout":
+            found += [f"line {node.lineno}: Layout({a.value!r})" for a in node.args if named(a)]
+        elif isinstance(node, ast.IfExp) and any(named(n) for n in (node.body, node.orelse)):
+            found.append(f"line {node.lineno}: chosen as a string")
+    return found
+
+
+PLANNER_MODULES = sorted((ROOT / "service" / "planner").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", PLANNER_MODULES, ids=lambda p: p.name)
+def test_the_planner_names_strategies_by_the_contracts_constants(path):
+    assert _strategy_literals(ast.parse(path.read_text())) == [], "use workers.contract's names"
+
+
+def test_the_strategy_check_sees_string_names():
+    source = 'a = x.strategy == "ddp"\nb = Layout("fsdp", dp=2)\nc = "tp" if y else "pp"\n'
+    assert len(_strategy_literals(ast.parse(source))) == 3
