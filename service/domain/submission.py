@@ -85,16 +85,27 @@ class Submission:
         # A full queue is a 429 before the plan and the probe (store() checks again).
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_defaults(validate_spec(data), tenant)
-        self.policy.check(tenant, spec)
-        # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec, probes=self.probes, tenant=tenant.name)
-        plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
+        prepared = self._checked_plan(principal, tenant, spec, cluster=None)
+        plan = prepared.plan
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
                 "the plan for this job has errors",
                 [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors],
             )
+        return prepared
+
+    def _checked_plan(
+        self, principal: Principal, tenant: Tenant, spec: JobSpec, *, cluster: dict | None
+    ) -> Prepared:
+        """What a submission and a dry run share: the access policy, then the checks that
+        read the model's config.json and the data (only once the policy allowed them; an
+        object store's in a probe thread), then the plan on ``cluster`` (None: the
+        connected cluster)."""
+        self.policy.check(tenant, spec)
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
+        check_data(spec, probes=self.probes, tenant=tenant.name)
+        shape = self.cluster_shape() if cluster is None else cluster
+        plan = plan_job(spec, cluster=shape, model_config=model_config)
         return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
 
     async def probe(self, prepared: Prepared) -> None:
@@ -151,20 +162,8 @@ class Submission:
             )
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
-        self.policy.check(tenant, spec)
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name)
-        check_data(spec, probes=self.probes, tenant=tenant.name)
-        try:
-            cluster = ClusterSpec.model_validate(data.get("cluster") or {})
-        except ValidationError as e:
-            raise InvalidSpec(
-                "invalid cluster", field_errors(e, ["body", "cluster"], root=ClusterSpec)
-            ) from e
-        shape = (
-            cluster.model_dump(exclude_none=True) if data.get("cluster") else self.cluster_shape()
-        )
-        plan = plan_job(spec, cluster=shape, model_config=model_config)
-        return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
+        cluster = _cluster_of(data.get("cluster"))  # refused before the model or data is read
+        return self._checked_plan(principal, tenant, spec, cluster=cluster)
 
     def cluster_shape(self) -> dict:
         """Nodes, per-node CPUs, GPUs (and their model) and host memory of the connected
@@ -178,6 +177,17 @@ class Submission:
     def cluster(self) -> ClusterInfo:
         """Nodes and resources of the connected cluster."""
         return self.backend.cluster()
+
+
+def _cluster_of(given: Any) -> dict | None:
+    """A dry run's ``cluster`` as a plan's (None when it names none: the connected one)."""
+    try:
+        cluster = ClusterSpec.model_validate(given or {})
+    except ValidationError as e:
+        raise InvalidSpec(
+            "invalid cluster", field_errors(e, ["body", "cluster"], root=ClusterSpec)
+        ) from e
+    return cluster.model_dump(exclude_none=True) if given else None
 
 
 def check_data(

@@ -52,3 +52,21 @@ def test_wasteful_submit_is_accepted_with_warnings_on_the_job(rtx_client):
     assert r.status_code == 201, r.text
     job = rtx_client.get(f"/v1/jobs/{r.json()['id']}", headers=ADMIN_H).json()
     assert any("parallelism.strategy 'fsdp' is not needed" in w for w in job["warnings"])
+
+
+def test_a_bad_cluster_is_refused_before_the_model_or_data_is_read(rtx_client, monkeypatch):
+    from service.domain import submission
+
+    read = []
+    monkeypatch.setattr(submission, "check_model", lambda *a, **k: read.append("model"))
+    monkeypatch.setattr(submission, "check_data", lambda *a, **k: read.append("data"))
+    body = {"spec": GPU_SPEC, "cluster": {"gpu_memory_gb": -1}}
+    r = rtx_client.post("/v1/plan", json=body, headers=ADMIN_H)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == [
+        "body",
+        "cluster",
+        "gpu_memory_gb",
+    ]
+    assert read == []
+    assert rtx_client.post("/v1/plan", json={"spec": GPU_SPEC}, headers=ADMIN_H).status_code == 200
+    assert read == ["model", "data"]  # the same checks a submission makes
