@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from service.auth import RESERVED_TENANTS
 from service.domain.queries import JobDetail as Detail
+from service.planner.plan import DataParallel
 from service.status import JobStatus
 from service.store import JobRecord
 from workers.contract import MetricPoint
@@ -37,6 +38,10 @@ class JobPublic(BaseModel):
     spec: JobSpec = Field(description="The validated spec, checkpoint storage filled in.")
     min_workers: int
     world_size: int | None = Field(description="Workers in the newest reported step.")
+    data_parallel: DataParallel = Field(
+        description="The data-parallel degree at the fewest and most workers, and at "
+        "world_size (what the pages and etrain report show)."
+    )
     restarts: int = Field(description="Worker-group restarts inside the Ray job.")
     resubmits: int = Field(description="Times the whole Ray job was resubmitted.")
     step: int = Field(description="Newest reported step.")
@@ -60,6 +65,7 @@ class JobPublic(BaseModel):
             "spec": job.spec,
             "min_workers": job.min_workers,
             "world_size": job.world_size,
+            "data_parallel": DataParallel.of(job.spec, job.world_size),
             "restarts": job.restarts,
             "resubmits": job.resubmits,
             "step": job.step,
