@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 from dataclasses import dataclass
@@ -12,7 +13,14 @@ from service.errors import Forbidden, Unauthorized
 from service.store import TokenRecord, TokenStore
 
 ADMIN_TENANT = "admin"
+# Tenant names a user token may not be created for: the bootstrap admin token's tenant
+# (a user token there would list and revoke the admin token). Reporter tokens belong to
+# their job's tenant, standby drivers' tokens are not in the token store, and a metrics
+# scrape is judged by its token's role, so no other name is the service's own.
+RESERVED_TENANTS = frozenset({ADMIN_TENANT})
 TOKEN_FILE = "admin_token"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,12 +97,29 @@ def ensure_admin_token(
             token = new_token()
             _write_secret(path, token)
     tokens.set_bootstrap_admin(tenant_id=tenant.id, token_hash=hash_token(token), name="admin")
+    _revoke_reserved_user_tokens(tokens, tenant.id)
     return path
+
+
+def _revoke_reserved_user_tokens(tokens: TokenStore, tenant_id: str) -> None:
+    """Revoke the user tokens of the admin tenant: a database from before its name was
+    reserved may hold some, and each could list and revoke the admin token."""
+    for token, _ in tokens.list_tokens(tenant_id=tenant_id):
+        if token.role == "user" and tokens.revoke_token(token.id) is not None:
+            log.warning(
+                "revoked user token %s (%r) of the reserved tenant %r; create the user a "
+                "token for another tenant",
+                token.id,
+                token.name,
+                ADMIN_TENANT,
+            )
 
 
 def issue_user_token(tokens: TokenStore, *, tenant: str, name: str) -> tuple[str, TokenRecord]:
     """Create (if needed) ``tenant`` and a user token for it; return the token (once) and
-    its stored record."""
+    its stored record. A reserved tenant name (``RESERVED_TENANTS``) is a ValueError."""
+    if tenant in RESERVED_TENANTS:
+        raise ValueError(f"tenant {tenant!r} is reserved for the service")
     record = tokens.ensure_tenant(tenant)
     token = new_token()
     stored = tokens.add_token(

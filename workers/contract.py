@@ -80,7 +80,8 @@ SPARES_WAIT_OVER = re.compile(
 
 # What ``parallelism.strategy`` accepts; workers.strategies registers one ``apply_<name>``
 # for each, and refuses to load if the two ever differ.
-STRATEGIES = ("ddp", "fsdp", "tp", "pp", "hybrid")
+DDP, FSDP, TP, PP, HYBRID = "ddp", "fsdp", "tp", "pp", "hybrid"
+STRATEGIES = (DDP, FSDP, TP, PP, HYBRID)
 
 
 # --- telemetry -----------------------------------------------------------------------------

@@ -13,9 +13,10 @@ The uses, each with what it is for:
 1. :class:`ElasticPolicyBase`: Ray Train's ``ElasticScalingPolicy`` with two seams
    on its private methods. ``_count_possible_workers`` is capped by
    :meth:`~ElasticPolicyBase.usable_workers` (etrain keeps tp x pp intact), and
-   ``_get_reserved_resources`` can ask the AutoscalingCoordinator for a view
-   recomputed from the live node list (its ``recompute=True``), writing the
-   policy's cached ``_latest_reserved_resources`` as Ray's own code does;
+   :meth:`~ElasticPolicyBase.refresh_reservation` asks the AutoscalingCoordinator for a
+   view recomputed from the live node list (its ``recompute=True``), writing the
+   policy's cached ``_latest_reserved_resources[_query_time]`` as Ray's own
+   ``_get_reserved_resources`` does, which then answers the next decision from it;
    :meth:`~ElasticPolicyBase.skip_resize_interval` clears ``_latest_monitor_time``.
 2. :func:`trainer_class`: a ``TorchTrainer`` that hands its controller another
    scaling policy through ``_initialize_and_run_controller(scaling_policy=...)``,
@@ -115,11 +116,9 @@ RUN_ACTOR_MODULES = (
 class ElasticPolicyBase(ElasticScalingPolicy):
     """(1) Ray Train's elastic scaling policy with etrain's two seams.
 
-    Subclasses override :meth:`usable_workers` and set ``recompute_reservation``
-    while a worker group is about to start.
+    Subclasses override :meth:`usable_workers` and call :meth:`refresh_reservation`
+    before a decision that must see the live node list.
     """
-
-    recompute_reservation = False
 
     def usable_workers(self, possible: int) -> int:
         """How many of the ``possible`` workers to start (default: all of them)."""
@@ -132,9 +131,10 @@ class ElasticPolicyBase(ElasticScalingPolicy):
     def _count_possible_workers(self, reserved_resources) -> int:
         return self.usable_workers(super()._count_possible_workers(reserved_resources))
 
-    def _get_reserved_resources(self):
-        if not self.recompute_reservation:
-            return super()._get_reserved_resources()
+    def refresh_reservation(self) -> None:
+        """Recompute the reservation from the live node list now and cache it as Ray's
+        ``_get_reserved_resources`` does, so the next decision reads this view (not one up to
+        the coordinator's 20 s node-list refresh old). On failure Ray's polling stays."""
         try:
             reserved = ray.get(
                 self._autoscaling_coordinator.get_reserved_resources.remote(
@@ -144,10 +144,9 @@ class ElasticPolicyBase(ElasticScalingPolicy):
             )
         except Exception as e:  # noqa: BLE001 - Ray's own polling is the fallback
             log.warning("recomputing the cluster reservation failed (%s); using Ray's view", e)
-            return super()._get_reserved_resources()
+            return
         self._latest_reserved_resources = reserved
         self._latest_reserved_resources_query_time = time_monotonic()
-        return reserved
 
 
 def trainer_class():

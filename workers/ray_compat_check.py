@@ -48,7 +48,10 @@ def _elastic_policy() -> bool:
             ElasticScalingPolicy._get_reserved_resources,
             "self._autoscaling_coordinator",
             "self._requester_id",
+            # refresh_reservation's view is read back from the cache Ray keeps this long
+            "self.GET_RESERVED_RESOURCES_INTERVAL_S",
         )
+        and ElasticScalingPolicy.GET_RESERVED_RESOURCES_INTERVAL_S > 0
     )
 
 
@@ -172,7 +175,8 @@ def _kv() -> bool:
 
 CHECKS: dict[str, Callable[[], bool]] = {
     "ElasticPolicyBase: ElasticScalingPolicy._count_possible_workers(reserved_resources), "
-    "_get_reserved_resources(), _latest_reserved_resources[_query_time], _latest_monitor_time, "
+    "_get_reserved_resources() (serving its cache for GET_RESERVED_RESOURCES_INTERVAL_S), "
+    "_latest_reserved_resources[_query_time], _latest_monitor_time, "
     "_autoscaling_coordinator, _requester_id": _elastic_policy,
     "ElasticPolicyBase: AutoscalingCoordinator.get_reserved_resources(requester_id, "
     "recompute=)": _coordinator_recompute,

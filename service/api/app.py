@@ -19,9 +19,12 @@ from service.domain.ingest import TelemetryIngest
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
 from service.domain.queries import JobQueries
+from service.domain.queue_view import ClusterView
 from service.domain.ray_dashboard import token_hint
 from service.domain.reconciler import Reconciler
+from service.domain.standby_jobs import StandbyJobs
 from service.domain.submission import Submission
+from service.domain.tokens import Tokens
 from service.errors import EtrainError, InvalidSpec
 from service.settings import Settings
 from service.store import Stores, migrate
@@ -43,16 +46,21 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
 
         backend, embedded = build_backend(settings)
         embedded_box.append(embedded)
+    reconciler = Reconciler(stores, backend, settings)
     return Runtime(
         settings=settings,
         stores=stores,
         backend=backend,
-        submission=Submission(stores.jobs, backend, settings),
+        # A stored job wakes the reconciler: admitted now, not at the next poll.
+        submission=Submission(stores.jobs, backend, settings, on_stored=reconciler.wake),
         queries=JobQueries(stores, backend, token_hint=token_hint(settings)),
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
         monitoring=Monitoring(stores, backend, JOB_METRICS),
-        reconciler=Reconciler(stores, backend, settings),
+        reconciler=reconciler,
+        tokens=Tokens(stores.tokens),
+        standby=StandbyJobs(backend),
+        cluster=ClusterView(backend, stores.jobs, settings),
         admin_token_file=str(token_file) if token_file else None,
     )
 

@@ -1,4 +1,5 @@
-"""What the routes depend on: the app's runtime, the caller, and the domain services."""
+"""What the routes depend on: the caller and the domain services, each through FastAPI's
+``Depends`` (a route never reaches the runtime, the stores or the backend itself)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,25 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from service.auth import Principal, authenticate, require_user
+from service.auth import Principal, require_user
 from service.backends.base import Backend
 from service.domain.ingest import TelemetryIngest
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
 from service.domain.queries import JobQueries
+from service.domain.queue_view import ClusterView
 from service.domain.reconciler import Reconciler
+from service.domain.standby_jobs import StandbyJobs
 from service.domain.submission import Submission
+from service.domain.tokens import Tokens
 from service.settings import Settings
 from service.store import Stores
 
 
 @dataclass
 class Runtime:
-    """What the routes reach through ``request.app.state.runtime`` (wired by ``app.create_app``)."""
+    """What the app holds in ``request.app.state.runtime`` (wired by ``app.create_app``);
+    the dependencies below hand its services to the routes."""
 
     settings: Settings
     stores: Stores
@@ -32,6 +37,9 @@ class Runtime:
     ingest: TelemetryIngest
     monitoring: Monitoring
     reconciler: Reconciler
+    tokens: Tokens
+    standby: StandbyJobs
+    cluster: ClusterView
     admin_token_file: str | None
 
 
@@ -39,16 +47,24 @@ class Runtime:
 # thread pool, and a hop there and back per dependency was a large part of every request.
 
 
-def runtime(request: Request) -> Runtime:
+def _runtime(request: Request) -> Runtime:
     """The runtime of the app serving ``request``."""
     return request.app.state.runtime
 
 
+async def get_tokens(request: Request) -> Tokens:
+    """Authentication and the token lifecycle."""
+    return _runtime(request).tokens
+
+
+TokenService = Annotated[Tokens, Depends(get_tokens)]
+
+
 def get_principal(
-    request: Request, authorization: Annotated[str | None, Header()] = None
+    tokens: TokenService, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
     """Any valid token (user, admin or a job's reporter)."""
-    return authenticate(runtime(request).stores.tokens, authorization)
+    return tokens.authenticate(authorization)
 
 
 async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
@@ -57,34 +73,48 @@ async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> P
 
 
 def scrape_with_jobs(
-    request: Request, authorization: Annotated[str | None, Header()] = None
+    request: Request, tokens: TokenService, authorization: Annotated[str | None, Header()] = None
 ) -> bool:
     """Whether a /metrics scrape gets the per-job series: with an admin token, or any
     scrape when ETRAIN_METRICS_JOB_LABELS is on. A token that is sent must be valid."""
-    rt = runtime(request)
-    if authorization is not None and authenticate(rt.stores.tokens, authorization).role == "admin":
+    if authorization is not None and tokens.authenticate(authorization).role == "admin":
         return True
-    return rt.settings.metrics_job_labels
+    return _runtime(request).settings.metrics_job_labels
 
 
 async def get_submission(request: Request) -> Submission:
     """Submitting and planning jobs."""
-    return runtime(request).submission
+    return _runtime(request).submission
 
 
 async def get_queries(request: Request) -> JobQueries:
     """Reading jobs and their telemetry."""
-    return runtime(request).queries
+    return _runtime(request).queries
 
 
 async def get_lifecycle(request: Request) -> Lifecycle:
     """Cancelling jobs."""
-    return runtime(request).lifecycle
+    return _runtime(request).lifecycle
 
 
 async def get_ingest(request: Request) -> TelemetryIngest:
     """Storing workers' telemetry."""
-    return runtime(request).ingest
+    return _runtime(request).ingest
+
+
+async def get_monitoring(request: Request) -> Monitoring:
+    """Readiness and the job counts of a scrape."""
+    return _runtime(request).monitoring
+
+
+async def get_standby(request: Request) -> StandbyJobs:
+    """Jobs handed to standby drivers."""
+    return _runtime(request).standby
+
+
+async def get_cluster(request: Request) -> ClusterView:
+    """The cluster, its queue and standbys as a caller may see them."""
+    return _runtime(request).cluster
 
 
 Caller = Annotated[Principal, Depends(get_principal)]
@@ -93,4 +123,7 @@ Submissions = Annotated[Submission, Depends(get_submission)]
 Queries = Annotated[JobQueries, Depends(get_queries)]
 Lifecycles = Annotated[Lifecycle, Depends(get_lifecycle)]
 Ingest = Annotated[TelemetryIngest, Depends(get_ingest)]
+Monitor = Annotated[Monitoring, Depends(get_monitoring)]
+Standbys = Annotated[StandbyJobs, Depends(get_standby)]
+Cluster = Annotated[ClusterView, Depends(get_cluster)]
 JobSeries = Annotated[bool, Depends(scrape_with_jobs)]

@@ -13,13 +13,14 @@ from service.api import metrics as prom
 from service.api import openapi
 from service.api.deps import (
     Caller,
+    Cluster,
     Ingest,
     JobSeries,
     Lifecycles,
+    Monitor,
     Queries,
     Submissions,
     User,
-    runtime,
 )
 from service.api.parsing import read_body
 from service.api.schemas import (
@@ -38,7 +39,6 @@ from service.api.schemas import (
     Ready,
     TelemetryAccepted,
 )
-from service.domain.queue_view import cluster_status
 from service.planner import ClusterSpec, Plan
 from service.status import JobStatus
 from workers.contract import TELEMETRY_ROUTE, TelemetryBatch
@@ -76,9 +76,9 @@ def healthz() -> Health:
 
 
 @probes.get("/readyz", response_model=Ready, responses={503: {"model": NotReady}})
-def readyz(request: Request) -> Ready | JSONResponse:
+def readyz(monitoring: Monitor) -> Ready | JSONResponse:
     """Readiness: the store answers and the backend can accept a job now."""
-    reason = runtime(request).monitoring.not_ready()
+    reason = monitoring.not_ready()
     if reason is not None:
         return JSONResponse(status_code=503, content=NotReady(reason=reason).model_dump())
     return Ready()
@@ -89,10 +89,10 @@ def readyz(request: Request) -> Ready | JSONResponse:
     response_class=Response,
     responses=_text(CONTENT_TYPE_LATEST, "The Prometheus text exposition format."),
 )
-def read_prometheus_metrics(request: Request, with_jobs: JobSeries) -> Response:
+def read_prometheus_metrics(monitoring: Monitor, with_jobs: JobSeries) -> Response:
     """Prometheus metrics of the control plane. Per-job series (labelled job_id) only to a
     scrape with an admin token, unless ETRAIN_METRICS_JOB_LABELS is on."""
-    scrape = runtime(request).monitoring.scrape()
+    scrape = monitoring.scrape()
     return Response(prom.render(scrape, with_jobs=with_jobs), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -102,8 +102,7 @@ async def create_job(request: Request, user: User, submission: Submissions) -> J
     data = await read_body(request)
     prepared = await run_in_threadpool(submission.prepare, user, data)  # store, cluster
     await submission.probe(prepared)  # object storage: its own threads, awaited here
-    job = await run_in_threadpool(submission.store, prepared)
-    runtime(request).reconciler.wake()  # admit it now, not at the next poll
+    job = await run_in_threadpool(submission.store, prepared)  # wakes the reconciler
     prom.SUBMITTED.inc()
     return JobPublic.of(job)
 
@@ -204,10 +203,7 @@ async def create_plan(request: Request, user: User, submission: Submissions) -> 
 
 
 @v1.get("/cluster")
-def read_cluster(request: Request, user: User) -> ClusterPublic:
+def read_cluster(user: User, cluster: Cluster) -> ClusterPublic:
     """Ray nodes, resources, the dashboard URL, the queue in scheduling order with why
     each job waits (other tenants' jobs anonymous), and the standby drivers kept warm."""
-    rt = runtime(request)
-    return ClusterPublic.model_validate(
-        cluster_status(rt.backend, rt.stores.jobs, rt.settings, user)
-    )
+    return ClusterPublic.model_validate(cluster.status(user))

@@ -11,9 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from service.auth import RESERVED_TENANTS
 from service.domain.queries import JobDetail as Detail
+from service.planner.plan import DataParallel
 from service.status import JobStatus
 from service.store import JobRecord
 from workers.contract import MetricPoint
@@ -35,6 +38,10 @@ class JobPublic(BaseModel):
     spec: JobSpec = Field(description="The validated spec, checkpoint storage filled in.")
     min_workers: int
     world_size: int | None = Field(description="Workers in the newest reported step.")
+    data_parallel: DataParallel = Field(
+        description="The data-parallel degree at the fewest and most workers, and at "
+        "world_size (what the pages and etrain report show)."
+    )
     restarts: int = Field(description="Worker-group restarts inside the Ray job.")
     resubmits: int = Field(description="Times the whole Ray job was resubmitted.")
     step: int = Field(description="Newest reported step.")
@@ -58,6 +65,7 @@ class JobPublic(BaseModel):
             "spec": job.spec,
             "min_workers": job.min_workers,
             "world_size": job.world_size,
+            "data_parallel": DataParallel.of(job.spec, job.world_size),
             "restarts": job.restarts,
             "resubmits": job.resubmits,
             "step": job.step,
@@ -275,9 +283,21 @@ class TokenRequest(BaseModel):
         min_length=1,
         max_length=64,
         pattern=r"^[a-z0-9][-a-z0-9]*$",
-        description="Tenant name (created if new).",
+        description="Tenant name (created if new); 'admin' is reserved.",
     )
     name: str = Field("token", max_length=64, description="A label for the token.")
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_reserved(cls, tenant: str) -> str:
+        if tenant in RESERVED_TENANTS:
+            raise PydanticCustomError(
+                "reserved_tenant",
+                "tenant '{tenant}' is reserved: the service's admin token belongs to it; "
+                "choose another tenant name (an admin token already acts for every tenant)",
+                {"tenant": tenant},
+            )
+        return tenant
 
 
 class TokenPublic(BaseModel):

@@ -1,18 +1,15 @@
-"""The route a standby job driver asks for its job on (``service.backends.standby``)."""
+"""The route a standby job driver asks for its job on (``service.domain.standby_jobs``)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import runtime
-from service.auth import bearer
-from service.backends.standby import UnknownStandby
-from service.errors import Unauthorized
+from service.api.deps import Standbys
 from workers.contract import STANDBY_ROUTE
 
 v1 = APIRouter(prefix="/v1")
@@ -33,7 +30,7 @@ class StandbyJob(BaseModel):
 )
 async def read_standby_job(
     standby_id: str,
-    request: Request,
+    standbys: Standbys,
     authorization: Annotated[str | None, Header()] = None,
     wait: Annotated[float, Query(ge=0, le=30)] = 20,
     memory: Annotated[int | None, Query(ge=0, le=2**50)] = None,
@@ -42,16 +39,9 @@ async def read_standby_job(
     this one, waiting up to ``wait`` seconds for it; 204 when none came. Its answer holds
     the job's credentials, once. ``memory``: bytes its processes hold (the driver's and
     the ones it warmed), shown in ``GET /v1/cluster``."""
-    token = bearer(authorization)
-    pool = getattr(runtime(request).backend, "standby", None)
-    try:
-        if pool is None:
-            raise UnknownStandby(standby_id)
-        job = await run_in_threadpool(
-            pool.fetch, standby_id, token, wait_s=wait, memory_bytes=memory
-        )
-    except UnknownStandby:
-        raise Unauthorized("unknown standby driver or token") from None
+    job = await run_in_threadpool(
+        standbys.fetch, standby_id, authorization, wait_s=wait, memory_bytes=memory
+    )
     if job is None:
         return Response(status_code=204)
     return JSONResponse(job, headers={"Cache-Control": "no-store"})

@@ -248,20 +248,26 @@ def accumulation(
 ) -> None:
     """Throughput of SPEC at each micro-batch size (fixed global batch).
 
-    The gradient accumulation steps follow: global batch / (micro x data-parallel degree).
+    The gradient accumulation steps follow: global batch / (micro x data-parallel degree),
+    at the degree the API gives for the size each job ran at.
     """
     micros = _ints(micro, "--micro")
     runs, body = _start(ctx, spec)
     with _spec_errors(runs.s):
         specs = variants.accumulation_specs(body, micros, steps=steps)
-    for _, _, one in specs:
-        runs.plan(one)
+    for _, one in specs:
+        degrees = runs.plan(one)["layout"]["data_parallel"]  # the API's, at min and max
+        with _spec_errors(runs.s):
+            for dp in sorted({degrees["min"], degrees["max"]}):
+                variants.accumulation_steps(one, dp)
     out_dir = _out_dir(runs.s, out, "accumulation")
     measured = []
     with runs.cancelling():
-        for m, accumulation_steps, one in specs:
+        for m, one in specs:
             job = runs.run(one)
-            measured.append((m, accumulation_steps, runs.speed(job, warmup), job["id"]))
+            degrees = job["data_parallel"]  # at the size the job ran at, once it reported one
+            steps_at = variants.accumulation_steps(one, degrees["current"] or degrees["min"])
+            measured.append((m, steps_at, runs.speed(job, warmup), job["id"]))
     rows = tables.accumulation_rows(measured)
     from service.reports import plots
 

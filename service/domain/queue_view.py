@@ -132,3 +132,15 @@ def cluster_status(
     return ClusterStatus(
         **vars(info), queue=queue_of(jobs, settings, principal, info.total), standby=pool
     )
+
+
+class ClusterView:
+    """``GET /v1/cluster`` for a caller: the connected cluster, its queue, the standbys."""
+
+    def __init__(self, backend: Backend, jobs: JobStore, settings: Settings):
+        """Read nodes and standbys from ``backend``, the queue from ``jobs``."""
+        self.backend, self.jobs, self.settings = backend, jobs, settings
+
+    def status(self, principal: Principal) -> ClusterStatus:
+        """What :func:`cluster_status` says to ``principal``."""
+        return cluster_status(self.backend, self.jobs, self.settings, principal)

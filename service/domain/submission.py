@@ -11,6 +11,7 @@ its job will use. The API calls the steps one by one (``prepare``, ``probe``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +48,19 @@ class Prepared:
 class Submission:
     """Validation, planning and storing of new jobs."""
 
-    def __init__(self, jobs: JobStore, backend: Backend, settings: Settings):
+    def __init__(
+        self,
+        jobs: JobStore,
+        backend: Backend,
+        settings: Settings,
+        *,
+        on_stored: Callable[[], None] | None = None,
+    ):
         """Store into ``jobs``; plan on ``backend``'s cluster; defaults and the access
-        policy from ``settings``."""
+        policy from ``settings``; ``on_stored`` is called after each job is stored (the
+        reconciler's wake, so that it is admitted now, not at the next poll)."""
         self.jobs, self.backend, self.settings = jobs, backend, settings
+        self.on_stored = on_stored
         self.policy = AccessPolicy(settings)
         self.probes = StorageProbes(
             workers=settings.probe_workers,
@@ -76,17 +86,28 @@ class Submission:
         # A full queue is a 429 before the plan and the probe (store() checks again).
         self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
         spec = self._with_defaults(validate_spec(data), tenant)
-        self.policy.check(tenant, spec)
-        # model.hf's config.json, after the policy allowed it (an object store's in a probe thread)
-        roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
-        check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
-        plan = plan_job(spec, cluster=self.cluster_shape(), model_config=model_config)
+        prepared = self._checked_plan(principal, tenant, spec, cluster=None)
+        plan = prepared.plan
         if plan.errors or plan.fits is False:  # None: cannot tell (unknown GPUs)
             raise InvalidSpec(
                 "the plan for this job has errors",
                 [{"loc": ["body"], "msg": m, "type": "plan"} for m in plan.errors],
             )
+        return prepared
+
+    def _checked_plan(
+        self, principal: Principal, tenant: Tenant, spec: JobSpec, *, cluster: dict | None
+    ) -> Prepared:
+        """What a submission and a dry run share: the access policy, then the checks that
+        read the model's config.json and the data (only once the policy allowed them; an
+        object store's in a probe thread), then the plan on ``cluster`` (None: the
+        connected cluster)."""
+        self.policy.check(tenant, spec)
+        roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
+        model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
+        check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
+        shape = self.cluster_shape() if cluster is None else cluster
+        plan = plan_job(spec, cluster=shape, model_config=model_config)
         return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
 
     async def probe(self, prepared: Prepared) -> None:
@@ -97,7 +118,7 @@ class Submission:
     def store(self, prepared: Prepared) -> JobRecord:
         """Store a prepared (and probed) job as QUEUED; the scheduler takes it from there."""
         spec = prepared.spec
-        return self.jobs.create_job(
+        job = self.jobs.create_job(
             tenant_id=prepared.tenant_id,
             name=spec.name,
             spec=spec,
@@ -106,6 +127,9 @@ class Submission:
             # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
             max_queued=max_queued_jobs(self.settings, prepared.tenant.name),
         )
+        if self.on_stored is not None:
+            self.on_stored()
+        return job
 
     def _with_defaults(self, spec: JobSpec, tenant: Tenant) -> JobSpec:
         """``spec`` with the tenant's default storage and the service's metrics.tensorboard."""
@@ -140,21 +164,8 @@ class Submission:
             )
         tenant = self.tenant(principal)
         spec = validate_spec(data["spec"])
-        self.policy.check(tenant, spec)
-        roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
-        model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
-        check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
-        try:
-            cluster = ClusterSpec.model_validate(data.get("cluster") or {})
-        except ValidationError as e:
-            raise InvalidSpec(
-                "invalid cluster", field_errors(e, ["body", "cluster"], root=ClusterSpec)
-            ) from e
-        shape = (
-            cluster.model_dump(exclude_none=True) if data.get("cluster") else self.cluster_shape()
-        )
-        plan = plan_job(spec, cluster=shape, model_config=model_config)
-        return Prepared(tenant=tenant, tenant_id=principal.tenant_id, spec=spec, plan=plan)
+        cluster = _cluster_of(data.get("cluster"))  # refused before the model or data is read
+        return self._checked_plan(principal, tenant, spec, cluster=cluster)
 
     def cluster_shape(self) -> dict:
         """Nodes, per-node CPUs, GPUs (and their model) and host memory of the connected
@@ -168,6 +179,17 @@ class Submission:
     def cluster(self) -> ClusterInfo:
         """Nodes and resources of the connected cluster."""
         return self.backend.cluster()
+
+
+def _cluster_of(given: Any) -> dict | None:
+    """A dry run's ``cluster`` as a plan's (None when it names none: the connected one)."""
+    try:
+        cluster = ClusterSpec.model_validate(given or {})
+    except ValidationError as e:
+        raise InvalidSpec(
+            "invalid cluster", field_errors(e, ["body", "cluster"], root=ClusterSpec)
+        ) from e
+    return cluster.model_dump(exclude_none=True) if given else None
 
 
 def check_data(

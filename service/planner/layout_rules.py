@@ -16,6 +16,7 @@ from typing import Literal
 from service.planner.hardware import GIB, ClusterHardware
 from service.planner.memory_model import Layout, RankMemory, Workload, worst_rank_memory
 from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
+from workers.contract import DDP, FSDP, HYBRID, PP, TP
 
 HEADROOM = 0.9  # warn above this share of GPU memory (allocator fragmentation, CUDA context)
 ZERO1_AS_ZERO2 = (
@@ -87,17 +88,17 @@ def _pp_layout(work: Workload, *, strategy: str, dp: int, tp: int, pp: int) -> L
 
 def candidate_layouts(work: Workload, world: int, *, max_tp: int) -> list[Layout]:
     """Every layout of ``world`` ranks worth comparing (batch-compatible ones only)."""
-    out = [Layout("ddp", dp=world)]
+    out = [Layout(DDP, dp=world)]
     if world > 1:
-        out += [Layout("fsdp", dp=world, zero_stage=3), Layout("fsdp", dp=world, zero_stage=2)]
+        out += [Layout(FSDP, dp=world, zero_stage=3), Layout(FSDP, dp=world, zero_stage=2)]
         if work.on_gpu:
-            out.append(Layout("fsdp", dp=world, zero_stage=3, cpu_offload=True))
+            out.append(Layout(FSDP, dp=world, zero_stage=3, cpu_offload=True))
     for tp in [1, *tp_degrees(work, world, max_tp)]:
         rest = world // tp
         for pp in [p for p in range(1, rest + 1) if rest % p == 0]:
             if tp == pp == 1:
                 continue
-            strategy = "tp" if pp == 1 else ("pp" if tp == 1 else "hybrid")
+            strategy = TP if pp == 1 else (PP if tp == 1 else HYBRID)
             layout = (
                 Layout(strategy, dp=rest, tp=tp)
                 if pp == 1
@@ -128,7 +129,7 @@ def fits_one_node(
     cands: list[Candidate], hw: ClusterHardware, *, workers_per_node: int | None
 ) -> bool:
     """Whether the model state sharded over one node's GPUs, plus activations, fits a GPU."""
-    ddp = next((c for c in cands if c.layout.strategy == "ddp"), None)
+    ddp = next((c for c in cands if c.layout.strategy == DDP), None)
     budget = hw.gpu_memory_bytes
     if ddp is None or budget is None or workers_per_node is None:
         return True
@@ -143,12 +144,12 @@ def recommend(
     fitting = [c for c in cands if c.fits]
     if not fitting:
         return None
-    ddp = [c for c in fitting if c.layout.strategy == "ddp"]
+    ddp = [c for c in fitting if c.layout.strategy == DDP]
     if ddp:
         return Recommendation(
             ddp[0], "parameters, gradients and optimizer state fit one GPU: plain DDP, no sharding"
         )
-    fsdp = [c for c in fitting if c.layout.strategy == "fsdp" and not c.layout.cpu_offload]
+    fsdp = [c for c in fitting if c.layout.strategy == FSDP and not c.layout.cpu_offload]
     if fsdp and fits_one_node(cands, hw, workers_per_node=workers_per_node):
         return Recommendation(
             _fastest(fsdp),
@@ -196,7 +197,7 @@ def layout_findings(
 
 def zero_stage_findings(layout: Layout) -> list[Finding]:
     """A warning when ZeRO stage 1 is asked of FSDP, which runs it as stage 2."""
-    if layout.strategy == "ddp" or layout.zero_stage != 1:
+    if layout.strategy == DDP or layout.zero_stage != 1:
         return []
     return [Finding("warning", "parallelism.fsdp.zero_stage", ZERO1_AS_ZERO2)]
 
@@ -266,9 +267,9 @@ def waste_findings(
 ) -> list[Finding]:
     """Warnings for parallelism a fitting job does not need."""
     lay = job.layout
-    ddp = next((c for c in cands if c.layout.strategy == "ddp"), None)
+    ddp = next((c for c in cands if c.layout.strategy == DDP), None)
     out = []
-    if lay.strategy != "ddp" and ddp is not None and ddp.fits and hw.gpu_memory_bytes:
+    if lay.strategy != DDP and ddp is not None and ddp.fits and hw.gpu_memory_bytes:
         faster = (
             f" (estimated step {ddp.step.step_s:.3g} s instead of {job.step.step_s:.3g} s)"
             if ddp.step and job.step
@@ -286,11 +287,7 @@ def waste_findings(
         )
     elif lay.tp * lay.pp > 1 and hw.gpu_memory_bytes:
         fsdp = next(
-            (
-                c
-                for c in cands
-                if c.layout.strategy == "fsdp" and c.fits and not c.layout.cpu_offload
-            ),
+            (c for c in cands if c.layout.strategy == FSDP and c.fits and not c.layout.cpu_offload),
             None,
         )
         if fsdp is not None and fits_one_node(cands, hw, workers_per_node=workers_per_node):

@@ -18,7 +18,7 @@ from service.planner.memory_model import FP32, Workload
 from service.planner.step_time import StepEstimate
 from service.planner.workload import adapter_numel
 from workers.models.config import count_params
-from workers.spec import WorkerRange
+from workers.spec import JobSpec, WorkerRange
 
 
 def _unknown(value: object) -> bool:
@@ -110,12 +110,37 @@ class Breakdown(BaseModel):
         )
 
 
+class DataParallel(BaseModel):
+    """The data-parallel degree, workers / (tp x pp): one value for a fixed-size job; an
+    elastic job trains at any size of its range that keeps the layout, so at ``min`` with
+    the fewest workers, ``max`` with the most, and ``current`` at the size it runs at."""
+
+    min: int = Field(description="At resources.workers' minimum (the fewest workers).")
+    max: int = Field(description="At resources.workers' maximum (= min for a fixed size).")
+    current: int | None = Field(
+        description="At the job's newest reported world size; null in a plan and before "
+        "the job reports a step."
+    )
+
+    @classmethod
+    def of(cls, spec: JobSpec, world_size: int | None = None) -> DataParallel:
+        """The degrees of ``spec``, and at ``world_size`` when given: the one place the
+        API, the report and the pages take them from."""
+        res = spec.resources
+        return cls(
+            min=spec.data_parallel_size(res.min_workers),
+            max=spec.data_parallel_size(res.max_workers),
+            current=None if world_size is None else spec.data_parallel_size(world_size),
+        )
+
+
 class PlanLayout(BaseModel):
     """The job's own layout at its minimum worker count."""
 
     strategy: str
     workers: int | WorkerRange = Field(description="resources.workers as given.")
-    dp: int
+    dp: int = Field(description="At the minimum worker count (data_parallel.min).")
+    data_parallel: DataParallel
     tp: int
     pp: int
     grad_accum_steps: int

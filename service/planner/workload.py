@@ -11,6 +11,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from workers.contract import DDP
 from workers.models.config import ModelConfig
 
 FP32, INT64 = 4, 8
@@ -74,7 +75,7 @@ class Layout:
     def fsdp(self) -> bool:
         """Whether FSDP2 wraps the model (every strategy but DDP does when dp > 1, and with
         CPU offload also on one dp rank: the state then lives in host memory)."""
-        return self.strategy != "ddp" and (self.dp > 1 or self.cpu_offload)
+        return self.strategy != DDP and (self.dp > 1 or self.cpu_offload)
 
     @property
     def stages_per_rank(self) -> int:

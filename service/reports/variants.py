@@ -76,34 +76,30 @@ def memory_specs(
     return out
 
 
-def data_parallel(spec: dict[str, Any]) -> int:
-    """The spec's data-parallel degree: parallelism.dp, else workers / (tp x pp)."""
-    par = spec.get("parallelism") or {}
-    if isinstance(par.get("dp"), int):
-        return par["dp"]
-    workers = (spec.get("resources") or {}).get("workers", 2)
-    if isinstance(workers, dict):
-        workers = workers.get("max", 1)
-    model = (par.get("tp") or 1) * (par.get("pp") or 1)
-    return max(1, int(workers) // model) if isinstance(workers, int) else 1
-
-
 def accumulation_specs(
     spec: dict[str, Any], micros: list[int], *, steps: int | None = None
-) -> list[tuple[int, int, dict[str, Any]]]:
-    """(micro, accumulation steps, spec) per micro-batch size at the spec's global batch;
-    ValueError naming the size when the global batch is not a multiple of micro x dp."""
+) -> list[tuple[int, dict[str, Any]]]:
+    """(micro, spec) per micro-batch size at the spec's global batch. The accumulation
+    steps follow from the data-parallel degree the API gives (:func:`accumulation_steps`)."""
     out = []
     for micro in micros:
         one = variant(spec, "accumulation", f"m{micro}", steps=steps)
         train = _section(one, "train")
         train["micro_batch_size"] = micro
-        global_batch = train.setdefault("global_batch_size", 16)
-        per_step = micro * data_parallel(one)
-        if not isinstance(global_batch, int) or global_batch % per_step:
-            raise ValueError(
-                f"train.global_batch_size ({global_batch}) is not a multiple of "
-                f"--micro {micro} x data-parallel degree {data_parallel(one)}"
-            )
-        out.append((micro, global_batch // per_step, one))
+        train.setdefault("global_batch_size", 16)
+        out.append((micro, one))
     return out
+
+
+def accumulation_steps(spec: dict[str, Any], dp: int) -> int:
+    """Micro-batches per optimizer step of ``spec`` at data-parallel degree ``dp`` (the
+    API's ``data_parallel``); ValueError naming the micro-batch when the global batch is
+    not a multiple of micro x dp."""
+    train = _section(spec, "train")
+    micro, global_batch = train["micro_batch_size"], train["global_batch_size"]
+    if not isinstance(global_batch, int) or global_batch % (micro * dp):
+        raise ValueError(
+            f"train.global_batch_size ({global_batch}) is not a multiple of "
+            f"--micro {micro} x data-parallel degree {dp}"
+        )
+    return global_batch // (micro * dp)

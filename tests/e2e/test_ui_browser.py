@@ -169,8 +169,9 @@ def test_a_second_tenant_sees_only_its_own_jobs(served, open_tab, quiet_job):
         r = admin.post("/v1/tokens", json={"tenant": "ui-second", "name": "ui"})
         assert r.status_code == 201, r.text
     token = r.json()["token"]
+    elastic = {**_short("ui-second-job"), "resources": {"workers": {"min": 1, "max": 2}}}
     with served.client(token) as c:
-        r = c.post("/v1/jobs", json=_short("ui-second-job"))
+        r = c.post("/v1/jobs", json=elastic)
         assert r.status_code == 201, r.text
         own = r.json()
         c.post(f"/v1/jobs/{own['id']}/cancel").raise_for_status()
@@ -180,6 +181,9 @@ def test_a_second_tenant_sees_only_its_own_jobs(served, open_tab, quiet_job):
     table = tab.page.text_content("#jobs-table")
     assert quiet_job["id"] not in table and LONG_NAME not in table
     assert tab.page.locator("#jobs-table tbody tr").count() == 1
+    # Cancelled before it reported a size: the API's data-parallel range, not a guess.
+    assert own["data_parallel"] == {"min": 1, "max": 2, "current": None}
+    assert "dp=1–2" in table
     tab.shot("second-tenant")
     tab.page.select_option("#status-filter", "RUNNING")  # ?status=RUNNING: none of its jobs
     tab.page.wait_for_selector("#jobs-table td.empty")

@@ -1,16 +1,18 @@
-"""Ray Train controller callbacks: worker failures as job events, the cluster
-reservation a killed earlier run of the job left behind, and the timestamps of each
-worker group's start."""
+"""Ray Train controller callbacks: worker failures as job events, what the scaling
+policy's decisions say, the cluster reservation a killed earlier run of the job left
+behind, and the timestamps of each worker group's start."""
 
 from __future__ import annotations
 
 import logging
 import posixpath
+import sys
 import time
 
 from ray.train import UserCallback
 
 from workers.contract import EventKind
+from workers.elastic.decisions import Decision
 from workers.elastic.startup_times import note_group_times, process_start_time
 from workers.ray_compat import ControllerCallback, WorkerGroupCallback, cancel_reservation
 from workers.telemetry.reporter import TelemetryReporter
@@ -48,6 +50,44 @@ class EventCallback(UserCallback):
             data={"ranks": ranks},
             dedup_key=f"fail:{time.time_ns()}",
         )
+
+    def __getstate__(self):
+        return {"job_id": self.job_id, "_reporter": None}
+
+
+class ScalingReports:
+    """Says what each decision of the scaling policy carries: its job-log lines on the
+    controller's stderr (the job's log, which tests and bench/recovery.py read), then its
+    events to the control plane.
+
+    Runs in the Ray Train controller with the policy, which hands it every decision
+    (:class:`workers.elastic.scaling.LayoutScalingPolicy`): Ray's controller calls its
+    callbacks back only for the resizes it executes, not for the decisions to keep
+    training or keep waiting that most notices belong to.
+    """
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        self._reporter: TelemetryReporter | None = None
+
+    def report(self, decision: Decision) -> Decision:
+        """Say what ``decision`` carries; return it."""
+        for line in decision.log_lines:
+            print(line, file=sys.stderr, flush=True)
+        for notice in decision.notices:
+            self._get_reporter().event(
+                notice.kind,
+                notice.message,
+                data=notice.data,
+                dedup_key=f"{notice.dedup}:{time.time_ns()}",
+            )
+        return decision
+
+    def _get_reporter(self) -> TelemetryReporter:
+        # Created lazily on the controller: the policy holding this is pickled there.
+        if self._reporter is None:
+            self._reporter = TelemetryReporter.from_env(self.job_id)
+        return self._reporter
 
     def __getstate__(self):
         return {"job_id": self.job_id, "_reporter": None}

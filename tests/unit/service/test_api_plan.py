@@ -52,3 +52,46 @@ def test_wasteful_submit_is_accepted_with_warnings_on_the_job(rtx_client):
     assert r.status_code == 201, r.text
     job = rtx_client.get(f"/v1/jobs/{r.json()['id']}", headers=ADMIN_H).json()
     assert any("parallelism.strategy 'fsdp' is not needed" in w for w in job["warnings"])
+
+
+def test_a_bad_cluster_is_refused_before_the_model_or_data_is_read(rtx_client, monkeypatch):
+    from service.domain import submission
+
+    read = []
+    monkeypatch.setattr(submission, "check_model", lambda *a, **k: read.append("model"))
+    monkeypatch.setattr(submission, "check_data", lambda *a, **k: read.append("data"))
+    body = {"spec": GPU_SPEC, "cluster": {"gpu_memory_gb": -1}}
+    r = rtx_client.post("/v1/plan", json=body, headers=ADMIN_H)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == [
+        "body",
+        "cluster",
+        "gpu_memory_gb",
+    ]
+    assert read == []
+    assert rtx_client.post("/v1/plan", json={"spec": GPU_SPEC}, headers=ADMIN_H).status_code == 200
+    assert read == ["model", "data"]  # the same checks a submission makes
+
+
+def test_the_data_parallel_degree_comes_from_one_place(tmp_path):
+    """Plan and job give the degree at the fewest and most workers and (a job that
+    reported a step) at its world size: the numbers the pages and the report show."""
+    spec = {
+        "name": "elastic",
+        "resources": {"workers": {"min": 2, "max": 4}},
+        "parallelism": {"strategy": "fsdp"},
+        "train": {"steps": 5, "global_batch_size": 12, "micro_batch_size": 1},
+    }
+    app = create_app(_settings(tmp_path), backend=FakeBackend(cpus=16), reconcile=False)
+    with TestClient(app) as client:
+        plan = client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H).json()
+        degrees = plan["layout"]["data_parallel"]
+        assert degrees == {"min": 2, "max": 4, "current": None}
+        assert plan["layout"]["dp"] == degrees["min"]
+        job = client.post("/v1/jobs", json=spec, headers=ADMIN_H).json()
+        assert job["data_parallel"] == {"min": 2, "max": 4, "current": None}
+        jobs = client.app.state.runtime.stores.jobs
+        jobs.update_job(job["id"], expect_status=jobs.get_job(job["id"]).status, world_size=3)
+        got = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN_H).json()["data_parallel"]
+        assert got == {"min": 2, "max": 4, "current": 3}
+        listed = client.get("/v1/jobs", headers=ADMIN_H).json()["items"][0]["data_parallel"]
+        assert listed == got

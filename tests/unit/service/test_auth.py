@@ -224,3 +224,9 @@ def test_user_tokens_survive_a_new_admin_token(stores, tmp_path):
     user = create_user_token(stores.tokens, tenant="acme", name="ci")
     ensure_admin_token(stores.tokens, configured="et_admin-two", data_dir=tmp_path)
     assert authenticate(stores.tokens, f"Bearer {user}").role == "user"
+
+
+def test_no_user_token_for_a_reserved_tenant(sqlite_stores):
+    with pytest.raises(ValueError, match="reserved"):
+        create_user_token(sqlite_stores.tokens, tenant="admin", name="ci")
+    assert sqlite_stores.tokens.list_tokens() == []

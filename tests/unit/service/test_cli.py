@@ -544,3 +544,6 @@ def test_token_create_list_revoke_against_the_real_api(client, monkeypatch):
     assert client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
     again = etrain("token", "revoke", token_id)
     assert again.exit_code == 2 and "no live token" in again.stderr
+    reserved = etrain("token", "create", "admin")
+    assert reserved.exit_code != 0 and "tenant 'admin' is reserved" in reserved.stderr
+    assert "tenant" in reserved.stderr and "et_" not in reserved.stdout

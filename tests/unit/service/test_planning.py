@@ -87,6 +87,7 @@ def test_a_good_ddp_job_plans_clean():
         "strategy": "ddp",
         "workers": 2,
         "dp": 2,
+        "data_parallel": {"min": 2, "max": 2, "current": None},
         "tp": 1,
         "pp": 1,
         "grad_accum_steps": 2,
@@ -102,6 +103,7 @@ def test_layout_of_an_elastic_job_uses_min_workers():
     )
     assert plan["layout"]["workers"] == {"min": 1, "max": 4}
     assert plan["layout"]["dp"] == 1 and plan["layout"]["grad_accum_steps"] == 12
+    assert plan["layout"]["data_parallel"] == {"min": 1, "max": 4, "current": None}
 
 
 def test_async_checkpoint_plans_host_staging_memory():

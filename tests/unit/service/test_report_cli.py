@@ -33,6 +33,7 @@ PLAN = {
         "total_bytes": 0,
     },
     "breakdown": {"host_bytes": 0},
+    "layout": {"data_parallel": {"min": 2, "max": 2, "current": None}},
 }
 
 
@@ -45,6 +46,7 @@ class Server:
         self.submitted: list[dict] = []
         self.plan = PLAN
         self.final = "SUCCEEDED"
+        self.data_parallel = {"min": 2, "max": 2, "current": 2}  # SPEC's 2 workers
 
     def job(self, job_id: str) -> dict:
         n = int(job_id.split("-")[1])
@@ -55,7 +57,8 @@ class Server:
             "status": self.final,
             "step": 6,
             "spec": spec,
-            "world_size": 2,
+            "world_size": self.data_parallel["current"],
+            "data_parallel": self.data_parallel,
             "restarts": 0,
             "error": None,
         }
@@ -195,6 +198,20 @@ def test_accumulation_sets_the_micro_batch(server, spec_file, tmp_path):
     assert [s["train"]["steps"] for s in server.submitted] == [4, 4]
     rows = printed_rows(result.stdout)
     assert [r[:2] for r in rows[1:]] == [["1", "4"], ["4", "1"]]
+
+
+def test_accumulation_follows_the_apis_degree_at_the_size_the_job_ran_at(
+    server, spec_file, tmp_path
+):
+    degrees = {"min": 1, "max": 2}  # an elastic job that ran at 1 worker
+    server.plan = {**PLAN, "layout": {"data_parallel": {**degrees, "current": None}}}
+    server.data_parallel = {**degrees, "current": 1}
+    result = run("accumulation", str(spec_file), "--micro", "2", "--out", str(tmp_path / "a"))
+    assert result.exit_code == 0, result.output
+    assert [r[:2] for r in printed_rows(result.stdout)[1:]] == [["2", "4"]]  # 8 / (2 x 1)
+    server.plan = {**PLAN, "layout": {"data_parallel": {"min": 1, "max": 8, "current": None}}}
+    refused = run("accumulation", str(spec_file), "--micro", "2", "--out", str(tmp_path / "b"))
+    assert refused.exit_code == 2 and "--micro 2 x data-parallel degree 8" in refused.stderr
 
 
 def test_job_report_writes_each_curve_and_the_goodput(server, spec_file, tmp_path):

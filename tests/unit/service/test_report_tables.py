@@ -186,12 +186,13 @@ def test_memory_variants_are_the_four_strategies():
 def test_accumulation_variants_follow_the_micro_batch():
     spec = {**BASE_SPEC, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 2}}
     got = [
-        (m, a, s["train"]["micro_batch_size"])
-        for m, a, s in variants.accumulation_specs(spec, [1, 2, 4])
+        (m, variants.accumulation_steps(s, 2), s["train"]["micro_batch_size"])
+        for m, s in variants.accumulation_specs(spec, [1, 2, 4])
     ]
     assert got == [(1, 4, 1), (2, 2, 2), (4, 1, 4)]
-    with pytest.raises(ValueError, match="--micro 3"):
-        variants.accumulation_specs(spec, [3])
+    ((_, three),) = variants.accumulation_specs(spec, [3])
+    with pytest.raises(ValueError, match="--micro 3 x data-parallel degree 2"):
+        variants.accumulation_steps(three, 2)
     with pytest.raises(ValueError, match="train must be a mapping"):
         variants.variant({"train": [1]}, "scaling", "w1", steps=3)
 

@@ -96,12 +96,17 @@ class OfflinePolicy(scaling.LayoutScalingPolicy):
 
     cpus = (2.0,)
     views: list[bool]
+    refreshed = False
 
     def _maybe_send_resource_request(self):
         pass
 
+    def refresh_reservation(self):
+        self.refreshed = True
+
     def _get_reserved_resources(self):
-        self.views.append(self.recompute_reservation)  # True: recomputed from live nodes
+        self.views.append(self.refreshed)  # True: recomputed from live nodes
+        self.refreshed = False
         return {f"node{i}": {"CPU": c} for i, c in enumerate(self.cpus)}
 
 
@@ -117,7 +122,7 @@ def test_a_join_is_acted_on_without_waiting_for_the_resize_monitor(monkeypatch, 
         unit=1,
         job_id="j",
     )
-    p._reporter, p.views = RecordingReporter(), []
+    p.reports._reporter, p.views = RecordingReporter(), []
     assert p.make_decision_for_non_running_worker_group().num_workers == 2
     group = SimpleNamespace(num_workers=2, start_time=float("-inf"))
     p.make_decision_for_running_worker_group(group, None)  # the monitor looked: nothing new
@@ -141,7 +146,7 @@ def _policy_with_a_joined_node(monkeypatch, cluster: Cluster):
         unit=1,
         job_id="j",
     )
-    p._reporter, p.views = RecordingReporter(), []
+    p.reports._reporter, p.views = RecordingReporter(), []
     group = SimpleNamespace(num_workers=2, start_time=float("-inf"))
     p.make_decision_for_non_running_worker_group()
     p.make_decision_for_running_worker_group(group, None)

@@ -5,7 +5,7 @@ import { layoutOf } from "./layout.js";
 
 export function renderSummary(el, job) {
   const m = job.metrics || {};
-  const { strategy, text } = layoutOf(job.spec, job.world_size);
+  const { strategy, text } = layoutOf(job);
   const item = (k, v) => h("div", { class: "kv" }, h("span", { class: "k" }, k), h("span", { class: "v" }, v));
   clear(el).append(
     item("step", `${job.step ?? 0} / ${job.spec?.train?.steps ?? "?"}`),

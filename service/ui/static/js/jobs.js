@@ -8,7 +8,7 @@ const HEAD = ["id", "name", "status", "strategy", "layout", "world size", "step"
 
 function row(job) {
   const m = job.metrics || {};
-  const { strategy, text } = layoutOf(job.spec, job.world_size);
+  const { strategy, text } = layoutOf(job);
   const w = workersOf(job.spec);
   const size = job.world_size ?? (w.min === w.max ? w.min : `${w.min}–${w.max}`);
   const steps = job.spec?.train?.steps;

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.auth import create_user_token
+from service.auth import create_user_token, hash_token
 from service.settings import Settings
 from service.store import Stores, TokenStore, migrate
 from tests.support.fakes import ADMIN, ADMIN_H, FakeBackend, dev_settings
@@ -138,6 +138,12 @@ CASES = {
         "ETRAIN_MAX_BODY_BYTES",
     ),
     "item13-token-list": (lambda api: api.get("/v1/tokens", headers=ADMIN_H), 200, '"role"'),
+    # A user token of the admin's own tenant would list and revoke the admin token.
+    "reserved-tenant-admin": (
+        _post("/v1/tokens", '{"tenant": "admin"}', "application/json"),
+        422,
+        "tenant 'admin' is reserved",
+    ),
 }
 
 
@@ -209,6 +215,24 @@ def test_item13_a_revoked_token_stops_working(api):
     revoked = api.delete(f"/v1/tokens/{row['id']}", headers=ADMIN_H)
     assert revoked.status_code == 200 and revoked.json()["tenant"] == "team-a"
     assert api.get("/v1/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+
+
+def test_reserved_tenant_user_tokens_of_an_older_database_are_revoked_at_start(tmp_path):
+    """A database written before ``admin`` was reserved may hold a user token of that
+    tenant, which could list and revoke the admin token: the next start revokes it."""
+    settings = _settings(tmp_path)
+    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as api:
+        tokens = api.app.state.runtime.stores.tokens
+        admin = tokens.get_tenant_by_name("admin")
+        secret = "et_user-token-given-out-for-the-admin-tenant-000000"
+        tokens.add_token(tenant_id=admin.id, token_hash=hash_token(secret), name="x", role="user")
+        leaked = {"Authorization": f"Bearer {secret}"}
+        assert api.get("/v1/tokens", headers=leaked).status_code == 200  # what it could do
+    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as api:
+        assert api.get("/v1/tokens", headers=leaked).status_code == 401
+        assert api.get("/v1/tokens", headers=ADMIN_H).status_code == 200
+        roles = [t["role"] for t in api.get("/v1/tokens", headers=ADMIN_H).json()["items"]]
+        assert roles == ["admin"]
 
 
 def test_item13_a_new_configured_admin_token_replaces_the_old_one(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from ray.train import ScalingConfig
 
 from tests.support.recording import RecordingReporter
+from workers.elastic.decisions import Noop, Resize
 from workers.elastic.scaling import LayoutScalingPolicy, resize_message, usable_workers
 from workers.ray_compat import NoopDecision, ResizeDecision
 
@@ -36,7 +37,7 @@ def policy(*, unit: int, lo: int, hi: int) -> OfflinePolicy:
         unit=unit,
         job_id="j",
     )
-    p._reporter = RecordingReporter()
+    p.reports._reporter = RecordingReporter()
     return p
 
 
@@ -65,7 +66,7 @@ def test_a_pipeline_job_grows_only_by_whole_dp_replicas_and_says_why():
     assert isinstance(p.make_decision_for_running_worker_group(running(2), None), NoopDecision)
     p.cpus_per_node = [2, 1, 1]
     assert p.make_decision_for_running_worker_group(running(2), None).num_workers == 4
-    kinds = [(k, m) for k, m, _ in p._reporter.kinds()]
+    kinds = [(k, m) for k, m, _ in p.reports._reporter.kinds()]
     assert kinds[0][0] == "layout_unused" and "3 workers could run; using 2" in kinds[0][1]
     assert kinds[1] == ("resized", "resized 2 → 4 (node added)")
 
@@ -80,7 +81,7 @@ def test_a_lost_node_restarts_smaller_and_a_wait_below_min_is_reported_once():
     p.cpus_per_node = [2]
     decision = p.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
-    kinds = [(k, m) for k, m, _ in p._reporter.kinds()]
+    kinds = [(k, m) for k, m, _ in p.reports._reporter.kinds()]
     assert [k for k, _ in kinds] == ["waiting", "resized"]
     assert kinds[1][1] == "resized 4 → 2 (node lost)"
 
@@ -88,7 +89,7 @@ def test_a_lost_node_restarts_smaller_and_a_wait_below_min_is_reported_once():
 def test_the_policy_pickles_without_its_reporter():
     p = policy(unit=2, lo=2, hi=4)
     clone = pickle.loads(pickle.dumps(p))
-    assert clone._reporter is None and clone.unit == 2 and clone.job_id == "j"
+    assert clone.reports._reporter is None and clone.unit == 2 and clone.job_id == "j"
 
 
 def test_a_rerun_cancels_the_reservation_its_predecessor_left(tmp_path, monkeypatch):
@@ -139,14 +140,39 @@ def test_a_restart_is_sized_from_live_nodes_not_the_coordinators_stale_view(monk
     p = LayoutScalingPolicy(
         ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}), unit=1, job_id="j"
     )
-    p._reporter = RecordingReporter()
+    p.reports._reporter = RecordingReporter()
     p._requester_id = "train-r"
     p._coordinator_client = SimpleNamespace(
         _autoscaling_coordinator=_Remote(coordinator),
         maybe_send_resource_request=lambda *args: None,
     )
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    asked = []
+    recorded = coordinator.get_reserved_resources
+    monkeypatch.setattr(
+        coordinator,
+        "get_reserved_resources",
+        lambda *a, **k: asked.append(k.get("recompute", False)) or recorded(*a, **k),
+    )
     decision = p.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    assert asked == [True]  # one recomputed view, which the decision then read
     # A running group keeps Ray's cached view (no recompute on every poll).
-    assert not p.recompute_reservation
+    p._latest_reserved_resources_query_time = float("-inf")
+    p.make_decision_for_running_worker_group(SimpleNamespace(num_workers=2, start_time=0.0), None)
+    assert asked == [True, False]
+
+
+def test_decisions_carry_what_they_say_and_only_the_callback_says_it(capsys):
+    p = policy(unit=2, lo=2, hi=8)
+    p.cpus_per_node = [2, 1]  # 3 could run, 2 are usable
+    decision = p.decide_for_non_running_group()
+    assert isinstance(decision, Resize) and decision.num_workers == 2
+    (notice,) = decision.notices
+    assert notice.kind == "layout_unused" and "3 workers could run; using 2" in notice.message
+    assert p.reports._reporter.kinds() == []  # deciding reports nothing
+    line = "etrain: node n1's warm spares ready 0.5 s after it joined: resizing"
+    said = Noop(notices=decision.notices, log_lines=(line,))
+    assert p.reports.report(said) is said
+    assert capsys.readouterr().err == line + "\n"
+    assert [k for k, _, _ in p.reports._reporter.kinds()] == ["layout_unused"]
