@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import IO
 
@@ -70,9 +71,16 @@ def jsonl_lines(path: str, lines: Iterable[bytes]) -> Iterator[tuple[int, object
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
+        except RecursionError:  # json's C decoder stops at the interpreter's recursion limit
+            raise ValueError(
+                f"data.path {path!r} line {lineno}: JSON nested too deeply to read (over "
+                f"{sys.getrecursionlimit()} levels of [ or {{); a row is an object of strings "
+                "(or a list of messages): fix or remove that line"
+            ) from None
+        yield lineno, record
 
 
 def _parquet_rows(path: str, f: IO[bytes]) -> Iterator[tuple[int, object]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from workers.spec.base import MAX_STEPS, Spec
+from workers.spec.base import MAX_STEPS, Spec, printable
 
 FILE_SOURCES = ("text", "jsonl", "parquet", "prepared")
 
@@ -73,6 +73,11 @@ class DataSpec(Spec):
         le=MAX_STEPS,
         description="Samples per epoch for source synthetic (ignored otherwise).",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _printable_path(cls, v: str | None) -> str | None:
+        return printable(v, "data.path")
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataSpec:

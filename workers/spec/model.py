@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from workers.models.config import PRESETS
-from workers.spec.base import Spec
+from workers.spec.base import Spec, printable
 
 MODEL_PRESETS = tuple(PRESETS)
 # LoRA targets use the Hugging Face projection names people know from peft configs.
@@ -132,6 +132,11 @@ class ModelSpec(Spec):
         "Same losses as none on every strategy; the planner counts each mode "
         "(docs/planner.md). none: keep all.",
     )
+
+    @field_validator("hf", "tokenizer")
+    @classmethod
+    def _printable(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return printable(v, f"model.{info.field_name}")
 
     @model_validator(mode="after")
     def _preset_or_hf(self) -> ModelSpec:

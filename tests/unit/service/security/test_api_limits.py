@@ -71,6 +71,37 @@ def _submit(**resources) -> Callable:
     return lambda api: api.post("/v1/jobs", json=body, headers=ADMIN_H)
 
 
+def _area(api: TestClient):
+    """The admin tenant's data area under the app's data dir (created)."""
+    area = api.app.state.runtime.settings.data_dir / "tenants" / "admin"
+    area.mkdir(parents=True, exist_ok=True)
+    return area
+
+
+def _submit_sections(**sections) -> Callable:
+    """Submit SPEC with ``sections``; a value may be a callable of the data area."""
+
+    def send(api: TestClient):
+        area = _area(api)
+        body = {**SPEC, "resources": {"workers": 1}}
+        body["train"] = {"steps": 2, "global_batch_size": 4, "micro_batch_size": 4}
+        for name, section in sections.items():
+            body[name] = {k: v(area) if callable(v) else v for k, v in section.items()}
+        return api.post("/v1/jobs", json=body, headers=ADMIN_H)
+
+    return send
+
+
+def _file(name: str, content: bytes) -> Callable:
+    """A data-area file written when the request is built; its path."""
+
+    def write(area) -> str:
+        (area / name).write_bytes(content)
+        return str(area / name)
+
+    return write
+
+
 def _telemetry(body: str) -> Callable:
     def send(api: TestClient):
         job = _job(api)
@@ -138,6 +169,42 @@ CASES = {
         "ETRAIN_MAX_BODY_BYTES",
     ),
     "item13-token-list": (lambda api: api.get("/v1/tokens", headers=ADMIN_H), 200, '"role"'),
+    # A NUL (or any control character) in a path reached os.path.realpath: a 500.
+    "nul-in-data-path": (
+        _submit_sections(data={"source": "jsonl", "path": lambda a: f"{a}/rows\x00.jsonl"}),
+        422,
+        "data.path must not contain control characters",
+    ),
+    "nul-in-model-hf": (
+        _submit_sections(model={"hf": lambda a: f"{a}/model\x00"}),
+        422,
+        "model.hf must not contain control characters",
+    ),
+    "newline-in-model-tokenizer": (
+        _submit_sections(model={"tokenizer": lambda a: f"{a}/tok\n"}),
+        422,
+        "model.tokenizer must not contain control characters",
+    ),
+    "nul-in-checkpoint-storage": (
+        _submit_sections(checkpoint={"storage": lambda a: f"file://{a}/ckpt\x00"}),
+        422,
+        "checkpoint.storage must not contain control characters",
+    ),
+    "tab-in-s3-endpoint": (
+        _submit_sections(
+            checkpoint={"storage": "s3://bucket/x", "s3": {"endpoint_url": "http://minio\t:9000"}}
+        ),
+        422,
+        "checkpoint.s3.endpoint_url must not contain control characters",
+    ),
+    # json.loads of the first line raised RecursionError at submit: a 500.
+    "deep-jsonl-first-line": (
+        _submit_sections(
+            data={"source": "jsonl", "path": _file("deep.jsonl", b"[" * 200_000 + b"\n")}
+        ),
+        422,
+        "line 1: JSON nested too deeply",
+    ),
 }
 
 
