@@ -118,7 +118,11 @@ CASES = {
     "item09-deep-json-plan": (_post("/v1/plan", DEEP_JSON, "application/json"), 422, "nested"),
     "item09-deep-yaml-plan": (_post("/v1/plan", DEEP_YAML, "application/yaml"), 422, "nested"),
     "item09-deep-json-telemetry": (_telemetry(DEEP_JSON), 422, "nested"),
-    "item09-yaml-alias-bomb": (_post("/v1/jobs", LAUGHS, "application/yaml"), 422, "values"),
+    "item09-yaml-alias-bomb": (
+        _post("/v1/jobs", LAUGHS, "application/yaml"),
+        422,
+        "values once its aliases are expanded",
+    ),
     "item09-plan-gpu-memory-1e308": (_plan_cluster(gpu_memory_gb=1e308), 422, "gpu_memory_gb"),
     "item09-plan-host-memory-1e308": (
         _plan_cluster(host_memory_gb=1e308),
