@@ -38,7 +38,9 @@ class DataSpec(Spec):
         "per node and memory-mapped; object-store data needs a tokenizer. At submit, when the "
         "service can read it, its first 200 rows are checked (valid JSON / parquet, the "
         "fields the shape reads; a prepared folder's index; of an object, its first MiB or "
-        "a parquet file's columns) and a problem is a 422 naming the file and row.",
+        "a parquet file's columns; of a local parquet file, its columns and the rows of its "
+        "first row group within 4 MiB decoded, or only its columns when that row group's "
+        "columns are larger uncompressed) and a problem is a 422 naming the file and row.",
     )
     shape: Literal["text", "instruction", "chat"] = Field(
         "text",

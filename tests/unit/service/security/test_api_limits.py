@@ -102,6 +102,21 @@ def _file(name: str, content: bytes) -> Callable:
     return write
 
 
+def _parquet_bomb(column: str) -> bytes:
+    """4,096 rows of one 64 KiB string in a few hundred bytes (256 MiB decoded)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pa.DictionaryArray.from_arrays(
+        pa.array([0] * 4096, pa.int32()), pa.array(["a" * 65536])
+    )
+    out = io.BytesIO()
+    pq.write_table(pa.table({column: values}), out, compression="zstd", store_schema=False)
+    return out.getvalue()
+
+
 def _telemetry(body: str) -> Callable:
     def send(api: TestClient):
         job = _job(api)
@@ -208,6 +223,16 @@ CASES = {
         ),
         422,
         "line 1: JSON nested too deeply",
+    ),
+    # The check decoded a whole 4,096-row batch of it (+550 MiB a request); the footer
+    # now names the missing column (tests/unit/workers/data/test_parquet_head.py measures).
+    "parquet-bomb-without-the-column": (
+        _submit_sections(
+            model={"tokenizer": "/tokenizer"},
+            data={"source": "parquet", "path": _file("bomb.parquet", _parquet_bomb("body"))},
+        ),
+        422,
+        "no column 'text' (columns: body); set data.text_field",
     ),
 }
 
