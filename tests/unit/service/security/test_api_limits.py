@@ -117,6 +117,28 @@ def _parquet_bomb(column: str) -> bytes:
     return out.getvalue()
 
 
+def _plan_hf(**config) -> Callable:
+    """POST /v1/plan of a pipeline job on a model.hf folder whose config.json has ``config``."""
+
+    def send(api: TestClient):
+        from tests.support.hf_fixtures import hf_config
+
+        folder = _area(api) / "model"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(hf_config().to_dict() | config))
+        (folder / "model.safetensors").write_bytes(b"")
+        spec = {
+            "name": "pp",
+            "model": {"hf": str(folder)},
+            "resources": {"workers": 2},
+            "parallelism": {"strategy": "pp", "pp": 2},
+            "train": {"steps": 2, "global_batch_size": 8, "micro_batch_size": 2},
+        }
+        return api.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H)
+
+    return send
+
+
 def _telemetry(body: str) -> Callable:
     def send(api: TestClient):
         job = _job(api)
@@ -233,6 +255,17 @@ CASES = {
         ),
         422,
         "no column 'text' (columns: body); set data.text_field",
+    ),
+    # The planner balanced a million layers over the stages: 5.9 s a request.
+    "config-json-million-layers": (
+        _plan_hf(num_hidden_layers=1_000_000),
+        422,
+        "model.hf: config.json num_hidden_layers must be an integer from 1 to 1,024",
+    ),
+    "config-json-huge-vocab": (
+        _plan_hf(vocab_size=10**15),
+        422,
+        "config.json vocab_size must be an integer from 1 to 4,194,304",
     ),
 }
 
