@@ -3,8 +3,11 @@
 Only JSON and YAML media types are read (a ``text/plain`` or form body, the kind a
 cross-site request sends without a preflight, is a 415), and a decoded body is
 bounded in nesting depth and in the number of values it holds, so neither a
-deeply nested document nor a YAML alias bomb reaches the validators. The body's
-size is bounded before it is read (``service.api.limits``).
+deeply nested document nor a YAML alias bomb reaches the validators: a YAML
+document's aliases are measured on its node graph, expanded but memoized, before any
+Python object is built. The body's size is bounded before it is read
+(``service.api.limits``); YAML, and JSON of 64 KiB or more, is decoded in a worker
+thread, so a large body never stalls the event loop and the requests waiting on it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ MAX_VALUES = 200_000
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OPEN = (events.SequenceStartEvent, events.MappingStartEvent)
 _CLOSE = (events.SequenceEndEvent, events.MappingEndEvent)
-# Bodies at least this large are decoded in a worker thread, off the event loop.
+# JSON bodies at least this large (and YAML bodies of any size) are decoded in a worker
+# thread, off the event loop.
 _OFF_LOOP_BYTES = 64 * 1024
 
 
@@ -80,15 +84,70 @@ def _check_shape(data: Any, media_type: str) -> None:
 
 
 def _load_yaml(text: str, media_type: str) -> Any:
-    """Parse YAML safely: its events are counted first (depth, values) so that building
-    the objects is bounded; aliases are counted again, expanded, by _check_shape."""
+    """Parse YAML safely and bounded: its events are counted first (depth, values), then
+    the composed node graph is measured with every alias expanded (:func:`_check_nodes`),
+    and only a document within both bounds is turned into Python objects."""
     try:
         _count_yaml(text, media_type)
     except yaml.YAMLError as e:
         if "nesting depth" not in str(e):  # libyaml's own limit (1000), met while scanning
             raise
         raise _malformed(media_type, f"nested deeper than {MAX_DEPTH} levels") from e
-    return yaml.load(text, Loader=_YAML_LOADER)  # CSafeLoader or SafeLoader: no objects
+    loader = _YAML_LOADER(text)  # CSafeLoader or SafeLoader: no arbitrary objects
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node, media_type)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_nodes(root: yaml.Node, media_type: str) -> None:
+    """Raise 422 when the document at ``root``, its aliases expanded, holds more than
+    MAX_VALUES values or nests deeper than MAX_DEPTH: each list's and mapping's expanded
+    size (1 + its children's, keys included) and height are computed once (memoized), so
+    nine levels of nine-fold aliases cost nine sums, not 387 million values. An alias is
+    the node it names, so a node that holds itself is an infinite expansion: refused too."""
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}  # levels of lists and mappings, as _check_shape counts them
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in size or isinstance(node, yaml.ScalarNode):
+            continue
+        if not children_done:
+            if key in height:  # on the current path: the node holds itself through an alias
+                raise _malformed(
+                    media_type, f"more than {MAX_VALUES} values (an alias refers to itself)"
+                )
+            height[key] = 0  # marks it as on the path
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node) if id(child) not in size)
+            continue
+        total, below = 1, 0
+        for child in _children(node):
+            if isinstance(child, yaml.ScalarNode):
+                total += 1
+            else:
+                total += size[id(child)]
+                below = max(below, height[id(child)])
+        size[key], height[key] = total, below + 1
+        if total > MAX_VALUES:
+            raise _malformed(
+                media_type, f"more than {MAX_VALUES} values once its aliases are expanded"
+            )
+        if below + 1 > MAX_DEPTH:
+            raise _malformed(media_type, f"nested deeper than {MAX_DEPTH} levels")
+
+
+def _children(node: yaml.Node):
+    """The nodes inside a list (its items) or a mapping (its keys and values)."""
+    if isinstance(node, yaml.MappingNode):
+        return (part for pair in node.value for part in pair)
+    return node.value
 
 
 def _count_yaml(text: str, media_type: str) -> None:
@@ -118,6 +177,10 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def _is_yaml(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() in YAML_TYPES
+
+
 def parse_body(raw: bytes, content_type: str | None, *, yaml_ok: bool = True) -> Any:
     """Decode a JSON (or, with ``yaml_ok``, YAML) request body, or raise 415 / 422."""
     media_type = _media_type(content_type, (JSON_TYPE, *YAML_TYPES) if yaml_ok else (JSON_TYPE,))
@@ -135,10 +198,12 @@ def parse_body(raw: bytes, content_type: str | None, *, yaml_ok: bool = True) ->
 
 
 async def read_body(request: Request, *, yaml_ok: bool = True) -> Any:
-    """Read and decode ``request``'s body (call it after authentication); a large body is
-    decoded in a worker thread so the event loop keeps serving other requests."""
+    """Read and decode ``request``'s body (call it after authentication); YAML and a large
+    JSON body are decoded in a worker thread so the event loop keeps serving other requests
+    (a small YAML body can still cost a parse of every alias it names)."""
     raw = await request.body()
     content_type = request.headers.get("content-type")
-    if len(raw) < _OFF_LOOP_BYTES:
+    small_json = len(raw) < _OFF_LOOP_BYTES and not _is_yaml(content_type)
+    if small_json:
         return parse_body(raw, content_type, yaml_ok=yaml_ok)
     return await run_in_threadpool(parse_body, raw, content_type, yaml_ok=yaml_ok)

@@ -6,7 +6,9 @@ with fields for instruction and chat), and, when the file is visible where the
 service runs, that it parses and its first rows have the fields the shape
 reads, or that a prepared folder's index matches the spec. Only the first
 :data:`MAX_ROWS` rows (within :data:`MAX_JSONL_BYTES` of jsonl, :data:`MAX_TEXT_BYTES`
-of plain text, parquet's first batch) are read, so a large file costs a bounded time;
+of plain text, of parquet the wanted columns of its first row group within
+:data:`MAX_PARQUET_BYTES` decoded, or only its columns' names when that row group is
+larger) are read, so a large or highly compressed file costs a bounded time and memory;
 the workers check every row when they tokenize.
 A file the service cannot see (it may live on the workers only) is left to them.
 
@@ -26,7 +28,7 @@ import itertools
 import json
 import os
 
-from workers.data.formats import field, jsonl_lines, read_rows
+from workers.data.formats import check_columns, field, jsonl_lines, parquet_head
 from workers.data.prepare import read_index
 from workers.spec import JobSpec
 from workers.storage.confine import UNCONFINED, Roots, is_file, opened
@@ -36,6 +38,9 @@ MAX_ROWS = 200
 MAX_TEXT_BYTES = 1 << 20
 MAX_JSONL_BYTES = 8 << 20
 MAX_REMOTE_BYTES = 1 << 20
+# Decoded bytes of a parquet file's head the check reads, and the uncompressed size (from
+# the footer) of the first row group's wanted columns above which it reads only the schema.
+MAX_PARQUET_BYTES = 4 << 20
 PATH = ("data", "path")
 
 
@@ -82,7 +87,14 @@ def _check(path: str, spec: JobSpec, roots: Roots) -> None:
         with opened(path, roots) as f:
             _check_text_head(path, f.read(MAX_TEXT_BYTES))
         return
-    _check_rows(path, _head_rows(path, data.source, roots), spec)
+    if data.source == "parquet":
+        rows = parquet_head(
+            path, _wanted_columns(spec), max_rows=MAX_ROWS, max_bytes=MAX_PARQUET_BYTES, roots=roots
+        )
+        for row, record in rows:
+            _check_row(path, row, record, spec)
+        return
+    _check_rows(path, _head_rows(path, roots), spec)
 
 
 def _check_rows(path: str, rows, spec: JobSpec) -> None:
@@ -95,11 +107,9 @@ def _check_rows(path: str, rows, spec: JobSpec) -> None:
         raise ValueError(f"data.path {path!r} holds no rows; it needs at least one")
 
 
-def _head_rows(path: str, source: str, roots: Roots):
-    """The rows of the file's head: jsonl lines within :data:`MAX_JSONL_BYTES` (a line cut
-    there is left to the workers), parquet's first batch."""
-    if source != "jsonl":
-        return read_rows(path, source, roots=roots)
+def _head_rows(path: str, roots: Roots):
+    """The rows of a jsonl file's head: its lines within :data:`MAX_JSONL_BYTES` (a line
+    cut there is left to the workers), read beneath ``roots``."""
     with opened(path, roots) as f:
         head = f.read(MAX_JSONL_BYTES + 1)
     return _head_lines(path, head, MAX_JSONL_BYTES)
@@ -208,13 +218,10 @@ def _check_text_head(path: str, head: bytes) -> None:
         raise ValueError(f"data.path {path!r}: not UTF-8 text ({e})") from e
 
 
-def _check_parquet_schema(url: str, fs, path: str, spec: JobSpec) -> None:
-    """The columns the shape reads exist (the footer only: row groups may be large)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def _wanted_columns(spec: JobSpec) -> list[tuple[str, str]]:
+    """(column, the data option naming it) of each column the shape reads."""
     data = spec.data
-    wanted = {
+    return {
         "text": [(data.text_field, "text_field")],
         "instruction": [
             (data.prompt_field, "prompt_field"),
@@ -222,14 +229,16 @@ def _check_parquet_schema(url: str, fs, path: str, spec: JobSpec) -> None:
         ],
         "chat": [(data.messages_field, "messages_field")],
     }[data.shape]
+
+
+def _check_parquet_schema(url: str, fs, path: str, spec: JobSpec) -> None:
+    """The columns the shape reads exist (the footer only: row groups may be large)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     with fs.open(path, "rb", block_size=MAX_REMOTE_BYTES) as f:
         try:
             names = pq.ParquetFile(f).schema_arrow.names
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"data.path {url!r}: not a readable parquet file ({e})") from e
-    for name, option in wanted:
-        if name not in names:
-            raise ValueError(
-                f"data.path {url!r}: no column {name!r} (columns: {', '.join(names)}); set "
-                f"data.{option} to the column the file uses"
-            )
+    check_columns(url, names, _wanted_columns(spec))

@@ -248,8 +248,18 @@ def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemo
 
 
 def worst_rank_memory(work: Workload, layout: Layout) -> RankMemory:
-    """The rank with the most device memory (pipeline stages differ; dp and tp ranks do not)."""
+    """The rank with the most device memory (pipeline stages differ; dp and tp ranks do not).
+
+    Pipeline ranks that hold the same part (layers, embedding, head) differ only in the
+    micro-batches in flight, which never rise with the rank, and a rank's activations
+    never fall with them (:func:`activation_bytes`): the first rank of each distinct part
+    is the worst of its ranks. So a few ranks are measured, not every one of up to
+    MAX_WORKERS, and the answer (the first worst rank) is the one a scan of all gives.
+    """
+    firsts: dict = {}
+    for r in range(layout.pp):
+        firsts.setdefault(rank_part(work.cfg, layout, r), r)
     return max(
-        (rank_memory(work, layout, pp_rank=r) for r in range(layout.pp)),
+        (rank_memory(work, layout, pp_rank=r) for r in sorted(firsts.values())),
         key=lambda m: (m.device_total, m.host),
     )

@@ -10,12 +10,12 @@ world size, so an elastic resize or a resume reads exactly the same samples.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import torch
 
+from workers.data.formats import jsonl_lines
 from workers.data.prepare import ensure_prepared, local_prepared, read_index
 from workers.data.remote import cache_roots, is_remote
 from workers.data.tokens import ShapeOptions
@@ -172,15 +172,8 @@ def _read_text(path: str) -> np.ndarray:
 
 def _read_jsonl(path: str) -> np.ndarray:
     texts: list[bytes] = []
-    # Binary mode so a bad UTF-8 line is reported with its number, like bad JSON.
     with opened(path, Roots.from_env()) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"data.path {path!r} line {lineno}: invalid JSON ({e})") from e
+        for lineno, record in jsonl_lines(path, f):
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(
                     f"data.path {path!r} line {lineno}: expected an object with a string "

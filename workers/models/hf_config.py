@@ -30,6 +30,25 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 # Architectures whose q/k/v projections always carry a bias.
 _QKV_BIAS = {"Qwen2ForCausalLM"}
 MAX_CONFIG_BYTES = 1 << 20
+# The range each number read from config.json must lie in: generous (the largest
+# published models, ~1T parameters, use at most a few hundred layers, a hidden size of
+# 16k-32k, a 256k vocabulary and a 10M context), and bounded, so that neither the planner
+# nor the workers can be made to loop or allocate without end by a config.json.
+RANGES: dict[str, tuple[int | float, int | float]] = {
+    "num_hidden_layers": (1, 1024),
+    "hidden_size": (1, 65_536),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "intermediate_size": (1, 262_144),
+    "vocab_size": (1, 4_194_304),
+    "max_position_embeddings": (1, 16_777_216),
+    "sliding_window": (1, 16_777_216),
+    "original_max_position_embeddings": (1, 16_777_216),
+    "rope_theta": (0, 1e12),  # exclusive of 0
+    "factor": (1, 1024),
+    "low_freq_factor": (0, 1024),  # exclusive of 0
+    "high_freq_factor": (0, 1024),  # exclusive of 0
+}
 
 
 def _supported() -> str:
@@ -64,9 +83,31 @@ def _architecture(config: dict, where: str) -> str:
 
 def _int(config: dict, key: str, where: str, default: int | None = None) -> int:
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: config.json {key} must be a positive integer, got {value!r}")
+    low, high = RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"{where}: config.json {key} must be an integer from {low} to {high:,}, "
+            f"got {_show(value)}"
+        )
     return value
+
+
+def _number(value: object, key: str, where: str) -> float:
+    """``value`` as a float in ``RANGES[key]`` (above its low end when that is 0)."""
+    low, high = RANGES[key]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (low < value <= high if low == 0 else low <= value <= high):
+        above = f"above {low} up to" if low == 0 else f"from {low} to"
+        raise ValueError(
+            f"{where}: config.json {key} must be a number {above} {high:g}, got {_show(value)}"
+        )
+    return float(value)
+
+
+def _show(value: object) -> str:
+    """``value`` for a message, cut short (a config.json value may be a 1 MiB string)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _rope_params(config: dict, where: str) -> dict:
@@ -89,17 +130,19 @@ def _rope_scaling(config: dict, where: str) -> RopeScaling | None:
             f"{where}: RoPE scaling {kind!r} is not implemented by etrain (plain RoPE and "
             f"llama3 only); {_supported()}"
         )
-    try:
-        return RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [key for key in keys if key not in params]
+    if missing:
         raise ValueError(
-            f"{where}: config.json llama3 RoPE scaling is incomplete ({exc})"
-        ) from None
+            f"{where}: config.json llama3 RoPE scaling is incomplete (no {', '.join(missing)})"
+        )
+    scaling = f"{where} (RoPE scaling)"
+    values = [_number(params[key], key, scaling) for key in keys[:3]]
+    original = _int(params, keys[3], scaling)
+    try:
+        return RopeScaling(*values, original_max_position_embeddings=original)
+    except ValueError as exc:
+        raise ValueError(f"{where}: config.json llama3 RoPE scaling: {exc}") from None
 
 
 def _rope_theta(config: dict, where: str) -> float:
@@ -108,9 +151,7 @@ def _rope_theta(config: dict, where: str) -> float:
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{where}: partial rotary embeddings are not implemented by etrain")
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise ValueError(f"{where}: config.json rope_theta must be a positive number")
-    return float(theta)
+    return _number(theta, "rope_theta", where)
 
 
 def _check_layout(config: dict, arch: str, where: str) -> None:
@@ -156,14 +197,17 @@ def config_from_hf(config: dict, *, where: str = "model.hf") -> ModelConfig:
     _check_layout(config, arch, where)
     eps = config.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise ValueError(f"{where}: config.json rms_norm_eps must be in (0, 1), got {eps!r}")
+        raise ValueError(f"{where}: config.json rms_norm_eps must be in (0, 1), got {_show(eps)}")
+    numbers = {
+        "max_seq_len": _max_seq_len(config, arch, where),
+        "rope_theta": _rope_theta(config, where),
+        "rope_scaling": _rope_scaling(config, where),
+    }
     try:
         return ModelConfig(
             **dims,
-            max_seq_len=_max_seq_len(config, arch, where),
+            **numbers,
             norm_eps=float(eps),
-            rope_theta=_rope_theta(config, where),
-            rope_scaling=_rope_scaling(config, where),
             qkv_bias=arch in _QKV_BIAS,
             architecture=arch,
         )

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from workers.spec.base import MAX_SECONDS, MAX_STEPS, SECRET_SAFE, Spec
+from workers.spec.base import MAX_SECONDS, MAX_STEPS, SECRET_SAFE, Spec, printable
 
 STORAGE_SCHEMES = ("file", "s3", "gs")
 BUCKET_RE = {
@@ -241,7 +241,8 @@ def check_endpoint_url(v: str, *, field: str, example: str, credentials: str) ->
     Raises ValueError naming ``field`` (with ``example``, and ``credentials``: where
     keys go instead); never repeats ``v``, which may hold a key.
     """
-    url = urlsplit(v)
+    # urlsplit drops tabs and newlines silently: refuse every control character first.
+    url = urlsplit(printable(v, field))
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{field} must be http(s)://host[:port], e.g. {example}")
     if url.username or url.password or url.query or url.fragment:
@@ -257,7 +258,7 @@ def check_storage_uri(v: str) -> str:
     Raises ValueError naming checkpoint.storage; never repeats a value that may
     hold credentials (``user:key@``, a query).
     """
-    url = urlsplit(v)
+    url = urlsplit(printable(v, "checkpoint.storage"))
     if url.scheme not in STORAGE_SCHEMES:
         raise ValueError(
             "checkpoint.storage must be file:///abs/path, s3://bucket[/prefix] or "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from workers.spec.base import MAX_STEPS, Spec
+from workers.spec.base import MAX_STEPS, Spec, printable
 
 FILE_SOURCES = ("text", "jsonl", "parquet", "prepared")
 
@@ -38,7 +38,9 @@ class DataSpec(Spec):
         "per node and memory-mapped; object-store data needs a tokenizer. At submit, when the "
         "service can read it, its first 200 rows are checked (valid JSON / parquet, the "
         "fields the shape reads; a prepared folder's index; of an object, its first MiB or "
-        "a parquet file's columns) and a problem is a 422 naming the file and row.",
+        "a parquet file's columns; of a local parquet file, its columns and the rows of its "
+        "first row group within 4 MiB decoded, or only its columns when that row group's "
+        "columns are larger uncompressed) and a problem is a 422 naming the file and row.",
     )
     shape: Literal["text", "instruction", "chat"] = Field(
         "text",
@@ -73,6 +75,11 @@ class DataSpec(Spec):
         le=MAX_STEPS,
         description="Samples per epoch for source synthetic (ignored otherwise).",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _printable_path(cls, v: str | None) -> str | None:
+        return printable(v, "data.path")
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataSpec:

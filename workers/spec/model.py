@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from workers.models.config import PRESETS
-from workers.spec.base import Spec
+from workers.spec.base import Spec, printable
 
 MODEL_PRESETS = tuple(PRESETS)
 # LoRA targets use the Hugging Face projection names people know from peft configs.
@@ -93,7 +93,14 @@ class ModelSpec(Spec):
         "an architecture etrain cannot train (listing the supported ones), or a "
         "layout that does not fit the model (parallelism.tp must divide the heads, KV "
         "heads, hidden and FFN sizes; no more pipeline stages than layers; data.seq_len "
-        "within max_position_embeddings); the plan uses the folder's real shape. "
+        "within max_position_embeddings), or a number of config.json outside its range "
+        "(num_hidden_layers 1-1,024; hidden_size 1-65,536; num_attention_heads and "
+        "num_key_value_heads 1-1,024; intermediate_size 1-262,144; vocab_size 1-4,194,304; "
+        "max_position_embeddings, sliding_window and the llama3 RoPE scaling's "
+        "original_max_position_embeddings 1-16,777,216; rope_theta above 0 up to 1e+12; "
+        "rms_norm_eps in (0, 1); the llama3 factor 1-1,024, low_freq_factor and "
+        "high_freq_factor above 0 up to 1,024: beyond the largest published models); the "
+        "plan uses the folder's real shape. "
         "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (q/k/v biases), "
         "mapped onto etrain's decoder so every strategy runs it; other architectures, RoPE "
         "scaling other than Llama 3.1's llama3 and head_dim != hidden_size / heads are "
@@ -132,6 +139,11 @@ class ModelSpec(Spec):
         "Same losses as none on every strategy; the planner counts each mode "
         "(docs/planner.md). none: keep all.",
     )
+
+    @field_validator("hf", "tokenizer")
+    @classmethod
+    def _printable(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return printable(v, f"model.{info.field_name}")
 
     @model_validator(mode="after")
     def _preset_or_hf(self) -> ModelSpec:

@@ -71,6 +71,74 @@ def _submit(**resources) -> Callable:
     return lambda api: api.post("/v1/jobs", json=body, headers=ADMIN_H)
 
 
+def _area(api: TestClient):
+    """The admin tenant's data area under the app's data dir (created)."""
+    area = api.app.state.runtime.settings.data_dir / "tenants" / "admin"
+    area.mkdir(parents=True, exist_ok=True)
+    return area
+
+
+def _submit_sections(**sections) -> Callable:
+    """Submit SPEC with ``sections``; a value may be a callable of the data area."""
+
+    def send(api: TestClient):
+        area = _area(api)
+        body = {**SPEC, "resources": {"workers": 1}}
+        body["train"] = {"steps": 2, "global_batch_size": 4, "micro_batch_size": 4}
+        for name, section in sections.items():
+            body[name] = {k: v(area) if callable(v) else v for k, v in section.items()}
+        return api.post("/v1/jobs", json=body, headers=ADMIN_H)
+
+    return send
+
+
+def _file(name: str, content: bytes) -> Callable:
+    """A data-area file written when the request is built; its path."""
+
+    def write(area) -> str:
+        (area / name).write_bytes(content)
+        return str(area / name)
+
+    return write
+
+
+def _parquet_bomb(column: str) -> bytes:
+    """4,096 rows of one 64 KiB string in a few hundred bytes (256 MiB decoded)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pa.DictionaryArray.from_arrays(
+        pa.array([0] * 4096, pa.int32()), pa.array(["a" * 65536])
+    )
+    out = io.BytesIO()
+    pq.write_table(pa.table({column: values}), out, compression="zstd", store_schema=False)
+    return out.getvalue()
+
+
+def _plan_hf(**config) -> Callable:
+    """POST /v1/plan of a pipeline job on a model.hf folder whose config.json has ``config``."""
+
+    def send(api: TestClient):
+        from tests.support.hf_fixtures import hf_config
+
+        folder = _area(api) / "model"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(hf_config().to_dict() | config))
+        (folder / "model.safetensors").write_bytes(b"")
+        spec = {
+            "name": "pp",
+            "model": {"hf": str(folder)},
+            "resources": {"workers": 2},
+            "parallelism": {"strategy": "pp", "pp": 2},
+            "train": {"steps": 2, "global_batch_size": 8, "micro_batch_size": 2},
+        }
+        return api.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H)
+
+    return send
+
+
 def _telemetry(body: str) -> Callable:
     def send(api: TestClient):
         job = _job(api)
@@ -87,7 +155,11 @@ CASES = {
     "item09-deep-json-plan": (_post("/v1/plan", DEEP_JSON, "application/json"), 422, "nested"),
     "item09-deep-yaml-plan": (_post("/v1/plan", DEEP_YAML, "application/yaml"), 422, "nested"),
     "item09-deep-json-telemetry": (_telemetry(DEEP_JSON), 422, "nested"),
-    "item09-yaml-alias-bomb": (_post("/v1/jobs", LAUGHS, "application/yaml"), 422, "values"),
+    "item09-yaml-alias-bomb": (
+        _post("/v1/jobs", LAUGHS, "application/yaml"),
+        422,
+        "values once its aliases are expanded",
+    ),
     "item09-plan-gpu-memory-1e308": (_plan_cluster(gpu_memory_gb=1e308), 422, "gpu_memory_gb"),
     "item09-plan-host-memory-1e308": (
         _plan_cluster(host_memory_gb=1e308),
@@ -143,6 +215,63 @@ CASES = {
         _post("/v1/tokens", '{"tenant": "admin"}', "application/json"),
         422,
         "tenant 'admin' is reserved",
+    ),
+    # A NUL (or any control character) in a path reached os.path.realpath: a 500.
+    "nul-in-data-path": (
+        _submit_sections(data={"source": "jsonl", "path": lambda a: f"{a}/rows\x00.jsonl"}),
+        422,
+        "data.path must not contain control characters",
+    ),
+    "nul-in-model-hf": (
+        _submit_sections(model={"hf": lambda a: f"{a}/model\x00"}),
+        422,
+        "model.hf must not contain control characters",
+    ),
+    "newline-in-model-tokenizer": (
+        _submit_sections(model={"tokenizer": lambda a: f"{a}/tok\n"}),
+        422,
+        "model.tokenizer must not contain control characters",
+    ),
+    "nul-in-checkpoint-storage": (
+        _submit_sections(checkpoint={"storage": lambda a: f"file://{a}/ckpt\x00"}),
+        422,
+        "checkpoint.storage must not contain control characters",
+    ),
+    "tab-in-s3-endpoint": (
+        _submit_sections(
+            checkpoint={"storage": "s3://bucket/x", "s3": {"endpoint_url": "http://minio\t:9000"}}
+        ),
+        422,
+        "checkpoint.s3.endpoint_url must not contain control characters",
+    ),
+    # json.loads of the first line raised RecursionError at submit: a 500.
+    "deep-jsonl-first-line": (
+        _submit_sections(
+            data={"source": "jsonl", "path": _file("deep.jsonl", b"[" * 200_000 + b"\n")}
+        ),
+        422,
+        "line 1: JSON nested too deeply",
+    ),
+    # The check decoded a whole 4,096-row batch of it (+550 MiB a request); the footer
+    # now names the missing column (tests/unit/workers/data/test_parquet_head.py measures).
+    "parquet-bomb-without-the-column": (
+        _submit_sections(
+            model={"tokenizer": "/tokenizer"},
+            data={"source": "parquet", "path": _file("bomb.parquet", _parquet_bomb("body"))},
+        ),
+        422,
+        "no column 'text' (columns: body); set data.text_field",
+    ),
+    # The planner balanced a million layers over the stages: 5.9 s a request.
+    "config-json-million-layers": (
+        _plan_hf(num_hidden_layers=1_000_000),
+        422,
+        "model.hf: config.json num_hidden_layers must be an integer from 1 to 1,024",
+    ),
+    "config-json-huge-vocab": (
+        _plan_hf(vocab_size=10**15),
+        422,
+        "config.json vocab_size must be an integer from 1 to 4,194,304",
     ),
 }
 

@@ -104,6 +104,7 @@ def test_index_names_source_and_tokenizer(tmp_path, bpe_tokenizer):
     "rows, opts, message",
     [
         (['{"text": "ok"}', "{not json"], {}, "line 2: invalid JSON"),
+        (['{"text": "ok"}', "[" * 200_000], {}, "line 2: JSON nested too deeply"),
         ([{"text": "ok"}, {"body": "x"}], {}, "row 2: no field 'text'"),
         ([{"prompt": "p"}], {"shape": "instruction"}, "row 1: no field 'completion'"),
         ([{"messages": [{"role": "user", "content": "hi"}]}], {"shape": "chat"}, "no assistant"),

@@ -176,3 +176,71 @@ def test_transformers_4_config_layout_maps_too():
 )
 def test_wrapper_prefixes_map_to_the_models_own_names(name, plain):
     assert _plain_name(name) == plain
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "accepted"),
+    [
+        ("num_hidden_layers", 1_000_000, "from 1 to 1,024"),
+        ("num_hidden_layers", 0, "from 1 to 1,024"),
+        ("hidden_size", 2**40, "from 1 to 65,536"),
+        ("num_attention_heads", 4096, "from 1 to 1,024"),
+        ("num_key_value_heads", 10**6, "from 1 to 1,024"),
+        ("intermediate_size", 10**9, "from 1 to 262,144"),
+        ("vocab_size", 10**12, "from 1 to 4,194,304"),
+        ("max_position_embeddings", 2**40, "from 1 to 16,777,216"),
+        ("sliding_window", 2**40, "from 1 to 16,777,216"),
+        ("num_hidden_layers", "9" * 5000, "from 1 to 1,024, got '99999"),
+    ],
+)
+def test_every_number_of_config_json_has_a_range(key, value, accepted):
+    """A config.json with num_hidden_layers 1,000,000 cost 5.9 s per POST /v1/plan."""
+    config = hf_config("mistral").to_dict() | {key: value}
+    with pytest.raises(ValueError) as e:
+        config_from_hf(config)
+    text = str(e.value)
+    assert text.startswith(f"model.hf: config.json {key} must be") and accepted in text
+    assert len(text) < 200  # a huge value is cut short, not echoed
+
+
+def test_rope_numbers_have_ranges_too():
+    llama31 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    llama31 |= {"factor": 8.0, "original_max_position_embeddings": 8192, "rope_theta": 5e5}
+    config = hf_config("llama").to_dict()
+    assert config_from_hf(config | {"rope_parameters": llama31}).rope_scaling.factor == 8.0
+    for key, value, accepted in [
+        ("factor", 1e9, "a number from 1 to 1024"),
+        ("original_max_position_embeddings", 2**40, "an integer from 1 to 16,777,216"),
+        ("rope_theta", 1e300, "a number above 0 up to 1e+12"),
+        ("rope_theta", "10000", "a number above 0 up to 1e+12"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            config_from_hf(config | {"rope_parameters": llama31 | {key: value}})
+        assert f"config.json {key} must be {accepted}" in str(e.value)
+
+
+def test_the_largest_published_shapes_are_in_range():
+    # Llama 3.1 405B's config.json, the largest dense Llama.
+    config = hf_config("llama").to_dict() | {
+        "num_hidden_layers": 126,
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "head_dim": 128,
+    }
+    cfg = config_from_hf(config)
+    assert (cfg.n_layers, cfg.dim, cfg.vocab_size) == (126, 16384, 128256)
+    assert count_params(cfg) > 400e9
+
+
+def test_the_ranges_are_documented_where_model_hf_is():
+    from workers.models.hf_config import RANGES
+    from workers.spec.model import ModelSpec
+
+    text = ModelSpec.model_fields["hf"].description
+    for key, (_, high) in RANGES.items():
+        shown = f"{high:,}" if isinstance(high, int) else f"{high:g}"
+        assert key in text and shown in text, (key, shown)

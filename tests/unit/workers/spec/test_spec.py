@@ -392,6 +392,16 @@ BAD = {
     # warmup
     "warmup-equals-steps": (_spec(train={"steps": 10, "warmup_steps": 10}), "train.warmup_steps"),
     "warmup-above-steps": (_spec(train={"steps": 10, "warmup_steps": 20}), "train.warmup_steps"),
+    # control characters in the places a spec names (the OS refuses a NUL in a path)
+    "data-path-nul": (_spec(data={"source": "jsonl", "path": "/d/a\x00.jsonl"}), "data.path"),
+    "model-hf-newline": (_spec(model={"hf": "/m\n"}), "model.hf must not contain control"),
+    "model-tokenizer-del": (_spec(model={"tokenizer": "/t\x7f"}), "model.tokenizer must not"),
+    "storage-nul": (_spec(checkpoint={"storage": "file:///c\x00"}), "checkpoint.storage must not"),
+    "storage-tab-in-bucket": (_spec(checkpoint={"storage": "s3://buc\tket"}), "U+0009"),
+    "gcs-endpoint-c1": (
+        _spec(checkpoint={"storage": "gs://b-1", "gcs": {"endpoint_url": "http://g\x85:1"}}),
+        "checkpoint.gcs.endpoint_url must not contain control characters",
+    ),
 }
 
 
@@ -494,6 +504,7 @@ def test_storage_uris_are_normalised():
             "storage": "gs://my-bucket",
             "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@gcs:9023"},
         },
+        {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@my-bucket/\x00"},
     ],
 )
 def test_rejections_never_repeat_what_may_be_a_key(checkpoint):
