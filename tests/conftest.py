@@ -27,7 +27,7 @@ def pytest_configure(config):
     import secrets
     import tempfile
 
-    from workers.storage.location import GCSFS_GRPC_ENV
+    from workers.storage.credentials import GCSFS_GRPC_ENV
 
     os.environ.setdefault(GCSFS_GRPC_ENV, "false")
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):

@@ -17,7 +17,8 @@ import re
 from urllib.parse import urlsplit
 
 from workers.spec import CheckpointSpec, JobSpec
-from workers.storage.location import AWS_ENV, job_credential_env_names, secret_env_names
+from workers.storage.credentials import AWS_ENV, secret_env_names
+from workers.storage.location import job_credential_env_names
 
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images

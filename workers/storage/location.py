@@ -42,6 +42,14 @@ from urllib.parse import urlsplit
 
 import fsspec
 
+from workers.storage.credentials import (
+    AWS_ENV,
+    StorageError,
+    gs_options,
+    s3_options,
+    secret_env_names,
+)
+
 if TYPE_CHECKING:
     import pyarrow.fs
     from fsspec import AbstractFileSystem
@@ -52,13 +60,6 @@ if TYPE_CHECKING:
 
 SCHEMES = ("file", "s3", "gs")
 OBJECT_STORES = ("s3://", "gs://")
-AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-SECRET_ENV_PREFIX = "ETRAIN_SECRET_"
-GCS_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
-GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-GCSFS_GRPC_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
-_SECRET_PARTS = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN")
-S3_OPTIONS = ("key", "secret", "token")  # s3fs's names for the three variables
 
 
 # Their DEBUG records print signed request headers (the access key id) and bodies.
@@ -70,10 +71,6 @@ def quiet_storage_loggers() -> None:
     level = max(logging.INFO, logging.getLogger().getEffectiveLevel())
     for name in STORAGE_CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(level)
-
-
-class StorageError(ValueError):
-    """A checkpoint store that cannot be used as configured; the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +173,6 @@ def stores_for(checkpoint: CheckpointSpec | None) -> Callable[[str], StorageLoca
     return lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri)
 
 
-def secret_env_names(name: str) -> tuple[str, str, str]:
-    """Variables holding credentials secret ``name``: access key id, secret key, session token."""
-    stem = f"{SECRET_ENV_PREFIX}{name.upper().replace('-', '_')}_"
-    return tuple(stem + part for part in _SECRET_PARTS)  # type: ignore[return-value]
-
-
 def credential_env(
     uri: str, *, credentials_secret: str | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -258,11 +249,11 @@ def resolve_storage(
     prefix = url.path.strip("/")
     root = f"{url.netloc}/{prefix}" if prefix else url.netloc
     if url.scheme == "s3":
-        options, source = _s3_options(
+        options, source = s3_options(
             endpoint_url=endpoint_url, region=region, credentials_secret=credentials_secret, env=env
         )
     else:
-        options, source = _gs_options(endpoint_url=endpoint_url, env=env)
+        options, source = gs_options(endpoint_url=endpoint_url, env=env)
     return StorageLocation(
         uri=f"{url.scheme}://{root}",
         scheme=url.scheme,
@@ -336,68 +327,3 @@ def job_credential_env(spec, *, env: Mapping[str, str] | None = None) -> dict[st
     and to write its checkpoints, whichever of them is in an object store."""
     env = os.environ if env is None else env
     return {name: env[name] for name in job_credential_env_names(spec) if env.get(name)}
-
-
-def _s3_options(
-    *,
-    endpoint_url: str | None,
-    region: str | None,
-    credentials_secret: str | None,
-    env: Mapping[str, str],
-) -> tuple[dict, str]:
-    """s3fs storage options and a description (names only) of where the keys came from."""
-    if credentials_secret:
-        names = secret_env_names(credentials_secret)
-        missing = [n for n in names[:2] if not env.get(n)]
-        if missing:
-            raise StorageError(
-                f"checkpoint.s3.credentials_secret {credentials_secret!r}: {' and '.join(missing)} "
-                f"not set in this process's environment; set {names[0]} and {names[1]} "
-                f"(optionally {names[2]}), on Kubernetes as keys of the etrain-storage Secret"
-            )
-        source = f"checkpoint.s3.credentials_secret {credentials_secret!r} ({names[0]}, ...)"
-    else:
-        names = AWS_ENV
-        if bool(env.get(names[0])) != bool(env.get(names[1])):
-            raise StorageError(
-                "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                "neither (the default AWS chain), or name a secret in "
-                "checkpoint.s3.credentials_secret"
-            )
-        source = (
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
-            if env.get(names[0])
-            else "the default AWS credential chain"
-        )
-    options: dict[str, Any] = {
-        opt: env[name] for opt, name in zip(S3_OPTIONS, names, strict=True) if env.get(name)
-    }
-    client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
-    if client:
-        options["client_kwargs"] = client
-    return options, source
-
-
-def _gs_options(*, endpoint_url: str | None, env: Mapping[str, str]) -> tuple[dict, str]:
-    """gcsfs storage options and a description (names only) of the credentials' source."""
-    endpoint = endpoint_url or env.get(GCS_EMULATOR_ENV, "").rstrip("/")
-    if endpoint in ("", "default"):  # "default" means Google to Google's clients
-        endpoint = ""
-    elif "://" not in endpoint:
-        endpoint = f"http://{endpoint}"  # STORAGE_EMULATOR_HOST may be host:port
-    options: dict[str, Any] = {"endpoint_url": endpoint} if endpoint else {}
-    if endpoint.startswith("http://"):
-        import gcsfs.core
-
-        if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
-            raise StorageError(
-                f"gs:// endpoint {endpoint} (checkpoint.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
-                "gcsfs would look up the bucket's type over gRPC with TLS, which a plain-http "
-                "endpoint does not serve (each request would wait about a minute); set "
-                f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment"
-            )
-        return {**options, "token": "anon"}, "anonymous access (a plain-http endpoint)"
-    path = env.get(GCS_CREDENTIALS_ENV)
-    if path:
-        return {**options, "token": path}, GCS_CREDENTIALS_ENV
-    return options, "Google's default credential chain"

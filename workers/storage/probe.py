@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import fsspec
 
-from workers.storage.location import S3_OPTIONS, StorageError, StorageLocation
+from workers.storage.credentials import S3_OPTIONS, StorageError
+from workers.storage.location import StorageLocation
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -18,7 +18,8 @@ from tests.support.fakes import FakeBackend
 from tests.support.hf_fixtures import hf_config
 from tests.unit.service.test_storage_check import AWS, NAMED, OTHER
 from workers.spec import JobSpec
-from workers.storage.location import AWS_ENV, job_credential_env, job_store_uris
+from workers.storage.credentials import AWS_ENV
+from workers.storage.location import job_credential_env, job_store_uris
 
 ENV = {**AWS, **NAMED, **OTHER}
 
