@@ -54,7 +54,10 @@ def local_tokenizer(
     object-store folder a node-cache copy (``stores``: a URL -> its StorageLocation, as the
     spec maps it)."""
     if not remote.is_remote(path):
-        return _confined_copy(tokenizer_folder(path), Roots.from_env() if roots is None else roots)
+        folder = tokenizer_folder(path)
+        if folder in _COPIES.values():  # already this process's copy (prepare after ensure)
+            return folder
+        return _confined_copy(folder, Roots.from_env() if roots is None else roots)
     return remote.fetch_files(
         path.rstrip("/"),
         TOKENIZER_FILES,

@@ -266,6 +266,11 @@ def test_the_same_loaders_read_the_tenants_own_files(world, a):
     assert os.path.isfile(os.path.join(local_tokenizer(str(a / "tok")), "tokenizer.json"))
     assert len(_prepared(a)) > 0
     assert len(_byte_data(a, "jsonl")) > 0
+    from workers.data import dataset_for
+    from workers.spec.data import DataSpec
+
+    data = DataSpec(source="jsonl", path=str(a / "inner.jsonl"), shape="text", seq_len=8)
+    assert len(dataset_for(data, tokenizer=str(a / "tok"), vocab_size=256, seed=0)) > 0
 
 
 def test_a_checkpoint_folder_swapped_for_a_link_to_another_job_is_refused(world, a, tmp_path):
