@@ -75,6 +75,11 @@ def _link(path: Path, target) -> None:
     path.symlink_to(target)
 
 
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
 def _index(folder: Path) -> dict:
     return json.loads((folder / "model.safetensors.index.json").read_text())
 
@@ -119,8 +124,7 @@ def config_link(a, b):
 
 
 def tokenizer_config_fifo(a, b):
-    (a / "tok" / "tokenizer_config.json").unlink()
-    os.mkfifo(a / "tok" / "tokenizer_config.json")
+    _fifo(a / "tok" / "tokenizer_config.json")
     from workers.data.tokenizer import load_tokenizer, local_tokenizer
 
     return lambda: load_tokenizer(local_tokenizer(str(a / "tok")))
@@ -151,8 +155,7 @@ def prepared_index_link(a, b):
 
 
 def prepared_index_fifo(a, b):
-    (a / "prepared" / "index.json").unlink()
-    os.mkfifo(a / "prepared" / "index.json")
+    _fifo(a / "prepared" / "index.json")
     return lambda: _prepared(a)
 
 
@@ -163,8 +166,7 @@ def prepared_index_huge(a, b):
 
 
 def prepared_tokens_fifo(a, b):
-    (a / "prepared" / "tokens.npy").unlink()
-    os.mkfifo(a / "prepared" / "tokens.npy")
+    _fifo(a / "prepared" / "tokens.npy")
     return lambda: _prepared(a)
 
 
