@@ -144,36 +144,21 @@ def matrix_results(tmp_path_factory) -> dict:
         workers, par = MATRIX[name]
         for opt in OPTIMIZERS:
             spec = make_spec(name, workers, par, opt, model=FULL_AC)
-            by_world[workers].append(LocalJob(f"{name}-{opt}-ac", spec, measure_memory=False))
+            by_world[workers].append(LocalJob(f"{name}-{opt}-ac", spec))
         spec = make_spec(name, workers, par, "adamw", model=SELECTIVE_AC)
-        by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec, measure_memory=False))
+        by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec))
     for name in CLIPPED:
         workers, par = MATRIX[name]
         by_world[workers].append(
-            LocalJob(
-                f"{name}-sgd-clipped",
-                make_spec(name, workers, par, "sgd", grad_clip=CLIP),
-                measure_memory=False,
-            )
+            LocalJob(f"{name}-sgd-clipped", make_spec(name, workers, par, "sgd", grad_clip=CLIP))
         )
     for name, ((w1, par1), (w2, par2)) in RESUMES.items():
         ckpt = str(root / name)
         by_world[w1].append(
-            LocalJob(
-                f"{name}-save",
-                make_spec(name, w1, par1, "adamw", steps=6),
-                ckpt,
-                stop_at=3,
-                measure_memory=False,
-            )
+            LocalJob(f"{name}-save", make_spec(name, w1, par1, "adamw", steps=6), ckpt, stop_at=3)
         )
         resumes[w2].append(
-            LocalJob(
-                f"{name}-resume",
-                make_spec(name, w2, par2, "adamw", steps=6),
-                ckpt,
-                measure_memory=False,
-            )
+            LocalJob(f"{name}-resume", make_spec(name, w2, par2, "adamw", steps=6), ckpt)
         )
     return run_local_groups([(2, by_world[2]), (4, by_world[4] + resumes[4]), (2, resumes[2])])
 
