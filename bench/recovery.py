@@ -25,7 +25,7 @@ Each job goes through three events, in order:
       line has the last step before the failure (``last_step``).
 
 Configurations: ``etrain`` (what ``workers.launch`` sets for elastic jobs, with
-warm spare worker processes (``workers.elastic.warm_spares``), on a head started as
+warm spare worker processes (``workers.warm.spares``), on a head started as
 ``etrain serve`` starts it) and ``ray-defaults`` (Ray 2.60's values for the
 same knobs and no spares, set through the job's environment, which takes
 precedence, on a head with Ray's default GCS health checks). Each runs on its
@@ -33,7 +33,7 @@ own head, one after the other. Medians over ``--repeats`` runs.
 
 Each run's line also splits (i), (ii) and (iii) into the parts of the new group's start
 (``phases``: the Ray Train controller's and the workers' timestamps from the group's
-``workers_started`` event, ``workers.elastic.startup_times``); each job's driver log
+``workers_started`` event, ``workers.warm.startup_times``); each job's driver log
 (with its controller's) is kept in the folder printed last.
 
 ``--split-cores`` gives each node cores of its own, as separate machines have: the head
@@ -140,7 +140,7 @@ class Observed:
 
     def phases(self, after: float) -> dict:
         """The first group started after ``after``: seconds from each part of its start to
-        the next (Ray Train controller and worker timestamps, workers.elastic.startup_times)."""
+        the next (Ray Train controller and worker timestamps, workers.warm.startup_times)."""
         started = self.events("workers_started", after=after)
         times = started[0]["data"].get("startup", {}) if started else {}
         names = ("group_start", "actors_ready", "backend_ready", "train_fn")
@@ -194,7 +194,7 @@ def settle(*, spares: int, timeout: float = 120) -> None:
     """
     # Imported here: importing Ray Train fixes this process's Ray auth settings, which
     # the head's start (ensure_ray_token) sets first.
-    from workers.elastic.warm_spares import SPARES_ROOT, spares_in
+    from workers.warm.spares import SPARES_ROOT, spares_in
 
     deadline = time.monotonic() + timeout
     while len(spares_in(SPARES_ROOT)) < spares:

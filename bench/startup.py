@@ -13,7 +13,7 @@ DDP over 2 CPU workers, ``--steps`` steps.
 Submit → first step is from the POST to the first ``GET /v1/jobs/{id}`` that shows
 step >= 1 (polled every 0.1 s). Its parts come from stored timestamps: the service's
 ``admitted`` event, the ``startup`` data of rank 0's ``workers_started`` event
-(``workers.elastic.startup_times``: driver process start and Ray connected, or a
+(``workers.warm.startup_times``: driver process start and Ray connected, or a
 standby driver's hand-over, ``fit()`` called, controller start, worker group start,
 actors alive, process group formed, train function entered, worker process start),
 the event's own time (model built) and step 1's

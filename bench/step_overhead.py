@@ -8,7 +8,7 @@ several ways and prints one table:
   ``--worker`` (``init_process_group("gloo")`` then ``run``). The baseline.
 * ``etrain (Ray)``: a Ray Train ``TorchTrainer`` built like
   ``workers.launch.build_trainer`` (failure config, ``EventCallback``) whose
-  train function builds ``RunEnv`` as ``workers.launch.train_fn`` does, with the
+  train function builds ``RunEnv`` as ``workers.worker_entry.train_fn`` does, with the
   rank-0 ``TelemetryReporter`` posting per-step metrics to a local HTTP sink
   (the stand-in for the control plane) and ``checkpoint_root=None``.
 * ``bare Ray Train``: the same ``TorchTrainer`` and ``run`` without anything
@@ -192,7 +192,7 @@ def torchrun_worker(args: argparse.Namespace) -> None:
 
 
 def ray_train_fn(config: dict) -> None:
-    """Ray Train worker: ``RunEnv`` as ``workers.launch.train_fn`` builds it, minus checkpoints."""
+    """Ray Train worker: ``RunEnv`` as ``worker_entry.train_fn`` builds it, no checkpoints."""
     import ray.train
     import torch
 

@@ -38,12 +38,12 @@ REPORT_TOKEN_ENV = "ETRAIN_REPORT_TOKEN"  # a token that may only report for thi
 # "module:function" returning the RunHooks a run installs (tests inject faults with it);
 # read on the driver and on every worker. Unset in production.
 RUN_HOOKS_ENV = "ETRAIN_RUN_HOOKS"
-# Set (to "1") on Ray Train's worker actors and their warm spares; see workers.elastic.warm_spares.
+# Set (to "1") on Ray Train's worker actors and their warm spares; see workers.warm.spares.
 WARM_WORKER_ENV = "ETRAIN_WARM_WORKER"
 # In every etrain job's Ray job: Ray Train records its runs for the dashboard's Train run
 # list (``service.backends.ray_jobs.TRAIN_RUNS_PATH``); off by default in Ray 2.60.
 TRAIN_STATE_TRACKING_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
-# A standby driver (``workers.standby``): a Ray job the service starts before any etrain
+# A standby driver (``workers.warm.standby``): a Ray job the service starts before any etrain
 # job needs it, which warms up and then asks the service for its job at STANDBY_ROUTE.
 STANDBY_ID_ENV = "ETRAIN_STANDBY_ID"
 STANDBY_TOKEN_ENV = "ETRAIN_STANDBY_TOKEN"  # a token that may only fetch that standby's job

@@ -1,5 +1,7 @@
 """The job driver: ``python -m workers.launch`` runs as a Ray job and drives a TorchTrainer.
 
+What each worker runs is :mod:`workers.worker_entry`; this module runs only in the driver.
+
 The service passes the job through the environment of the Ray job
 (``workers.contract.launch_env``: the job id, and the validated spec as JSON with
 the checkpoint storage filled in) plus the telemetry URL and a token scoped to the
@@ -14,77 +16,11 @@ import os
 import signal
 import sys
 import time
-from functools import partial
 
-from workers import standby
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
 from workers.spec import JobSpec
-
-
-def job_storage(spec: JobSpec):
-    """The job's checkpoint store (credentials from this process's environment)."""
-    from workers.storage.location import resolve_checkpoint_storage
-
-    return resolve_checkpoint_storage(spec.checkpoint)
-
-
-def train_fn(config: dict) -> None:
-    """Ray Train worker entry point: re-validate the spec and run the loop."""
-    import ray.train
-    import torch
-
-    from workers.elastic import startup_times, warm_spares
-    from workers.hooks import load_hooks
-    from workers.telemetry.reporter import TelemetryReporter
-    from workers.train_loop import RunEnv, run
-
-    entered = time.time()
-    warm_spares.claim()
-    spec = JobSpec.model_validate(config["spec"])
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
-    if spec.resources.gpus_per_worker > 0:
-        import ray.train.torch as rtt
-
-        device = rtt.get_device()
-    else:
-        device = torch.device("cpu")
-    _check_placement(spec, node_rank=ctx.get_node_rank())
-    reporter = TelemetryReporter.from_env(config["job_id"]) if rank == 0 else None
-    if reporter is not None:
-        startup = startup_times.worker_startup(config.get("startup"), train_fn=entered)
-        startup_times.stamp_workers_started(reporter, startup)
-    env = RunEnv(
-        rank=rank,
-        world_size=ctx.get_world_size(),
-        device=device,
-        checkpoint_root=job_storage(spec).uri_of(config["job_id"], "checkpoints"),
-        reporter=reporter,
-        hooks=load_hooks(),
-        # After the first step every worker has claimed its process, so each
-        # node's spares can be counted and topped up for the next restart.
-        after_first_step=partial(
-            warm_spares.top_up_in_background, controller_node=config.get("driver_node")
-        ),
-    )
-    try:
-        run(spec, env)
-    finally:
-        if reporter is not None:
-            reporter.close()
-
-
-def _check_placement(spec: JobSpec, *, node_rank: int) -> None:
-    """Refuse to train when a TP group's consecutive world ranks landed on different nodes."""
-    import torch.distributed as dist
-
-    from workers.strategies.mesh import check_tp_placement
-
-    if spec.parallelism.tp == 1 or not dist.is_initialized():
-        return
-    nodes: list = [None] * dist.get_world_size()
-    dist.all_gather_object(nodes, node_rank)
-    check_tp_placement(nodes, tp=spec.parallelism.tp)
+from workers.warm import standby
+from workers.worker_entry import job_storage, train_fn
 
 
 def build_trainer(
@@ -99,17 +35,17 @@ def build_trainer(
     Checkpoints are not registered with Ray Train: etrain commits, lists, restores
     and prunes them itself (``workers.checkpoint.manager``), so Ray's run snapshot
     never names a checkpoint etrain's retention deleted. ``startup``: the driver's
-    timestamps (``workers.elastic.startup_times``), passed on to rank 0's first event.
+    timestamps (``workers.warm.startup_times``), passed on to rank 0's first event.
     ``job_env``: variables the job's Ray job lacks (a standby driver's job, set in the
-    controller and the workers by ``workers.standby.JobEnvironment``).
+    controller and the workers by ``workers.warm.standby.JobEnvironment``).
     """
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig
 
-    from workers.elastic import warm_spares
     from workers.elastic.scaling import LayoutScalingPolicy
     from workers.elastic.settings import resize_monitor_interval_s
     from workers.ray_compat import trainer_class
+    from workers.warm import spares as warm_spares
 
     res = spec.resources
     per_worker = {"CPU": res.cpus_per_worker}
@@ -147,8 +83,8 @@ def _run_config(spec: JobSpec, *, job_id: str, job_env: dict[str, str] | None):
     """Storage under the job id, the failure policy, etrain's callbacks, the workers' env."""
     from ray.train import FailureConfig, RunConfig
 
-    from workers.elastic import warm_spares
     from workers.elastic.callbacks import EventCallback, ReleaseStaleReservation, StartupTimes
+    from workers.warm import spares as warm_spares
 
     loc = job_storage(spec)
     if loc.scheme == "file":  # Ray Train and etrain write beneath it: no link, in the roots
@@ -218,7 +154,7 @@ def _abort_on_sigterm(*, warm_spares: bool) -> None:
     # would otherwise replace this one and end the driver without the abort.
     import ray
 
-    from workers.elastic import warm_spares as spares
+    from workers.warm import spares
 
     if not ray.is_initialized():
         # Merged by Ray with the runtime environment the job was submitted with.
@@ -240,7 +176,7 @@ def main() -> int:
     """Run the job described by the environment (or, for a standby driver, the job the
     service hands it); return the process exit code."""
     _die_with_parent()
-    from workers.elastic.startup_times import process_start_time
+    from workers.warm.startup_times import process_start_time
 
     startup = {"driver_process": process_start_time() or time.time()}
     warm, job_env = standby.Warm(), {}
@@ -259,7 +195,7 @@ def main() -> int:
 
         apply_controller_env()
     if spec.failure.warm_spares:
-        from workers.elastic.warm_spares import prestart_first_group
+        from workers.warm.spares import prestart_first_group
 
         # Before torch is imported here: the workers' imports overlap the driver's.
         same = warm.same_env()
@@ -275,7 +211,7 @@ def main() -> int:
         return EXIT_TRAINING_FAILED
     finally:
         if spec.failure.warm_spares:  # the spares' keys in Ray's GCS
-            from workers.elastic.warm_spares import forget_ready
+            from workers.warm.spares import forget_ready
 
             forget_ready()
     print("etrain: training finished", flush=True)

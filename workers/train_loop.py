@@ -1,6 +1,6 @@
 """The per-worker training loop: spec -> mesh -> model -> strategy -> data -> steps.
 
-``train_fn`` (in ``workers.launch``) is what Ray Train runs on each worker;
+``train_fn`` (in ``workers.worker_entry``) is what Ray Train runs on each worker;
 ``run`` is the loop itself and also runs under ``torchrun`` (the benchmark
 baseline), under ``torch.multiprocessing`` (the strategy matrix) or in one
 plain process (the reference the equivalence tests compare against).
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.checkpoint.loop import Checkpointer
 from workers.checkpoint.manager import CheckpointManager
+from workers.checkpoint.schedule import SaveSchedule
 from workers.checkpoint.state import ModelAndOptimizer
 from workers.contract import EventKind, MetricPoint
 from workers.data import GlobalBatchSampler, dataset_for
@@ -251,7 +251,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
     env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start, stores=_stores(spec))
-    saving = Checkpointer(spec, env, ckpts, restored_extra=restored)
+    saving = SaveSchedule(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))
     last = min(spec.train.steps, env.stop_at or spec.train.steps)

@@ -11,8 +11,8 @@ from service.api import goodput_routes, routes, standby_routes, token_routes
 from service.api.deps import Runtime
 from service.api.docs_pages import mount_docs
 from service.api.limits import BodyLimit
-from service.api.metrics import JOB_METRICS
 from service.api.openapi import document_bodies
+from service.api.prometheus import JOB_METRICS
 from service.auth import ensure_admin_token
 from service.backends.base import Backend
 from service.domain.ingest import TelemetryIngest

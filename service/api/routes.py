@@ -9,8 +9,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.api import metrics as prom
 from service.api import openapi
+from service.api import prometheus as prom
 from service.api.deps import (
     Caller,
     Cluster,

@@ -3,7 +3,7 @@
 Starting a job the usual way (a Ray job per etrain job) spends most of its time before
 training: Ray starts the driver process, which imports torch and Ray Train and connects;
 Ray Train's controller starts in a new process; the workers import the training stack.
-A standby driver (``workers.standby``) does all of that ahead, then asks the service for
+A standby driver (``workers.warm.standby``) does all of that ahead, then asks the service for
 its job on ``STANDBY_ROUTE`` with a token that may only fetch that job. This pool keeps
 ``count`` of them idle; the reconciler hands a job to one (:meth:`StandbyDrivers.take`),
 records the standby's Ray submission id as the job's, and follows, stops and reads it as

@@ -74,7 +74,7 @@ def model_vocab_size(model: dict[str, Any]) -> int | None:
 def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
     """Validate the merged options as a data section and write the prepared folder."""
     from workers.data.prepare import prepare
-    from workers.data.tokens import ShapeOptions
+    from workers.data.samples import ShapeOptions
     from workers.spec.checkpoint import CheckpointSpec
     from workers.spec.data import DataSpec
     from workers.storage.location import stores_for

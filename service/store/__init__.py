@@ -9,10 +9,10 @@ One :class:`Database` per process and one store per group of tables on it:
 from service.store.database import Database
 from service.store.events import EventStore
 from service.store.jobs import JobStore
-from service.store.metrics import MetricStore
 from service.store.migrate import head_revision, migrate
 from service.store.models import EventRecord, JobRecord, TenantRecord, TokenRecord
 from service.store.stores import Stores
+from service.store.telemetry import MetricStore
 from service.store.tokens import TokenStore
 
 __all__ = [

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from service.store.database import Database
 from service.store.events import EventStore
 from service.store.jobs import JobStore
-from service.store.metrics import MetricStore
+from service.store.telemetry import MetricStore
 from service.store.tokens import TokenStore
 
 

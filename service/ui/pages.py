@@ -1,5 +1,5 @@
 """The routes of the web pages: ``/`` redirects to ``/ui/``; each page is an HTML shell (one
-layout, ``templates/layout.html``, around the page's own ``<main>``) whose JavaScript reads
+layout, ``templates/base.html``, around the page's own ``<main>``) whose JavaScript reads
 the API with the user's token. The shells and assets need no token
 (they hold no data); every API call they make does.
 
@@ -57,7 +57,7 @@ class UiStatic(StaticFiles):
 def render(page: str) -> str:
     """The page's HTML: the layout around its ``<main>``; the navigation on all but sign-in."""
     read = lambda name: (TEMPLATES / f"{name}.html").read_text()  # noqa: E731
-    return string.Template(read("layout")).substitute(
+    return string.Template(read("base")).substitute(
         title=TITLES[page],
         page=page,
         nav="" if page == "signin" else read("nav"),

@@ -36,7 +36,10 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
 
     # The service holds the S3 keys; the session's Ray head does not (the bucket refuses
     # unsigned requests), so every checkpoint written proves the keys reached the workers.
-    s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address, extra_env=s3_server["env"])
+    # The submit's write probe gets a minute: on two loaded cores the default 10 s can pass
+    # before the loopback S3 answers (a 422 that says nothing about standby drivers).
+    env = {**s3_server["env"], "ETRAIN_PROBE_TIMEOUT_S": "60"}
+    s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address, extra_env=env)
     try:
         with s.client() as c:
             # A new service starts its standby before it admits the first job; once warm,
@@ -52,7 +55,9 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
                 what="the standby warm, its memory reported",
             )
             assert pool["configured"] == 1 and pool["idle"] == 1
-            job = c.post("/v1/jobs", json=_spec("standby-s3", s3_server)).json()
+            posted = c.post("/v1/jobs", json=_spec("standby-s3", s3_server))
+            assert posted.status_code == 201, posted.text
+            job = posted.json()
             done = waiter(
                 lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"] in TERMINAL and j,
                 timeout=300,

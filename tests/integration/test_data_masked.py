@@ -15,7 +15,7 @@ from tests.support.hf_fixtures import make_word_tokenizer
 from tests.support.local_launch import LocalJob, run_local_groups
 from tests.unit.workers.data.conftest import write_jsonl
 from workers.data.prepare import prepare
-from workers.data.tokens import ShapeOptions
+from workers.data.samples import ShapeOptions
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 

@@ -19,8 +19,8 @@ from tests.support.local_launch import LocalJob, run_local
 from tests.support.s3_fixture import s3_client
 from workers.data import TokenDataset, dataset_for
 from workers.data.prepare import local_prepared, prepare
+from workers.data.samples import ShapeOptions
 from workers.data.tokenizer import local_tokenizer, tokenizer_hash
-from workers.data.tokens import ShapeOptions
 from workers.spec import JobSpec
 from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSpec

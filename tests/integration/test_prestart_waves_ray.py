@@ -1,4 +1,4 @@
-"""Prestarting in waves on a real raylet (workers.elastic.waves).
+"""Prestarting in waves on a real raylet (workers.warm.waves).
 
 A raylet starts at most min(cores, node CPUs) worker processes at a time and drops
 prestart requests beyond that; asked for in waves, every process starts. Both halves
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, sys, time
 import ray
-from workers.elastic import warm_spares, waves
+from workers.warm import spares as warm_spares, waves
 from workers.ray_compat import prestart_workers, train_worker_runtime_env
 
 ray.init(address=sys.argv[1], runtime_env=warm_spares.job_runtime_env())
@@ -70,7 +70,7 @@ def test_the_raylet_drops_what_it_cannot_start_and_waves_start_it_all(ray_head):
 READY_SCRIPT = """
 import json, sys, time
 import ray
-from workers.elastic import warm_spares
+from workers.warm import spares as warm_spares
 from workers.ray_compat import prestart_workers, train_worker_runtime_env
 
 ray.init(address=sys.argv[1], runtime_env=warm_spares.job_runtime_env())

@@ -1,4 +1,4 @@
-"""Warm spare workers on real Ray (workers.elastic.warm_spares).
+"""Warm spare workers on real Ray (workers.warm.spares).
 
 A job keeps spare worker processes with the training stack imported; after a
 worker is killed, Ray Train's restarted group runs in them, and none of them
@@ -19,7 +19,7 @@ from service.backends.base import RunState
 from tests.support.faults import fault_env
 from tests.support.polling import wait_for
 from tests.support.ray_cluster import submit_job, wait_for_job
-from workers.elastic.warm_spares import READY, SPARES_ROOT, WARMING, spares_in
+from workers.warm.spares import READY, SPARES_ROOT, WARMING, spares_in
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import torch
 from workers.data.formats import jsonl_lines
 from workers.data.prepare import ensure_prepared, local_prepared, read_index
 from workers.data.remote import cache_roots, is_remote
-from workers.data.tokens import ShapeOptions
+from workers.data.samples import ShapeOptions
 from workers.storage.confine import Roots, is_file, open_fd, opened, proc_path
 
 SOURCES = ("synthetic", "text", "jsonl", "parquet", "prepared")

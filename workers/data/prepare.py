@@ -37,8 +37,8 @@ from workers.data.remote import (
 )
 from workers.data.remote import file_info as remote_file_info
 from workers.data.remote import identity as remote_identity
+from workers.data.samples import Samples, ShapeOptions, tokenize_rows
 from workers.data.tokenizer import check_vocab, load_tokenizer, local_tokenizer, tokenizer_hash
-from workers.data.tokens import Samples, ShapeOptions, tokenize_rows
 from workers.storage.confine import ConfinementError, Roots, child_name, opened, read_bounded
 
 INDEX = "index.json"

@@ -13,9 +13,9 @@ from ray.train import UserCallback
 
 from workers.contract import EventKind
 from workers.elastic.decisions import Decision
-from workers.elastic.startup_times import note_group_times, process_start_time
 from workers.ray_compat import ControllerCallback, WorkerGroupCallback, cancel_reservation
 from workers.telemetry.reporter import TelemetryReporter
+from workers.warm.startup_times import note_group_times, process_start_time
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class StartupTimes(ControllerCallback, WorkerGroupCallback):
         the controller is up). Either way no process of this run started later on this
         node is the controller."""
         self.__dict__.update(state)
-        from workers.elastic.warm_spares import mark_controller
+        from workers.warm.spares import mark_controller
 
         mark_controller()
 

@@ -12,7 +12,7 @@ nodes at most every ``POLL_S``; for each node that joined since the controller
 started it
 
 - asks that node's raylet for warm spare processes (``PrestartWorkers``, as
-  :mod:`workers.elastic.warm_spares` does for nodes that run workers), with the
+  :mod:`workers.warm.spares` does for nodes that run workers), with the
   runtime environment Ray Train's worker actors get, so the grown group's actors
   on that node are placed in processes that started importing the training stack
   the moment the node was seen; at most as many as the node can run workers of
@@ -35,8 +35,8 @@ import logging
 import sys
 import time
 
-from workers.elastic import warm_spares
 from workers.ray_compat import prestart_workers, setup_hook_of_this_job, train_worker_runtime_env
+from workers.warm import spares as warm_spares
 
 log = logging.getLogger(__name__)
 

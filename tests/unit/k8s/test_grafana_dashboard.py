@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from service.api.metrics import REGISTRY
+from service.api.prometheus import REGISTRY
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "etrain-dashboard.json"
 METRIC = re.compile(r"\b((?:etrain|ray)_[a-z0-9_]+)\b(?!\s*[=~!])")

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api import metrics as prom
+from service.api import prometheus as prom
 from service.auth import create_reporter_token
 from service.domain.job_metrics import JobMetrics
 from service.status import JobStatus

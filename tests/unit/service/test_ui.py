@@ -122,6 +122,6 @@ def test_every_asset_ships_in_the_package():
         "package-data"
     ]["service"]
     templates = [f"ui/templates/{p.name}" for p in TEMPLATES.glob("*.html")]
-    assert len(templates) == len(set(PAGES.values())) + 2  # the pages, the layout, the nav
+    assert len(templates) == len(set(PAGES.values())) + 2  # the pages, the base, the nav
     for path in [f"ui/static/{asset}" for asset in ASSETS] + templates:
         assert any(fnmatch(path, g) and path.count("/") == g.count("/") for g in globs), path

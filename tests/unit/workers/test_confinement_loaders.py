@@ -29,7 +29,7 @@ def world(tmp_path_factory):
     """Tenant A's and B's data areas and checkpoint areas, each with a model, a tokenizer,
     a jsonl file and a prepared folder; B's hold B_SECRET where text can."""
     from workers.data.prepare import prepare
-    from workers.data.tokens import ShapeOptions
+    from workers.data.samples import ShapeOptions
 
     root = tmp_path_factory.mktemp("confine")
     out = {}

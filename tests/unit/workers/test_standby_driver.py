@@ -12,7 +12,6 @@ from urllib.parse import parse_qs, urlsplit
 import psutil
 import pytest
 
-from workers import standby
 from workers.contract import (
     JOB_ID_ENV,
     JOB_SPEC_ENV,
@@ -21,6 +20,7 @@ from workers.contract import (
     STANDBY_ROUTE,
     STANDBY_TOKEN_ENV,
 )
+from workers.warm import standby
 
 
 class Service:
@@ -83,7 +83,7 @@ def test_each_ask_says_how_much_memory_the_standby_holds(standby_env):
     own = held(os.getpid())
     assert standby.memory_held() >= own * 0.9  # not connected to Ray: its own process
     standby_env.setattr("ray.is_initialized", lambda: True)
-    standby_env.setattr("workers.elastic.warm_spares.started_pids", lambda: [os.getppid()])
+    standby_env.setattr("workers.warm.spares.started_pids", lambda: [os.getppid()])
     assert standby.memory_held() >= (own + held(os.getppid())) * 0.9
     service = Service([(204, None), (200, JOB)])
     standby_env.setenv(REPORT_URL_ENV, service.url)

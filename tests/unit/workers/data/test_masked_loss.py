@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.unit.workers.data.conftest import INSTRUCTIONS
-from tests.unit.workers.data.test_tokens import prep
+from tests.unit.workers.data.test_samples import prep
 from workers.data import GlobalBatchSampler, collate
 from workers.models.config import ModelConfig
 from workers.models.llama import build_model

@@ -39,7 +39,7 @@ def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
     return current
 
 
-class Checkpointer:
+class SaveSchedule:
     """Saves for one run of the loop; all methods are called by every rank alike."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""workers.elastic.waves against a raylet that starts processes as Ray's worker pool does.
+"""workers.warm.waves against a raylet that starts processes as Ray's worker pool does.
 
 The real raylet (7 processes asked for on a 2-CPU node: 2 start at once, 7 in waves) is
 what the standby and warm-spare integration tests run on.
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.support.polling import wait_for
-from workers.elastic import waves
+from workers.warm import waves
 
 KEEP = 3600
 

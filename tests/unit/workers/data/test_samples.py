@@ -18,7 +18,7 @@ from tests.unit.workers.data.conftest import CHATS, INSTRUCTIONS, write_jsonl
 from workers.data import GlobalBatchSampler, TokenDataset, collate, dataset_for, shard_global_batch
 from workers.data.prepare import prepare, read_index
 from workers.data.remote import cache_root
-from workers.data.tokens import ShapeOptions
+from workers.data.samples import ShapeOptions
 from workers.spec.data import DataSpec
 
 DOCS = ["The quick brown fox.", "Hello world!", "Elastic training resumes exactly."]

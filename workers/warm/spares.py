@@ -49,7 +49,6 @@ import threading
 from pathlib import Path
 
 from workers.contract import WARM_WORKER_ENV
-from workers.elastic import waves
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
@@ -59,6 +58,7 @@ from workers.ray_compat import (
     this_node,
     train_worker_runtime_env,
 )
+from workers.warm import waves
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ WARM_MODULES = (
     "torch._dynamo",
     "torch.distributed.checkpoint",
     *WORKER_MODULES,
-    "workers.launch",
+    "workers.worker_entry",
     "workers.train_loop",
     "workers.strategies.ddp",
     "workers.strategies.fsdp",
@@ -250,7 +250,7 @@ def prestart_first_group(resources_spec, *, already: int = 0, run_actors: bool =
 
     ``resources_spec`` is the job spec's ``resources``. Asks for at most as many
     processes as the group has workers and this node can place (none on a head that
-    offers no CPU), less ``already`` started (by a standby driver, ``workers.standby``),
+    offers no CPU), less ``already`` started (by a standby driver, ``workers.warm.standby``),
     then (``run_actors``) for the processes of Ray Train's own actors
     (:func:`prestart_for_run`). Any of them the group does not use stays a spare for its
     restarts and ends with the job. Returns how many workers were asked for; never raises.

@@ -1,12 +1,12 @@
-"""Start-up timestamps (workers.elastic.startup_times) and the first group's prestart count."""
+"""Start-up timestamps (workers.warm.startup_times) and the first group's prestart count."""
 
 from __future__ import annotations
 
 import time
 
 from workers.contract import EventKind
-from workers.elastic import startup_times
-from workers.elastic.warm_spares import first_group_here
+from workers.warm import startup_times
+from workers.warm.spares import first_group_here
 
 
 class Recorder:

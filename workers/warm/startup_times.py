@@ -6,7 +6,7 @@ its ``workers_started`` event (``data.startup``), which the service stores:
 - the driver (``workers.launch``): its process start (``driver_process``), the moment
   it connected to Ray (``ray_connected``) and the call of ``fit()`` (``driver_ready``),
   handed to the workers in the train loop's config; a standby driver
-  (``workers.standby``), which started and connected before the job existed, has the
+  (``workers.warm.standby``), which started and connected before the job existed, has the
   moment it was handed the job (``assigned``) instead of the first two;
 - the Ray Train controller (``workers.elastic.callbacks.StartupTimes``): its own start
   (``controller_start``; ``controller_process``, the start of its process, is older

@@ -5,7 +5,7 @@ A raylet starts at most ``max(1, min(cores, node CPUs))`` worker processes at a 
 ``PrestartWorkers`` silently drops what would start beyond that: of 7 processes asked
 for at once on a 2-CPU node, 2 start. :func:`prestart` asks for at most that many at a
 time, each next wave once the previous one's processes reached the job's setup hook
-(``workers.elastic.warm_spares.setup_hook`` marks each in a folder), which a process does
+(``workers.warm.spares.setup_hook`` marks each in a folder), which a process does
 after it registered with the raylet.
 """
 

@@ -6,7 +6,7 @@ process (5-8 s on two busy cores) and each worker process imports the training s
 The service therefore keeps one driver ahead (``service.backends.standby``): a Ray job
 started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, which
 
-1. connects to Ray with the job's setup hook (``workers.elastic.warm_spares``);
+1. connects to Ray with the job's setup hook (``workers.warm.spares``);
 2. asks its raylet for idle processes with the runtime environments Ray Train will give
    the first worker group (``STANDBY_WORKERS_ENV`` of them, at most what the node can
    place, one CPU each) and its own actors (``warm_spares.RUN_ACTORS``), which import
@@ -88,8 +88,8 @@ class Warm:
         driver set other Ray Train variables (an elastic job's controller settings)."""
         if self.runtime_env is None:
             return False
-        from workers.elastic.warm_spares import worker_runtime_env
         from workers.ray_compat import train_worker_runtime_env
+        from workers.warm.spares import worker_runtime_env
 
         return train_worker_runtime_env(worker_runtime_env()) == self.runtime_env
 
@@ -97,7 +97,7 @@ class Warm:
 def warm_up() -> Warm:
     """Prestart the first group's and the run actors' processes and import the driver's
     stack; what was started for the workers."""
-    from workers.elastic import warm_spares
+    from workers.warm import spares as warm_spares
 
     env, count = None, 0
     # The first run on a cluster would create these, each in a new process. Created once
@@ -163,7 +163,7 @@ def memory_held() -> int | None:
         import psutil
         import ray
 
-        from workers.elastic.warm_spares import started_pids
+        from workers.warm.spares import started_pids
 
         total = 0
         for pid in {os.getpid(), *(started_pids() if ray.is_initialized() else ())}:

@@ -1,4 +1,4 @@
-"""workers.elastic.warm_spares without Ray: the switch, the spare files, the hook's gate.
+"""workers.warm.spares without Ray: the switch, the spare files, the hook's gate.
 
 The real thing (spares started by the raylet, used by a restarted group, ended
 with the job) is tests/integration/test_warm_spares_ray.py.
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from workers.contract import WARM_WORKER_ENV
-from workers.elastic import warm_spares
 from workers.elastic.callbacks import StartupTimes
+from workers.warm import spares as warm_spares
 
 NO_SUCH_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
 
