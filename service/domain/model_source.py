@@ -25,7 +25,6 @@ answer). Torch-free.
 
 from __future__ import annotations
 
-import json
 import os
 
 from service.domain.storage_check import StorageProbes
@@ -37,12 +36,12 @@ from workers.models.hf_config import (
     config_from_hf,
     read_hf_config_text,
 )
+from workers.models.hf_index import INDEX, MAX_INDEX_BYTES, SINGLE, weight_map
 from workers.spec import JobSpec
 from workers.storage.confine import (
     UNCONFINED,
     ConfinementError,
     Roots,
-    child_name,
     is_file,
     open_fd,
     read_bounded,
@@ -55,9 +54,7 @@ from workers.storage.location import (
 )
 from workers.storage.probe import quick_fs, redact_credentials, store_error_code
 
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-MAX_INDEX_BYTES = 16 << 20  # as the workers' reader (workers.models.hf_remote)
-MAX_SHARDS = 10_000
+WEIGHTS = (SINGLE, INDEX)
 LOC = ("model", "hf")
 
 
@@ -98,19 +95,16 @@ def _read_config(folder: str, uri: str, roots: Roots) -> dict:
 def _check_index(folder: str, roots: Roots) -> None:
     """Every file a sharded model's weight map names is a relative name inside the folder,
     and there (as the workers will open it): a 422 now instead of a failed job."""
-    raw = read_bounded(
-        f"{folder}/{WEIGHTS[1]}", roots, MAX_INDEX_BYTES, what=f"model.hf {WEIGHTS[1]}"
-    )
+    raw = read_bounded(f"{folder}/{INDEX}", roots, MAX_INDEX_BYTES, what=f"model.hf {INDEX}")
     try:
-        files = set(json.loads(raw)["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        raise ModelRefused(f"model.hf {WEIGHTS[1]} has no weight_map object") from None
-    if len(files) > MAX_SHARDS:
-        raise ModelRefused(f"model.hf {WEIGHTS[1]} names {len(files)} files, over {MAX_SHARDS}")
-    where = f"model.hf {WEIGHTS[1]} weight_map"
-    for name in sorted(files, key=str):
-        if not is_file(f"{folder}/{child_name(name, where=where)}", roots):
-            raise ModelRefused(f"{where} names {name!r}, which is not a file in the folder")
+        files = set(weight_map(raw).values())
+    except (ValueError, ConfinementError) as e:
+        raise ModelRefused(str(e)) from None
+    for name in sorted(files):
+        if not is_file(f"{folder}/{name}", roots):
+            raise ModelRefused(
+                f"model.hf {INDEX} weight_map names {name!r}, which is not a file in the folder"
+            )
 
 
 def _explain(loc: StorageLocation, e: Exception) -> str:

@@ -16,6 +16,12 @@ from tests.support.processes import job_processes
 pytestmark = pytest.mark.slow
 
 
+# Long enough that each job still trains when it is interrupted (past step 30 / 20) and
+# for a while after (a restart, a new service), at about 0.3 s a step on two cores.
+KILL_STEPS = 160
+RESTART_STEPS = 160
+
+
 def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:
     return {
         "name": name,
@@ -40,7 +46,9 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
     """An elastic job: its killed controller leaves a 180 s resource reservation behind,
     which the resubmitted run must cancel to start at once (workers.elastic.scaling)."""
     with served.client() as c:
-        job = c.post("/v1/jobs", json=_spec("e2e-driver-kill", 400, {"min": 1, "max": 2})).json()
+        job = c.post(
+            "/v1/jobs", json=_spec("e2e-driver-kill", KILL_STEPS, {"min": 1, "max": 2})
+        ).json()
         waiter(
             lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 30,
             what="job past its first checkpoint",
@@ -74,16 +82,16 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
             when = when.replace(tzinfo=dt.UTC)
         assert when.timestamp() - killed_at < 150, when.timestamp() - killed_at
         steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
-        assert steps == list(range(1, 401))  # every step once, none counted twice
+        assert steps == list(range(1, KILL_STEPS + 1))  # every step once, none counted twice
 
 
 def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory, tmp_path, waiter):
     """SIGKILL `etrain serve` (not Ray) mid-job; a new one picks the job up where it is."""
     s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address)
     spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump(_spec("e2e-cp-restart", 300)))
+    spec.write_text(yaml.safe_dump(_spec("e2e-cp-restart", RESTART_STEPS)))
     with s.client() as c:
-        job = c.post("/v1/jobs", json=_spec("e2e-cp-restart", 300)).json()
+        job = c.post("/v1/jobs", json=_spec("e2e-cp-restart", RESTART_STEPS)).json()
         waiter(
             lambda: (c.get(f"/v1/jobs/{job['id']}").json()["step"] or 0) >= 20, what="job training"
         )
@@ -107,7 +115,7 @@ def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory
             )
             assert done["status"] == "SUCCEEDED" and done["resubmits"] == 0
             steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
-            assert steps == list(range(1, 301))
+            assert steps == list(range(1, RESTART_STEPS + 1))
             starts = [
                 e
                 for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]

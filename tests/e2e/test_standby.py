@@ -38,7 +38,7 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
     # unsigned requests), so every checkpoint written proves the keys reached the workers.
     # The submit's write probe gets a minute: on two loaded cores the default 10 s can pass
     # before the loopback S3 answers (a 422 that says nothing about standby drivers).
-    env = {**s3_server["env"], "ETRAIN_PROBE_TIMEOUT_S": "60"}
+    env = {**s3_server["env"], "ETRAIN_PROBE_TIMEOUT_S": "60", "ETRAIN_STANDBY_DRIVERS": "1"}
     s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address, extra_env=env)
     try:
         with s.client() as c:

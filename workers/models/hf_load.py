@@ -22,7 +22,6 @@ initialise themselves); a peft ``.base_layer`` maps to the plain projection.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -42,9 +41,9 @@ from workers.models.hf_config import (
     config_from_hf,
     read_hf_config_text,
 )
+from workers.models.hf_index import INDEX, MAX_INDEX_BYTES, SINGLE, weight_map
 from workers.models.hf_naming import from_hf_tensor, is_rope_permuted, to_hf_name
 from workers.models.hf_remote import (
-    MAX_INDEX_BYTES,
     RemoteWeights,
     Stores,
     is_remote,
@@ -55,7 +54,6 @@ from workers.models.llama import Transformer
 from workers.storage.confine import (
     ConfinementError,
     Roots,
-    child_name,
     is_file,
     open_fd,
     proc_path,
@@ -64,8 +62,6 @@ from workers.storage.confine import (
 
 log = logging.getLogger(__name__)
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 # Name components that wrappers (DDP, torch.compile, activation checkpointing, peft)
 # insert into parameter names; none is a name of etrain's own modules.
 _WRAPPERS = {
@@ -153,13 +149,7 @@ def weight_files(root: str, roots: Roots | None = None) -> dict[str, str]:
     folder = local_folder(root, roots=roots)
     if is_file(str(folder / INDEX), roots):
         raw = read_bounded(str(folder / INDEX), roots, MAX_INDEX_BYTES, what=f"model.hf {INDEX}")
-        try:
-            weight_map = json.loads(raw)["weight_map"]
-            items = list(weight_map.items())
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ValueError(f"model.hf: {INDEX} has no weight_map object") from None
-        where = f"model.hf {INDEX} weight_map"
-        return {name: str(folder / child_name(file, where=where)) for name, file in items}
+        return {name: str(folder / file) for name, file in weight_map(raw).items()}
     if is_file(str(folder / SINGLE), roots):
         with _opened_weights(str(folder / SINGLE), roots) as f:
             return {name: str(folder / SINGLE) for name in f.keys()}  # noqa: SIM118 (not a dict)

@@ -34,14 +34,12 @@ from typing import Any
 
 import torch
 
+from workers.models.hf_index import INDEX, MAX_INDEX_BYTES, SINGLE, weight_map
 from workers.storage.location import is_remote as is_remote  # the one rule, asked here too
 
 log = logging.getLogger(__name__)
 
 Stores = Callable[[str], Any]  # a URL -> its StorageLocation (fs, root, join, uri)
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
-MAX_INDEX_BYTES = 16 << 20
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 DTYPES = {
     "F64": torch.float64,
@@ -116,8 +114,8 @@ class RemoteWeights:
     def _weight_map(self) -> dict[str, str]:
         fs = self.loc.fs
         if fs.isfile(self.loc.join(INDEX)):
-            index = json.loads(read_small(self.loc, INDEX, MAX_INDEX_BYTES, where=self.where))
-            return {n: self.loc.join(f) for n, f in index["weight_map"].items()}
+            raw = read_small(self.loc, INDEX, MAX_INDEX_BYTES, where=self.where)
+            return {n: self.loc.join(f) for n, f in weight_map(raw, where=self.where).items()}
         if fs.isfile(self.loc.join(SINGLE)):
             path = self.loc.join(SINGLE)
             return dict.fromkeys(self._header(path)[0], path)

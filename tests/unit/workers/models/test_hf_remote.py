@@ -6,6 +6,8 @@ here (no server in unit tests; tests/integration/test_hf_object_store.py uses mo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -137,3 +139,23 @@ def test_a_store_error_while_reading_names_model_hf(qwen, monkeypatch):
     monkeypatch.setattr(remote.loc.fs, "cat_file", refuse)
     with pytest.raises(ValueError, match=r"^model\.hf file://.*AccessDenied"):
         remote.read(name, (slice(0, 2), slice(0, 4)))
+
+
+@pytest.mark.parametrize("name", ["../other/model.safetensors", "/abs/model.safetensors", ""])
+def test_an_index_in_a_store_names_only_files_in_its_folder(tmp_path, name):
+    """The store's index is read by the same rule as a local one: a weight map entry that
+    leaves the folder (another prefix of the bucket) is refused before anything is fetched."""
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": name}})
+    )
+    with pytest.raises(PermissionError, match="weight_map"):
+        _remote(tmp_path)
+
+
+def test_an_index_naming_too_many_files_is_refused(tmp_path):
+    from workers.models.hf_index import MAX_SHARDS
+
+    shards = {f"t{i}": f"s{i}.safetensors" for i in range(MAX_SHARDS + 1)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    with pytest.raises(ValueError, match=f"over {MAX_SHARDS}"):
+        _remote(tmp_path)
