@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from service.settings.slices import RaySettings
 
 
 # Idle keep-alive connections are kept this long. A pooled client reuses an idle connection
@@ -17,32 +17,29 @@ if TYPE_CHECKING:
 KEEP_ALIVE_S = 75
 
 
-def describe_ray(settings: Settings) -> str:
-    """Where jobs will run, as ``build_backend`` will decide it from ``settings``."""
-    if settings.backend == "kuberay":
-        where = (
-            f"on RayCluster {settings.raycluster_name}"
-            if settings.raycluster_name
-            else "each on a RayCluster of its own"
-        )
-        return f"KubeRay RayJobs in namespace {settings.k8s_namespace}, {where}"
-    if settings.ray_address:
-        return f"the Ray job API at {settings.ray_address}"
+def describe_ray(ray: RaySettings) -> str:
+    """Where jobs will run, as ``build_backend`` will decide it from ``ray``."""
+    if ray.backend == "kuberay":
+        name = ray.kuberay.cluster_name
+        where = f"on RayCluster {name}" if name else "each on a RayCluster of its own"
+        return f"KubeRay RayJobs in namespace {ray.kuberay.namespace}, {where}"
+    if ray.address:
+        return f"the Ray job API at {ray.address}"
     return "an embedded local Ray head (starting)"
 
 
-def ray_token_line(settings: Settings) -> str | None:
+def ray_token_line(ray: RaySettings) -> str | None:
     """Where the Ray dashboard's sign-in token is (never the token): the embedded head's
     token file (created now if missing, as the head would), or where an existing
     cluster's token comes from."""
     from service.domain.ray_dashboard import token_source
 
-    if settings.backend != "kuberay" and not settings.ray_address:
+    if ray.backend != "kuberay" and not ray.address:
         from service.backends.embedded import ensure_ray_token
 
-        settings.data_path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the app does
-        ensure_ray_token(settings.data_path)
-    where = token_source(settings)
+        ray.embedded.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the app does
+        ensure_ray_token(ray.embedded.data_dir)
+    where = token_source(ray)
     return f"etrain: Ray dashboard sign-in token in {where}" if where else None
 
 
@@ -84,8 +81,8 @@ def run_server(
     }
     settings = Settings(**overrides)
     configure_logging()
-    print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings)}", flush=True)
-    ray_token = ray_token_line(settings)
+    print(f"etrain: data dir {settings.data_path}; Ray: {describe_ray(settings.ray)}", flush=True)
+    ray_token = ray_token_line(settings.ray)
     if ray_token:
         print(ray_token, flush=True)
     if settings.admin_token is None:

@@ -44,23 +44,24 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
     if backend is None:
         from service.backends.factory import build_backend
 
-        backend, embedded = build_backend(settings)
+        backend, embedded = build_backend(settings.ray)
         embedded_box.append(embedded)
-    reconciler = Reconciler(stores, backend, settings)
+    # Each service gets its slice of the settings (service/settings/slices.py), not all of them.
+    reconciler = Reconciler(stores, backend, settings.reconciler)
     return Runtime(
-        settings=settings,
+        api=settings.api,
         stores=stores,
         backend=backend,
         # A stored job wakes the reconciler: admitted now, not at the next poll.
-        submission=Submission(stores.jobs, backend, settings, on_stored=reconciler.wake),
-        queries=JobQueries(stores, backend, token_hint=token_hint(settings)),
+        submission=Submission(stores.jobs, backend, settings.submission, on_stored=reconciler.wake),
+        queries=JobQueries(stores, backend, token_hint=token_hint(settings.ray)),
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
         monitoring=Monitoring(stores, backend, JOB_METRICS),
         reconciler=reconciler,
         tokens=Tokens(stores.tokens),
         standby=StandbyJobs(backend),
-        cluster=ClusterView(backend, stores.jobs, settings),
+        cluster=ClusterView(backend, stores.jobs, settings.quotas),
         admin_token_file=str(token_file) if token_file else None,
     )
 
@@ -105,7 +106,7 @@ def create_app(
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
 
     # Outermost: a too-large body is refused before any route or dependency reads it.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.include_router(routes.probes)
     app.include_router(routes.v1)
     app.include_router(goodput_routes.v1)

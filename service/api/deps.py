@@ -19,7 +19,7 @@ from service.domain.reconciler import Reconciler
 from service.domain.standby_jobs import StandbyJobs
 from service.domain.submission import Submission
 from service.domain.tokens import Tokens
-from service.settings import Settings
+from service.settings.slices import ApiSettings
 from service.store import Stores
 
 
@@ -28,7 +28,7 @@ class Runtime:
     """What the app holds in ``request.app.state.runtime`` (wired by ``app.create_app``);
     the dependencies below hand its services to the routes."""
 
-    settings: Settings
+    api: ApiSettings  # its slice of the settings
     stores: Stores
     backend: Backend
     submission: Submission
@@ -79,7 +79,7 @@ def scrape_with_jobs(
     scrape when ETRAIN_METRICS_JOB_LABELS is on. A token that is sent must be valid."""
     if authorization is not None and tokens.authenticate(authorization).role == "admin":
         return True
-    return _runtime(request).settings.metrics_job_labels
+    return _runtime(request).api.metrics_job_labels
 
 
 async def get_submission(request: Request) -> Submission:

@@ -34,11 +34,12 @@ and the fix.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import InvalidSpec
-from service.settings import Settings
+from service.settings.slices import PolicySettings
 from workers.spec import JobSpec
 from workers.storage.confine import Roots
 from workers.storage.location import is_remote
@@ -68,12 +69,12 @@ def _real(path: str | Path) -> str:
 class AccessPolicy:
     """The operator's rules for the places a spec may name (see the module docstring)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: PolicySettings):
         """Roots and lists from ``settings`` (``ETRAIN_POLICY_*``)."""
         self.settings = settings
-        data = settings.data_path
-        self.checkpoint_root = Path(settings.policy_checkpoint_root or data / "checkpoints")
-        self.data_root = Path(settings.policy_data_root or data / "tenants")
+        data = settings.data_dir
+        self.checkpoint_root = Path(settings.checkpoint_root or data / "checkpoints")
+        self.data_root = Path(settings.data_root or data / "tenants")
 
     def checkpoint_area(self, tenant: Tenant) -> Path:
         """The folder a tenant's ``file://`` checkpoints live in."""
@@ -89,8 +90,8 @@ class AccessPolicy:
         its checkpoint area; an admin also beneath ``policy_admin_roots``. The service opens
         a spec's files beneath them at submit and plan, and writes them into each job's
         environment (``ETRAIN_STORAGE_ROOTS``), where the workers read them."""
-        admin = list(self.settings.policy_admin_roots) if tenant.admin else []
-        read = [self.data_area(tenant), *self.settings.policy_shared_data_roots, *admin]
+        admin = list(self.settings.admin_roots) if tenant.admin else []
+        read = [self.data_area(tenant), *self.settings.shared_data_roots, *admin]
         return Roots.of(read, [self.checkpoint_area(tenant), *admin])
 
     def default_storage(self, tenant: Tenant) -> str:
@@ -140,7 +141,7 @@ class AccessPolicy:
         places += [
             (str(self.checkpoint_root), "another tenant's checkpoint area"),
             (str(self.data_root), "another tenant's data area"),
-            (str(self.settings.data_path), "the service's data dir"),
+            (str(self.settings.data_dir), "the service's data dir"),
         ]
         return [(_real(p), what) for p, what in places]
 
@@ -161,9 +162,9 @@ class AccessPolicy:
         if inside or holds:
             where = f"is inside {inside[0]}" if inside else f"contains {holds[0]}"
             return f"{field} {path} {where}, which no job may use; {fix}"
-        extra = list(self.settings.policy_shared_data_roots) if data else []
+        extra = list(self.settings.shared_data_roots) if data else []
         if tenant.admin:
-            extra += self.settings.policy_admin_roots
+            extra += self.settings.admin_roots
         if any(_inside(real, _real(root)) for root in extra):
             return None
         return f"{field} {path} is outside tenant {tenant.name!r}'s area (resolved: {real}); {fix}"
@@ -190,8 +191,8 @@ class AccessPolicy:
             return None
         if (spec.checkpoint.storage or "").startswith("s3://"):
             return None  # an s3:// checkpoint.storage has its credentials_secret checked
-        if tenant.name in self.settings.policy_ambient_credentials or (
-            tenant.admin and self.settings.policy_admin_any_store
+        if tenant.name in self.settings.ambient_credentials or (
+            tenant.admin and self.settings.admin_any_store
         ):
             return None
         return (
@@ -211,11 +212,9 @@ class AccessPolicy:
         if place is None:
             return None
         if is_remote(place):
-            if tenant.admin and self.settings.policy_admin_any_store:
+            if tenant.admin and self.settings.admin_any_store:
                 return None
-            prefixes = [
-                p.rstrip("/") for p in self._listed(self.settings.policy_object_stores, tenant)
-            ]
+            prefixes = [p.rstrip("/") for p in self._listed(self.settings.object_stores, tenant)]
             if any(place == p or place.startswith(p + "/") for p in prefixes):
                 return None
             return (
@@ -230,14 +229,14 @@ class AccessPolicy:
 
     # -- object stores ----------------------------------------------------------------------
 
-    def _listed(self, mapping: dict[str, list[str]], tenant: Tenant) -> list[str]:
+    def _listed(self, mapping: Mapping[str, list[str]], tenant: Tenant) -> list[str]:
         """The entries of ``mapping`` for ``tenant`` and for every tenant (``*``)."""
         values = [*mapping.get(tenant.name, []), *mapping.get("*", [])]
         return [v.replace("{tenant}", tenant.name) for v in values]
 
     def allowed_secrets(self, tenant: Tenant) -> list[str]:
         """The ``credentials_secret`` names ``tenant`` may use."""
-        mapping = self.settings.policy_secrets
+        mapping = self.settings.secrets
         own = mapping.get(tenant.name, [tenant.name])
         names = [*own, *mapping.get("*", [])]
         return list(dict.fromkeys(v.replace("{tenant}", tenant.name) for v in names))
@@ -245,10 +244,10 @@ class AccessPolicy:
     def _object_store_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
         ck = spec.checkpoint
         storage = ck.storage or ""
-        if tenant.admin and self.settings.policy_admin_any_store:
+        if tenant.admin and self.settings.admin_any_store:
             return []
         out = []
-        prefixes = [p.rstrip("/") for p in self._listed(self.settings.policy_object_stores, tenant)]
+        prefixes = [p.rstrip("/") for p in self._listed(self.settings.object_stores, tenant)]
         if not any(storage == p or storage.startswith(p + "/") for p in prefixes):
             allowed = ", ".join(prefixes) or "none"
             out.append(
@@ -260,7 +259,7 @@ class AccessPolicy:
                     "to list it in ETRAIN_POLICY_OBJECT_STORES",
                 )
             )
-        endpoints = {e.rstrip("/") for e in self._listed(self.settings.policy_endpoints, tenant)}
+        endpoints = {e.rstrip("/") for e in self._listed(self.settings.endpoints, tenant)}
         for section in ("s3", "gcs"):
             endpoint = getattr(getattr(ck, section), "endpoint_url", None)
             if endpoint is not None and endpoint.rstrip("/") not in endpoints:
@@ -283,7 +282,7 @@ class AccessPolicy:
         allowed = self.allowed_secrets(tenant)
         loc = ("checkpoint", "s3", "credentials_secret")
         if secret is None:
-            if tenant.name in self.settings.policy_ambient_credentials:
+            if tenant.name in self.settings.ambient_credentials:
                 return []
             return [
                 (

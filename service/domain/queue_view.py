@@ -20,7 +20,7 @@ from service.backends.standby import PoolStatus
 from service.domain.cluster_view import cluster_info
 from service.domain.queries import scope
 from service.domain.scheduler import AdmissionDecision, decide_admissions, policy_of, queue_demand
-from service.settings import Settings
+from service.settings.slices import QuotaSettings
 from service.status import JobStatus
 from service.store import JobStore
 from service.store.models import QueueEntry
@@ -34,11 +34,11 @@ def admission(
     queued: list[QueueEntry],
     active: list[QueueEntry],
     total: dict[str, float],
-    settings: Settings,
+    quotas: QuotaSettings,
     now: datetime,
 ) -> AdmissionDecision:
     """The scheduler's decision on ``queued`` (oldest first) beside the ``active`` jobs,
-    on a cluster of ``total`` resources under the settings' policy."""
+    on a cluster of ``total`` resources under the ``quotas``' policy."""
     held = [queue_demand(e, now) for e in active]
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
     return decide_admissions(
@@ -48,7 +48,7 @@ def admission(
         total_cpus=cpus,
         total_gpus=gpus,
         held=held,
-        policy=policy_of(settings),
+        policy=policy_of(quotas),
     )
 
 
@@ -96,7 +96,7 @@ def _names(jobs: JobStore, tenant: str | None, wanted: int) -> dict[str, str]:
 
 def queue_of(
     jobs: JobStore,
-    settings: Settings,
+    quotas: QuotaSettings,
     principal: Principal,
     total: dict[str, float],
     now: datetime | None = None,
@@ -105,7 +105,7 @@ def queue_of(
     queued = jobs.list_queue({JobStatus.QUEUED})
     if not queued:
         return []
-    decision = admission(queued, jobs.list_queue(ACTIVE), total, settings, now or datetime.now(UTC))
+    decision = admission(queued, jobs.list_queue(ACTIVE), total, quotas, now or datetime.now(UTC))
     reasons = {w.job_id: w.reason for w in decision.waiting}
     entries = {e.id: e for e in queued}
     tenant = scope(principal)
@@ -123,24 +123,25 @@ def queue_of(
 
 
 def cluster_status(
-    backend: Backend, jobs: JobStore, settings: Settings, principal: Principal
+    backend: Backend, jobs: JobStore, quotas: QuotaSettings, principal: Principal
 ) -> ClusterStatus:
     """Nodes and resources (read at most every few seconds: ``cluster_view``), the queue
     ``principal`` may see, and the standby drivers kept warm."""
     info: ClusterInfo = cluster_info(backend)
     pool = backend.standby.status() if backend.standby else None
     return ClusterStatus(
-        **vars(info), queue=queue_of(jobs, settings, principal, info.total), standby=pool
+        **vars(info), queue=queue_of(jobs, quotas, principal, info.total), standby=pool
     )
 
 
 class ClusterView:
     """``GET /v1/cluster`` for a caller: the connected cluster, its queue, the standbys."""
 
-    def __init__(self, backend: Backend, jobs: JobStore, settings: Settings):
-        """Read nodes and standbys from ``backend``, the queue from ``jobs``."""
-        self.backend, self.jobs, self.settings = backend, jobs, settings
+    def __init__(self, backend: Backend, jobs: JobStore, quotas: QuotaSettings):
+        """Read nodes and standbys from ``backend``, the queue from ``jobs`` (ordered under
+        ``quotas``, as the scheduler would)."""
+        self.backend, self.jobs, self.quotas = backend, jobs, quotas
 
     def status(self, principal: Principal) -> ClusterStatus:
         """What :func:`cluster_status` says to ``principal``."""
-        return cluster_status(self.backend, self.jobs, self.settings, principal)
+        return cluster_status(self.backend, self.jobs, self.quotas, principal)

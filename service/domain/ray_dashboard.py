@@ -18,20 +18,20 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.settings import Settings
+from service.settings.slices import RaySettings
 
 SIGN_IN = "sign in with the Ray token"
 
 
-def token_source(settings: Settings, environ: Mapping[str, str] | None = None) -> str | None:
+def token_source(ray: RaySettings, environ: Mapping[str, str] | None = None) -> str | None:
     """Where the Ray token of the cluster jobs run on is (a path or a name; never the
     token), or None when that cluster has no token auth."""
     env = os.environ if environ is None else environ
-    if settings.backend == "kuberay":
-        secret = settings.k8s_ray_auth_secret
+    if ray.backend == "kuberay":
+        secret = ray.kuberay.ray_auth_secret
         if not secret:
             return None
-        return f"Secret {secret} (key auth_token) of namespace {settings.k8s_namespace}"
+        return f"Secret {secret} (key auth_token) of namespace {ray.kuberay.namespace}"
     if env.get("RAY_AUTH_TOKEN"):
         return "the RAY_AUTH_TOKEN environment variable of etrain serve"
     if env.get("RAY_AUTH_TOKEN_PATH"):
@@ -41,7 +41,7 @@ def token_source(settings: Settings, environ: Mapping[str, str] | None = None) -
     return None
 
 
-def token_hint(settings: Settings, environ: Mapping[str, str] | None = None) -> str | None:
+def token_hint(ray: RaySettings, environ: Mapping[str, str] | None = None) -> str | None:
     """``sign in with the Ray token in <where>`` (None without token auth)."""
-    where = token_source(settings, environ)
+    where = token_source(ray, environ)
     return None if where is None else f"{SIGN_IN} in {where}"

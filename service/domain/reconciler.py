@@ -22,7 +22,7 @@ from service.domain.scheduler import (
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
-from service.settings import Settings
+from service.settings.slices import ReconcilerSettings
 from service.status import JobStatus
 from service.store import JobRecord, Stores
 from workers.contract import (
@@ -122,13 +122,13 @@ class Reconciler:
         self,
         stores: Stores,
         backend: Backend,
-        settings: Settings,
+        settings: ReconcilerSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """Follow the jobs of ``stores`` on ``backend``; poll every ``reconcile_interval_s``."""
+        """Follow the jobs of ``stores`` on ``backend``; poll every ``settings.interval_s``."""
         self.stores, self.backend, self.settings = stores, backend, settings
-        self.policy = AccessPolicy(settings)
+        self.policy = AccessPolicy(settings.policy)
         self.jobs = stores.jobs
         self.backoff = SubmitBackoff(give_up_after_s=settings.submit_retry_s, clock=clock)
         self._stop = threading.Event()
@@ -170,7 +170,7 @@ class Reconciler:
             return
         info, now = self.backend.cluster(), _now()
         active = self.jobs.list_queue(ACTIVE)
-        decision = admission(queued, active, info.total, self.settings, now)
+        decision = admission(queued, active, info.total, self.settings.quotas, now)
         for job_id in decision.admit:
             job = change_status(
                 self.jobs,
@@ -292,7 +292,7 @@ class Reconciler:
         its per-job pods take the same keys from the tenant's ``etrain-storage-<tenant>``
         Secret instead (``backends/kuberay.py``).
         """
-        if self.settings.backend == "kuberay":
+        if not self.settings.storage_keys_in_env:
             return {}
         return storage_launch_env(job.spec)  # every store the spec names
 
@@ -357,7 +357,7 @@ class Reconciler:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self.settings.reconcile_interval_s)
+            self._wake.wait(self.settings.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 return

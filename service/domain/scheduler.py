@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from service.settings import Settings
+from service.settings.slices import QuotaSettings
 from service.store.models import QueueEntry
 
 _EPS = 1e-9  # 0.1 + 0.2 > 0.3 in binary; never refuse an exact fit for that
@@ -348,12 +348,9 @@ def decide_admissions(
     )
 
 
-def policy_of(settings: Settings) -> Policy:
+def policy_of(quotas: QuotaSettings) -> Policy:
     """The scheduling policy the settings describe (``ETRAIN_MAX_RUNNING_*``, quotas)."""
-    default = TenantLimits(
-        max_workers=settings.max_running_workers_per_tenant,
-        max_gpus=settings.max_running_gpus_per_tenant,
-    )
+    default = TenantLimits(max_workers=quotas.max_running_workers, max_gpus=quotas.max_running_gpus)
     limits = {
         name: TenantLimits(
             max_workers=q.max_running_workers
@@ -362,17 +359,17 @@ def policy_of(settings: Settings) -> Policy:
             max_gpus=q.max_running_gpus if q.max_running_gpus is not None else default.max_gpus,
             weight=q.weight,
         )
-        for name, q in settings.tenant_quotas.items()
+        for name, q in quotas.tenant_quotas.items()
     }
-    return Policy(limits, default, settings.scheduler_reserve_after_s)
+    return Policy(limits, default, quotas.reserve_after_s)
 
 
-def max_queued_jobs(settings: Settings, tenant: str) -> int:
+def max_queued_jobs(quotas: QuotaSettings, tenant: str) -> int:
     """How many QUEUED jobs the tenant called ``tenant`` may have."""
-    override = settings.tenant_quotas.get(tenant)
+    override = quotas.tenant_quotas.get(tenant)
     if override is not None and override.max_queued_jobs is not None:
         return override.max_queued_jobs
-    return settings.max_queued_jobs_per_tenant
+    return quotas.max_queued_jobs
 
 
 def queue_demand(entry: QueueEntry, now: datetime) -> Demand:

@@ -29,7 +29,7 @@ from service.domain.validation import field_errors, validate_spec
 from service.errors import BackendUnavailable, InvalidSpec
 from service.planner import ClusterSpec, Plan, plan_job
 from service.planner.hardware import cluster_from_nodes
-from service.settings import Settings
+from service.settings.slices import SubmissionSettings
 from service.store import JobRecord, JobStore
 from workers.spec import JobSpec
 from workers.storage.confine import UNCONFINED, Roots
@@ -52,20 +52,21 @@ class Submission:
         self,
         jobs: JobStore,
         backend: Backend,
-        settings: Settings,
+        settings: SubmissionSettings,
         *,
         on_stored: Callable[[], None] | None = None,
     ):
-        """Store into ``jobs``; plan on ``backend``'s cluster; defaults and the access
-        policy from ``settings``; ``on_stored`` is called after each job is stored (the
-        reconciler's wake, so that it is admitted now, not at the next poll)."""
+        """Store into ``jobs``; plan on ``backend``'s cluster; defaults, quotas, probe
+        bounds and the access policy from ``settings``; ``on_stored`` is called after each
+        job is stored (the reconciler's wake, so that it is admitted now, not at the next
+        poll)."""
         self.jobs, self.backend, self.settings = jobs, backend, settings
         self.on_stored = on_stored
-        self.policy = AccessPolicy(settings)
+        self.policy = AccessPolicy(settings.policy)
         self.probes = StorageProbes(
-            workers=settings.probe_workers,
-            per_tenant=settings.probe_per_tenant,
-            timeout_s=settings.probe_timeout_s,
+            workers=settings.probes.workers,
+            per_tenant=settings.probes.per_tenant,
+            timeout_s=settings.probes.timeout_s,
         )
 
     def tenant(self, principal: Principal) -> Tenant:
@@ -84,7 +85,9 @@ class Submission:
         policy and plan the job; InvalidSpec (422) when any of them refuses."""
         tenant = self.tenant(principal)
         # A full queue is a 429 before the plan and the probe (store() checks again).
-        self.jobs.check_queue_room(principal.tenant_id, max_queued_jobs(self.settings, tenant.name))
+        self.jobs.check_queue_room(
+            principal.tenant_id, max_queued_jobs(self.settings.quotas, tenant.name)
+        )
         spec = self._with_defaults(validate_spec(data), tenant)
         prepared = self._checked_plan(principal, tenant, spec, cluster=None)
         plan = prepared.plan
@@ -125,7 +128,7 @@ class Submission:
             min_workers=spec.resources.min_workers,
             warnings=prepared.plan.warnings,
             # 429 past the tenant's queued-jobs quota (service.domain.scheduler).
-            max_queued=max_queued_jobs(self.settings, prepared.tenant.name),
+            max_queued=max_queued_jobs(self.settings.quotas, prepared.tenant.name),
         )
         if self.on_stored is not None:
             self.on_stored()

@@ -224,7 +224,7 @@ def test_factory_selects_kuberay_from_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("ETRAIN_BACKEND", "kuberay")
     monkeypatch.setenv("ETRAIN_K8S_NAMESPACE", "ml")
     monkeypatch.setenv("ETRAIN_RAYCLUSTER_NAME", "gpu-pool")
-    backend, embedded = build_backend(Settings(data_dir=tmp_path))
+    backend, embedded = build_backend(Settings(data_dir=tmp_path).ray)
     assert isinstance(backend, KubeRayBackend) and embedded is None
     assert (backend.namespace, backend.cluster_name) == ("ml", "gpu-pool")
 

@@ -89,13 +89,13 @@ def test_only_the_head_gets_the_fast_node_failure_settings():
 def test_kuberay_backend_gives_per_job_clusters_the_configured_secret(monkeypatch, tmp_path):
     monkeypatch.setenv("ETRAIN_BACKEND", "kuberay")
     monkeypatch.setenv("ETRAIN_K8S_RAY_AUTH_SECRET", "team-a-token")
-    backend = build_kuberay_backend(Settings(data_dir=tmp_path))
+    backend = build_kuberay_backend(Settings(data_dir=tmp_path).kuberay)
     assert backend.template.auth_secret == "team-a-token"
     monkeypatch.setenv("ETRAIN_K8S_RAY_AUTH_SECRET", "")
-    assert build_kuberay_backend(Settings(data_dir=tmp_path)).template.auth_secret is None
+    assert build_kuberay_backend(Settings(data_dir=tmp_path).kuberay).template.auth_secret is None
     monkeypatch.delenv("ETRAIN_K8S_RAY_AUTH_SECRET")
     assert (
-        build_kuberay_backend(Settings(data_dir=tmp_path)).template.auth_secret
+        build_kuberay_backend(Settings(data_dir=tmp_path).kuberay).template.auth_secret
         == "etrain-ray-token"
     )
 

@@ -86,7 +86,7 @@ def test_queue_reasons_are_the_schedulers_own(tmp_path):
         assert by_id[huge]["reason"].startswith("can never fit this cluster: needs 8 CPU")
         assert {by_id[wide]["name"], by_id[small]["tenant"]} == {"a-wide", "team-b"}
         # The same reasons as the scheduler's decision on the same stored jobs.
-        jobs, settings = client.app.state.runtime.stores.jobs, client.app.state.runtime.settings
+        jobs, quotas = client.app.state.runtime.stores.jobs, client.app.state.runtime.cluster.quotas
         queued, now = jobs.list_queue({JobStatus.QUEUED}), datetime.now(UTC)
         active = jobs.list_queue({JobStatus.RUNNING})
         direct = decide_admissions(
@@ -96,13 +96,13 @@ def test_queue_reasons_are_the_schedulers_own(tmp_path):
             total_cpus=4.0,
             total_gpus=0.0,
             held=[queue_demand(e, now) for e in active],
-            policy=policy_of(settings),
+            policy=policy_of(quotas),
         )
         assert {w.job_id: w.reason for w in direct.waiting} == {
             e["job_id"]: e["reason"] for e in queue if e["reason"] != ADMITTED
         }
         assert direct.admit == (small,)
-        assert admission(queued, active, {"CPU": 4.0}, settings, now) == direct
+        assert admission(queued, active, {"CPU": 4.0}, quotas, now) == direct
 
 
 def test_queue_names_the_tenant_quota(tmp_path):

@@ -62,7 +62,7 @@ def test_the_dashboard_signs_in_with_a_cookie_the_token_dialog_sets():
     ],
 )
 def test_token_source(settings, env, where):
-    s = Settings(**settings)
+    s = Settings(**settings).ray
     assert token_source(s, env) == where
     hint = token_hint(s, env)
     assert hint == (None if where is None else f"sign in with the Ray token in {where}")
@@ -112,7 +112,7 @@ def test_serve_prints_where_the_embedded_heads_token_is(tmp_path, monkeypatch):
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
         monkeypatch.delenv(name, raising=False)
     data = tmp_path / "data"
-    line = server.ray_token_line(Settings(data_dir=data))
+    line = server.ray_token_line(Settings(data_dir=data).ray)
     token_file = data / "ray_auth_token"
     assert line == f"etrain: Ray dashboard sign-in token in {token_file}"
     assert token_file.stat().st_mode & 0o777 == 0o600
@@ -122,7 +122,7 @@ def test_serve_prints_where_the_embedded_heads_token_is(tmp_path, monkeypatch):
 
 def test_serve_names_an_existing_clusters_token_variable(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cret-token")
-    line = server.ray_token_line(Settings(ray_address="http://head:8265"))
+    line = server.ray_token_line(Settings(ray_address="http://head:8265").ray)
     assert line == (
         "etrain: Ray dashboard sign-in token in the RAY_AUTH_TOKEN environment variable "
         "of etrain serve"

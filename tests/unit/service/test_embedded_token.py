@@ -74,7 +74,7 @@ def test_ports_an_operator_pins_are_kept():
     from service.settings import Settings
 
     pinned = Settings(ray_gcs_port=6400, ray_dashboard_port=8300, ray_dashboard_agent_port=52400)
-    ports = embedded_ports(pinned).chosen()
+    ports = embedded_ports(pinned.ray.embedded).chosen()
     assert (ports.gcs, ports.dashboard, ports.dashboard_agent_http) == (6400, 8300, 52400)
     assert "--dashboard-agent-listen-port=52400" in ports.flags()
     assert "--port=6400" not in ports.flags(head=False)

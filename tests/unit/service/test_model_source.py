@@ -86,7 +86,9 @@ def test_the_reconciler_forwards_them_for_a_model_in_s3(tmp_path, monkeypatch):
         tenant = stores.tokens.create_tenant("acme").id
         stores.jobs.create_job(tenant_id=tenant, name="j", spec=spec, min_workers=1)
         backend = FakeBackend(cpus=4)
-        Reconciler(stores, backend, Settings(env="development", data_dir=tmp_path)).tick()
+        Reconciler(
+            stores, backend, Settings(env="development", data_dir=tmp_path).reconciler
+        ).tick()
         (req,) = backend.submitted
         env = req.env
     finally:

@@ -48,7 +48,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def reconciler(stores, backend, settings, clock) -> Reconciler:
-    return Reconciler(stores, backend, settings, clock=clock)
+    return Reconciler(stores, backend, settings.reconciler, clock=clock)
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_gpu_jobs_are_admitted_on_gpu_clusters(stores, tenant, settings):
         )
         for i in range(3)
     ]
-    Reconciler(stores, backend, settings).tick()
+    Reconciler(stores, backend, settings.reconciler).tick()
     assert [stores.jobs.get_job(j.id).status for j in jobs] == [
         JobStatus.PENDING,
         JobStatus.PENDING,
@@ -418,7 +418,7 @@ def test_a_cluster_that_keeps_turning_the_job_away_fails_it_after_submit_retry_s
     stores, tenant, backend, tmp_path, clock
 ):
     settings = Settings(env="development", data_dir=tmp_path, submit_retry_s=60)
-    reconciler = Reconciler(stores, backend, settings, clock=clock)
+    reconciler = Reconciler(stores, backend, settings.reconciler, clock=clock)
     job = _job(stores, tenant)
     backend.submit_error = NO_AGENT
     for _ in range(50):

@@ -15,7 +15,7 @@ from workers.spec import parse_spec
 def test_a_wake_admits_at_once_and_stop_does_not_wait_out_the_period(stores, tmp_path):
     settings = Settings(env="development", data_dir=tmp_path, port=8123, reconcile_interval_s=60)
     backend = FakeBackend(cpus=4)
-    reconciler = Reconciler(stores, backend, settings)
+    reconciler = Reconciler(stores, backend, settings.reconciler)
     tenant = stores.tokens.create_tenant("acme").id
     spec = parse_spec({"name": "tiny"})
     reconciler.start()

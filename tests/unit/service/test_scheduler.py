@@ -281,12 +281,12 @@ def test_policy_and_queued_quota_from_settings(tmp_path):
         tenant_quotas={"big": TenantQuota(max_queued_jobs=500, max_running_gpus=16, weight=3)},
         scheduler_reserve_after_s=60,
     )
-    policy = policy_of(settings)
+    policy = policy_of(settings.quotas)
     assert policy.of("anyone") == TenantLimits(max_workers=8)
     assert policy.of("big") == TenantLimits(max_workers=8, max_gpus=16, weight=3)
     assert policy.reserve_after_s == 60
-    assert max_queued_jobs(settings, "anyone") == 50
-    assert max_queued_jobs(settings, "big") == 500
+    assert max_queued_jobs(settings.quotas, "anyone") == 50
+    assert max_queued_jobs(settings.quotas, "big") == 500
 
 
 def test_the_reconciler_records_each_reason_once_and_retries_a_failed_write(stores, tmp_path):
@@ -298,7 +298,7 @@ def test_the_reconciler_records_each_reason_once_and_retries_a_failed_write(stor
     train = {"steps": 5, "global_batch_size": 32, "micro_batch_size": 4}
     spec = parse_spec({"name": "big", "resources": {"workers": 8}, "train": train})
     job = stores.jobs.create_job(tenant_id=tenant, name="big", spec=spec, min_workers=8)
-    reconciler = Reconciler(stores, FakeBackend(cpus=4), Settings(data_dir=tmp_path))
+    reconciler = Reconciler(stores, FakeBackend(cpus=4), Settings(data_dir=tmp_path).reconciler)
     real_add = stores.events.add_events
     calls = []
 

@@ -290,7 +290,7 @@ def test_an_admitted_job_goes_to_an_idle_standby_and_keeps_its_ray_id(stores, tm
     ray, backend = Ray(), FakeBackend(cpus=4)
     backend.standby = _pool(ray, time.monotonic)
     settings = Settings(env="development", data_dir=tmp_path, port=8123)
-    reconciler = Reconciler(stores, backend, settings)
+    reconciler = Reconciler(stores, backend, settings.reconciler)
     tenant = stores.tokens.create_tenant("acme").id
     jobs = []
     for name in ("a", "b"):

@@ -52,7 +52,7 @@ def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
         )
         backend = FakeBackend(cpus=4)
         Reconciler(
-            stores, backend, Settings(env="development", data_dir=tmp_path, **settings)
+            stores, backend, Settings(env="development", data_dir=tmp_path, **settings).reconciler
         ).tick()
         (req,) = backend.submitted
         return req.env

@@ -12,6 +12,7 @@ import json
 import stat
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -73,7 +74,7 @@ def _submit(**resources) -> Callable:
 
 def _area(api: TestClient):
     """The admin tenant's data area under the app's data dir (created)."""
-    area = api.app.state.runtime.settings.data_dir / "tenants" / "admin"
+    area = api.app.state.runtime.submission.policy.data_root / "admin"
     area.mkdir(parents=True, exist_ok=True)
     return area
 
@@ -318,7 +319,8 @@ def test_item12_metrics_hide_job_ids_unless_an_admin_scrapes(api):
     assert job not in api.get("/metrics", headers=user).text
     assert api.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert f'etrain_job_loss{{job_id="{job}"}} 2.5' in api.get("/metrics", headers=ADMIN_H).text
-    api.app.state.runtime.settings.metrics_job_labels = True  # the operator's switch
+    runtime = api.app.state.runtime
+    runtime.api = replace(runtime.api, metrics_job_labels=True)  # the operator's switch
     assert job in api.get("/metrics").text
 
 

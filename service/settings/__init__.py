@@ -5,23 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-class TenantQuota(BaseModel):
-    """One tenant's quotas and fair-share weight (``ETRAIN_TENANT_QUOTAS``); unset = default."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_queued_jobs: int | None = Field(None, ge=0, description="QUEUED jobs.")
-    max_running_workers: int | None = Field(None, ge=1, description="Admitted workers.")
-    max_running_gpus: float | None = Field(None, ge=0, description="Admitted GPUs.")
-    weight: float = Field(1.0, gt=0, le=1000, description="Fair-share weight.")
+from service.settings import slices
+from service.settings.slices import RAY_PORTS, TenantQuota
 
 
 class Settings(BaseSettings):
-    """Control-plane settings. Job specs are separate (``workers.spec``)."""
+    """Control-plane settings: the one reader of the flat ``ETRAIN_*`` environment. Its
+    properties (``policy``, ``quotas``, ``ray``, ...) cut it into the slices of
+    :mod:`service.settings.slices` that each service takes. Job specs are separate
+    (``workers.spec``)."""
 
     model_config = SettingsConfigDict(env_prefix="ETRAIN_", extra="ignore")
 
@@ -310,3 +305,90 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
+
+    # -- the slices each service takes (service.settings.slices) --
+
+    @property
+    def policy(self) -> slices.PolicySettings:
+        """The access policy's slice (``ETRAIN_POLICY_*``)."""
+        return slices.PolicySettings(
+            data_dir=self.data_path,
+            checkpoint_root=self.policy_checkpoint_root,
+            data_root=self.policy_data_root,
+            shared_data_roots=tuple(self.policy_shared_data_roots),
+            admin_roots=tuple(self.policy_admin_roots),
+            object_stores=self.policy_object_stores,
+            endpoints=self.policy_endpoints,
+            secrets=self.policy_secrets,
+            ambient_credentials=tuple(self.policy_ambient_credentials),
+            admin_any_store=self.policy_admin_any_store,
+        )
+
+    @property
+    def quotas(self) -> slices.QuotaSettings:
+        """The scheduler's slice: per-tenant quotas, weights and the reservation."""
+        return slices.QuotaSettings(
+            max_queued_jobs=self.max_queued_jobs_per_tenant,
+            max_running_workers=self.max_running_workers_per_tenant,
+            max_running_gpus=self.max_running_gpus_per_tenant,
+            tenant_quotas=self.tenant_quotas,
+            reserve_after_s=self.scheduler_reserve_after_s,
+        )
+
+    @property
+    def submission(self) -> slices.SubmissionSettings:
+        """The submission service's slice."""
+        probes = slices.ProbeSettings(
+            self.probe_timeout_s, self.probe_workers, self.probe_per_tenant
+        )
+        return slices.SubmissionSettings(self.policy, self.quotas, probes, self.tensorboard_default)
+
+    @property
+    def reconciler(self) -> slices.ReconcilerSettings:
+        """The reconciler's slice."""
+        return slices.ReconcilerSettings(
+            policy=self.policy,
+            quotas=self.quotas,
+            interval_s=self.reconcile_interval_s,
+            submit_retry_s=self.submit_retry_s,
+            report_url=self.report_url,
+            storage_keys_in_env=self.backend != "kuberay",
+        )
+
+    @property
+    def ray(self) -> slices.RaySettings:
+        """Where jobs run: the backend factory's slice."""
+        embedded = slices.EmbeddedRaySettings(
+            data_dir=self.data_path,
+            num_cpus=self.ray_num_cpus,
+            ports={name: getattr(self, field) for name, field in RAY_PORTS.items()},
+            extra_env=tuple(n.strip() for n in self.ray_head_env.split(",") if n.strip()),
+        )
+        standby = slices.StandbySettings(
+            self.standby_drivers, self.standby_workers, self.report_url
+        )
+        return slices.RaySettings(
+            self.backend, self.ray_address, self.worker_python, embedded, self.kuberay, standby
+        )
+
+    @property
+    def kuberay(self) -> slices.KubeRaySettings:
+        """The KubeRay backend's slice."""
+        return slices.KubeRaySettings(
+            namespace=self.k8s_namespace,
+            cluster_name=self.raycluster_name,
+            dashboard_url=self.ray_dashboard_url,
+            worker_image=self.k8s_worker_image,
+            checkpoint_claim=self.k8s_checkpoint_claim,
+            gpu_type=self.k8s_gpu_type,
+            job_ttl_s=self.k8s_job_ttl_s,
+            active_deadline_s=self.k8s_active_deadline_s,
+            ray_auth_secret=self.k8s_ray_auth_secret,
+            max_cpus=self.k8s_max_cpus,
+            max_gpus=self.k8s_max_gpus,
+        )
+
+    @property
+    def api(self) -> slices.ApiSettings:
+        """The HTTP layer's slice."""
+        return slices.ApiSettings(self.max_body_bytes, self.metrics_job_labels)
