@@ -216,8 +216,12 @@ def test_a_jobs_ray_env_holds_only_its_own_storage_keys(
 
     for name, value in SERVICE_SECRETS.items():
         monkeypatch.setenv(name, value)
-    checkpoint = {"storage": "s3://acme-bucket/ckpt", "s3": {"credentials_secret": "acme"}}
-    job = _job(stores, tenant, checkpoint=checkpoint)
+    job = _job(
+        stores,
+        tenant,
+        checkpoint={"storage": "s3://acme-bucket/ckpt"},
+        stores={"s3": {"credentials_secret": "acme"}},
+    )
     reconciler.tick()
     req = backend.submitted[0]
     assert req.job_id == job.id
