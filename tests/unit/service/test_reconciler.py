@@ -56,9 +56,9 @@ def tenant(stores) -> str:
     return stores.tokens.create_tenant("acme").id
 
 
-def _job(stores: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
+def _job(db: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
     spec = parse_spec({"name": name, **sections})
-    return stores.jobs.create_job(
+    return db.jobs.create_job(
         tenant_id=tenant, name=name, spec=spec, min_workers=spec.resources.min_workers
     )
 
