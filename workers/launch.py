@@ -100,7 +100,7 @@ def _run_config(spec: JobSpec, *, job_id: str, job_env: dict[str, str] | None):
         callbacks=[
             *([standby.JobEnvironment(job_env)] if job_env else []),  # first: others read it
             EventCallback(job_id),
-            ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.checkpoint),
+            ReleaseStaleReservation(loc.uri_of(job_id, "ray_reservation"), spec.stores),
             StartupTimes(),
         ],
         worker_runtime_env=(warm_spares.worker_runtime_env() if spec.failure.warm_spares else {}),

@@ -37,7 +37,7 @@ from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
-from workers.storage.location import StorageLocation, resolve_checkpoint_storage, stores_for
+from workers.storage.location import StorageLocation, resolve_store, stores_for
 from workers.strategies import StrategyConfig, get_strategy
 from workers.strategies.mesh import build_mesh, coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report
@@ -139,7 +139,7 @@ def pipeline_calls(spec: JobSpec, world_size: int) -> int:
 
 def _stores(spec: JobSpec):
     """How model.hf, model.tokenizer and data.path are reached (:func:`stores_for`)."""
-    return stores_for(spec.checkpoint)
+    return stores_for(spec.stores)
 
 
 def _new_model(
@@ -199,7 +199,7 @@ def _build(spec: JobSpec, env: RunEnv, dataset, cfg: ModelConfig) -> tuple[Stepp
 def checkpoint_location(spec: JobSpec, root: str) -> StorageLocation:
     """``root`` (a local path, or a URI of the spec's store) as a StorageLocation."""
     uri = root if "://" in root else f"file://{os.path.abspath(root)}"
-    return resolve_checkpoint_storage(spec.checkpoint, uri=uri)
+    return resolve_store(uri, spec.stores)
 
 
 def _restore(

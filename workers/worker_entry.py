@@ -15,9 +15,13 @@ from workers.spec import JobSpec
 
 def job_storage(spec: JobSpec):
     """The job's checkpoint store (credentials from this process's environment)."""
-    from workers.storage.location import resolve_checkpoint_storage
+    from workers.storage.location import StorageError, resolve_store
 
-    return resolve_checkpoint_storage(spec.checkpoint)
+    if not spec.checkpoint.storage:
+        raise StorageError(
+            "checkpoint.storage must be set before launch (the service fills in its default)"
+        )
+    return resolve_store(spec.checkpoint.storage, spec.stores)
 
 
 def train_fn(config: dict) -> None:

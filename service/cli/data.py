@@ -1,7 +1,7 @@
 """``etrain data prepare``: tokenize a dataset once into memory-mapped token shards.
 
 Runs where the CLI runs, on files this machine can read or on ``s3://`` / ``gs://``
-objects (reached with the spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options and
+objects (reached with the spec's ``stores.s3`` / ``stores.gcs`` options and
 this machine's credentials, rows streamed): the result is a local folder
 (``tokens.npy``, ``targets.npy`` for instruction/chat, ``counts.npy``,
 ``index.json``) that a job names with ``data.source: prepared`` and
@@ -51,7 +51,8 @@ def merged_options(spec: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any
         "data": data,
         "tokenizer": tokenizer,
         "model": model,
-        "checkpoint": spec.get("checkpoint"),
+        "checkpoint": spec.get("checkpoint"),  # an old spec's checkpoint.s3 / gcs
+        "stores": spec.get("stores"),
     }
 
 
@@ -75,13 +76,14 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
     """Validate the merged options as a data section and write the prepared folder."""
     from workers.data.prepare import prepare
     from workers.data.samples import ShapeOptions
-    from workers.spec.checkpoint import CheckpointSpec
     from workers.spec.data import DataSpec
+    from workers.spec.stores import stores_section
     from workers.storage.location import stores_for
 
     data = DataSpec.model_validate(options["data"])
-    # The spec's checkpoint.s3 / checkpoint.gcs options reach s3:// / gs:// inputs.
-    checkpoint = CheckpointSpec.model_validate(options.get("checkpoint") or {})
+    # The spec's stores.s3 / stores.gcs options (old specs: checkpoint.s3 / checkpoint.gcs)
+    # reach s3:// / gs:// inputs.
+    stores = stores_section(options)
     if data.source in ("synthetic", "prepared"):
         raise ValueError(
             f"data.source {data.source!r} has nothing to prepare; use text, jsonl or parquet"
@@ -98,7 +100,7 @@ def prepare_command(options: dict[str, Any], out: Path) -> dict[str, Any]:
         opts=opts,
         out=str(out),
         vocab_size=model_vocab_size(options.get("model") or {}),
-        stores=stores_for(checkpoint),
+        stores=stores_for(stores),
     )
 
 

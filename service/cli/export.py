@@ -22,7 +22,7 @@ from service.client import EtrainClient
 if TYPE_CHECKING:
     from workers.checkpoint.export import ExportResult
     from workers.checkpoint.export_lora import AdapterExportResult
-    from workers.spec import CheckpointSpec
+    from workers.spec import CheckpointSpec, StoresSpec
 
 
 class ExportFormat(str, Enum):
@@ -83,10 +83,19 @@ def job_preset(job: dict[str, Any]) -> str:
 
 
 def job_checkpoint_section(job: dict[str, Any]) -> CheckpointSpec:
-    """The job's ``checkpoint`` section, validated: it says how to reach the store."""
+    """The job's ``checkpoint`` section, validated: where its checkpoints may lie."""
     from workers.spec import CheckpointSpec
+    from workers.spec.stores import move_legacy_stores
 
-    return CheckpointSpec.model_validate((job.get("spec") or {}).get("checkpoint") or {})
+    spec = move_legacy_stores(job.get("spec") or {})  # an older service's form too
+    return CheckpointSpec.model_validate(spec.get("checkpoint") or {})
+
+
+def job_stores_section(job: dict[str, Any]) -> StoresSpec:
+    """The job's ``stores`` section, validated: it says how to reach its object stores."""
+    from workers.spec.stores import stores_section
+
+    return stores_section(job.get("spec") or {})
 
 
 def export_job(
@@ -115,14 +124,14 @@ def export_job(
     # carries the default preset, which does not describe the weights).
     preset = None if model.get("hf") else job_preset(job)
     chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
-    checkpoint = job_checkpoint_section(job)
+    checkpoint, stores = job_checkpoint_section(job), job_stores_section(job)
     # torch loads here, only once there is something to export.
     from workers.checkpoint.export import ExportError, export_checkpoint, open_checkpoint_dir
     from workers.storage.location import quiet_storage_loggers
 
     quiet_storage_loggers()  # their DEBUG records would print signed headers
     try:
-        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
+        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint, stores=stores)
         return export_checkpoint(
             source,
             out or Path(f"{job_id}-step{chosen['step']}"),
@@ -133,7 +142,7 @@ def export_job(
             naming=naming.value,
             job_id=job_id,
             source_uri=chosen["uri"],
-            store=checkpoint,  # how to reach an object-store model.hf / model.tokenizer
+            store=stores,  # how to reach an object-store model.hf / model.tokenizer
         )
     except ExportError as e:
         raise ExportRefused(str(e)) from None
@@ -151,7 +160,7 @@ def export_lora_job(
             "export its full model without them"
         )
     chosen = pick_checkpoint(api.get_checkpoints(job_id), job_id=job_id, step=step)
-    checkpoint = job_checkpoint_section(job)
+    checkpoint, stores = job_checkpoint_section(job), job_stores_section(job)
     from workers.checkpoint.export import ExportError, open_checkpoint_dir
     from workers.checkpoint.export_lora import export_adapter, export_merged
     from workers.storage.location import quiet_storage_loggers
@@ -159,10 +168,10 @@ def export_lora_job(
     quiet_storage_loggers()
     kind = "merged" if merge else "adapter"
     try:
-        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint)
+        source = open_checkpoint_dir(chosen["uri"], checkpoint=checkpoint, stores=stores)
         write = export_merged if merge else export_adapter
         out = out or Path(f"{job_id}-step{chosen['step']}-{kind}")
-        return write(source, out, lora=lora, store=checkpoint)  # store: reaches model.hf
+        return write(source, out, lora=lora, store=stores)  # store: reaches model.hf
     except ExportError as e:
         raise ExportRefused(str(e)) from None
 

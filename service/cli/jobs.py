@@ -182,7 +182,9 @@ def tensorboard_line(job: dict[str, Any]) -> str | None:
     if not (spec.get("metrics") or {}).get("tensorboard") or "://" not in storage:
         return None
     logdir = f"{storage.removeprefix('file://')}/{job.get('id')}/checkpoints/tensorboard"
-    s3_endpoint = (checkpoint.get("s3") or {}).get("endpoint_url")
+    # stores.s3; checkpoint.s3 in a spec from a service older than the stores section
+    s3 = (spec.get("stores") or {}).get("s3") or checkpoint.get("s3") or {}
+    s3_endpoint = s3.get("endpoint_url")
     prefix = f"S3_ENDPOINT={s3_endpoint} " if s3_endpoint and storage.startswith("s3://") else ""
     return f"{prefix}tensorboard --logdir {logdir}"
 

@@ -12,15 +12,16 @@ settings, for the tenant that sends it:
   system folders (``/etc``, ``/proc``, ...). ``model.hf`` and ``model.tokenizer`` follow
   the ``data.path`` rule. All three may instead name ``s3://`` / ``gs://`` objects under
   the object-store prefixes below (on ``s3://`` only with the job's own secret, else only
-  for tenants allowed the service's keys).
+  for tenants allowed the service's keys). Each path's scheme selects its store options:
+  ``stores.s3`` for ``s3://``, ``stores.gcs`` for ``gs://``.
 - ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
   tenant (``policy_object_stores``).
-- ``checkpoint.s3.endpoint_url`` / ``checkpoint.gcs.endpoint_url``: only endpoints the
+- ``stores.s3.endpoint_url`` / ``stores.gcs.endpoint_url``: only endpoints the
   operator lists (``policy_endpoints``), so the service's probe and the job's workers
   send requests only where the operator allows.
-- ``checkpoint.s3.credentials_secret``: only the tenant's own names (by default, the
-  secret named after the tenant); without one, an ``s3://`` job would run with the
-  service's own keys, which only tenants in ``policy_ambient_credentials`` may.
+- ``stores.s3.credentials_secret``: only the tenant's own names (by default, the
+  secret named after the tenant); without one, a job with an ``s3://`` path would run
+  with the service's own keys, which only tenants in ``policy_ambient_credentials`` may.
 
 What holds is the check at use: :meth:`AccessPolicy.roots` gives the folders a tenant's
 job may open, and every local open (the service's at submit, the workers' at run time)
@@ -130,6 +131,7 @@ class AccessPolicy:
                 out.append((("checkpoint", "storage"), why))
         elif storage:
             out.extend(self._object_store_refusals(tenant, spec))
+        out.extend(self._store_option_refusals(tenant, spec))
         return out
 
     # -- files ------------------------------------------------------------------------------
@@ -184,13 +186,14 @@ class AccessPolicy:
         self, tenant: Tenant, spec: JobSpec, place: str | None, *, field: str
     ) -> str | None:
         """Why an ``s3://`` ``place`` (data.path, model.hf, model.tokenizer) may not be read:
-        without the job's own secret (only an ``s3://`` checkpoint.storage has one) the
-        service and the workers would read it with the service's keys, which only some
-        tenants may use."""
+        without the job's own secret (``stores.s3.credentials_secret``) the service and the
+        workers would read it with the service's keys, which only some tenants may use."""
         if not (place or "").startswith("s3://"):
             return None
+        if spec.stores.s3 is not None and spec.stores.s3.credentials_secret:
+            return None  # the secret is checked by _secret_refusals
         if (spec.checkpoint.storage or "").startswith("s3://"):
-            return None  # an s3:// checkpoint.storage has its credentials_secret checked
+            return None  # an s3:// checkpoint.storage is refused without a secret there
         if tenant.name in self.settings.ambient_credentials or (
             tenant.admin and self.settings.admin_any_store
         ):
@@ -198,8 +201,8 @@ class AccessPolicy:
         return (
             f"{field} {place} on s3:// would be read with the service's own keys, which "
             f"tenant {tenant.name!r} may not use (ETRAIN_POLICY_AMBIENT_CREDENTIALS); set "
-            "checkpoint.storage to an s3:// prefix with checkpoint.s3.credentials_secret "
-            "(the job reads it with that secret)"
+            "stores.s3.credentials_secret to one of your secrets (the job reads every "
+            "s3:// path with it)"
         )
 
     def _model_refusal(self, tenant: Tenant, place: str | None, *, field: str) -> str | None:
@@ -259,35 +262,45 @@ class AccessPolicy:
                     "to list it in ETRAIN_POLICY_OBJECT_STORES",
                 )
             )
+        return out
+
+    def _store_option_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
+        """The ``stores`` options the policy refuses: endpoints the operator does not list,
+        and a credentials secret that is not the tenant's (or missing, for an ``s3://``
+        checkpoint.storage of a tenant that may not use the service's keys)."""
+        if tenant.admin and self.settings.admin_any_store:
+            return []
+        out = []
         endpoints = {e.rstrip("/") for e in self._listed(self.settings.endpoints, tenant)}
         for section in ("s3", "gcs"):
-            endpoint = getattr(getattr(ck, section), "endpoint_url", None)
+            endpoint = getattr(getattr(spec.stores, section), "endpoint_url", None)
             if endpoint is not None and endpoint.rstrip("/") not in endpoints:
                 out.append(
                     (
-                        ("checkpoint", section, "endpoint_url"),
-                        f"checkpoint.{section}.endpoint_url is not an endpoint the operator "
+                        ("stores", section, "endpoint_url"),
+                        f"stores.{section}.endpoint_url is not an endpoint the operator "
                         f"allows for tenant {tenant.name!r} (allowed: "
                         f"{', '.join(sorted(endpoints)) or 'none'}); remove it or use one of "
                         "them (ETRAIN_POLICY_ENDPOINTS)",
                     )
                 )
-        if storage.startswith("s3://"):
+        s3 = spec.stores.s3
+        if (spec.checkpoint.storage or "").startswith("s3://") or (s3 and s3.credentials_secret):
             out.extend(self._secret_refusals(tenant, spec))
         return out
 
     def _secret_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
-        s3 = spec.checkpoint.s3
+        s3 = spec.stores.s3
         secret = s3.credentials_secret if s3 is not None else None
         allowed = self.allowed_secrets(tenant)
-        loc = ("checkpoint", "s3", "credentials_secret")
+        loc = ("stores", "s3", "credentials_secret")
         if secret is None:
             if tenant.name in self.settings.ambient_credentials:
                 return []
             return [
                 (
                     loc,
-                    "checkpoint.s3.credentials_secret is required: without it the job would run "
+                    "stores.s3.credentials_secret is required: without it the job would run "
                     f"with the service's own keys, which tenant {tenant.name!r} may not use "
                     f"(ETRAIN_POLICY_AMBIENT_CREDENTIALS); set it to one of: {', '.join(allowed)}",
                 )
@@ -296,7 +309,7 @@ class AccessPolicy:
             return [
                 (
                     loc,
-                    f"checkpoint.s3.credentials_secret {secret!r} is not a secret tenant "
+                    f"stores.s3.credentials_secret {secret!r} is not a secret tenant "
                     f"{tenant.name!r} may use; use one of: {', '.join(allowed)} "
                     "(ETRAIN_POLICY_SECRETS)",
                 )

@@ -176,10 +176,10 @@ def _remote_refusals(spec: JobSpec, probes, tenant: str) -> list[tuple[tuple, st
 
 def _check_remote(url: str, spec: JobSpec, timeout_s: float) -> None:
     """The checks of :func:`_check` on the head of object ``url`` (in a probe thread)."""
-    from workers.storage.location import resolve_checkpoint_storage
+    from workers.storage.location import resolve_store
     from workers.storage.probe import quick_fs, redact_credentials
 
-    loc = resolve_checkpoint_storage(spec.checkpoint, uri=url.rstrip("/"))
+    loc = resolve_store(url.rstrip("/"), spec.stores)
     fs = quick_fs(loc, timeout_s)
     deadline = {"timeout": timeout_s} if getattr(fs, "async_impl", False) else {}
     source = spec.data.source

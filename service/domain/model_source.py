@@ -15,7 +15,7 @@ link out, regular files only, reads bounded), so a FIFO named config.json cannot
 a request and a link cannot show another tenant's config; a sharded model's weight map
 must name files inside the folder.
 A folder in an object store (``s3://`` / ``gs://``, reached with the
-spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options and the credentials its
+spec's ``stores.s3`` / ``stores.gcs`` options and the credentials its
 workers will get) is read in :class:`~service.domain.storage_check.StorageProbes`'
 threads, with their timeouts and per-tenant bounds, never on the event loop:
 its config.json (bounded) and whether its weights exist. A store that cannot be
@@ -50,7 +50,7 @@ from workers.storage.location import (
     StorageError,
     StorageLocation,
     is_remote,
-    resolve_checkpoint_storage,
+    resolve_store,
 )
 from workers.storage.probe import quick_fs, redact_credentials, store_error_code
 
@@ -121,7 +121,7 @@ def _explain(loc: StorageLocation, e: Exception) -> str:
         )
     return (
         f"{head}: cannot reach the store{at} ({type(e).__name__}: {e}); check the "
-        "address, the checkpoint section's endpoint_url and the network"
+        "address, the stores section's endpoint_url and the network"
     )
 
 
@@ -130,7 +130,7 @@ def read_remote_model(spec: JobSpec, timeout_s: float) -> tuple[bytes, bool]:
     ``model.hf``, read with the job's store options and this process's credentials."""
     uri = spec.model.hf
     try:
-        loc = resolve_checkpoint_storage(spec.checkpoint, uri=uri)
+        loc = resolve_store(uri, spec.stores)
     except StorageError as e:
         raise ModelRefused(f"model.hf {uri}: {e}") from None
     fs = quick_fs(loc, timeout_s)

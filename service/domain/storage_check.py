@@ -2,7 +2,7 @@
 
 A job whose ``checkpoint.storage`` is ``s3://`` or ``gs://`` is probed with the
 credentials its workers will use, read from the service's environment (the
-``ETRAIN_SECRET_<NAME>_*`` variables of ``checkpoint.s3.credentials_secret``, or
+``ETRAIN_SECRET_<NAME>_*`` variables of ``stores.s3.credentials_secret``, or
 AWS_* where the access policy lets the tenant use the service's own keys) before
 it is queued, so a missing bucket or a refused key is a 422 now, not a failed
 job after the first checkpoint. ``file://`` storage is not probed: the service
@@ -30,14 +30,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from service.errors import EtrainError, InvalidSpec
-from workers.spec import CheckpointSpec, JobSpec
-from workers.storage.location import (
-    StorageError,
-    checkpoint_credential_env,
-    is_remote,
-    job_credential_env,
-    resolve_checkpoint_storage,
-)
+from workers.spec import CheckpointSpec, JobSpec, StoresSpec
+from workers.storage.location import StorageError, is_remote, job_credential_env, resolve_store
 from workers.storage.probe import check_storage
 
 T = TypeVar("T")
@@ -51,6 +45,7 @@ class TooManyProbes(EtrainError):
 
 def check_checkpoint_storage(
     checkpoint: CheckpointSpec,
+    stores: StoresSpec | None,
     *,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 10.0,
@@ -58,36 +53,30 @@ def check_checkpoint_storage(
     """Raise InvalidSpec (422) unless an object-store ``checkpoint.storage`` can be written.
 
     Credentials come from ``env`` (default: the service's environment), chosen as the
-    job's workers choose them (``checkpoint.s3.credentials_secret``, else AWS_*); the
-    error names checkpoint.storage and the fix, never a credential value.
+    job's workers choose them (``stores.s3.credentials_secret``, else AWS_*), and the
+    store options are ``stores``' for the scheme; the error names checkpoint.storage (or
+    the secret) and the fix, never a credential value.
     """
     if not is_remote(checkpoint.storage):
         return
     try:
-        check_storage(resolve_checkpoint_storage(checkpoint, env=env), timeout_s=timeout_s)
+        check_storage(resolve_store(checkpoint.storage, stores, env=env), timeout_s=timeout_s)
     except StorageError as e:
-        where = (
-            ["s3", "credentials_secret"]
-            if str(e).startswith("checkpoint.s3.credentials_secret")
-            else ["storage"]
-        )
-        loc = ["body", "checkpoint", *where]
+        secret = str(e).startswith("stores.s3.credentials_secret")
+        field = ["stores", "s3", "credentials_secret"] if secret else ["checkpoint", "storage"]
+        loc = ["body", *field]
         raise InvalidSpec(str(e), [{"loc": loc, "msg": str(e), "type": "storage"}]) from e
 
 
-def storage_launch_env(
-    spec: JobSpec | CheckpointSpec, *, env: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def storage_launch_env(spec: JobSpec, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Credential variables of the service's environment that the job's workers need.
 
     Only the variables the job's stores read are returned: AWS_* for ``s3://``, or
-    ``ETRAIN_SECRET_<NAME>_*`` for ``checkpoint.s3.credentials_secret: NAME``. Given a
-    whole spec, that is for every store it names (checkpoint.storage, model.hf,
-    model.tokenizer, data.path), so a model in S3 is readable beside local checkpoints.
+    ``ETRAIN_SECRET_<NAME>_*`` for ``stores.s3.credentials_secret: NAME``, for every
+    store the spec names (checkpoint.storage, model.hf, model.tokenizer, data.path), so
+    a model in S3 is readable beside local checkpoints.
     """
-    if isinstance(spec, JobSpec):
-        return job_credential_env(spec, env=env)
-    return checkpoint_credential_env(spec, env=env)
+    return job_credential_env(spec, env=env)
 
 
 class StorageProbes:
@@ -102,12 +91,16 @@ class StorageProbes:
         self._closed = False
         self._active: dict[str, int] = {}
 
-    def _start(self, tenant: str, checkpoint: CheckpointSpec) -> Future | None:
-        """The probe of ``checkpoint`` started for ``tenant`` (None: nothing to probe)."""
-        if not is_remote(checkpoint.storage):
+    def _start(self, tenant: str, spec: JobSpec) -> Future | None:
+        """The probe of ``spec``'s checkpoint storage started for ``tenant`` (None: nothing
+        to probe)."""
+        if not is_remote(spec.checkpoint.storage):
             return None
         return self._spawn(
-            tenant, lambda: check_checkpoint_storage(checkpoint, timeout_s=self.timeout_s)
+            tenant,
+            lambda: check_checkpoint_storage(
+                spec.checkpoint, spec.stores, timeout_s=self.timeout_s
+            ),
         )
 
     def call(self, tenant: str, fn: Callable[[float], T]) -> T:
@@ -172,26 +165,26 @@ class StorageProbes:
         )
         return InvalidSpec(msg, [{"loc": ["body", "checkpoint", "storage"], "msg": msg}])
 
-    def check(self, tenant: str, checkpoint: CheckpointSpec) -> None:
-        """Probe ``checkpoint``'s storage for ``tenant``, waiting in this thread."""
-        future = self._start(tenant, checkpoint)
+    def check(self, tenant: str, spec: JobSpec) -> None:
+        """Probe ``spec``'s checkpoint storage for ``tenant``, waiting in this thread."""
+        future = self._start(tenant, spec)
         if future is None:
             return
         try:
             future.result(timeout=self.timeout_s)
         except FutureTimeout as e:
             future.cancel()
-            raise self._too_slow(checkpoint) from e
+            raise self._too_slow(spec.checkpoint) from e
 
-    async def check_async(self, tenant: str, checkpoint: CheckpointSpec) -> None:
+    async def check_async(self, tenant: str, spec: JobSpec) -> None:
         """:meth:`check` for the event loop: it waits without holding any thread."""
-        future = self._start(tenant, checkpoint)
+        future = self._start(tenant, spec)
         if future is None:
             return
         try:
             await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
         except TimeoutError as e:
-            raise self._too_slow(checkpoint) from e
+            raise self._too_slow(spec.checkpoint) from e
 
     def close(self) -> None:
         """Stop taking probes; those in flight end on their own timeouts (their threads

@@ -77,7 +77,7 @@ class Submission:
     def submit(self, principal: Principal, data: Any) -> JobRecord:
         """Validate, check, plan, probe and store a job as QUEUED (all in this thread)."""
         prepared = self.prepare(principal, data)
-        self.probes.check(prepared.tenant.name, prepared.spec.checkpoint)
+        self.probes.check(prepared.tenant.name, prepared.spec)
         return self.store(prepared)
 
     def prepare(self, principal: Principal, data: Any) -> Prepared:
@@ -116,7 +116,7 @@ class Submission:
     async def probe(self, prepared: Prepared) -> None:
         """Write-probe an object-store ``checkpoint.storage`` (422 when it cannot be
         written or does not answer in time; 429 past the probe bounds)."""
-        await self.probes.check_async(prepared.tenant.name, prepared.spec.checkpoint)
+        await self.probes.check_async(prepared.tenant.name, prepared.spec)
 
     def store(self, prepared: Prepared) -> JobRecord:
         """Store a prepared (and probed) job as QUEUED; the scheduler takes it from there."""
@@ -154,7 +154,7 @@ class Submission:
     def plan(self, principal: Principal, data: Any) -> Plan:
         """Dry run in this thread: :meth:`prepare_plan`, then the storage probe."""
         prepared = self.prepare_plan(principal, data)
-        self.probes.check(prepared.tenant.name, prepared.spec.checkpoint)
+        self.probes.check(prepared.tenant.name, prepared.spec)
         return prepared.plan
 
     def prepare_plan(self, principal: Principal, data: Any) -> Prepared:

@@ -14,10 +14,9 @@ storage credentials come from its tenant's Secret only (:func:`tenant_storage_en
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
-from workers.spec import CheckpointSpec, JobSpec
-from workers.storage.credentials import AWS_ENV, secret_env_names
+from workers.spec import JobSpec
+from workers.storage.credentials import AWS_ENV
 from workers.storage.location import job_credential_env_names
 
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
@@ -83,25 +82,20 @@ def tenant_storage_secret(tenant: str, *, prefix: str = DEFAULT_STORAGE_SECRET_P
     return name
 
 
-def storage_env_names(checkpoint: CheckpointSpec | JobSpec) -> tuple[str, ...]:
-    """The credential variables a job's checkpoint storage reads (names only); given a
-    whole spec, those of every store it names (model.hf, model.tokenizer, data.path too).
+def storage_env_names(spec: JobSpec) -> tuple[str, ...]:
+    """The credential variables a job's stores read (names only): those of every store
+    its spec names (checkpoint.storage, model.hf, model.tokenizer, data.path).
 
-    ``s3://``: ``ETRAIN_SECRET_<NAME>_*`` of ``checkpoint.s3.credentials_secret``,
+    ``s3://``: ``ETRAIN_SECRET_<NAME>_*`` of ``stores.s3.credentials_secret``,
     else ``AWS_*``. ``file://`` and ``gs://`` (Google's chain, e.g. Workload
     Identity) read none.
     """
-    if isinstance(checkpoint, JobSpec):
-        return job_credential_env_names(checkpoint)
-    if urlsplit(checkpoint.storage or "").scheme != "s3":
-        return ()
-    secret = checkpoint.s3.credentials_secret if checkpoint.s3 else None
-    return secret_env_names(secret) if secret else AWS_ENV
+    return job_credential_env_names(spec)
 
 
 def tenant_storage_env(
     tenant: str,
-    checkpoint: CheckpointSpec | JobSpec,
+    spec: JobSpec,
     *,
     prefix: str = DEFAULT_STORAGE_SECRET_PREFIX,
 ) -> tuple[dict, ...]:
@@ -113,7 +107,7 @@ def tenant_storage_env(
     the ``AWS_*`` keys and every session token are optional, so a tenant without
     them falls back to the default AWS chain (e.g. the pods' service account role).
     """
-    names = storage_env_names(checkpoint)
+    names = storage_env_names(spec)
     if not names:
         return ()
     secret = tenant_storage_secret(tenant, prefix=prefix)

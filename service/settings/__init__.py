@@ -240,12 +240,12 @@ class Settings(BaseSettings):
     policy_endpoints: dict[str, list[str]] = Field(
         default_factory=dict,
         description='Object-store endpoint URLs each tenant ("*" = every tenant) may name '
-        'in checkpoint.s3/gcs.endpoint_url, as JSON, e.g. {"*": ["http://minio:9000"]}. '
+        'in stores.s3/gcs.endpoint_url, as JSON, e.g. {"*": ["http://minio:9000"]}. '
         "Unset = none: the service sends requests only to endpoints listed here.",
     )
     policy_secrets: dict[str, list[str]] = Field(
         default_factory=dict,
-        description='checkpoint.s3.credentials_secret names each tenant ("*" = every '
+        description='stores.s3.credentials_secret names each tenant ("*" = every '
         "tenant) may use, as JSON; a tenant not listed may use the secret named after it.",
     )
     policy_ambient_credentials: list[str] = Field(

@@ -24,8 +24,8 @@ def _spec(name: str, s3: dict) -> dict:
         "checkpoint": {
             "storage": f"s3://{s3['bucket']}/standby/{uuid.uuid4().hex[:8]}",
             "every_steps": 3,
-            "s3": {"endpoint_url": s3["endpoint_url"]},
         },
+        "stores": {"s3": {"endpoint_url": s3["endpoint_url"]}},
     }
 
 

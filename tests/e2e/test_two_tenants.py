@@ -105,12 +105,12 @@ def _attacks(data_dir, victim_job: str) -> list[tuple[str, dict, list]]:
         ("read A's data via ..", {"data": {"path": b_corpus + "/../../team-a/corpus.txt"}}, "path"),
         (
             "A's secret",
-            {"checkpoint": {**s3, "s3": {"credentials_secret": "team-a"}}},
+            {"checkpoint": s3, "stores": {"s3": {"credentials_secret": "team-a"}}},
             "credentials_secret",
         ),
         (
             "own endpoint",
-            {"checkpoint": {**s3, "s3": {"endpoint_url": "http://127.0.0.1:9"}}},
+            {"checkpoint": s3, "stores": {"s3": {"endpoint_url": "http://127.0.0.1:9"}}},
             "endpoint_url",
         ),
     ]
@@ -124,7 +124,7 @@ def test_b_cannot_reach_a_through_any_field(served, tenants):
         for what, change, field in _attacks(served.data_dir, jobs["team-a"]["id"]):
             spec = _spec("b-attack", b_corpus)
             for section, values in change.items():
-                spec[section] = {**spec[section], **values}
+                spec[section] = {**spec.get(section, {}), **values}
             for route, body in (("/v1/jobs", spec), ("/v1/plan", {"spec": spec})):
                 r = b.post(route, json=body)
                 assert r.status_code == 422, (what, route, r.text)

@@ -32,6 +32,7 @@ def spec(store: ObjectStore, *, asynchronous: bool = False, steps: int = 9) -> J
                 "keep_last": 2,
                 "async": asynchronous,
             },
+            "stores": store.stores(),
         }
     )
 
@@ -152,8 +153,8 @@ def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, 
         "checkpoint": {
             "storage": f"s3://etrain-test/ray/{uuid.uuid4().hex[:8]}",
             "every_steps": 4,
-            "s3": {"endpoint_url": s3_env["endpoint_url"]},
         },
+        "stores": {"s3": {"endpoint_url": s3_env["endpoint_url"]}},
         "failure": {"max_failures": 3},
     }
     spec_json = JobSpec.model_validate(job).model_dump(mode="json", by_alias=True)

@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 from service import cli
 from service.api.app import create_app
 from service.auth import create_reporter_token
-from service.cli.export import job_checkpoint_section
+from service.cli.export import job_checkpoint_section, job_stores_section
 from service.settings import Settings
 from tests.support.fakes import FakeBackend
 from workers.checkpoint.export import ExportError, open_checkpoint_dir
 from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
-from workers.storage.location import resolve_checkpoint_storage, resolve_storage
+from workers.storage.location import resolve_storage, resolve_store
 from workers.train_loop import RunEnv, run
 
 ADMIN = "et_admin-token-for-the-export-tests-0123456789"
@@ -39,7 +39,7 @@ SPEC = {"name": "tiny", "resources": {"workers": 1}, "train": {"steps": 4}}
 class Checkpoints:
     """A gpt-tiny run's committed checkpoints (steps 2 and 4) on one store, and its final model."""
 
-    storage: dict  # the job spec's checkpoint section: storage (and s3)
+    sections: dict  # the job spec's checkpoint (its storage) and stores sections
     uris: dict[int, str]  # step -> URI, as the workers report them
     final: torch.nn.Module
 
@@ -50,16 +50,16 @@ def checkpoints(request, tmp_path_factory):
     service probes the bucket at submit, the CLI reads it)."""
     with pytest.MonkeyPatch.context() as mp:
         if request.param == "file":
-            storage = {"storage": f"file://{tmp_path_factory.mktemp('ckpts')}"}
+            sections = {"checkpoint": {"storage": f"file://{tmp_path_factory.mktemp('ckpts')}"}}
             endpoint = None
         else:
             s3 = request.getfixturevalue("s3_server")
             for key, value in s3["env"].items():
                 mp.setenv(key, value)
             endpoint = s3["endpoint_url"]
-            storage = {
-                "storage": f"s3://{s3['bucket']}/cli-{uuid.uuid4().hex[:8]}",
-                "s3": {"endpoint_url": endpoint},
+            sections = {
+                "checkpoint": {"storage": f"s3://{s3['bucket']}/cli-{uuid.uuid4().hex[:8]}"},
+                "stores": {"s3": {"endpoint_url": endpoint}},
             }
         spec = JobSpec.model_validate(
             {
@@ -67,17 +67,18 @@ def checkpoints(request, tmp_path_factory):
                 "data": {"seq_len": 16, "num_samples": 64},
                 "resources": {"workers": 1},
                 "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2},
-                "checkpoint": {"every_steps": 2, **storage},
+                **sections,
+                "checkpoint": {"every_steps": 2, **sections["checkpoint"]},
             }
         )
-        root = f"{storage['storage']}/j-trained/checkpoints"
+        root = f"{sections['checkpoint']['storage']}/j-trained/checkpoints"
         result = run(
             spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root)
         )
         listed = CheckpointManager(
             resolve_storage(root, endpoint_url=endpoint), keep_last=None, rank=0
         ).committed()
-        yield Checkpoints(storage, {c.step: c.uri for c in listed}, result.model)
+        yield Checkpoints(sections, {c.step: c.uri for c in listed}, result.model)
 
 
 @pytest.fixture
@@ -108,9 +109,9 @@ def api(tmp_path, monkeypatch):
         yield client
 
 
-def submit(api: TestClient, uris: dict[int, str], storage: dict | None = None) -> str:
-    """A job (checkpoint section ``storage``) whose workers reported checkpoints at ``uris``."""
-    spec = {**SPEC, "checkpoint": storage} if storage else SPEC
+def submit(api: TestClient, uris: dict[int, str], sections: dict | None = None) -> str:
+    """A job (with spec ``sections``) whose workers reported checkpoints at ``uris``."""
+    spec = {**SPEC, **(sections or {})}
     reply = api.post("/v1/jobs", json=spec)
     assert reply.status_code == 201, reply.text
     job = reply.json()
@@ -137,7 +138,7 @@ def etrain(*args: str):
 
 
 def test_export_newest_checkpoint(api, checkpoints, tmp_path):
-    job_id = submit(api, checkpoints.uris, checkpoints.storage)
+    job_id = submit(api, checkpoints.uris, checkpoints.sections)
     result = etrain("export", job_id, "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     assert f"exported job {job_id} step 4 (gpt-tiny" in result.stdout
@@ -151,7 +152,7 @@ def test_export_newest_checkpoint(api, checkpoints, tmp_path):
 def test_export_a_given_step_with_options_into_the_default_folder(
     api, checkpoints, tmp_path, monkeypatch
 ):
-    job_id = submit(api, checkpoints.uris, checkpoints.storage)
+    job_id = submit(api, checkpoints.uris, checkpoints.sections)
     monkeypatch.chdir(tmp_path)
     result = etrain(
         "export",
@@ -174,7 +175,7 @@ def test_export_a_given_step_with_options_into_the_default_folder(
 
 
 def test_a_missing_step_lists_the_available_ones(api, checkpoints):
-    job_id = submit(api, checkpoints.uris, checkpoints.storage)
+    job_id = submit(api, checkpoints.uris, checkpoints.sections)
     result = etrain("export", job_id, "--step", "3")
     assert result.exit_code == 2
     assert (
@@ -209,9 +210,11 @@ def s3_job(api, s3_server, monkeypatch):
         monkeypatch.setenv(key, value)
     storage = f"s3://{s3_server['bucket']}/cli-{uuid.uuid4().hex[:8]}"
     uri = f"{storage}/j-gone/checkpoints/step_00000006.0123abcd"
-    job_id = submit(
-        api, {6: uri}, {"storage": storage, "s3": {"endpoint_url": s3_server["endpoint_url"]}}
-    )
+    sections = {
+        "checkpoint": {"storage": storage},
+        "stores": {"s3": {"endpoint_url": s3_server["endpoint_url"]}},
+    }
+    job_id = submit(api, {6: uri}, sections)
     return job_id, uri, s3_server["env"]
 
 
@@ -241,25 +244,24 @@ def test_refused_s3_credentials_name_the_fix_never_the_secret(s3_job):
     assert not any(v in result.output for v in (wrong, env["AWS_SECRET_ACCESS_KEY"], ADMIN))
 
 
+S3_OPTIONS = {
+    "endpoint_url": "http://minio:9000",
+    "region": "eu-west-1",
+    "credentials_secret": "team-a",
+}
 S3_JOB = {
     "id": "j-1",
-    "spec": {
-        "checkpoint": {
-            "storage": "s3://bkt/jobs",
-            "s3": {
-                "endpoint_url": "http://minio:9000",
-                "region": "eu-west-1",
-                "credentials_secret": "team-a",
-            },
-        }
-    },
+    "spec": {"checkpoint": {"storage": "s3://bkt/jobs"}, "stores": {"s3": S3_OPTIONS}},
 }
 GS_JOB = {
     "id": "j-2",
     "spec": {
-        "checkpoint": {"storage": "gs://bkt/jobs", "gcs": {"endpoint_url": "http://fake-gcs:4443"}}
+        "checkpoint": {"storage": "gs://bkt/jobs"},
+        "stores": {"gcs": {"endpoint_url": "http://fake-gcs:4443"}},
     },
 }
+# As a service older than the stores section answers: the options under checkpoint.
+OLD_S3_JOB = {"id": "j-1", "spec": {"checkpoint": {"storage": "s3://bkt/jobs", "s3": S3_OPTIONS}}}
 
 
 TEAM_A = {
@@ -272,6 +274,7 @@ TEAM_A = {
     ("job", "uri", "endpoint", "region"),
     [
         (S3_JOB, "s3://bkt/jobs/j-1/checkpoints", "http://minio:9000", "eu-west-1"),
+        (OLD_S3_JOB, "s3://bkt/jobs/j-1/checkpoints", "http://minio:9000", "eu-west-1"),
         (GS_JOB, "gs://bkt/jobs/j-2/checkpoints", "http://fake-gcs:4443", None),
         (
             {"id": "j-3", "spec": {"checkpoint": {"storage": "gs://bkt/jobs"}}},
@@ -282,9 +285,10 @@ TEAM_A = {
     ],
 )
 def test_the_store_is_reached_as_the_job_spec_says(job, uri, endpoint, region):
-    loc = resolve_checkpoint_storage(
-        job_checkpoint_section(job),
-        uri=uri,
+    assert job_checkpoint_section(job).storage == job["spec"]["checkpoint"]["storage"]
+    loc = resolve_store(
+        uri,
+        job_stores_section(job),
         env={**TEAM_A, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"},
     )
     assert (loc.uri, loc.endpoint_url) == (uri, endpoint)
@@ -304,7 +308,12 @@ def test_the_store_is_reached_as_the_job_spec_says(job, uri, endpoint, region):
 )
 def test_object_store_checkpoints_outside_the_job_storage_are_refused(uri):
     with pytest.raises(ExportError, match=re.escape("is not under the job's checkpoint.storage")):
-        open_checkpoint_dir(uri, checkpoint=job_checkpoint_section(S3_JOB), env=TEAM_A)
+        open_checkpoint_dir(
+            uri,
+            checkpoint=job_checkpoint_section(S3_JOB),
+            stores=job_stores_section(S3_JOB),
+            env=TEAM_A,
+        )
 
 
 def test_unknown_job_and_format(api):

@@ -22,9 +22,9 @@ from workers.data.prepare import local_prepared, prepare
 from workers.data.samples import ShapeOptions
 from workers.data.tokenizer import local_tokenizer, tokenizer_hash
 from workers.spec import JobSpec
-from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSpec
-from workers.storage.location import resolve_checkpoint_storage
+from workers.spec.stores import StoresSpec
+from workers.storage.location import resolve_store
 
 pytestmark = pytest.mark.slow
 
@@ -63,17 +63,19 @@ def s3(s3_server, tmp_path_factory):
         *[(p, f"data/prepared/{p.name}") for p in (root / "prepared").iterdir()],
     ]:
         client.upload_file(str(local), bucket, key)
-    checkpoint = {
-        "storage": f"s3://{bucket}/ck",
-        "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]},
+    sections = {
+        "checkpoint": {"storage": f"s3://{bucket}/ck"},
+        "stores": {
+            "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]}
+        },
     }
-    spec = CheckpointSpec.model_validate(checkpoint)
+    stores = StoresSpec.model_validate(sections["stores"])
     saved = {k: os.environ.get(k) for k in (*env, "ETRAIN_DATA_CACHE")}
     os.environ.update({**env, "ETRAIN_DATA_CACHE": str(root / "cache")})
     yield {
         "url": f"s3://{bucket}/data",
-        "stores": lambda uri: resolve_checkpoint_storage(spec, uri=uri),
-        "checkpoint": checkpoint,
+        "stores": lambda uri: resolve_store(uri, stores),
+        "sections": sections,  # the spec's checkpoint and stores
         "root": root,
     }
     for k, v in saved.items():
@@ -144,7 +146,7 @@ def test_tokenizer_folder_without_tokenizer_json_is_refused(s3):
         local_tokenizer(f"{s3['url']}/prepared", s3["stores"])
 
 
-def _job(name: str, data: dict, tokenizer: str, checkpoint: dict | None) -> dict:
+def _job(name: str, data: dict, tokenizer: str, sections: dict | None) -> dict:
     raw = {
         "name": name,
         "model": {"preset": "gpt-tiny", "tokenizer": tokenizer},
@@ -159,7 +161,7 @@ def _job(name: str, data: dict, tokenizer: str, checkpoint: dict | None) -> dict
             "warmup_steps": 1,
             "optimizer": "sgd",
         },
-        **({"checkpoint": checkpoint} if checkpoint else {}),
+        **(sections or {}),
     }
     return JobSpec.model_validate(raw).model_dump(mode="json", by_alias=True)
 
@@ -170,7 +172,7 @@ def test_a_job_trains_from_object_store_data_like_from_the_local_file(s3):
     out = run_local(
         [
             LocalJob("local", _job("local", local, str(s3["root"] / "tok"), None)),
-            LocalJob("s3", _job("s3", remote, f"{s3['url']}/tok", s3["checkpoint"])),
+            LocalJob("s3", _job("s3", remote, f"{s3['url']}/tok", s3["sections"])),
         ],
         world_size=2,
     )
@@ -193,7 +195,7 @@ def test_etrain_data_prepare_reads_object_store_inputs_with_the_specs_store(s3):
             {
                 "model": {"tokenizer": f"{s3['url']}/tok"},
                 "data": {"source": "jsonl", "path": f"{s3['url']}/rows.jsonl", "seq_len": 16},
-                "checkpoint": s3["checkpoint"],
+                **s3["sections"],
             }
         )
     )
@@ -206,13 +208,13 @@ def test_etrain_data_prepare_reads_object_store_inputs_with_the_specs_store(s3):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-def _submit_spec(s3, source: str, path: str, *, checkpoint=None, **data) -> JobSpec:
+def _submit_spec(s3, source: str, path: str, *, sections=None, **data) -> JobSpec:
     return JobSpec.model_validate(
         {
             "name": "check",
             "model": {"preset": "gpt-tiny", "tokenizer": f"{s3['url']}/tok"},
             "data": {"source": source, "path": path, "seq_len": 16, **data},
-            "checkpoint": checkpoint or s3["checkpoint"],
+            **(sections or s3["sections"]),
         }
     )
 
@@ -250,8 +252,11 @@ def test_submit_check_of_an_unreachable_store_is_a_bounded_refusal(s3):
     from service.domain.data_check import data_refusals
     from service.domain.storage_check import StorageProbes
 
-    checkpoint = {"storage": "s3://bkt/ck", "s3": {"endpoint_url": "http://127.0.0.1:1"}}
-    spec = _submit_spec(s3, "jsonl", "s3://bkt/rows.jsonl", checkpoint=checkpoint)
+    sections = {
+        "checkpoint": {"storage": "s3://bkt/ck"},
+        "stores": {"s3": {"endpoint_url": "http://127.0.0.1:1"}},
+    }
+    spec = _submit_spec(s3, "jsonl", "s3://bkt/rows.jsonl", sections=sections)
     got = data_refusals(
         spec, probes=StorageProbes(workers=1, per_tenant=1, timeout_s=2), tenant="t"
     )
@@ -262,8 +267,8 @@ def test_submit_check_of_an_unreachable_store_is_a_bounded_refusal(s3):
 
 def test_each_store_streams_rows_and_gives_the_tokenizer(object_store, s3, tmp_path):
     """S3 and GCS alike: parquet rows and a tokenizer folder under a prefix of the store,
-    reached through the spec's checkpoint section, prepare the local file's shards."""
-    spec = CheckpointSpec.model_validate(object_store.checkpoint("ck"))
+    reached through the spec's stores section, prepare the local file's shards."""
+    stores = object_store.stores_spec()
     loc = object_store.location("objdata")
     local = s3["root"]
     loc.fs.put_file(str(local / "rows.parquet"), loc.join("rows.parquet"))
@@ -276,7 +281,7 @@ def test_each_store_streams_rows_and_gives_the_tokenizer(object_store, s3, tmp_p
         opts=OPTS,
         out=str(tmp_path / "out"),
         vocab_size=256,
-        stores=lambda uri: resolve_checkpoint_storage(spec, uri=uri, env=object_store.env),
+        stores=lambda uri: resolve_store(uri, stores, env=object_store.env),
     )
     assert index["source"]["url"] == object_store.uri("objdata", "rows.parquet")
     got, want = _shards(tmp_path / "out"), _shards(local / "prepared")

@@ -30,7 +30,7 @@ from workers.checkpoint.manager import MANIFEST, CheckpointManager
 from workers.models.config import get_model_config
 from workers.models.hf_naming import from_hf_state_dict, to_hf_name
 from workers.models.llama import apply_rotary_emb, build_model
-from workers.spec import CheckpointSpec, JobSpec
+from workers.spec import CheckpointSpec, JobSpec, StoresSpec
 from workers.storage.location import StorageLocation, resolve_storage
 from workers.train_loop import RunEnv, run
 
@@ -53,12 +53,16 @@ class Store:
         )
 
     def open(self, uri: str) -> ExportSource:
-        return open_checkpoint_dir(uri, checkpoint=self.spec().checkpoint, env=self.env)
+        spec = self.spec()
+        return open_checkpoint_dir(
+            uri, checkpoint=spec.checkpoint, stores=spec.stores, env=self.env
+        )
 
     def spec(self, **resources) -> JobSpec:
         checkpoint = {"every_steps": 2, "keep_last": 3, "storage": self.base}
+        stores = {}
         if self.endpoint_url:
-            checkpoint["gcs" if self.kind == "gs" else "s3"] = {"endpoint_url": self.endpoint_url}
+            stores["gcs" if self.kind == "gs" else "s3"] = {"endpoint_url": self.endpoint_url}
         return JobSpec.model_validate(
             {
                 "name": "export",
@@ -66,6 +70,7 @@ class Store:
                 "resources": resources or {"workers": 1},
                 "train": {"steps": 4, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
                 "checkpoint": checkpoint,
+                "stores": stores,
             }
         )
 
@@ -401,12 +406,10 @@ S3_STEP = "jobs/j-1/checkpoints/step_00000004.0123abcd"
 
 def s3_open_error(s3_server, *, env: dict, uri: str | None = None, **kwargs) -> str:
     uri = uri or f"s3://{s3_server['bucket']}/{S3_STEP}"
-    checkpoint = CheckpointSpec(
-        storage=f"s3://{s3_server['bucket']}/jobs",
-        s3={"endpoint_url": s3_server["endpoint_url"], **kwargs},
-    )
+    checkpoint = CheckpointSpec(storage=f"s3://{s3_server['bucket']}/jobs")
+    stores = StoresSpec(s3={"endpoint_url": s3_server["endpoint_url"], **kwargs})
     with pytest.raises(ExportError) as e:
-        open_checkpoint_dir(uri, checkpoint=checkpoint, env=env)
+        open_checkpoint_dir(uri, checkpoint=checkpoint, stores=stores, env=env)
     return str(e.value)
 
 

@@ -48,15 +48,17 @@ def store(s3_server, tmp_path_factory):
     gpt2 = {**json.loads(hf_config("llama").to_json_string()), "architectures": ["GPT2LMHeadModel"]}
     client.put_object(Bucket=bucket, Key="models/gpt2/config.json", Body=json.dumps(gpt2).encode())
     client.upload_file(str(shard), bucket, "models/gpt2/model.safetensors")
-    checkpoint = {
-        "storage": f"s3://{bucket}/ck",
-        "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]},
+    sections = {  # the spec's checkpoint and stores
+        "checkpoint": {"storage": f"s3://{bucket}/ck"},
+        "stores": {
+            "s3": {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]}
+        },
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     weights = sum(p.stat().st_size for p in local.glob("*.safetensors"))
     yield {"local": local, "url": f"s3://{bucket}/{PREFIX}", "bucket": bucket,
-           "checkpoint": checkpoint, "weights_bytes": weights}  # fmt: skip
+           "sections": sections, "weights_bytes": weights}  # fmt: skip
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -64,7 +66,7 @@ def store(s3_server, tmp_path_factory):
             os.environ[k] = v
 
 
-def _spec(hf: str, checkpoint: dict, parallelism: dict, workers: int = 2) -> dict:
+def _spec(hf: str, sections: dict, parallelism: dict, workers: int = 2) -> dict:
     spec = {
         "name": "hf-s3",
         "model": {"hf": hf},
@@ -79,7 +81,7 @@ def _spec(hf: str, checkpoint: dict, parallelism: dict, workers: int = 2) -> dic
         },
         "resources": {"workers": workers, "cpus_per_worker": 1},
         "parallelism": parallelism,
-        "checkpoint": checkpoint,
+        **sections,
     }
     return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
 
@@ -89,7 +91,7 @@ LAYOUTS = {"fsdp2": {"strategy": "fsdp"}, "tp2": {"strategy": "tp", "tp": 2}}
 
 def test_fsdp_and_tp_train_from_s3_like_from_the_local_folder(store):
     jobs = [
-        LocalJob(f"{name}-{where}", _spec(str(src), store["checkpoint"], par))
+        LocalJob(f"{name}-{where}", _spec(str(src), store["sections"], par))
         for name, par in LAYOUTS.items()
         for where, src in (("local", store["local"]), ("s3", store["url"]))
     ]
@@ -144,7 +146,7 @@ def test_a_rank_under_fsdp_fetches_less_than_the_whole_model(store):
     import torch.multiprocessing as mp
 
     specs = {
-        name: _spec(store["url"], store["checkpoint"], par)
+        name: _spec(store["url"], store["sections"], par)
         for name, par in {"fsdp": {"strategy": "fsdp"}, "ddp": {"strategy": "ddp"}}.items()
     }
     with socket.socket() as s:
@@ -171,7 +173,7 @@ def _body(store, prefix: str) -> dict:
         "data": {"seq_len": 16, "num_samples": 8},
         "resources": {"workers": 1},
         "train": {"steps": 1, "global_batch_size": 2, "micro_batch_size": 2},
-        "checkpoint": store["checkpoint"],
+        **store["sections"],
     }
 
 
@@ -219,14 +221,14 @@ def test_a_missing_bucket_is_a_422_that_says_so(store, client):
 
 def test_export_copies_config_and_tokenizer_from_the_store(store, tmp_path):
     from workers.checkpoint.export_hf import copy_tokenizer_files, source_hf_config
-    from workers.spec import CheckpointSpec
+    from workers.spec import StoresSpec
 
-    section = CheckpointSpec.model_validate(store["checkpoint"])
+    section = StoresSpec.model_validate(store["sections"]["stores"])
     copied = copy_tokenizer_files(store["url"], tmp_path, section)
     assert "tokenizer.json" in copied
     for name in copied:
         assert (tmp_path / name).read_bytes() == (store["local"] / name).read_bytes()
-    config = source_hf_config(store["url"], dtype=torch.float32, checkpoint=section)
+    config = source_hf_config(store["url"], dtype=torch.float32, stores=section)
     assert config["architectures"] == ["Qwen2ForCausalLM"]
     assert config["tie_word_embeddings"] is False
 
@@ -239,17 +241,16 @@ def test_each_store_gives_the_same_weights_and_config(object_store, store):
     from workers.models.hf_load import LocalWeights, hf_model_config, load_pretrained, materialize
     from workers.models.hf_remote import RemoteWeights, model_location
     from workers.models.llama import build_model
-    from workers.spec import CheckpointSpec
-    from workers.storage.location import resolve_checkpoint_storage
+    from workers.storage.location import resolve_store
 
     loc = object_store.location("hf", "qwen2")
     for p in store["local"].iterdir():
         loc.fs.put_file(str(p), loc.join(p.name))
     url = object_store.uri("hf", "qwen2")
-    section = CheckpointSpec.model_validate(object_store.checkpoint("ck"))
+    section = object_store.stores_spec()
 
     def stores(uri):
-        return resolve_checkpoint_storage(section, uri=uri, env=object_store.env)
+        return resolve_store(uri, section, env=object_store.env)
 
     cfg = hf_model_config(url, stores)
     assert cfg == hf_model_config(str(store["local"]))
@@ -260,7 +261,7 @@ def test_each_store_gives_the_same_weights_and_config(object_store, store):
         load_pretrained([model], url, cfg, weights=weights)
         models.append(model.state_dict())
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
-    spec = JobSpec.model_validate(_spec(url, object_store.checkpoint("ck"), {"strategy": "ddp"}, 1))
+    spec = JobSpec.model_validate(_spec(url, object_store.sections("ck"), {"strategy": "ddp"}, 1))
     text, has_weights = read_remote_model(spec, 10.0)  # the service's submit-time read
     assert has_weights and text == (store["local"] / "config.json").read_bytes()
 
@@ -274,7 +275,9 @@ def _train(store, out: Path, lora: dict | None = None):
     """One process from the s3:// folder, checkpoints under ``out``: (model, newest step)."""
     from workers.train_loop import RunEnv, run
 
-    spec = _spec(store["url"], {**store["checkpoint"], "every_steps": 2}, {"strategy": "ddp"}, 1)
+    sections = store["sections"]
+    sections = {**sections, "checkpoint": {**sections["checkpoint"], "every_steps": 2}}
+    spec = _spec(store["url"], sections, {"strategy": "ddp"}, 1)
     if lora:
         spec["model"]["lora"] = lora
     env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(out))
@@ -290,9 +293,9 @@ def test_exports_of_a_job_from_s3_read_config_tokenizer_and_base_there(store, tm
     from workers.checkpoint.export import export_checkpoint
     from workers.checkpoint.export_lora import export_adapter, export_merged
     from workers.models.hf_load import hf_model_config
-    from workers.spec import CheckpointSpec
+    from workers.spec import StoresSpec
 
-    section = CheckpointSpec.model_validate(store["checkpoint"])
+    section = StoresSpec.model_validate(store["sections"]["stores"])
     vocab = hf_model_config(str(store["local"])).vocab_size
     tokens = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
 

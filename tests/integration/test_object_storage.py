@@ -39,7 +39,7 @@ def test_check_storage_refuses_a_missing_bucket(object_store):
     msg = str(info.value)
     assert f"checkpoint.storage {object_store.scheme}://no-such-bucket-here/p" in msg
     assert "'no-such-bucket-here' does not exist" in msg and object_store.endpoint_url in msg
-    field = "checkpoint.s3.endpoint_url" if object_store.scheme == "s3" else "checkpoint.gcs"
+    field = "stores.s3.endpoint_url" if object_store.scheme == "s3" else "stores.gcs"
     assert field in msg
     no_secrets(msg, *object_store.env.values())
 

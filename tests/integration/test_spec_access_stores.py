@@ -59,18 +59,21 @@ def _tenant(c, name):
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
 
-def _spec(bucket, endpoint, tenant="team-b"):
-    return {
-        "name": "s3-job",
-        "resources": {"workers": 1},
-        "checkpoint": {
-            "storage": f"s3://{bucket}/{tenant}/run",
-            "s3": {"endpoint_url": endpoint, "region": "us-east-1", "credentials_secret": tenant},
-        },
-    }
+def _spec(bucket, endpoint, tenant="team-b", *, old_form=False):
+    """A tenant's job on ``bucket``; ``old_form``: its s3 options as checkpoint.s3, where
+    specs written before the stores section carried them."""
+    s3 = {"endpoint_url": endpoint, "region": "us-east-1", "credentials_secret": tenant}
+    checkpoint = {"storage": f"s3://{bucket}/{tenant}/run"}
+    sections = (
+        {"checkpoint": {**checkpoint, "s3": s3}}
+        if old_form
+        else {"checkpoint": checkpoint, "stores": {"s3": s3}}
+    )
+    return {"name": "s3-job", "resources": {"workers": 1}, **sections}
 
 
-def test_the_probe_signs_with_the_tenants_secret(tmp_path, monkeypatch, capture):
+@pytest.mark.parametrize("old_form", [False, True], ids=["stores", "old-checkpoint-s3"])
+def test_the_probe_signs_with_the_tenants_secret(tmp_path, monkeypatch, capture, old_form):
     endpoint, seen = capture
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", SERVICE_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "service-secret")
@@ -78,23 +81,22 @@ def test_the_probe_signs_with_the_tenants_secret(tmp_path, monkeypatch, capture)
     monkeypatch.setenv("ETRAIN_SECRET_TEAM_B_SECRET_ACCESS_KEY", "team-b-secret")
     with TestClient(_app(tmp_path, endpoint, "ckpt")) as c:
         b = _tenant(c, "team-b")
-        r = c.post("/v1/plan", json={"spec": _spec("ckpt", endpoint)}, headers=b)
+        r = c.post("/v1/plan", json={"spec": _spec("ckpt", endpoint, old_form=old_form)}, headers=b)
         assert r.status_code == 422, r.text  # the endpoint refuses (403)
         assert seen and all(f"Credential={TENANT_KEY}/" in h for h in seen), seen
         assert not any(SERVICE_KEY in h for h in seen)
         # team-a may not name that endpoint: nothing is sent for it.
         a, count = _tenant(c, "team-a"), len(seen)
-        spec = _spec("ckpt", endpoint, tenant="team-a")
+        spec = _spec("ckpt", endpoint, tenant="team-a", old_form=old_form)
         r = c.post("/v1/plan", json={"spec": spec}, headers=a)
         assert r.status_code == 422
-        assert ["body", "checkpoint", "s3", "endpoint_url"] in [
-            e["loc"] for e in r.json()["detail"]
-        ]
+        assert ["body", "stores", "s3", "endpoint_url"] in [e["loc"] for e in r.json()["detail"]]
         assert len(seen) == count
 
 
+@pytest.mark.parametrize("old_form", [False, True], ids=["stores", "old-checkpoint-s3"])
 def test_a_tenant_job_on_a_real_store_is_accepted_with_its_own_keys(
-    tmp_path, monkeypatch, s3_server
+    tmp_path, monkeypatch, s3_server, old_form
 ):
     """The service's AWS_* keys are wrong here: only the tenant's secret opens the bucket."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", SERVICE_KEY)
@@ -106,6 +108,9 @@ def test_a_tenant_job_on_a_real_store_is_accepted_with_its_own_keys(
     endpoint, bucket = s3_server["endpoint_url"], s3_server["bucket"]
     with TestClient(_app(tmp_path, endpoint, bucket)) as c:
         b = _tenant(c, "team-b")
-        r = c.post("/v1/jobs", json=_spec(bucket, endpoint), headers=b)
+        r = c.post("/v1/jobs", json=_spec(bucket, endpoint, old_form=old_form), headers=b)
         assert r.status_code == 201, r.text
-        assert r.json()["spec"]["checkpoint"]["s3"]["credentials_secret"] == "team-b"
+        stored = c.get(f"/v1/jobs/{r.json()['id']}", headers=b).json()["spec"]
+        for spec in (r.json()["spec"], stored):  # stored in the new form only
+            assert spec["stores"]["s3"]["credentials_secret"] == "team-b"
+            assert "s3" not in spec["checkpoint"]

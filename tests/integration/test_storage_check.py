@@ -11,7 +11,7 @@ import pytest
 from service.domain.storage_check import check_checkpoint_storage
 from service.errors import InvalidSpec
 from tests.support.fakes import ADMIN_H
-from workers.spec import CheckpointSpec, parse_spec
+from workers.spec import CheckpointSpec, StoresSpec, parse_spec
 from workers.storage.location import STORAGE_CLIENT_LOGGERS, quiet_storage_loggers
 
 SECRET_NAME = "moto-store"
@@ -21,11 +21,13 @@ SECRET_VARS = (
 )
 
 
-def _checkpoint(s3_server, *, bucket: str | None = None, secret: str | None = None) -> dict:
+def _sections(s3_server, *, bucket: str | None = None, secret: str | None = None) -> dict:
+    """``checkpoint`` and ``stores`` of a spec that checkpoints into the moto bucket."""
     s3 = {"endpoint_url": s3_server["endpoint_url"], "region": s3_server["region"]}
     if secret:
         s3["credentials_secret"] = secret
-    return {"storage": f"s3://{bucket or s3_server['bucket']}/jobs", "s3": s3}
+    storage = f"s3://{bucket or s3_server['bucket']}/jobs"
+    return {"checkpoint": {"storage": storage}, "stores": {"s3": s3}}
 
 
 def _values(s3_server) -> list[str]:
@@ -60,13 +62,13 @@ def named_env(s3_server, monkeypatch):
 
 def test_a_writable_bucket_passes(object_store):
     ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs"))
-    check_checkpoint_storage(ckpt, env=object_store.env)
+    check_checkpoint_storage(ckpt, object_store.stores_spec(), env=object_store.env)
 
 
 def test_a_missing_bucket_is_a_422_naming_checkpoint_storage(object_store):
     ckpt = CheckpointSpec.model_validate(object_store.checkpoint("jobs", bucket="missing-bucket"))
     with pytest.raises(InvalidSpec) as info:
-        check_checkpoint_storage(ckpt, env=object_store.env)
+        check_checkpoint_storage(ckpt, object_store.stores_spec(), env=object_store.env)
     (err,) = info.value.errors
     assert err["loc"] == ["body", "checkpoint", "storage"]
     assert "'missing-bucket' does not exist" in err["msg"]
@@ -74,11 +76,12 @@ def test_a_missing_bucket_is_a_422_naming_checkpoint_storage(object_store):
 
 
 def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_server):
-    ckpt = CheckpointSpec.model_validate(_checkpoint(s3_server, secret="absent"))
+    sections = _sections(s3_server, secret="absent")
+    ckpt = CheckpointSpec.model_validate(sections["checkpoint"])
     with pytest.raises(InvalidSpec) as info:
-        check_checkpoint_storage(ckpt, env={})
+        check_checkpoint_storage(ckpt, StoresSpec.model_validate(sections["stores"]), env={})
     (err,) = info.value.errors
-    assert err["loc"] == ["body", "checkpoint", "s3", "credentials_secret"]
+    assert err["loc"] == ["body", "stores", "s3", "credentials_secret"]
     assert "ETRAIN_SECRET_ABSENT_ACCESS_KEY_ID" in err["msg"]
 
 
@@ -87,10 +90,7 @@ def test_a_named_secret_missing_from_the_service_env_points_at_the_field(s3_serv
 
 def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_env, caplog):
     caplog.set_level(logging.INFO)  # the service's level (ETRAIN_LOG_LEVEL)
-    body = {
-        "name": "store-job",
-        "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket"),
-    }
+    body = {"name": "store-job", **store_env.sections("jobs", bucket="missing-bucket")}
     r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     (err,) = r.json()["detail"]
@@ -103,12 +103,7 @@ def test_submit_with_a_missing_bucket_is_refused_before_queueing(client, store_e
 
 
 def test_plan_with_a_missing_bucket_is_refused(client, store_env):
-    body = {
-        "spec": {
-            "name": "store-job",
-            "checkpoint": store_env.checkpoint("jobs", bucket="missing-bucket"),
-        }
-    }
+    body = {"spec": {"name": "store-job", **store_env.sections("jobs", bucket="missing-bucket")}}
     r = client.post("/v1/plan", json=body, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     assert "does not exist" in r.json()["detail"][0]["msg"]
@@ -119,9 +114,7 @@ def test_submit_with_wrong_credentials_is_refused_without_echoing_them(
 ):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value-000000000000000000000")
-    r = client.post(
-        "/v1/jobs", json={"name": "s3-job", "checkpoint": _checkpoint(s3_server)}, headers=ADMIN_H
-    )
+    r = client.post("/v1/jobs", json={"name": "s3-job", **_sections(s3_server)}, headers=ADMIN_H)
     assert r.status_code == 422, r.text
     assert "rejected the credentials" in r.text and "InvalidAccessKeyId" in r.text
     assert "AKIAWRONG" not in r.text and "wrong-secret-value" not in r.text
@@ -129,11 +122,11 @@ def test_submit_with_wrong_credentials_is_refused_without_echoing_them(
 
 @pytest.mark.usefixtures("named_env")
 def test_an_accepted_job_stores_the_secret_name_and_no_key_material(client, s3_server):
-    body = {"name": "s3-job", "checkpoint": _checkpoint(s3_server, secret=SECRET_NAME)}
+    body = {"name": "s3-job", **_sections(s3_server, secret=SECRET_NAME)}
     r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
     assert r.status_code == 201, r.text
     job = r.json()
-    assert job["spec"]["checkpoint"]["s3"] == {
+    assert job["spec"]["stores"]["s3"] == {
         "endpoint_url": s3_server["endpoint_url"],
         "region": s3_server["region"],
         "credentials_secret": SECRET_NAME,
@@ -149,7 +142,7 @@ def test_an_accepted_job_stores_the_secret_name_and_no_key_material(client, s3_s
     assert not any(v in everything for v in _values(s3_server))
     # The stored spec re-validates on the worker to the same section.
     stored_json = stored.spec.model_dump(mode="json", by_alias=True)
-    assert parse_spec(stored_json).checkpoint.s3.credentials_secret == SECRET_NAME
+    assert parse_spec(stored_json).stores.s3.credentials_secret == SECRET_NAME
 
 
 @pytest.mark.usefixtures("aws_env")
@@ -158,7 +151,7 @@ def test_debug_logging_keeps_the_storage_clients_quiet(client, s3_server, caplog
     caplog.set_level(logging.DEBUG)
     quiet_storage_loggers()
     try:
-        body = {"name": "s3-job", "checkpoint": _checkpoint(s3_server, bucket="missing-bucket")}
+        body = {"name": "s3-job", **_sections(s3_server, bucket="missing-bucket")}
         assert client.post("/v1/jobs", json=body, headers=ADMIN_H).status_code == 422
     finally:
         for name in STORAGE_CLIENT_LOGGERS:

@@ -106,11 +106,8 @@ def test_a_ray_job_on_s3_writes_what_its_workers_posted(
         "data": {"seq_len": 16, "num_samples": 64},
         "resources": {"workers": 1, "cpus_per_worker": 1},
         "train": {"steps": 8, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-        "checkpoint": {
-            "storage": storage,
-            "every_steps": 4,
-            "s3": {"endpoint_url": s3_server["endpoint_url"]},
-        },
+        "checkpoint": {"storage": storage, "every_steps": 4},
+        "stores": {"s3": {"endpoint_url": s3_server["endpoint_url"]}},
         "failure": {"max_failures": 2},
         "metrics": {"tensorboard": True},
     }

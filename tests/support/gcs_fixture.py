@@ -49,7 +49,7 @@ def _move(request, response, storage) -> None:
 def gcs_server():
     """Start the emulator on 127.0.0.1 (a free port) with bucket ``etrain-test``; yield
     ``{"endpoint_url", "bucket"}``. Nothing is put in ``os.environ`` but the gcsfs switch
-    above; tests name the endpoint in ``checkpoint.gcs.endpoint_url``."""
+    above; tests name the endpoint in ``stores.gcs.endpoint_url``."""
     from gcp_storage_emulator import server as emulator
     from gcp_storage_emulator import settings
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.spec import CheckpointSpec
-from workers.storage.location import StorageLocation, resolve_checkpoint_storage
+from workers.spec import StoresSpec
+from workers.storage.location import StorageLocation, resolve_store
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,27 @@ class ObjectStore:
         return posixpath.join(f"{self.scheme}://{bucket or self.bucket}", *parts)
 
     def checkpoint(self, *parts: str, bucket: str | None = None) -> dict:
-        """A spec's ``checkpoint`` section for that prefix: storage and endpoint fields."""
+        """A spec's ``checkpoint`` section with that prefix as its storage."""
+        return {"storage": self.uri(*parts, bucket=bucket)}
+
+    def stores(self) -> dict:
+        """A spec's ``stores`` section that reaches this store (its endpoint)."""
         if self.scheme == "s3":
-            section = {"s3": {"endpoint_url": self.endpoint_url, "region": self.region}}
-        else:
-            section = {"gcs": {"endpoint_url": self.endpoint_url}}
-        return {"storage": self.uri(*parts, bucket=bucket), **section}
+            return {"s3": {"endpoint_url": self.endpoint_url, "region": self.region}}
+        return {"gcs": {"endpoint_url": self.endpoint_url}}
+
+    def sections(self, *parts: str, bucket: str | None = None) -> dict:
+        """``checkpoint`` and ``stores`` of a spec that checkpoints under that prefix."""
+        return {"checkpoint": self.checkpoint(*parts, bucket=bucket), "stores": self.stores()}
+
+    def stores_spec(self) -> StoresSpec:
+        """:meth:`stores`, validated."""
+        return StoresSpec.model_validate(self.stores())
 
     def location(self, *parts: str, bucket: str | None = None, **env: str) -> StorageLocation:
-        """The location of that prefix as a job resolves it: from its checkpoint section."""
-        spec = CheckpointSpec.model_validate(self.checkpoint(*parts, bucket=bucket))
-        return resolve_checkpoint_storage(spec, env={**self.env, **env})
+        """The location of that prefix as a job resolves it: with its stores section."""
+        uri = self.uri(*parts, bucket=bucket)
+        return resolve_store(uri, self.stores_spec(), env={**self.env, **env})
 
     def with_endpoint(self, endpoint_url: str) -> ObjectStore:
         """The same store reached through another endpoint."""

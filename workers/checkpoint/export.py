@@ -292,7 +292,7 @@ def _write_configs(
     if hf is None:
         _write_json(out / CONFIG_FILE, hf_config(cfg, dtype=dtype))
         return
-    _write_json(out / CONFIG_FILE, source_hf_config(hf, dtype=dtype, checkpoint=store))
+    _write_json(out / CONFIG_FILE, source_hf_config(hf, dtype=dtype, stores=store))
     copy_tokenizer_files(tokenizer or hf, out, store)
 
 
@@ -358,7 +358,7 @@ def export_checkpoint(
     A job that fine-tuned a Hugging Face folder passes ``hf`` (its ``model.hf``) instead
     of ``preset``: the output is a Hugging Face folder of the source's architecture (HF
     names, the source's config.json, ``lm_head`` untied) with ``tokenizer``'s (default
-    ``hf``'s) tokenizer files beside it (``store``: the job's checkpoint section).
+    ``hf``'s) tokenizer files beside it (``store``: the job's stores section).
     """
     cfg, preset, naming = _resolve_model(preset, hf, naming, store)
     src = checkpoint if isinstance(checkpoint, ExportSource) else open_checkpoint_dir(checkpoint)

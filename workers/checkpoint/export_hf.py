@@ -6,8 +6,8 @@ architecture: its ``config.json`` is the source's (architecture, biases, RoPE
 theta, norm eps, token ids, sliding window ...) with only what etrain changed
 rewritten (untied ``lm_head``, the weights' dtype), and the tokenizer files are
 copied beside it so the folder is complete. A source in an object store
-(``s3://`` / ``gs://``) is read there, reached with the job's ``checkpoint`` section's
-store options and this process's credentials, as the workers read it.
+(``s3://`` / ``gs://``) is read there, reached with the job's ``stores`` section's
+options and this process's credentials, as the workers read it.
 """
 
 from __future__ import annotations
@@ -48,20 +48,20 @@ def _folder(path: str, what: str, required: str | None = "config.json") -> Path:
         ) from None
 
 
-def source_model_config(hf: str, checkpoint=None) -> ModelConfig:
+def source_model_config(hf: str, stores=None) -> ModelConfig:
     """The shapes of the job's ``model.hf`` folder, as an :class:`ExportError` on failure."""
     if not is_remote(hf):
         _folder(hf, "model.hf")
     try:
-        return hf_model_config(hf, stores_for(checkpoint))
+        return hf_model_config(hf, stores_for(stores))
     except (OSError, ValueError) as e:
         raise ExportError(str(e) if isinstance(e, ValueError) else f"model.hf {hf}: {e}") from None
 
 
-def source_hf_config(hf: str, *, dtype: torch.dtype, checkpoint=None) -> dict:
+def source_hf_config(hf: str, *, dtype: torch.dtype, stores=None) -> dict:
     """The source folder's config.json, with tied embeddings untied and ``dtype`` set."""
     if is_remote(hf):
-        text = hf_config_bytes(hf, stores_for(checkpoint))
+        text = hf_config_bytes(hf, stores_for(stores))
     else:
         text = (_folder(hf, "model.hf") / "config.json").read_bytes()
     config = read_hf_config_text(text)
@@ -70,9 +70,9 @@ def source_hf_config(hf: str, *, dtype: torch.dtype, checkpoint=None) -> dict:
     return config
 
 
-def _copy_remote_tokenizer_files(folder: str, out: Path, checkpoint) -> list[str]:
+def _copy_remote_tokenizer_files(folder: str, out: Path, stores) -> list[str]:
     try:
-        loc = model_location(folder, stores_for(checkpoint), where="tokenizer")
+        loc = model_location(folder, stores_for(stores), where="tokenizer")
         names = {p.rsplit("/", 1)[-1] for p in loc.fs.ls(loc.root, detail=False)}
         copied = [name for name in TOKENIZER_FILES if name in names]
         for name in copied:
@@ -82,11 +82,11 @@ def _copy_remote_tokenizer_files(folder: str, out: Path, checkpoint) -> list[str
     return copied
 
 
-def copy_tokenizer_files(folder: str, out: Path, checkpoint=None) -> list[str]:
+def copy_tokenizer_files(folder: str, out: Path, stores=None) -> list[str]:
     """Copy the tokenizer files of ``folder`` (model.tokenizer, else model.hf) into ``out``;
-    an object-store folder is reached with ``checkpoint``'s store options."""
+    an object-store folder is reached with ``stores`` (the job's section)."""
     if is_remote(folder):
-        return _copy_remote_tokenizer_files(folder, out, checkpoint)
+        return _copy_remote_tokenizer_files(folder, out, stores)
     src = _folder(folder, "tokenizer", required=None)
     copied = []
     for name in TOKENIZER_FILES:

@@ -84,7 +84,7 @@ def base_of(src: ExportSource) -> dict:
 
 def base_config(base: dict, store=None) -> ModelConfig:
     """The base's shapes: the preset's, or the model.hf folder's (its config.json; in an
-    object store reached with ``store``, the job's checkpoint section)."""
+    object store reached with ``store``, the job's stores section)."""
     if "preset" in base:
         return get_model_config(base["preset"])
     from workers.models.hf_load import hf_model_config
@@ -137,7 +137,7 @@ def export_adapter(
 
     ``lora`` is the job's ``model.lora``; ``base_model_name_or_path`` goes into
     the config (default: the job's ``model.hf``, or nothing for a preset base);
-    ``store`` (the job's checkpoint section) reaches an object-store base.
+    ``store`` (the job's stores section) reaches an object-store base.
     """
     src = _source(checkpoint)
     spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)

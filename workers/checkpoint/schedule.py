@@ -32,7 +32,7 @@ def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
     current = base_reference(  # an object-store model.hf is reached with the spec's options
         spec.model,
         seed=spec.train.seed,
-        stores=stores_for(spec.checkpoint),
+        stores=stores_for(spec.stores),
     )
     if restored_extra is not None:
         check_base(restored_extra.get("lora_base"), current)

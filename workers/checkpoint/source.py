@@ -1,6 +1,6 @@
 """A committed checkpoint opened where it lies, outside a job (``etrain export``, tools).
 
-The store comes from the job's ``checkpoint`` section (the one mapping in
+The store comes from the job's ``stores`` section (the one mapping in
 :mod:`workers.storage.location`); the folder counts only if the checkpoint
 layout lists it as committed; and every failure to read it is one
 :class:`ExportError` that says what to change, naming credentials by their
@@ -21,13 +21,12 @@ from workers.checkpoint.manager import MANIFEST, CheckpointInfo, CheckpointManag
 from workers.storage.location import (
     StorageError,
     StorageLocation,
-    resolve_checkpoint_storage,
-    resolve_storage,
+    resolve_store,
 )
 from workers.storage.probe import redact_credentials, store_error_code
 
 if TYPE_CHECKING:
-    from workers.spec import CheckpointSpec
+    from workers.spec import CheckpointSpec, StoresSpec
 
 
 class ExportError(ValueError):
@@ -55,15 +54,16 @@ def open_checkpoint_dir(
     uri: str | os.PathLike,
     *,
     checkpoint: CheckpointSpec | None = None,
+    stores: StoresSpec | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ExportSource:
     """The committed checkpoint at ``uri``: ``file:///abs/step_N``, a local path, or
     ``s3://`` / ``gs://`` ``bucket/prefix/step_N.<attempt>``.
 
-    ``checkpoint`` is the job's ``checkpoint`` section: its ``s3`` / ``gcs`` fields say
-    how to reach the store, and an object-store ``uri`` must lie under its
-    ``storage`` (this process's credentials are sent nowhere else). Credentials come
-    from ``env`` (default: this process's environment), as
+    ``stores`` is the job's ``stores`` section: its ``s3`` / ``gcs`` fields say how to
+    reach the store. ``checkpoint`` is the job's ``checkpoint`` section: an
+    object-store ``uri`` must lie under its ``storage`` (this process's credentials
+    are sent nowhere else). Credentials come from ``env`` (default: this process's environment), as
     :func:`workers.storage.location.resolve_storage` reads them. Reads the manifest
     only (one request to an object store).
     """
@@ -91,11 +91,7 @@ def open_checkpoint_dir(
             )
     try:
         folder_uri = f"{scheme}://{folder}"
-        loc = (
-            resolve_checkpoint_storage(checkpoint, uri=folder_uri, env=env)
-            if checkpoint is not None
-            else resolve_storage(folder_uri, env=env)
-        )
+        loc = resolve_store(folder_uri, stores, env=env)
     except StorageError as e:
         raise ExportError(f"checkpoint uri {uri!r}: {e}") from e
     if loc.scheme == "file" and not loc.fs.isdir(loc.join(name)):
@@ -163,7 +159,7 @@ def read_error(loc: StorageLocation, uri: str, e: BaseException) -> ExportError:
         detail = str(e).splitlines()[0][:300] if str(e) else ""
         text = (
             f"cannot read {uri}{at} ({type(e).__name__}: {detail}); check that the store "
-            "is reachable from here (checkpoint.s3.endpoint_url, the network) and export "
+            "is reachable from here (stores.s3.endpoint_url, the network) and export "
             "again"
         )
     return ExportError(redact_credentials(text, loc))

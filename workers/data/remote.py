@@ -4,13 +4,12 @@ A job's ``data.path``, ``model.tokenizer`` or ``model.hf`` may name an object
 store. It is reached with the same mapping from a spec to a store as the
 checkpoints: the caller passes ``stores``, a function of a URL to its
 ``StorageLocation`` (the training loop and the CLI pass
-:func:`workers.storage.location.resolve_checkpoint_storage` over the spec's
-``checkpoint`` section, whose ``s3`` / ``gcs`` options apply when the scheme is
-theirs; credentials from the environment). This package sits below
-``workers.checkpoint``, so it takes the function rather than importing it; without
-one, fsspec's defaults reach the store. Rows are streamed (fsspec file
-objects: jsonl line by line, parquet with ranged reads); what must be a local
-folder (a tokenizer, prepared shards to memory-map) is copied once per node into
+:func:`workers.storage.location.stores_for` over the spec's ``stores`` section,
+whose ``s3`` / ``gcs`` options apply when the scheme is theirs; credentials from the
+environment). This package sits below ``workers.checkpoint``, so it takes the function
+rather than importing it; without one, fsspec's defaults reach the store. Rows are
+streamed (fsspec file objects: jsonl line by line, parquet with ranged reads); what
+must be a local folder (a tokenizer, prepared shards to memory-map) is copied once per node into
 the cache under a file lock, keyed by what the store says about the files.
 
 Torch-free: ``etrain data prepare`` and the service import it.

@@ -105,21 +105,17 @@ class ReleaseStaleReservation(ControllerCallback):
     job's storage); the next run cancels the one it finds there.
     """
 
-    def __init__(self, marker_uri: str, checkpoint=None):
-        """``marker_uri`` in the job's storage; ``checkpoint`` (the spec's section) says how
+    def __init__(self, marker_uri: str, stores=None):
+        """``marker_uri`` in the job's storage; ``stores`` (the spec's section) says how
         to reach an object store (credentials come from the controller's environment)."""
-        self.marker_uri, self.checkpoint = marker_uri, checkpoint
+        self.marker_uri, self.stores = marker_uri, stores
 
     def after_controller_start(self, train_run_context) -> None:
         """Cancel the previous run's reservation, then record this run's."""
-        from workers.storage.location import resolve_checkpoint_storage, resolve_storage
+        from workers.storage.location import resolve_store
 
         mine = f"train-{train_run_context.run_id}"  # as ScalingPolicy names it
-        loc = (
-            resolve_checkpoint_storage(self.checkpoint, uri=self.marker_uri)
-            if self.checkpoint is not None
-            else resolve_storage(self.marker_uri)
-        )
+        loc = resolve_store(self.marker_uri, self.stores)
         try:
             previous = loc.fs.cat_file(loc.root).decode().strip()
         except (FileNotFoundError, OSError):

@@ -12,7 +12,7 @@ local rows is read, permuted and cut. Under DDP (and in one process) the layout
 is the whole model on every rank, so each rank reads it all.
 
 A folder in an object store (``s3://`` / ``gs://``, reached through ``stores``: the
-spec's ``checkpoint.s3`` / ``checkpoint.gcs`` options) reads the same blocks by byte
+spec's ``stores.s3`` / ``stores.gcs`` options) reads the same blocks by byte
 range (:mod:`workers.models.hf_remote`); the slicing and RoPE logic is shared.
 
 Parameters whose names contain ``lora_`` are not in the checkpoint (LoRA adapters

@@ -2,9 +2,9 @@
 
 The store is reached with the job's own store options: the caller passes
 ``stores``, a function of a URL to its ``StorageLocation`` (the training loop and
-export pass :func:`workers.storage.location.resolve_checkpoint_storage` over the
-spec's ``checkpoint`` section, whose ``s3`` / ``gcs`` options apply when the
-model's scheme is theirs; credentials from the environment, which the job's
+export pass :func:`workers.storage.location.stores_for` over the spec's
+``stores`` section, whose ``s3`` / ``gcs`` options apply when the model's scheme
+is theirs; credentials from the environment, which the job's
 workers get for every store the spec names:
 :func:`workers.storage.location.job_credential_env`). This package sits below
 ``workers.checkpoint``, so it takes the function rather than importing it;

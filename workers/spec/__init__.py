@@ -17,11 +17,19 @@ from workers.contract import STRATEGIES
 from workers.models.config import get_model_config
 from workers.models.hf_config import check_layout
 from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
-from workers.spec.checkpoint import CheckpointSpec, GcsSpec, S3Spec
+from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSpec
 from workers.spec.metrics import MetricsSpec
 from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
+from workers.spec.stores import (
+    PATH_FIELDS,
+    GcsSpec,
+    S3Spec,
+    StoresSpec,
+    move_legacy_stores,
+    unused_store_error,
+)
 
 __all__ = [
     "MODEL_PRESETS",
@@ -40,6 +48,7 @@ __all__ = [
     "ResourcesSpec",
     "S3Spec",
     "Spec",
+    "StoresSpec",
     "TrainSpec",
     "WorkerRange",
     "parse_spec",
@@ -170,7 +179,7 @@ class JobSpec(Spec):
     """A training job: model, data, layout, resources, optimisation, checkpoints, failures."""
 
     # Inputs stay out of ValidationError's text (the API omits them too): a mistyped
-    # checkpoint.storage or checkpoint.s3 value may hold a key.
+    # checkpoint.storage or stores.s3 value may hold a key.
     model_config = SECRET_SAFE
 
     name: str = Field(description="DNS-label-like job name, <= 47 characters.")
@@ -186,6 +195,17 @@ class JobSpec(Spec):
     )
     failure: FailureSpec = Field(default_factory=FailureSpec, description="Failure handling.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Training curves.")
+    stores: StoresSpec = Field(
+        default_factory=StoresSpec,
+        description="How the s3:// and gs:// paths (model.hf, model.tokenizer, data.path, "
+        "checkpoint.storage) are reached: each path's scheme selects stores.s3 or stores.gcs.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stores_moved_out_of_checkpoint(cls, data):
+        # Specs written before the stores section carried checkpoint.s3 / checkpoint.gcs.
+        return move_legacy_stores(data)
 
     @field_validator("name")
     @classmethod
@@ -196,6 +216,14 @@ class JobSpec(Spec):
                 f"with a letter or digit (got {v!r})"
             )
         return v
+
+    @model_validator(mode="after")
+    def _stores_are_used(self) -> JobSpec:
+        paths = {f"{a}.{b}": getattr(getattr(self, a), b) for a, b in PATH_FIELDS}
+        error = unused_store_error(self.stores, paths)
+        if error:
+            raise ValueError(error)
+        return self
 
     @model_validator(mode="after")
     def _layout_fits_workers(self) -> JobSpec:

@@ -1,5 +1,5 @@
-"""``checkpoint``: when and where checkpoints are written, which are kept, and how the
-object store (``checkpoint.s3``, ``checkpoint.gcs``) is reached.
+"""``checkpoint``: when and where checkpoints are written, and which are kept (how an
+object store is reached is the spec's ``stores`` section, :mod:`workers.spec.stores`).
 
 Messages name the field and what is accepted, and never echo a value that may
 hold a key.
@@ -20,118 +20,6 @@ BUCKET_RE = {
     "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
     "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"),
 }
-REGION_RE = re.compile(r"[a-z0-9][-a-z0-9]{0,62}")
-SECRET_NAME_RE = re.compile(r"[a-z0-9][-_a-z0-9]{0,62}")
-
-
-class S3Spec(Spec):
-    """How to reach an ``s3://`` checkpoint store: endpoint, region and which credentials.
-
-    Credentials never appear in a spec. Without ``credentials_secret`` they come from
-    the standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and optional
-    ``AWS_SESSION_TOKEN``) environment variables, else the default AWS chain (instance
-    role, ``~/.aws``). With ``credentials_secret: NAME`` they come from
-    ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
-    (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_'. Which NAMEs a
-    tenant may use, and whether it may use the service's own keys, is the operator's access
-    policy. On Kubernetes a per-job cluster's pods get only these keys, from the tenant's
-    own ``etrain-storage-<tenant>`` Secret.
-    """
-
-    model_config = SECRET_SAFE  # a mistyped value here may be a key
-
-    endpoint_url: str | None = Field(
-        None,
-        description="S3 API endpoint, http(s)://host[:port], for MinIO and other "
-        "S3-compatible stores; unset = AWS S3. Only endpoints the operator lists for the "
-        "tenant (ETRAIN_POLICY_ENDPOINTS) are accepted.",
-    )
-    region: str | None = Field(
-        None, description="Region of the bucket, e.g. us-east-1; unset = the SDK's default."
-    )
-    credentials_secret: str | None = Field(
-        None,
-        description="NAME of a credentials secret (never a key): its values are read "
-        "from ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY "
-        "in the service's and the workers' environment; unset = the AWS_* variables. A "
-        "tenant may name only its own secrets (default: the one named after the tenant; "
-        "ETRAIN_POLICY_SECRETS) and, unless the operator allows it "
-        "(ETRAIN_POLICY_AMBIENT_CREDENTIALS), must name one.",
-    )
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint_is_a_url(cls, v: str | None) -> str | None:
-        return (
-            None
-            if v is None
-            else check_endpoint_url(
-                v,
-                field="checkpoint.s3.endpoint_url",
-                example="http://minio:9000",
-                credentials="name a secret in checkpoint.s3.credentials_secret",
-            )
-        )
-
-    @field_validator("region")
-    @classmethod
-    def _region_name(cls, v: str | None) -> str | None:
-        if v is not None and not REGION_RE.fullmatch(v):
-            raise ValueError("checkpoint.s3.region must be a region name such as us-east-1")
-        return v
-
-    @field_validator("credentials_secret")
-    @classmethod
-    def _secret_is_a_name(cls, v: str | None) -> str | None:
-        # Lowercase only: access key ids (AKIA...) and secret keys (mixed case, '/', '+')
-        # are refused, and the message never repeats what was given.
-        if v is not None and not SECRET_NAME_RE.fullmatch(v):
-            raise ValueError(
-                "checkpoint.s3.credentials_secret must be the NAME of a secret (1-63 lowercase "
-                "letters, digits, '-' or '_'), never a key; put the keys in "
-                "ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID and ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY"
-            )
-        return v
-
-
-class GcsSpec(Spec):
-    """How to reach a ``gs://`` checkpoint store that is not storage.googleapis.com.
-
-    Credentials never appear in a spec: ``GOOGLE_APPLICATION_CREDENTIALS`` (a
-    credentials JSON file), else Google's default chain, for Google and
-    ``https://`` endpoints. Requests to a plain ``http://`` endpoint (an emulator)
-    are anonymous: Google credentials are never sent in clear text.
-    """
-
-    model_config = SECRET_SAFE
-
-    endpoint_url: str | None = Field(
-        None,
-        description="GCS JSON API endpoint, http(s)://host[:port] with no path: an "
-        "emulator (fake-gcs-server, gcp-storage-emulator; http:// is anonymous) or a private "
-        "endpoint (https:// uses the Google credentials); unset = STORAGE_EMULATOR_HOST when "
-        "set, else storage.googleapis.com. Only endpoints the operator lists for the tenant "
-        "(ETRAIN_POLICY_ENDPOINTS) are accepted.",
-    )
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint_is_a_host(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        v = check_endpoint_url(
-            v,
-            field="checkpoint.gcs.endpoint_url",
-            example="http://gcs-emulator:9023",
-            credentials="credentials come from GOOGLE_APPLICATION_CREDENTIALS",
-        )
-        if urlsplit(v).path:
-            # pyarrow (Ray Train's view of the store) takes host:port only.
-            raise ValueError(
-                "checkpoint.gcs.endpoint_url must be http(s)://host[:port] with "
-                "no path, e.g. http://gcs-emulator:9023"
-            )
-        return v
 
 
 class CheckpointSpec(Spec):
@@ -144,17 +32,12 @@ class CheckpointSpec(Spec):
         description="file:///abs/path inside the tenant's checkpoint area, "
         "<data dir>/checkpoints/<tenant> (ETRAIN_POLICY_CHECKPOINT_ROOT; the default), "
         "resolved through '..' and symlinks; or s3://bucket[/prefix] "
-        "(AWS S3 or, with checkpoint.s3.endpoint_url, MinIO or any S3-compatible store) or "
-        "gs://bucket[/prefix] (Google Cloud Storage or, with checkpoint.gcs.endpoint_url, an "
-        "emulator) under a prefix the operator lists for the tenant "
+        "(AWS S3 or, with stores.s3.endpoint_url, MinIO or any S3-compatible store) or "
+        "gs://bucket[/prefix] (Google Cloud Storage or, with stores.gcs.endpoint_url, an "
+        "emulator): the scheme selects the store options, stores.s3 or stores.gcs; under "
+        "a prefix the operator lists for the tenant "
         "(ETRAIN_POLICY_OBJECT_STORES). Object stores are checked for write access at submit, "
         "with the credentials the job will use.",
-    )
-    s3: S3Spec | None = Field(
-        None, description="Endpoint, region and credentials secret name for s3:// storage."
-    )
-    gcs: GcsSpec | None = Field(
-        None, description="Endpoint for gs:// storage that is not storage.googleapis.com."
     )
     every_steps: int | None = Field(
         10,
@@ -200,20 +83,6 @@ class CheckpointSpec(Spec):
         return None if v is None else check_storage_uri(v)
 
     @model_validator(mode="after")
-    def _store_options_match_the_scheme(self) -> CheckpointSpec:
-        if self.s3 is not None and not (self.storage or "").startswith("s3://"):
-            raise ValueError(
-                "checkpoint.s3 is only used with an s3:// checkpoint.storage; "
-                "remove it or set checkpoint.storage to s3://bucket[/prefix]"
-            )
-        if self.gcs is not None and not (self.storage or "").startswith("gs://"):
-            raise ValueError(
-                "checkpoint.gcs is only used with a gs:// checkpoint.storage; "
-                "remove it or set checkpoint.storage to gs://bucket[/prefix]"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _interval_fields_agree(self) -> CheckpointSpec:
         if self.interval == "auto" and self.every_seconds is not None:
             raise ValueError(
@@ -235,23 +104,6 @@ class CheckpointSpec(Spec):
         return self
 
 
-def check_endpoint_url(v: str, *, field: str, example: str, credentials: str) -> str:
-    """Validate an object-store endpoint ``v`` for ``field``; return it without a trailing '/'.
-
-    Raises ValueError naming ``field`` (with ``example``, and ``credentials``: where
-    keys go instead); never repeats ``v``, which may hold a key.
-    """
-    # urlsplit drops tabs and newlines silently: refuse every control character first.
-    url = urlsplit(printable(v, field))
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"{field} must be http(s)://host[:port], e.g. {example}")
-    if url.username or url.password or url.query or url.fragment:
-        raise ValueError(
-            f"{field} must not carry credentials, a query or a fragment; {credentials}"
-        )
-    return v.rstrip("/")
-
-
 def check_storage_uri(v: str) -> str:
     """Validate a ``checkpoint.storage`` URI; return it without a trailing '/'.
 
@@ -269,7 +121,7 @@ def check_storage_uri(v: str) -> str:
         # Never echo the value: user:key@ or ?key= may hold credentials.
         raise ValueError(
             "checkpoint.storage must not carry credentials, a query or a "
-            "fragment; for s3:// name a secret in checkpoint.s3.credentials_secret"
+            "fragment; for s3:// name a secret in stores.s3.credentials_secret"
         )
     if url.scheme == "file":
         if url.netloc or not url.path.startswith("/"):

@@ -16,7 +16,8 @@ class MetricsSpec(Spec):
         "samples/s, step time, world size) and the job's events (starts, restores, resizes, "
         "checkpoints) as TensorBoard event files under "
         "<checkpoint storage>/<job id>/checkpoints/tensorboard, from a background thread, on "
-        "local and object storage (s3://, gs://: written locally and copied to the store "
+        "local and object storage (s3://, gs://, reached like checkpoint.storage with "
+        "stores.s3 / stores.gcs: written locally and copied to the store "
         "every 10 s, before each checkpoint commits and at the end). "
         "Unset: the service's ETRAIN_TENSORBOARD_DEFAULT.",
     )

@@ -83,8 +83,8 @@ class ModelSpec(Spec):
         "data area or a shared data root (resolved through '..' and symlinks; another "
         "tenant's area, the service's data dir and system folders are refused), or an "
         "s3:// / gs:// URL under a prefix the tenant may use (ETRAIN_POLICY_OBJECT_STORES), "
-        "reached with checkpoint.s3 / checkpoint.gcs when the scheme is theirs and the "
-        "credentials the job's workers get for it (its AWS_* or checkpoint.s3."
+        "reached with stores.s3 (s3://) or stores.gcs (gs://), as its scheme selects, and the "
+        "credentials the job's workers get for it (its AWS_* or stores.s3."
         "credentials_secret variables, whatever checkpoint.storage is). At submit and plan "
         "the service reads config.json (at most 1 MiB; from a store in its probe threads, "
         "bounded by ETRAIN_PROBE_TIMEOUT_S) and "
@@ -114,7 +114,8 @@ class ModelSpec(Spec):
         None,
         max_length=4096,
         description="A folder with tokenizer.json (and tokenizer_config.json); defaults to "
-        "model.hf. Same places as model.hf; from s3:// / gs:// only the tokenizer files "
+        "model.hf. Same places as model.hf (s3:// reached with stores.s3, gs:// with "
+        "stores.gcs); from s3:// / gs:// only the tokenizer files "
         "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat templates; "
         "64 MiB each at most) are copied once per node into its cache.",
     )

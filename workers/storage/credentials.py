@@ -49,18 +49,18 @@ def s3_options(
         missing = [n for n in names[:2] if not env.get(n)]
         if missing:
             raise StorageError(
-                f"checkpoint.s3.credentials_secret {credentials_secret!r}: {' and '.join(missing)} "
+                f"stores.s3.credentials_secret {credentials_secret!r}: {' and '.join(missing)} "
                 f"not set in this process's environment; set {names[0]} and {names[1]} "
                 f"(optionally {names[2]}), on Kubernetes as keys of the etrain-storage Secret"
             )
-        source = f"checkpoint.s3.credentials_secret {credentials_secret!r} ({names[0]}, ...)"
+        source = f"stores.s3.credentials_secret {credentials_secret!r} ({names[0]}, ...)"
     else:
         names = AWS_ENV
         if bool(env.get(names[0])) != bool(env.get(names[1])):
             raise StorageError(
                 "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
                 "neither (the default AWS chain), or name a secret in "
-                "checkpoint.s3.credentials_secret"
+                "stores.s3.credentials_secret"
             )
         source = (
             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
@@ -89,7 +89,7 @@ def gs_options(*, endpoint_url: str | None, env: Mapping[str, str]) -> tuple[dic
 
         if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
             raise StorageError(
-                f"gs:// endpoint {endpoint} (checkpoint.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
+                f"gs:// endpoint {endpoint} (stores.gcs.endpoint_url or {GCS_EMULATOR_ENV}): "
                 "gcsfs would look up the bucket's type over gRPC with TLS, which a plain-http "
                 "endpoint does not serve (each request would wait about a minute); set "
                 f"{GCSFS_GRPC_ENV}=false in the service's and the workers' environment"

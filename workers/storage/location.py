@@ -1,6 +1,9 @@
-"""Checkpoint storage: ``file://``, ``s3://`` (AWS S3, MinIO, any S3-compatible store), ``gs://``.
+"""Job storage: ``file://``, ``s3://`` (AWS S3, MinIO, any S3-compatible store), ``gs://``.
 
-One :class:`StorageLocation` gives every consumer the same view of a store: an
+Which store options a URI gets is decided once, here (:func:`store_options`): its scheme
+selects the spec's ``stores.s3`` (``s3://``) or ``stores.gcs`` (``gs://``), whichever
+path field (``model.hf``, ``model.tokenizer``, ``data.path``, ``checkpoint.storage``)
+it comes from. One :class:`StorageLocation` gives every consumer the same view of a store: an
 fsspec file system (DCP writers and readers, listing, pruning), the pyarrow file
 system that Ray Train's ``RunConfig(storage_path, storage_filesystem)`` takes,
 and URIs for reports. Credentials are read from the environment and live only
@@ -10,7 +13,7 @@ from, never their values:
 - ``s3://`` by default: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and
   optional ``AWS_SESSION_TOKEN``), else the default AWS chain (instance role,
   ``~/.aws``).
-- ``s3://`` with ``checkpoint.s3.credentials_secret: NAME``:
+- ``s3://`` with ``stores.s3.credentials_secret: NAME``:
   ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``ETRAIN_SECRET_<NAME>_SECRET_ACCESS_KEY``
   (and optional ``..._SESSION_TOKEN``), NAME upper-cased with '-' as '_'. On
   Kubernetes the control plane reads them from the ``etrain-storage`` Secret (for its
@@ -18,7 +21,7 @@ from, never their values:
   tenant's ``etrain-storage-<tenant>`` Secret.
 - ``gs://``: ``GOOGLE_APPLICATION_CREDENTIALS`` (a credentials JSON file), else
   Google's default chain (workload identity, metadata server).
-- ``gs://`` with ``checkpoint.gcs.endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, as
+- ``gs://`` with ``stores.gcs.endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, as
   Google's clients read it): that JSON API endpoint, for both file systems. An
   ``http://`` endpoint (an emulator) gets anonymous requests, never credentials in
   clear text, and needs gcsfs's plain client: its default one looks up every
@@ -54,9 +57,9 @@ if TYPE_CHECKING:
     import pyarrow.fs
     from fsspec import AbstractFileSystem
 
-    # A spec's ``checkpoint`` section (workers.spec.CheckpointSpec, a layer above this one):
-    # read for its ``storage``, ``s3`` and ``gcs`` fields only.
-    CheckpointSpec = Any
+    # A spec's ``stores`` section (workers.spec.StoresSpec, a layer above this one):
+    # read for its ``s3`` and ``gcs`` fields only.
+    StoresSpec = Any
 
 SCHEMES = ("file", "s3", "gs")
 OBJECT_STORES = ("s3://", "gs://")
@@ -96,7 +99,7 @@ class StorageLocation:
 
     @property
     def endpoint_url(self) -> str | None:
-        """The endpoint override (``checkpoint.s3`` or ``checkpoint.gcs``), if any."""
+        """The endpoint override (``stores.s3`` or ``stores.gcs``), if any."""
         return self.options.get("endpoint_url") or self.options.get("client_kwargs", {}).get(
             "endpoint_url"
         )
@@ -163,14 +166,12 @@ def is_remote(uri: str | None) -> bool:
     return bool(uri) and str(uri).startswith(OBJECT_STORES)
 
 
-def stores_for(checkpoint: CheckpointSpec | None) -> Callable[[str], StorageLocation]:
-    """A URL -> its StorageLocation, with the spec's ``checkpoint`` section's store options
-    where the scheme is theirs: how a job reaches ``model.hf``, ``model.tokenizer``,
-    ``data.path`` and TensorBoard's folder as its workers do. Without a section, this
+def stores_for(stores: StoresSpec | None) -> Callable[[str], StorageLocation]:
+    """A URL -> its StorageLocation, with the spec's ``stores`` options where the scheme is
+    theirs: how a job reaches ``model.hf``, ``model.tokenizer``, ``data.path``, its
+    checkpoints and TensorBoard's folder as its workers do. Without a section, this
     process's defaults."""
-    if checkpoint is None:
-        return resolve_storage
-    return lambda uri: resolve_checkpoint_storage(checkpoint, uri=uri)
+    return lambda uri: resolve_store(uri, stores)
 
 
 def credential_env(
@@ -200,13 +201,13 @@ def _check_options_fit(
         )
     if scheme != "s3" and (region or credentials_secret):
         raise StorageError(
-            "checkpoint.s3 is only used with an s3:// checkpoint.storage; "
+            "stores.s3 (region, credentials_secret) is only used with s3:// paths; "
             "remove it or use s3://bucket[/prefix]"
         )
     if scheme == "file" and endpoint_url:
         raise StorageError(
-            "an endpoint_url (checkpoint.s3 or checkpoint.gcs) is only used with "
-            "s3:// or gs:// checkpoint.storage; remove it"
+            "an endpoint_url (stores.s3 or stores.gcs) is only used with "
+            "s3:// or gs:// paths; remove it"
         )
 
 
@@ -220,8 +221,8 @@ def resolve_storage(
 ) -> StorageLocation:
     """The :class:`StorageLocation` of ``uri`` with credentials from ``env`` (default: os.environ).
 
-    ``endpoint_url`` is ``checkpoint.s3.endpoint_url`` or ``checkpoint.gcs.endpoint_url``;
-    ``region`` and ``credentials_secret`` are ``checkpoint.s3`` fields and apply to
+    ``endpoint_url`` is ``stores.s3.endpoint_url`` or ``stores.gcs.endpoint_url``;
+    ``region`` and ``credentials_secret`` are ``stores.s3`` fields and apply to
     ``s3://`` only. Raises :class:`StorageError` for an unknown scheme, missing
     credentials or a gcsfs that cannot use the endpoint; it does not contact the
     store (see :func:`check_storage`).
@@ -264,11 +265,12 @@ def resolve_storage(
     )
 
 
-def _section_options(checkpoint: CheckpointSpec, scheme: str) -> dict[str, str | None]:
-    """The ``checkpoint.s3`` / ``checkpoint.gcs`` fields that apply to a store of ``scheme``,
-    as :func:`resolve_storage` takes them: the one mapping from a spec to a store."""
-    s3 = checkpoint.s3 if scheme == "s3" else None
-    store = s3 or (checkpoint.gcs if scheme == "gs" else None)
+def store_options(stores: StoresSpec | None, scheme: str) -> dict[str, str | None]:
+    """The ``stores.s3`` / ``stores.gcs`` fields that apply to a URI of ``scheme``, as
+    :func:`resolve_storage` takes them: the one rule from a spec to a store (``s3://``
+    gets ``stores.s3``, ``gs://`` ``stores.gcs``, anything else none)."""
+    s3 = getattr(stores, "s3", None) if scheme == "s3" else None
+    store = s3 or (getattr(stores, "gcs", None) if scheme == "gs" else None)
     return {
         "endpoint_url": store.endpoint_url if store else None,
         "region": s3.region if s3 else None,
@@ -276,31 +278,13 @@ def _section_options(checkpoint: CheckpointSpec, scheme: str) -> dict[str, str |
     }
 
 
-def resolve_checkpoint_storage(
-    checkpoint: CheckpointSpec, *, uri: str | None = None, env: Mapping[str, str] | None = None
+def resolve_store(
+    uri: str, stores: StoresSpec | None, *, env: Mapping[str, str] | None = None
 ) -> StorageLocation:
-    """:func:`resolve_storage` for a spec's ``checkpoint`` section.
-
-    ``uri`` (default: ``checkpoint.storage``) may be another location, such as a
-    run directory under it; the section's ``s3`` or ``gcs`` fields apply when the
-    scheme of ``uri`` is theirs.
-    """
-    uri = uri or checkpoint.storage
-    if not uri:
-        raise StorageError(
-            "checkpoint.storage must be set before launch (the service fills in its default)"
-        )
-    return resolve_storage(uri, **_section_options(checkpoint, urlsplit(uri).scheme), env=env)
-
-
-def checkpoint_credential_env(
-    checkpoint: CheckpointSpec, *, env: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The credential variables of ``env`` (default: this process's) that a job whose
-    ``checkpoint`` section this is needs in its workers' environment."""
-    uri = checkpoint.storage or ""
-    secret = _section_options(checkpoint, urlsplit(uri).scheme)["credentials_secret"]
-    return credential_env(uri, credentials_secret=secret, env=env)
+    """:func:`resolve_storage` of ``uri`` (any path field of a spec: ``checkpoint.storage``
+    or a folder under it, ``model.hf``, ``model.tokenizer``, ``data.path``) with the spec's
+    ``stores`` options its scheme selects (:func:`store_options`)."""
+    return resolve_storage(uri, **store_options(stores, urlsplit(uri).scheme), env=env)
 
 
 def job_store_uris(spec) -> list[str]:
@@ -312,18 +296,19 @@ def job_store_uris(spec) -> list[str]:
 
 def job_credential_env_names(spec) -> tuple[str, ...]:
     """The credential variables (names only) a job's workers read for every store ``spec``
-    names: per ``s3://`` location ``checkpoint.s3.credentials_secret``'s, else AWS_*."""
+    names: per ``s3://`` location ``stores.s3.credentials_secret``'s, else AWS_*."""
     names: dict[str, None] = {}
     for uri in job_store_uris(spec):
         if urlsplit(uri).scheme == "s3":
-            secret = _section_options(spec.checkpoint, "s3")["credentials_secret"]
+            secret = store_options(spec.stores, "s3")["credentials_secret"]
             names.update(dict.fromkeys(secret_env_names(secret) if secret else AWS_ENV))
     return tuple(names)
 
 
 def job_credential_env(spec, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """:func:`checkpoint_credential_env` for every store ``spec`` names (see
-    :func:`job_store_uris`): what its workers need to read its model, tokenizer and data
-    and to write its checkpoints, whichever of them is in an object store."""
+    """The credential variables of ``env`` (default: this process's) that a job's workers
+    need for every store ``spec`` names (see :func:`job_store_uris`): to read its model,
+    tokenizer and data and to write its checkpoints, whichever of them is in an object
+    store."""
     env = os.environ if env is None else env
     return {name: env[name] for name in job_credential_env_names(spec) if env.get(name)}

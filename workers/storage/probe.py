@@ -96,7 +96,7 @@ def _explain(loc: StorageLocation, e: Exception) -> str:
     code = store_error_code(e)
     bucket = loc.root.split("/", 1)[0]
     at = f" at {loc.endpoint_url}" if loc.endpoint_url else ""
-    endpoint_field = f"checkpoint.{'gcs' if loc.scheme == 'gs' else 's3'}.endpoint_url"
+    endpoint_field = f"stores.{'gcs' if loc.scheme == 'gs' else 's3'}.endpoint_url"
     head = f"checkpoint.storage {loc.uri}"
     if loc.scheme == "file":
         return (

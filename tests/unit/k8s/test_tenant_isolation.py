@@ -16,15 +16,16 @@ from service.k8s.validate import validate_objects
 from tests.unit.k8s.fake_kube import FakeCustomObjectsApi
 
 
-def _spec(checkpoint: dict | None = None) -> str:
-    spec = {"name": "tiny", "resources": {"workers": {"min": 1, "max": 2}}}
-    if checkpoint:
-        spec["checkpoint"] = checkpoint
+def _spec(sections: dict | None = None) -> str:
+    spec = {"name": "tiny", "resources": {"workers": {"min": 1, "max": 2}}, **(sections or {})}
     return json.dumps(spec)
 
 
-S3_NAMED = {"storage": "s3://team-a-ckpt/run", "s3": {"credentials_secret": "teama"}}
-S3_DEFAULT = {"storage": "s3://team-a-ckpt/run"}
+S3_NAMED = {
+    "checkpoint": {"storage": "s3://team-a-ckpt/run"},
+    "stores": {"s3": {"credentials_secret": "teama"}},
+}
+S3_DEFAULT = {"checkpoint": {"storage": "s3://team-a-ckpt/run"}}
 
 
 def _submit(spec_json: str, *, tenant: str | None = "team-a", **kw) -> dict:

@@ -24,7 +24,9 @@ from workers.storage.location import job_credential_env, job_store_uris
 ENV = {**AWS, **NAMED, **OTHER}
 
 
-def _spec(hf: str | None = None, checkpoint: dict | None = None, **data) -> JobSpec:
+def _spec(
+    hf: str | None = None, checkpoint: dict | None = None, stores: dict | None = None, **data
+) -> JobSpec:
     return JobSpec.model_validate(
         {
             "name": "j",
@@ -33,31 +35,34 @@ def _spec(hf: str | None = None, checkpoint: dict | None = None, **data) -> JobS
             "train": {"global_batch_size": 2, "micro_batch_size": 2},
             "resources": {"workers": 1},
             "checkpoint": checkpoint or {"storage": "file:///shared/ckpt"},
+            "stores": stores or {},
         }
     )
 
 
 @pytest.mark.parametrize(
-    ("hf", "checkpoint", "expected"),
+    ("hf", "checkpoint", "stores", "expected"),
     [
-        ("s3://models/llama", None, AWS),  # local checkpoints, model in S3: AWS_* still go
+        ("s3://models/llama", None, None, AWS),  # local checkpoints, model in S3: AWS_* go
         (
             "s3://models/llama",
-            {"storage": "s3://ckpts/jobs", "s3": {"credentials_secret": "minio"}},
+            {"storage": "s3://ckpts/jobs"},
+            {"s3": {"credentials_secret": "minio"}},
             NAMED,
         ),
-        ("gs://models/llama", None, {}),
-        ("/data/llama", None, {}),
+        # The secret serves every s3:// path, whatever checkpoint.storage is.
+        ("s3://models/llama", None, {"s3": {"credentials_secret": "minio"}}, NAMED),
+        ("gs://models/llama", None, None, {}),
+        ("/data/llama", None, None, {}),
     ],
-    ids=["s3-model-file-ckpt", "named-secret", "gs", "local"],
+    ids=["s3-model-file-ckpt", "named-secret", "named-secret-file-ckpt", "gs", "local"],
 )
-def test_the_workers_get_the_credentials_of_every_store_the_spec_names(hf, checkpoint, expected):
-    spec = _spec(hf, checkpoint)
+def test_the_workers_get_the_credentials_of_every_store_the_spec_names(
+    hf, checkpoint, stores, expected
+):
+    spec = _spec(hf, checkpoint, stores)
     assert job_credential_env(spec, env=ENV) == expected
     assert storage_launch_env(spec, env=ENV) == expected
-    assert storage_launch_env(spec.checkpoint, env=ENV) == (
-        expected if checkpoint else {}
-    )  # the checkpoint section alone sees only its own store
     names = storage_env_names(spec)
     assert set(names) == set(expected) | ({"AWS_SESSION_TOKEN"} if expected == AWS else set()) | (
         {"ETRAIN_SECRET_MINIO_SESSION_TOKEN"} if expected == NAMED else set()
@@ -66,7 +71,7 @@ def test_the_workers_get_the_credentials_of_every_store_the_spec_names(hf, check
 
 
 def test_data_path_and_tokenizer_count_too():
-    spec = _spec(None, None, path="s3://data/rows.jsonl", source="jsonl")
+    spec = _spec(None, None, None, path="s3://data/rows.jsonl", source="jsonl")
     assert job_store_uris(spec) == ["file:///shared/ckpt", "s3://data/rows.jsonl"]
     assert storage_env_names(spec) == AWS_ENV
 

@@ -56,9 +56,9 @@ def tenant(stores) -> str:
     return stores.tokens.create_tenant("acme").id
 
 
-def _job(stores: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
+def _job(db: Stores, tenant: str, name: str = "tiny", **sections) -> JobRecord:
     spec = parse_spec({"name": name, **sections})
-    return stores.jobs.create_job(
+    return db.jobs.create_job(
         tenant_id=tenant, name=name, spec=spec, min_workers=spec.resources.min_workers
     )
 
@@ -216,8 +216,12 @@ def test_a_jobs_ray_env_holds_only_its_own_storage_keys(
 
     for name, value in SERVICE_SECRETS.items():
         monkeypatch.setenv(name, value)
-    checkpoint = {"storage": "s3://acme-bucket/ckpt", "s3": {"credentials_secret": "acme"}}
-    job = _job(stores, tenant, checkpoint=checkpoint)
+    job = _job(
+        stores,
+        tenant,
+        checkpoint={"storage": "s3://acme-bucket/ckpt"},
+        stores={"s3": {"credentials_secret": "acme"}},
+    )
     reconciler.tick()
     req = backend.submitted[0]
     assert req.job_id == job.id

@@ -11,7 +11,7 @@ from service.domain.reconciler import Reconciler
 from service.domain.storage_check import check_checkpoint_storage, storage_launch_env
 from service.settings import Settings
 from tests.support.fakes import FakeBackend
-from workers.spec import CheckpointSpec, parse_spec
+from workers.spec import CheckpointSpec, StoresSpec, parse_spec
 
 SECRET_NAME = "moto-store"
 SECRET_VARS = (
@@ -28,16 +28,24 @@ def test_local_storage_is_not_probed(storage, monkeypatch):
     """The service may not share the workers' file system: only object stores are probed."""
     probed = []
     monkeypatch.setattr(storage_check, "check_storage", lambda loc, **_: probed.append(loc))
-    check_checkpoint_storage(CheckpointSpec(storage=storage), env={})
+    check_checkpoint_storage(CheckpointSpec(storage=storage), StoresSpec(), env={})
     assert probed == []
-    check_checkpoint_storage(CheckpointSpec(storage="s3://bkt/p"), env={})  # the same path
+    check_checkpoint_storage(CheckpointSpec(storage="s3://bkt/p"), None, env={})  # the same path
     assert [loc.uri for loc in probed] == ["s3://bkt/p"]
+
+
+def test_the_probe_reaches_the_store_with_the_stores_section(monkeypatch):
+    probed = []
+    monkeypatch.setattr(storage_check, "check_storage", lambda loc, **_: probed.append(loc))
+    stores = StoresSpec.model_validate({"gcs": {"endpoint_url": "http://127.0.0.1:9023"}})
+    check_checkpoint_storage(CheckpointSpec(storage="gs://bkt/p"), stores, env={})
+    assert [loc.endpoint_url for loc in probed] == ["http://127.0.0.1:9023"]
 
 
 # --- credentials forwarded to the workers --------------------------------------------------------
 
 
-def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
+def _launch_env(tmp_path, sections: dict, **settings) -> dict[str, str]:
     """The env of the LaunchRequest a reconciler tick hands the backend for this job."""
     from service.store import Stores, migrate
 
@@ -45,7 +53,7 @@ def _launch_env(tmp_path, checkpoint: dict, **settings) -> dict[str, str]:
     migrate(store_url)
     stores = Stores.open(store_url)
     try:
-        spec = parse_spec({"name": "s3-job", "checkpoint": checkpoint})
+        spec = parse_spec({"name": "s3-job", **sections})
         tenant = stores.tokens.create_tenant("acme").id
         stores.jobs.create_job(
             tenant_id=tenant, name="s3-job", spec=spec, min_workers=spec.resources.min_workers
@@ -70,26 +78,29 @@ NAMED = {
     "ETRAIN_SECRET_MINIO_SECRET_ACCESS_KEY": "named-secret",
 }
 OTHER = {"ETRAIN_SECRET_OTHER_ACCESS_KEY_ID": "x", "ETRAIN_SECRET_OTHER_SECRET_ACCESS_KEY": "y"}
-S3 = {"storage": "s3://bucket-a/jobs", "s3": {"endpoint_url": "http://minio:9000"}}
+S3 = {
+    "checkpoint": {"storage": "s3://bucket-a/jobs"},
+    "stores": {"s3": {"endpoint_url": "http://minio:9000"}},
+}
 
 
 @pytest.mark.parametrize(
-    ("checkpoint", "settings", "expected"),
+    ("sections", "settings", "expected"),
     [
         (S3, {}, AWS),
-        ({**S3, "s3": {"credentials_secret": "minio"}}, {}, NAMED),
-        ({"storage": "file:///shared/ckpt"}, {}, {}),
-        ({"storage": "gs://bucket-a/jobs"}, {}, {}),
+        ({**S3, "stores": {"s3": {"credentials_secret": "minio"}}}, {}, NAMED),
+        ({"checkpoint": {"storage": "file:///shared/ckpt"}}, {}, {}),
+        ({"checkpoint": {"storage": "gs://bucket-a/jobs"}}, {}, {}),
         (S3, {"backend": "kuberay"}, {}),  # pods read the etrain-storage Secret themselves
     ],
     ids=["aws-env", "named-secret", "file", "gs", "kuberay"],
 )
 def test_launch_env_carries_only_the_credentials_the_storage_needs(
-    tmp_path, monkeypatch, checkpoint, settings, expected
+    tmp_path, monkeypatch, sections, settings, expected
 ):
     for name, value in {**AWS, **NAMED, **OTHER}.items():
         monkeypatch.setenv(name, value)
-    env = _launch_env(tmp_path, checkpoint, **settings)
+    env = _launch_env(tmp_path, sections, **settings)
     forwarded = {k: v for k, v in env.items() if k.startswith(("AWS_", "ETRAIN_SECRET_"))}
     assert forwarded == expected
     assert env["ETRAIN_REPORT_TOKEN"]  # the rest of the launch env is unchanged
@@ -97,6 +108,10 @@ def test_launch_env_carries_only_the_credentials_the_storage_needs(
 
 def test_storage_launch_env_reads_the_stored_section():
     env = {**AWS, **NAMED}
-    assert storage_launch_env(CheckpointSpec(storage="s3://bkt/p"), env=env) == AWS
-    assert storage_launch_env(CheckpointSpec(), env=env) == {}
-    assert storage_launch_env(CheckpointSpec(storage="gs://bkt/p"), env=env) == {}
+
+    def launch_env(**sections) -> dict[str, str]:
+        return storage_launch_env(parse_spec({"name": "j", **sections}), env=env)
+
+    assert launch_env(checkpoint={"storage": "s3://bkt/p"}) == AWS
+    assert launch_env() == {}
+    assert launch_env(checkpoint={"storage": "gs://bkt/p"}) == {}

@@ -52,10 +52,11 @@ def test_tensorboard_line_for_any_storage_with_tensorboard_on():
     assert tensorboard_line({"id": "j-1", "spec": gcs}) == (
         "tensorboard --logdir gs://bucket/x/j-1/checkpoints/tensorboard"
     )
-    minio = {"storage": "s3://b", "s3": {"endpoint_url": "http://minio:9000"}}
-    assert tensorboard_line({"id": "j-1", "spec": {**spec, "checkpoint": minio}}) == (
-        "S3_ENDPOINT=http://minio:9000 tensorboard --logdir s3://b/j-1/checkpoints/tensorboard"
-    )
+    minio = {"checkpoint": {"storage": "s3://b"}, "stores": {"s3": {"endpoint_url": "http://m:9"}}}
+    line = "S3_ENDPOINT=http://m:9 tensorboard --logdir s3://b/j-1/checkpoints/tensorboard"
+    assert tensorboard_line({"id": "j-1", "spec": {**spec, **minio}}) == line
+    old = {"storage": "s3://b", "s3": {"endpoint_url": "http://m:9"}}  # an older service's
+    assert tensorboard_line({"id": "j-1", "spec": {**spec, "checkpoint": old}}) == line
 
 
 def test_status_prints_the_logdir_line(server):  # noqa: F811

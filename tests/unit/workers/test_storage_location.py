@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 
 import pytest
 
 from tests.support.storage_checks import AWS, KEY, NAMED, SECRET, TOKEN, no_secrets, round_trip
-from workers.spec import CheckpointSpec
+from workers.spec import StoresSpec
 from workers.storage.location import (
     StorageError,
     credential_env,
-    resolve_checkpoint_storage,
     resolve_storage,
+    resolve_store,
     secret_env_names,
+    store_options,
+    stores_for,
 )
 from workers.storage.probe import check_storage
 
@@ -87,7 +88,7 @@ def test_missing_named_secret_names_the_field_and_the_variables():
             env={"ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID": KEY},
         )
     msg = str(info.value)
-    assert "checkpoint.s3.credentials_secret" in msg
+    assert "stores.s3.credentials_secret" in msg
     assert "ETRAIN_SECRET_MINIO_STORE_SECRET_ACCESS_KEY" in msg
     assert "ETRAIN_SECRET_MINIO_STORE_ACCESS_KEY_ID" in msg
     no_secrets(msg)
@@ -192,9 +193,9 @@ def test_gs_plain_http_endpoint_needs_gcsfs_without_its_grpc_lookup(monkeypatch)
         ("file://relative/x", {}, "absolute"),
         ("s3://", {}, "s3://bucket"),
         (f"s3://{KEY}:{SECRET}@bucket/p", {}, "no credentials"),
-        ("gs://bucket/p", {"region": "us-east-1"}, "checkpoint.s3"),
-        ("file:///x", {"endpoint_url": "http://127.0.0.1:9023"}, "checkpoint.gcs"),
-        ("file:///x", {"credentials_secret": "minio"}, "checkpoint.s3"),
+        ("gs://bucket/p", {"region": "us-east-1"}, "stores.s3"),
+        ("file:///x", {"endpoint_url": "http://127.0.0.1:9023"}, "stores.gcs"),
+        ("file:///x", {"credentials_secret": "minio"}, "stores.s3"),
         ("s3://bucket/p", {"env": {"AWS_ACCESS_KEY_ID": KEY}}, "AWS_SECRET_ACCESS_KEY"),
     ],
 )
@@ -206,10 +207,9 @@ def test_unusable_uris_and_settings_are_refused_clearly(uri, kwargs, needle):
     no_secrets(str(info.value))
 
 
-def test_resolve_checkpoint_storage_takes_the_spec_section():
-    ckpt = CheckpointSpec.model_validate(
+def test_resolve_store_takes_the_spec_section():
+    stores = StoresSpec.model_validate(
         {
-            "storage": "s3://my-bucket/p",
             "s3": {
                 "endpoint_url": "http://minio:9000",
                 "region": "us-east-1",
@@ -217,22 +217,31 @@ def test_resolve_checkpoint_storage_takes_the_spec_section():
             },
         }
     )
-    loc = resolve_checkpoint_storage(ckpt, env=NAMED)
+    loc = resolve_store("s3://my-bucket/p", stores, env=NAMED)
     assert loc.endpoint_url == "http://minio:9000" and loc.options["key"] == KEY
-    with pytest.raises(StorageError, match=re.escape("checkpoint.storage")):
-        resolve_checkpoint_storage(CheckpointSpec(), env={})
 
 
-def test_resolve_checkpoint_storage_applies_the_section_of_the_uri_scheme():
-    ckpt = CheckpointSpec.model_validate(
-        {"storage": "gs://my-bucket/p", "gcs": {"endpoint_url": "http://127.0.0.1:9023/"}}
+def test_the_uri_scheme_selects_the_store_options():
+    stores = StoresSpec.model_validate(
+        {
+            "s3": {"endpoint_url": "http://minio:9000", "credentials_secret": "minio-store"},
+            "gcs": {"endpoint_url": "http://127.0.0.1:9023/"},
+        }
     )
-    run_dir = resolve_checkpoint_storage(ckpt, uri="gs://my-bucket/p/j-1/checkpoints", env={})
+    run_dir = resolve_store("gs://my-bucket/p/j-1/checkpoints", stores, env={})
     assert run_dir.endpoint_url == "http://127.0.0.1:9023" and run_dir.root.endswith(
         "/j-1/checkpoints"
     )
-    local = resolve_checkpoint_storage(ckpt, uri="file:///tmp/run", env={})
+    local = stores_for(stores)("file:///tmp/run")
     assert local.scheme == "file" and local.endpoint_url is None
+    assert store_options(stores, "s3")["credentials_secret"] == "minio-store"
+    assert store_options(stores, "gs") == {
+        "endpoint_url": "http://127.0.0.1:9023",
+        "region": None,
+        "credentials_secret": None,
+    }
+    assert set(store_options(stores, "file").values()) == {None}
+    assert set(store_options(None, "s3").values()) == {None}
 
 
 def test_credential_env_holds_only_what_the_store_needs():

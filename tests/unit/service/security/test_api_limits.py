@@ -240,10 +240,11 @@ CASES = {
     ),
     "tab-in-s3-endpoint": (
         _submit_sections(
-            checkpoint={"storage": "s3://bucket/x", "s3": {"endpoint_url": "http://minio\t:9000"}}
+            checkpoint={"storage": "s3://bucket/x"},
+            stores={"s3": {"endpoint_url": "http://minio\t:9000"}},
         ),
         422,
-        "checkpoint.s3.endpoint_url must not contain control characters",
+        "stores.s3.endpoint_url must not contain control characters",
     ),
     # json.loads of the first line raised RecursionError at submit: a 500.
     "deep-jsonl-first-line": (

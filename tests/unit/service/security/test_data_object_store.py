@@ -1,6 +1,6 @@
 """data.path on an object store: allowed only under the tenant's listed prefixes, and on
-s3:// only with the job's own secret (an s3:// checkpoint.storage with
-checkpoint.s3.credentials_secret) unless the tenant may use the service's keys; through
+s3:// only with the job's own secret (stores.s3.credentials_secret, whatever
+checkpoint.storage is) unless the tenant may use the service's keys; through
 submit and plan, against the real app on a fake backend (the probes record, send nothing;
 tests/integration/test_data_object_store.py reads a real store at submit).
 """
@@ -25,15 +25,13 @@ TINY = {
     "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 4},
     "model": {"tokenizer": "s3://ckpt/team-b/tok"},
 }
-OWN_STORE = {
-    "storage": "s3://ckpt/team-b/run",
-    "s3": {"endpoint_url": ENDPOINT, "credentials_secret": B},
-}
+OWN_SECRET = {"stores": {"s3": {"endpoint_url": ENDPOINT, "credentials_secret": B}}}
+OWN_STORE = {"checkpoint": {"storage": "s3://ckpt/team-b/run"}, **OWN_SECRET}
 
 
-def _spec(path: str, checkpoint: dict | None = None, source: str = "jsonl") -> dict:
+def _spec(path: str, sections: dict | None = None, source: str = "jsonl") -> dict:
     data = {"source": source, "path": path, "seq_len": 16}
-    return {**TINY, "data": data, **({"checkpoint": checkpoint} if checkpoint else {})}
+    return {**TINY, "data": data, **(sections or {})}
 
 
 # (id, tenant, spec, words the data.path refusal must hold)
@@ -64,6 +62,8 @@ REFUSED = [
 ALLOWED = [
     ("own-prefix-own-secret", B, _spec("s3://ckpt/team-b/rows.jsonl", OWN_STORE)),
     ("prepared-own-prefix", B, _spec("s3://ckpt/team-b/prep", OWN_STORE, "prepared")),
+    # The secret serves every s3:// path: no s3:// checkpoint.storage is needed for it.
+    ("own-secret-local-checkpoints", B, _spec("s3://ckpt/team-b/rows.jsonl", OWN_SECRET)),
 ]
 
 

@@ -79,7 +79,8 @@ def job_pods_read_credentials_from_their_own_tenants_secret_only(tmp_path) -> No
     api = FakeCustomObjectsApi()
     backend = KubeRayBackend(namespace="etrain", api_factory=lambda: api)
     spec = JOB | {
-        "checkpoint": {"storage": "s3://team-b-ckpt/x", "s3": {"credentials_secret": "team-b"}}
+        "checkpoint": {"storage": "s3://team-b-ckpt/x"},
+        "stores": {"s3": {"credentials_secret": "team-b"}},
     }
     req = LaunchRequest(
         job_id="j-1", submission_id="etrain-j-1-0", spec_json=json.dumps(spec), tenant="team-b"

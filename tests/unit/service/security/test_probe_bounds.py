@@ -89,10 +89,8 @@ def _plan(c, headers, tenant, endpoint):
     spec = {
         "name": "probe",
         "resources": {"workers": 1},
-        "checkpoint": {
-            "storage": f"s3://ckpt/{tenant}/run",
-            "s3": {"endpoint_url": endpoint, "credentials_secret": tenant},
-        },
+        "checkpoint": {"storage": f"s3://ckpt/{tenant}/run"},
+        "stores": {"s3": {"endpoint_url": endpoint, "credentials_secret": tenant}},
     }
     t0 = time.monotonic()
     r = c.post("/v1/plan", json={"spec": spec}, headers=headers)

@@ -62,7 +62,11 @@ def queued_quota_refuses_the_next_job(tmp_path) -> None:
             assert "ETRAIN_MAX_QUEUED_JOBS_PER_TENANT" in r.json()["detail"]
         assert client.get("/v1/jobs?status=QUEUED", headers=a).json()["total"] == 100
         # Refused before any planning or storage probe: even a spec with an S3 endpoint.
-        s3 = {**ONE, "checkpoint": {"storage": "s3://b/p", "s3": {"endpoint_url": "http://x"}}}
+        s3 = {
+            **ONE,
+            "checkpoint": {"storage": "s3://b/p"},
+            "stores": {"s3": {"endpoint_url": "http://x"}},
+        }
         assert client.post("/v1/jobs", json=s3, headers=a).status_code == 429
         assert _submit(client, b).status_code == 201
 

@@ -83,13 +83,13 @@ def _data(v):
 
 
 def _s3(storage="s3://ckpt/team-b/run", **s3):
-    return {"checkpoint": {"storage": storage, **({"s3": s3} if s3 else {})}}
+    return {"checkpoint": {"storage": storage}, **({"stores": {"s3": s3}} if s3 else {})}
 
 
 STORAGE = ["checkpoint", "storage"]
 DATA = ["data", "path"]
-ENDPOINT_LOC = ["checkpoint", "s3", "endpoint_url"]
-SECRET_LOC = ["checkpoint", "s3", "credentials_secret"]
+ENDPOINT_LOC = ["stores", "s3", "endpoint_url"]
+SECRET_LOC = ["stores", "s3", "credentials_secret"]
 D = "{data}"  # the service's data dir, filled in per test
 
 # (id, tenant, spec section, loc of the refusal, words its msg must hold)
@@ -141,8 +141,11 @@ REFUSED = [
     (
         "item04-gcs-endpoint",
         B,
-        {"checkpoint": {"storage": "gs://ckpt/team-b", "gcs": {"endpoint_url": "http://10.0.0.9"}}},
-        ["checkpoint", "gcs", "endpoint_url"],
+        {
+            "checkpoint": {"storage": "gs://ckpt/team-b"},
+            "stores": {"gcs": {"endpoint_url": "http://10.0.0.9"}},
+        },
+        ["stores", "gcs", "endpoint_url"],
         "ETRAIN_POLICY_ENDPOINTS",
     ),
     ("item04-service-own-keys", B, _s3(endpoint_url=ENDPOINT), SECRET_LOC, "service's own keys"),
@@ -159,6 +162,21 @@ REFUSED = [
         _s3(endpoint_url=ENDPOINT, credentials_secret=A),
         SECRET_LOC,
         "may use; use one of: team-b",
+    ),
+    (
+        "item05-other-tenant-secret-local-checkpoints",
+        B,
+        {"stores": {"s3": {"credentials_secret": A}}, "model": {"hf": "s3://ckpt/team-b/m"}},
+        SECRET_LOC,
+        "may use; use one of: team-b",
+    ),
+    (
+        "item04-endpoint-for-a-model-only",
+        B,
+        {"stores": {"s3": {"endpoint_url": "http://169.254.169.254", "credentials_secret": B}}}
+        | {"model": {"hf": "s3://ckpt/team-b/m"}},
+        ENDPOINT_LOC,
+        "ETRAIN_POLICY_ENDPOINTS",
     ),
 ]
 
@@ -244,3 +262,92 @@ def test_item04_probe_uses_the_jobs_own_secret_not_the_service_keys(env):
     assert loc.options["key"] == SECRET_ENV["ETRAIN_SECRET_TEAM_B_ACCESS_KEY_ID"]
     assert "ETRAIN_SECRET_TEAM_B" in loc.credentials_source
     assert "AKIASERVICEOWNKEY000" not in repr(loc.options)
+
+
+# --- specs written before the stores section ------------------------------------------------
+# checkpoint.s3 / checkpoint.gcs are still accepted: moved to stores.s3 / stores.gcs before
+# validation, stored in that form, and held to the same policy.
+
+GS_ENDPOINT = "https://gcs.internal"
+OLD_FORM = {
+    "s3": ("s3://ckpt/team-b/run", {"endpoint_url": ENDPOINT, "credentials_secret": B}),
+    "gcs": ("gs://ckpt/team-b/run", {"endpoint_url": GS_ENDPOINT}),
+}
+
+
+@pytest.fixture
+def gs_env(monkeypatch, request):
+    """:func:`env` whose policy also lists gs://ckpt/<tenant> and GS_ENDPOINT, with the
+    probe's resolution recorded (no Google credentials are looked up)."""
+    import sys
+
+    me = sys.modules[__name__]
+    monkeypatch.setattr(
+        me,
+        "POLICY",
+        {
+            "policy_object_stores": {"*": ["s3://ckpt/{tenant}", "gs://ckpt/{tenant}"]},
+            "policy_endpoints": {"*": [ENDPOINT, GS_ENDPOINT]},
+        },
+    )
+    resolved = []
+
+    def resolve(uri, stores, **_):
+        resolved.append((uri, stores))
+        return uri
+
+    monkeypatch.setattr(storage_check, "resolve_store", resolve)
+    c, tokens, _, data_dir = request.getfixturevalue("env")
+    return c, tokens, resolved, data_dir
+
+
+def _old_form(name: str, **options) -> dict:
+    storage, given = OLD_FORM[name]
+    return {**TINY, "checkpoint": {"storage": storage, name: {**given, **options}}}
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs"])
+def test_old_form_is_accepted_and_stored_in_the_new_form(gs_env, name):
+    c, tokens, resolved, _ = gs_env
+    spec = _old_form(name)
+    r = c.post("/v1/jobs", json=spec, headers=tokens[B])
+    assert r.status_code == 201, r.text
+    for stored in (
+        r.json()["spec"],
+        c.get(f"/v1/jobs/{r.json()['id']}", headers=tokens[B]).json()["spec"],
+    ):
+        assert name not in stored["checkpoint"]
+        assert stored["stores"][name]["endpoint_url"] == spec["checkpoint"][name]["endpoint_url"]
+    ((uri, stores),) = resolved  # the probe reached the store with the moved options
+    assert uri == spec["checkpoint"]["storage"]
+    assert getattr(stores, name).endpoint_url == spec["checkpoint"][name]["endpoint_url"]
+    plan = c.post("/v1/plan", json={"spec": spec}, headers=tokens[B])
+    assert plan.status_code == 200, plan.text
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs"])
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+def test_old_form_endpoint_is_held_to_the_policy(gs_env, route, name):
+    c, tokens, resolved, _ = gs_env
+    spec = _old_form(name, endpoint_url="http://169.254.169.254")
+    loc = ["stores", name, "endpoint_url"]
+    refused_with(c, route, spec, tokens[B], loc, "ETRAIN_POLICY_ENDPOINTS")
+    assert resolved == []
+
+
+def test_old_form_secret_is_held_to_the_policy(gs_env):
+    c, tokens, resolved, _ = gs_env
+    spec = _old_form("s3", credentials_secret=A)
+    refused_with(c, "/v1/jobs", spec, tokens[B], SECRET_LOC, "may use; use one of: team-b")
+    assert resolved == []
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs"])
+def test_old_and_new_form_that_differ_are_refused_naming_both(gs_env, name):
+    c, tokens, _, _ = gs_env
+    spec = {**_old_form(name), "stores": {name: {"endpoint_url": "http://other:1"}}}
+    r = c.post("/v1/jobs", json=spec, headers=tokens[B])
+    assert r.status_code == 422, r.text
+    assert f"checkpoint.{name}" in r.text and f"stores.{name}" in r.text
+    same = {**_old_form(name), "stores": {name: OLD_FORM[name][1]}}
+    assert c.post("/v1/jobs", json=same, headers=tokens[B]).status_code == 201

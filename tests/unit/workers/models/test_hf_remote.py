@@ -93,16 +93,13 @@ def test_missing_files_name_model_hf(tmp_path):
 
 
 def test_object_store_uris_resolve_through_stores(monkeypatch):
-    from workers.spec import CheckpointSpec
-    from workers.storage.location import resolve_checkpoint_storage
+    from workers.spec import StoresSpec
+    from workers.storage.location import stores_for
 
     assert is_remote("s3://b/m") and is_remote("gs://b/m") and not is_remote("/data/m")
-    checkpoint = CheckpointSpec.model_validate(
-        {"storage": "s3://ckpts/runs", "s3": {"endpoint_url": "https://minio.example:9000"}}
+    stores = stores_for(
+        StoresSpec.model_validate({"s3": {"endpoint_url": "https://minio.example:9000"}})
     )
-
-    def stores(uri):
-        return resolve_checkpoint_storage(checkpoint, uri=uri)
 
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "half-a-key-pair")

@@ -67,24 +67,23 @@ GOOD = {
     "storage-s3-bucket": _spec(checkpoint={"storage": "s3://my-bucket"}),
     "storage-s3-prefix": _spec(checkpoint={"storage": "s3://my-bucket/a/b"}),
     "storage-s3-minio": _spec(
-        checkpoint={
-            "storage": "s3://ckpt.example/jobs",
+        checkpoint={"storage": "s3://ckpt.example/jobs"},
+        stores={
             "s3": {
                 "endpoint_url": "http://minio.etrain.svc:9000",
                 "region": "us-east-1",
                 "credentials_secret": "minio-creds",
-            },
-        }
+            }
+        },
     ),
     "storage-s3-https-endpoint": _spec(
-        checkpoint={"storage": "s3://my-bucket/p", "s3": {"endpoint_url": "https://s3.example.com"}}
+        checkpoint={"storage": "s3://my-bucket/p"},
+        stores={"s3": {"endpoint_url": "https://s3.example.com"}},
     ),
     "storage-gs": _spec(checkpoint={"storage": "gs://my_bucket/prefix"}),
     "storage-gs-emulator": _spec(
-        checkpoint={
-            "storage": "gs://my_bucket/p",
-            "gcs": {"endpoint_url": "http://gcs-emulator:9023/"},
-        }
+        checkpoint={"storage": "gs://my_bucket/p"},
+        stores={"gcs": {"endpoint_url": "http://gcs-emulator:9023/"}},
     ),
     # retention and the automatic interval
     "keep-every": _spec(checkpoint={"keep_every": 1000}),
@@ -176,7 +175,7 @@ BAD = {
     "unknown-train": (_spec(train={"micro_batch": 4}), "micro_batch"),
     "unknown-checkpoint": (_spec(checkpoint={"intervals": "auto"}), "intervals"),
     "unknown-s3": (
-        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"access_key": "x"}}),
+        _spec(checkpoint={"storage": "s3://my-bucket"}, stores={"s3": {"access_key": "x"}}),
         "access_key",
     ),
     "unknown-failure": (_spec(failure={"retries": 1}), "retries"),
@@ -303,74 +302,92 @@ BAD = {
         _spec(checkpoint={"storage": "s3://AKIAX:secret@my-bucket/p"}),
         "checkpoint.storage",
     ),
-    # checkpoint.s3
-    "s3-without-s3-storage": (_spec(checkpoint={"s3": {"region": "us-east-1"}}), "checkpoint.s3"),
+    # stores.s3
+    "s3-without-s3-paths": (_spec(stores={"s3": {"region": "us-east-1"}}), "stores.s3"),
+    "s3-beside-gs-paths-only": (
+        _spec(model={"hf": "gs://models/m"}, stores={"s3": {"region": "us-east-1"}}),
+        "stores.s3",
+    ),
+    "old-and-new-s3-differ": (
+        _spec(
+            checkpoint={"storage": "s3://my-bucket", "s3": {"region": "us-east-1"}},
+            stores={"s3": {"region": "eu-west-1"}},
+        ),
+        "checkpoint.s3 (the old place of the s3 options) and stores.s3 differ",
+    ),
+    "old-and-new-gcs-differ": (
+        _spec(
+            checkpoint={"storage": "gs://my-bucket", "gcs": {"endpoint_url": "http://a:1"}},
+            stores={"gcs": {"endpoint_url": "http://b:1"}},
+        ),
+        "checkpoint.gcs (the old place of the gcs options) and stores.gcs differ",
+    ),
     "s3-with-gs-storage": (
-        _spec(checkpoint={"storage": "gs://my-bucket", "s3": {"region": "us-east-1"}}),
-        "checkpoint.s3",
+        _spec(checkpoint={"storage": "gs://my-bucket"}, stores={"s3": {"region": "us-east-1"}}),
+        "stores.s3",
     ),
     "s3-endpoint-not-a-url": (
-        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"endpoint_url": "minio:9000"}}),
-        "checkpoint.s3.endpoint_url",
+        _spec(
+            checkpoint={"storage": "s3://my-bucket"}, stores={"s3": {"endpoint_url": "minio:9000"}}
+        ),
+        "stores.s3.endpoint_url",
     ),
     "s3-endpoint-with-userinfo": (
         _spec(
-            checkpoint={
-                "storage": "s3://my-bucket",
-                "s3": {"endpoint_url": "http://ak:sk@minio:9000"},
-            }
+            checkpoint={"storage": "s3://my-bucket"},
+            stores={"s3": {"endpoint_url": "http://ak:sk@minio:9000"}},
         ),
-        "checkpoint.s3.endpoint_url",
+        "stores.s3.endpoint_url",
     ),
     "s3-region-with-spaces": (
-        _spec(checkpoint={"storage": "s3://my-bucket", "s3": {"region": "us east"}}),
-        "checkpoint.s3.region",
+        _spec(checkpoint={"storage": "s3://my-bucket"}, stores={"s3": {"region": "us east"}}),
+        "stores.s3.region",
     ),
     "s3-secret-looks-like-a-key": (
         _spec(
-            checkpoint={
-                "storage": "s3://my-bucket",
-                "s3": {"credentials_secret": "AKIAIOSFODNN7EXAMPLE"},
-            }
+            checkpoint={"storage": "s3://my-bucket"},
+            stores={"s3": {"credentials_secret": "AKIAIOSFODNN7EXAMPLE"}},
         ),
-        "checkpoint.s3.credentials_secret",
+        "stores.s3.credentials_secret",
     ),
     "s3-secret-with-slash": (
         _spec(
-            checkpoint={
-                "storage": "s3://my-bucket",
-                "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"},
-            }
+            checkpoint={"storage": "s3://my-bucket"},
+            stores={"s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
         ),
-        "checkpoint.s3.credentials_secret",
+        "stores.s3.credentials_secret",
     ),
-    # checkpoint.gcs
+    # stores.gcs
     "gcs-with-s3-storage": (
-        _spec(checkpoint={"storage": "s3://my-bucket", "gcs": {"endpoint_url": "http://gcs:9023"}}),
-        "checkpoint.gcs",
+        _spec(
+            checkpoint={"storage": "s3://my-bucket"},
+            stores={"gcs": {"endpoint_url": "http://gcs:9023"}},
+        ),
+        "stores.gcs",
     ),
-    "gcs-without-storage": (_spec(checkpoint={"gcs": {}}), "checkpoint.gcs"),
+    "gcs-without-gs-paths": (_spec(stores={"gcs": {}}), "stores.gcs"),
     "gcs-endpoint-not-a-url": (
-        _spec(checkpoint={"storage": "gs://my-bucket", "gcs": {"endpoint_url": "gcs:9023"}}),
-        "checkpoint.gcs.endpoint_url",
+        _spec(
+            checkpoint={"storage": "gs://my-bucket"}, stores={"gcs": {"endpoint_url": "gcs:9023"}}
+        ),
+        "stores.gcs.endpoint_url",
     ),
     "gcs-endpoint-with-a-path": (
         _spec(
-            checkpoint={
-                "storage": "gs://my-bucket",
-                "gcs": {"endpoint_url": "http://gcs:9023/storage/v1"},
-            }
+            checkpoint={"storage": "gs://my-bucket"},
+            stores={"gcs": {"endpoint_url": "http://gcs:9023/storage/v1"}},
         ),
-        "checkpoint.gcs.endpoint_url",
+        "stores.gcs.endpoint_url",
     ),
     "gcs-endpoint-with-userinfo": (
         _spec(
-            checkpoint={"storage": "gs://my-bucket", "gcs": {"endpoint_url": "https://user:pw@gcs"}}
+            checkpoint={"storage": "gs://my-bucket"},
+            stores={"gcs": {"endpoint_url": "https://user:pw@gcs"}},
         ),
-        "checkpoint.gcs.endpoint_url",
+        "stores.gcs.endpoint_url",
     ),
     "gcs-unknown-field": (
-        _spec(checkpoint={"storage": "gs://my-bucket", "gcs": {"token": "x"}}),
+        _spec(checkpoint={"storage": "gs://my-bucket"}, stores={"gcs": {"token": "x"}}),
         "token",
     ),
     # retention and the automatic interval
@@ -399,8 +416,10 @@ BAD = {
     "storage-nul": (_spec(checkpoint={"storage": "file:///c\x00"}), "checkpoint.storage must not"),
     "storage-tab-in-bucket": (_spec(checkpoint={"storage": "s3://buc\tket"}), "U+0009"),
     "gcs-endpoint-c1": (
-        _spec(checkpoint={"storage": "gs://b-1", "gcs": {"endpoint_url": "http://g\x85:1"}}),
-        "checkpoint.gcs.endpoint_url must not contain control characters",
+        _spec(
+            checkpoint={"storage": "gs://b-1"}, stores={"gcs": {"endpoint_url": "http://g\x85:1"}}
+        ),
+        "stores.gcs.endpoint_url must not contain control characters",
     ),
 }
 
@@ -476,47 +495,60 @@ def test_storage_uris_are_normalised():
     )
     s3 = parse_spec(
         _spec(
-            checkpoint={"storage": "s3://my-bucket", "s3": {"endpoint_url": "http://minio:9000/"}}
+            checkpoint={"storage": "s3://my-bucket"},
+            stores={"s3": {"endpoint_url": "http://minio:9000/"}},
         )
-    ).checkpoint.s3
+    ).stores.s3
     assert s3.endpoint_url == "http://minio:9000"
     gcs = parse_spec(
         _spec(
-            checkpoint={
-                "storage": "gs://my-bucket",
-                "gcs": {"endpoint_url": "http://gcs-emulator:9023/"},
-            }
+            checkpoint={"storage": "gs://my-bucket"},
+            stores={"gcs": {"endpoint_url": "http://gcs-emulator:9023/"}},
         )
-    ).checkpoint.gcs
+    ).stores.gcs
     assert gcs.endpoint_url == "http://gcs-emulator:9023"
 
 
 @pytest.mark.parametrize(
-    "checkpoint",
+    "sections",
     [
-        {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG@my-bucket/p"},
-        {"storage": "s3://my-bucket", "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
+        {"checkpoint": {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG@my-bucket/p"}},
         {
-            "storage": "s3://my-bucket",
-            "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@minio:9000"},
+            "checkpoint": {"storage": "s3://my-bucket"},
+            "stores": {"s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"}},
         },
         {
-            "storage": "gs://my-bucket",
-            "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@gcs:9023"},
+            "checkpoint": {"storage": "s3://my-bucket"},
+            "stores": {
+                "s3": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@minio:9000"}
+            },
         },
-        {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@my-bucket/\x00"},
+        {
+            "checkpoint": {"storage": "gs://my-bucket"},
+            "stores": {
+                "gcs": {"endpoint_url": "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@gcs:9023"}
+            },
+        },
+        # The old form: its options checked where they moved.
+        {
+            "checkpoint": {
+                "storage": "s3://my-bucket",
+                "s3": {"credentials_secret": "wJalrXUtnFEMI/K7MDENG"},
+            }
+        },
+        {"checkpoint": {"storage": "s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@my-bucket/\x00"}},
     ],
 )
-def test_rejections_never_repeat_what_may_be_a_key(checkpoint):
+def test_rejections_never_repeat_what_may_be_a_key(sections):
     with pytest.raises(ValidationError) as info:
-        parse_spec(_spec(checkpoint=checkpoint))
+        parse_spec(_spec(**sections))
     for text in (str(info.value), repr(info.value.errors(include_input=False))):
         assert "AKIAIOSFODNN7EXAMPLE" not in text and "wJalrXUtnFEMI" not in text
 
 
 def test_checkpoint_defaults_keep_the_fixed_interval():
     ck = parse_spec({"name": "tiny"}).checkpoint
-    assert (ck.interval, ck.mtbf_prior_s, ck.keep_every, ck.s3) == (None, 86400.0, None, None)
+    assert (ck.interval, ck.mtbf_prior_s, ck.keep_every) == (None, 86400.0, None)
     assert ck.every_steps == 10
 
 
@@ -595,3 +627,31 @@ def test_every_elastic_size_keeps_the_global_batch():
     for n in range(1, 5):
         dp = spec.data_parallel_size(n)
         assert spec.grad_accum_steps(n) * spec.train.micro_batch_size * dp == 48
+
+
+def test_stores_serve_every_path_of_their_scheme():
+    spec = parse_spec(
+        _spec(
+            model={"hf": "s3://models/m"},
+            data={"source": "jsonl", "path": "gs://rows/train.jsonl"},
+            stores={"s3": {"credentials_secret": "acme"}, "gcs": {"endpoint_url": "http://g:1"}},
+        )
+    )
+    assert spec.stores.s3.credentials_secret == "acme" and spec.checkpoint.storage is None
+
+
+@pytest.mark.parametrize("name", ["s3", "gcs"])
+def test_old_form_moves_to_stores_and_dumps_only_the_new_form(name):
+    options = {"s3": {"endpoint_url": "http://minio:9000"}, "gcs": {"endpoint_url": "http://g:1"}}
+    storage = {"s3": "s3://my-bucket/p", "gcs": "gs://my-bucket/p"}[name]
+    old = parse_spec(_spec(checkpoint={"storage": storage, name: options[name]}))
+    new = parse_spec(_spec(checkpoint={"storage": storage}, stores={name: options[name]}))
+    assert old == new
+    assert getattr(old.stores, name).endpoint_url == options[name]["endpoint_url"]
+    dumped = old.model_dump(mode="json", by_alias=True)
+    assert name not in dumped["checkpoint"]
+    assert dumped["stores"][name]["endpoint_url"] == options[name]["endpoint_url"]
+    # Both forms with the same value (unset fields as null or left out) are one spec.
+    given = {**options[name], "region": None} if name == "s3" else options[name]
+    both = _spec(checkpoint={"storage": storage, name: options[name]}, stores={name: given})
+    assert parse_spec(both) == new
