@@ -9,7 +9,13 @@ from tests.support.api import api_client, submit
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> tuple[TestClient, str]:
+def module_client(tmp_path_factory):
+    """The API on a fake backend, one per test module: for tests that change nothing."""
+    with api_client(tmp_path_factory.mktemp("api")) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def shared(module_client) -> tuple[TestClient, str]:
     """One app and one QUEUED job for the read-only matrices (401s, 403s, 404s, 422s)."""
-    with api_client(tmp_path_factory.mktemp("shared")) as client:
-        yield client, submit(client, name="shared")["id"]
+    return module_client, submit(module_client, name="shared")["id"]
