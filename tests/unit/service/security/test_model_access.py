@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import tenant_token
+from tests.support.fakes import FakeBackend, dev_settings
 from tests.support.hf_fixtures import hf_config
 
 A, B = "team-a", "team-b"
@@ -36,9 +37,7 @@ def env(tmp_path_factory):
     os.symlink(tmp_path / "tenants" / B / "m", tmp_path / "tenants" / A / "escape")
     os.symlink("/etc", tmp_path / "tenants" / A / "etc")
     with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
-        r = c.post("/v1/tokens", json={"tenant": A}, headers=ADMIN_H)
-        assert r.status_code == 201, r.text
-        yield c, {"Authorization": f"Bearer {r.json()['token']}"}, tmp_path, shared
+        yield c, tenant_token(c, A), tmp_path, shared
 
 
 def _body(field: str, place: str) -> dict:

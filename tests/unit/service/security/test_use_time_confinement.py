@@ -19,7 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import tenant_token
+from tests.support.fakes import FakeBackend, dev_settings
 from tests.support.hf_fixtures import hf_config
 
 A, B = "team-a", "team-b"
@@ -45,9 +46,7 @@ def env(tmp_path_factory):
             json.dumps({"format_version": 1, "seq_len": B_SEQ if t == B else 16, "files": {}})
         )
     with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
-        r = c.post("/v1/tokens", json={"tenant": A}, headers=ADMIN_H)
-        assert r.status_code == 201, r.text
-        yield c, {"Authorization": f"Bearer {r.json()['token']}"}, areas
+        yield c, tenant_token(c, A), areas
 
 
 def _body(*, hf: str | None = None, data: str | None = None) -> dict:
