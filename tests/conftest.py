@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.store import Stores, migrate
-from tests.support.fakes import FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import FakeBackend
 from tests.support.s3_fixture import s3_server  # noqa: F401 - one per session: moto's state is per process
 
 
@@ -57,11 +56,15 @@ def stores(store_url):
 
 
 @pytest.fixture
-def client(tmp_path):
-    """The API on a fake backend, with ``fakes.ADMIN`` as its admin token (no reconciler)."""
-    with TestClient(
-        create_app(dev_settings(tmp_path), backend=FakeBackend(), reconcile=False)
-    ) as c:
+def backend() -> FakeBackend:
+    """The fake cluster behind ``client``: script its answers, read what it was sent."""
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(tmp_path, backend):
+    """The API on ``backend``, with ``fakes.ADMIN`` as its admin token (no reconciler)."""
+    with api_client(tmp_path, backend) as c:
         yield c
 
 

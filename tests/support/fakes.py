@@ -12,14 +12,16 @@ ADMIN = "et_admin-token-for-the-service-tests-0123456789"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 
-def dev_settings(tmp_path) -> Settings:
-    """Development settings with ``ADMIN`` and a SQLite database under ``tmp_path``."""
-    return Settings(
-        env="development",
-        data_dir=tmp_path,
-        admin_token=ADMIN,
-        database_url=f"sqlite:///{tmp_path / 'etrain.db'}",
-    )
+def dev_settings(tmp_path, **overrides) -> Settings:
+    """Development settings with ``ADMIN`` and a SQLite database under ``tmp_path``;
+    ``overrides`` are other settings (validated like the service's own)."""
+    values = {
+        "env": "development",
+        "data_dir": tmp_path,
+        "admin_token": ADMIN,
+        "database_url": f"sqlite:///{tmp_path / 'etrain.db'}",
+    }
+    return Settings(**{**values, **overrides})
 
 
 class FakeBackend(Backend):

@@ -1,13 +1,14 @@
-"""The planner behind the API: submits refused with the numbers, warnings stored on the job."""
+"""POST /v1/plan and the planner behind the API: the plan's keys, clusters that do not fit,
+422s, submits refused with the numbers, warnings stored on the job."""
 
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
+import yaml
 
-from service.api.app import create_app
-from tests.support.fakes import FakeBackend
-from tests.unit.service.test_api import ADMIN_H, _settings
+from tests.support.api import api_client, total
+from tests.support.fakes import ADMIN_H, FakeBackend
+from tests.support.specs import JOB
 
 GPU_SPEC = {
     "name": "gpu",
@@ -23,8 +24,7 @@ def rtx_client(tmp_path):
     """A connected cluster of one node with two RTX 3060 (12 GiB each)."""
     backend = FakeBackend(cpus=16, gpus=2)
     backend.info.nodes[0]["resources"]["accelerator_type:RTX3060"] = 1.0
-    app = create_app(_settings(tmp_path), backend=backend, reconcile=False)
-    with TestClient(app) as client:
+    with api_client(tmp_path, backend) as client:
         yield client
 
 
@@ -81,8 +81,7 @@ def test_the_data_parallel_degree_comes_from_one_place(tmp_path):
         "parallelism": {"strategy": "fsdp"},
         "train": {"steps": 5, "global_batch_size": 12, "micro_batch_size": 1},
     }
-    app = create_app(_settings(tmp_path), backend=FakeBackend(cpus=16), reconcile=False)
-    with TestClient(app) as client:
+    with api_client(tmp_path, FakeBackend(cpus=16)) as client:
         plan = client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H).json()
         degrees = plan["layout"]["data_parallel"]
         assert degrees == {"min": 2, "max": 4, "current": None}
@@ -95,3 +94,85 @@ def test_the_data_parallel_degree_comes_from_one_place(tmp_path):
         assert got == {"min": 2, "max": 4, "current": 3}
         listed = client.get("/v1/jobs", headers=ADMIN_H).json()["items"][0]["data_parallel"]
         assert listed == got
+
+
+def test_plan_returns_the_documented_keys(client):
+    r = client.post("/v1/plan", json={"spec": JOB}, headers=ADMIN_H)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert {
+        "fits",
+        "num_params",
+        "per_rank",
+        "layout",
+        "warnings",
+        "errors",
+        "recommendation",
+    } <= set(plan)
+    assert set(plan["per_rank"]) >= {
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "buffers_bytes",
+        "total_bytes",
+    }
+    assert plan["fits"] is True and plan["errors"] == [] and plan["num_params"] > 0
+    assert plan["layout"]["strategy"] == "ddp"
+    assert total(client) == 0  # a dry run stores nothing
+
+
+def test_plan_yaml_with_a_cluster_that_does_not_fit(client):
+    body = yaml.safe_dump(
+        {
+            "spec": {**JOB, "resources": {"workers": 2, "gpus_per_worker": 1}},
+            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gb": 0.001},
+        }
+    )
+    r = client.post(
+        "/v1/plan", content=body, headers={**ADMIN_H, "Content-Type": "application/yaml"}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["fits"] is False and r.json()["errors"]
+
+
+def test_plan_defaults_to_the_connected_cluster_and_keeps_tp_inside_a_node(client):
+    """The fake cluster is one node of 2 CPUs: a TP group of 2 x 2 CPUs cannot fit in it."""
+    spec = {
+        **JOB,
+        "parallelism": {"strategy": "tp", "tp": 2},
+        "resources": {"workers": 2, "cpus_per_worker": 2},
+    }
+    r = client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H)
+    assert r.status_code == 200
+    assert r.json()["fits"] is False
+    assert any("parallelism.tp (2)" in e and "<= 1" in e for e in r.json()["errors"])
+    spec["resources"]["cpus_per_worker"] = 1
+    assert client.post("/v1/plan", json={"spec": spec}, headers=ADMIN_H).json()["fits"]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({}, ["body", "spec"]),
+        ({"spec": {**JOB, "bogus": 1}}, ["body", "bogus"]),
+        ({"spec": "name: tiny"}, ["body"]),
+    ],
+)
+def test_plan_rejects_bad_requests(client, body, loc):
+    r = client.post("/v1/plan", json=body, headers=ADMIN_H)
+    assert r.status_code == 422
+    assert any(d["loc"] == loc for d in r.json()["detail"]), r.json()
+
+
+def test_plan_rejects_a_malformed_cluster(tmp_path):
+    with api_client(tmp_path, raise_server_exceptions=False) as c:
+        r = c.post(
+            "/v1/plan",
+            headers=ADMIN_H,
+            json={
+                "spec": {**JOB, "resources": {"workers": 2, "gpus_per_worker": 1}},
+                "cluster": {"gpu_memory_gb": ""},
+            },
+        )
+    assert r.status_code == 422

@@ -8,36 +8,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.domain.queue_view import ADMITTED, OTHER_JOB, admission
 from service.domain.scheduler import decide_admissions, policy_of, queue_demand
 from service.planner import plan_job
 from service.status import JobStatus
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client, submit, tenant_token
+from tests.support.fakes import ADMIN_H, FakeBackend
+from tests.support.specs import spec
 from workers.spec import JobSpec
 
-TINY = {
-    "model": {"preset": "gpt-tiny"},
-    "train": {"steps": 5, "micro_batch_size": 1, "global_batch_size": 24},
-}
-
-
-def _app(tmp_path, *, cpus: float = 4.0, **settings) -> TestClient:
-    s = dev_settings(tmp_path).model_copy(update=settings)
-    return TestClient(create_app(s, backend=FakeBackend(cpus=cpus), reconcile=False))
-
-
-def _token(client: TestClient, tenant: str) -> dict[str, str]:
-    r = client.post("/v1/tokens", json={"tenant": tenant, "name": "t"}, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return {"Authorization": f"Bearer {r.json()['token']}"}
-
-
-def _submit(client: TestClient, headers, name: str, workers=1, **spec) -> str:
-    body = {**TINY, "name": name, "resources": {"workers": workers}, **spec}
-    r = client.post("/v1/jobs", json=body, headers=headers)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
+# One worker by default; a global batch of 24 divides by every worker count used here.
+TINY = spec(
+    model={"preset": "gpt-tiny"},
+    resources={"workers": 1},
+    train={"steps": 5, "micro_batch_size": 1, "global_batch_size": 24},
+)
 
 
 def _run(client: TestClient, job_id: str) -> None:
@@ -67,12 +52,13 @@ def _queue(client: TestClient, headers) -> list[dict]:
 
 
 def test_queue_reasons_are_the_schedulers_own(tmp_path):
-    with _app(tmp_path, cpus=4.0) as client:
-        a, b = _token(client, "team-a"), _token(client, "team-b")
-        _run(client, _submit(client, a, "a-running", workers=3))  # 3 of 4 CPUs held
-        wide = _submit(client, a, "a-wide", workers=2)
-        huge = _submit(client, b, "b-huge", workers=8)
-        small = _submit(client, b, "b-small", workers=1)
+    with api_client(tmp_path, FakeBackend(cpus=4.0)) as client:
+        a, b = tenant_token(client, "team-a"), tenant_token(client, "team-b")
+        running = submit(client, a, base=TINY, name="a-running", resources={"workers": 3})
+        _run(client, running["id"])  # 3 of 4 CPUs held
+        wide = submit(client, a, base=TINY, name="a-wide", resources={"workers": 2})["id"]
+        huge = submit(client, b, base=TINY, name="b-huge", resources={"workers": 8})["id"]
+        small = submit(client, b, base=TINY, name="b-small")["id"]
         queue = _queue(client, ADMIN_H)
         by_id = {e["job_id"]: e for e in queue}
         assert [e["position"] for e in queue] == [1, 2, 3]
@@ -106,10 +92,10 @@ def test_queue_reasons_are_the_schedulers_own(tmp_path):
 
 
 def test_queue_names_the_tenant_quota(tmp_path):
-    with _app(tmp_path, cpus=8.0, max_running_workers_per_tenant=2) as client:
-        a = _token(client, "team-a")
-        _run(client, _submit(client, a, "a-running", workers=2))
-        waiting = _submit(client, a, "a-next", workers=1)
+    with api_client(tmp_path, FakeBackend(cpus=8.0), max_running_workers_per_tenant=2) as client:
+        a = tenant_token(client, "team-a")
+        _run(client, submit(client, a, base=TINY, name="a-running", resources={"workers": 2})["id"])
+        waiting = submit(client, a, base=TINY, name="a-next")["id"]
         [entry] = _queue(client, a)
         assert entry["job_id"] == waiting and entry["position"] == 1
         assert entry["reason"].startswith("tenant 'team-a' runs 2 of its 2 workers")
@@ -117,12 +103,12 @@ def test_queue_names_the_tenant_quota(tmp_path):
 
 def test_other_tenants_jobs_are_anonymous_but_keep_their_place(tmp_path):
     # b-old waited longest: it holds a reservation, so it is taken up first.
-    with _app(tmp_path, cpus=2.0, scheduler_reserve_after_s=60.0) as client:
-        a, b = _token(client, "team-a"), _token(client, "team-b")
-        _run(client, _submit(client, a, "a-running", workers=1))  # 1 of 2 CPUs free
-        old = _submit(client, b, "b-old", workers=2)
+    with api_client(tmp_path, FakeBackend(cpus=2.0), scheduler_reserve_after_s=60.0) as client:
+        a, b = tenant_token(client, "team-a"), tenant_token(client, "team-b")
+        _run(client, submit(client, a, base=TINY, name="a-running")["id"])  # 1 of 2 CPUs free
+        old = submit(client, b, base=TINY, name="b-old", resources={"workers": 2})["id"]
         _age(client, old, 600)
-        mine = _submit(client, a, "a-mine", workers=1)
+        mine = submit(client, a, base=TINY, name="a-mine")["id"]
         admin = _queue(client, ADMIN_H)
         assert [(e["job_id"], e["position"]) for e in admin] == [(old, 1), (mine, 2)]
         assert old in admin[1]["reason"]  # waiting behind the reservation, by id
@@ -143,7 +129,7 @@ def test_other_tenants_jobs_are_anonymous_but_keep_their_place(tmp_path):
 
 
 def test_empty_queue(tmp_path):
-    with _app(tmp_path) as client:
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
         assert _queue(client, ADMIN_H) == []
 
 
@@ -163,8 +149,8 @@ def test_empty_queue(tmp_path):
     ],
 )
 def test_planned_memory_is_the_planners_own(tmp_path, spec, world):
-    with _app(tmp_path) as client:
-        job_id = _submit(client, ADMIN_H, "planned", **{**spec})
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
+        job_id = submit(client, ADMIN_H, base=TINY, name="planned", **spec)["id"]
         jobs = client.app.state.runtime.stores.jobs
         if world is not None:  # a step reported at this world size
             assert jobs.update_job(job_id, world_size=world) is not None
@@ -189,9 +175,9 @@ def test_planned_memory_is_the_planners_own(tmp_path, spec, world):
 
 
 def test_planned_memory_changes_with_the_world_size(tmp_path):
-    with _app(tmp_path) as client:
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
         spec = {"resources": {"workers": {"min": 1, "max": 4}}, "parallelism": {"strategy": "fsdp"}}
-        job_id = _submit(client, ADMIN_H, "elastic", **spec)
+        job_id = submit(client, ADMIN_H, base=TINY, name="elastic", **spec)["id"]
         at_one = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()["planned"]
         client.app.state.runtime.stores.jobs.update_job(job_id, world_size=4)
         at_four = client.get(f"/v1/jobs/{job_id}/memory", headers=ADMIN_H).json()["planned"]

@@ -7,13 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from service import server
-from service.api.app import create_app
 from service.backends.ray_jobs import TRAIN_RUNS_PATH, RayJobBackend
 from service.status import JobStatus
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import ADMIN_H, FakeBackend
 
 RAY_DASHBOARD = Path(importlib.util.find_spec("ray").origin).parent / "dashboard"
 
@@ -50,8 +49,7 @@ def test_the_default_backend_has_no_links():
 
 
 def test_job_detail_carries_the_backends_links(tmp_path):
-    app = create_app(dev_settings(tmp_path), backend=LinkingBackend(), reconcile=False)
-    with TestClient(app) as client:
+    with api_client(tmp_path, LinkingBackend()) as client:
         job_id = client.post("/v1/jobs", json={"name": "tiny"}, headers=ADMIN_H).json()["id"]
         assert client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()["dashboard_links"] == {}
         client.app.state.runtime.stores.jobs.update_job(

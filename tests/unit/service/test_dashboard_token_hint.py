@@ -8,15 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from service import server
-from service.api.app import create_app
 from service.cli.jobs import ray_dashboard_line
 from service.domain.ray_dashboard import token_hint, token_source
 from service.settings import Settings
 from service.status import JobStatus
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import ADMIN_H
 from tests.unit.service.test_dashboard_links import LinkingBackend
 
 RAY = Path(importlib.util.find_spec("ray").origin).parent
@@ -72,8 +71,7 @@ def test_token_source(settings, env, where):
 def test_job_detail_carries_the_hint_with_its_links(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/srv/etrain/ray_auth_token")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    app = create_app(dev_settings(tmp_path), backend=LinkingBackend(), reconcile=False)
-    with TestClient(app) as client:
+    with api_client(tmp_path, LinkingBackend()) as client:
         job_id = client.post("/v1/jobs", json={"name": "tiny"}, headers=ADMIN_H).json()["id"]
         before = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
         assert before["dashboard_token_hint"] is None  # no links before it reaches Ray
@@ -92,8 +90,7 @@ def test_job_detail_carries_the_hint_with_its_links(tmp_path, monkeypatch):
 
 def test_job_detail_without_links_has_no_hint(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/srv/etrain/ray_auth_token")
-    app = create_app(dev_settings(tmp_path), backend=FakeBackend(), reconcile=False)
-    with TestClient(app) as client:
+    with api_client(tmp_path) as client:
         job_id = client.post("/v1/jobs", json={"name": "tiny"}, headers=ADMIN_H).json()["id"]
         client.app.state.runtime.stores.jobs.update_job(
             job_id,

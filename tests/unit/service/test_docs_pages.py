@@ -5,10 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from fastapi.testclient import TestClient
-
-from service.api.app import create_app
-from tests.support.fakes import FakeBackend, dev_settings
 
 # src=/href= attributes and the openapi/spec URL the page's script fetches.
 _REFS = re.compile(
@@ -17,20 +13,13 @@ _REFS = re.compile(
 _TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png", ".json": "application/json"}
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    settings = dev_settings(tmp_path_factory.mktemp("docs"))
-    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as c:
-        yield c
-
-
 def _refs(html: str) -> list[str]:
     return [a or b for a, b in _REFS.findall(html)]
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
-def test_page_references_only_same_origin_assets_that_answer(client, page):
-    r = client.get(page)  # no Authorization header: the page itself is public
+def test_page_references_only_same_origin_assets_that_answer(module_client, page):
+    r = module_client.get(page)  # no Authorization header: the page itself is public
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/html")
     html = r.text
@@ -44,22 +33,22 @@ def test_page_references_only_same_origin_assets_that_answer(client, page):
         assert "css" in suffixes
     for url in refs:
         assert url.startswith("/"), url
-        got = client.get(url)
+        got = module_client.get(url)
         assert got.status_code == 200, url
         want = _TYPES["." + url.rsplit(".", 1)[-1]]
         assert want in got.headers["content-type"], (url, got.headers["content-type"])
         assert len(got.content) > 4000, url  # a real bundle, not an empty placeholder
 
 
-def test_swagger_ui_bundle_is_the_real_library(client):
-    js = client.get("/static/docs/swagger-ui-bundle.js").text
+def test_swagger_ui_bundle_is_the_real_library(module_client):
+    js = module_client.get("/static/docs/swagger-ui-bundle.js").text
     assert "SwaggerUIBundle" in js
-    assert "Redoc" in client.get("/static/docs/redoc.standalone.js").text
+    assert "Redoc" in module_client.get("/static/docs/redoc.standalone.js").text
 
 
-def test_docs_pages_stay_out_of_the_schema_and_the_api_still_needs_a_token(client):
-    paths = client.get("/openapi.json").json()["paths"]
+def test_docs_pages_stay_out_of_the_schema_and_the_api_still_needs_a_token(module_client):
+    paths = module_client.get("/openapi.json").json()["paths"]
     assert not {"/docs", "/redoc"} & set(paths)
     assert not any(p.startswith("/static") for p in paths)
-    assert client.get("/v1/jobs").status_code == 401
-    assert client.get("/static/docs/nope.js").status_code == 404
+    assert module_client.get("/v1/jobs").status_code == 401
+    assert module_client.get("/static/docs/nope.js").status_code == 404

@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.auth import create_reporter_token
 from service.domain.goodput import BREAKDOWN_KEYS, compute_goodput
 from service.status import JobStatus
 from service.store import EventRecord
+from tests.support.api import reporter, submit, tenant_token
 from tests.support.fakes import ADMIN_H
+from tests.support.specs import spec
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -302,28 +302,17 @@ def test_steps_without_a_step_time_count_at_the_median():
 # -- REST ---------------------------------------------------------------------------
 
 
-def _token(client: TestClient, tenant: str) -> dict[str, str]:
-    r = client.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return {"Authorization": f"Bearer {r.json()['token']}"}
-
-
 def test_goodput_route_reports_a_tenants_own_job_only(client):
-    a, b = _token(client, "tenant-a"), _token(client, "tenant-b")
-    r = client.post("/v1/jobs", json={"name": "tiny", "resources": {"workers": 2}}, headers=a)
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
+    a, b = tenant_token(client, "tenant-a"), tenant_token(client, "tenant-b")
+    job_id = submit(client, a, base=spec(resources={"workers": 2}))["id"]
     stores = client.app.state.runtime.stores
     stores.jobs.update_job(job_id, status=JobStatus.PENDING)
     job = stores.jobs.get_job(job_id)
-    reporter = {
-        "Authorization": "Bearer "
-        + create_reporter_token(stores.tokens, tenant_id=job.tenant_id, job_id=job_id)
-    }
+    sender = reporter(client, job_id)
     points = [{"step": s, "ts": time.time(), "world_size": 2, "step_time_s": 0.5} for s in (1, 2)]
     assert (
         client.post(
-            f"/v1/jobs/{job_id}/telemetry", json={"metrics": points}, headers=reporter
+            f"/v1/jobs/{job_id}/telemetry", json={"metrics": points}, headers=sender
         ).status_code
         == 200
     )

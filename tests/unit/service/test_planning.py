@@ -9,6 +9,7 @@ import yaml
 
 from service.planner import planning
 from service.planner.planning import GIB
+from tests.support.specs import spec
 from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec, parse_spec
 
@@ -30,10 +31,6 @@ PER_RANK_KEYS = {
 }
 
 
-def _spec(**sections):
-    return parse_spec({"name": "tiny", **sections})
-
-
 @pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-small", "llama-1b", "llama-7b"])
 @pytest.mark.parametrize(
     ("train", "optimizer_per_param"),
@@ -45,7 +42,7 @@ def _spec(**sections):
     ids=["adamw", "sgd-momentum", "sgd-plain"],
 )
 def test_per_rank_bytes_follow_the_parameter_count(preset, train, optimizer_per_param):
-    plan = plan_job(_spec(model={"preset": preset}, train=train))
+    plan = plan_job(parse_spec(spec(model={"preset": preset}, train=train)))
     n = count_params(get_model_config(preset))
     per_rank = plan["per_rank"]
     assert plan["num_params"] == n
@@ -66,20 +63,20 @@ def test_per_rank_bytes_follow_the_parameter_count(preset, train, optimizer_per_
 
 def test_num_params_of_gpt_tiny():
     # 2 x (attention 2*64*64 + 2*64*32, ffn 3*64*128, norms 2*64) + embed/head 2*256*64 + norm 64
-    assert plan_job(_spec())["num_params"] == 2 * (12288 + 24576 + 128) + 32768 + 64
+    assert plan_job(parse_spec(spec()))["num_params"] == 2 * (12288 + 24576 + 128) + 32768 + 64
 
 
 def test_activations_scale_with_micro_batch_and_shrink_with_bf16():
-    small = plan_job(_spec(train={"global_batch_size": 16, "micro_batch_size": 4}))
-    large = plan_job(_spec(train={"global_batch_size": 16, "micro_batch_size": 8}))
-    bf16 = plan_job(_spec(train={"micro_batch_size": 4, "precision": "bf16"}))
+    small = plan_job(parse_spec(spec(train={"global_batch_size": 16, "micro_batch_size": 4})))
+    large = plan_job(parse_spec(spec(train={"global_batch_size": 16, "micro_batch_size": 8})))
+    bf16 = plan_job(parse_spec(spec(train={"micro_batch_size": 4, "precision": "bf16"})))
     a = small["per_rank"]["activations_bytes"]
     assert abs(large["per_rank"]["activations_bytes"] - 2 * a) <= 1
     assert bf16["per_rank"]["activations_bytes"] < a
 
 
 def test_a_good_ddp_job_plans_clean():
-    plan = plan_job(_spec())
+    plan = plan_job(parse_spec(spec()))
     assert plan["fits"] is True
     assert plan["errors"] == [] and plan["warnings"] == []
     assert plan["recommendation"] == "ddp"
@@ -96,9 +93,11 @@ def test_a_good_ddp_job_plans_clean():
 
 def test_layout_of_an_elastic_job_uses_min_workers():
     plan = plan_job(
-        _spec(
-            resources={"workers": {"min": 1, "max": 4}},
-            train={"global_batch_size": 48, "micro_batch_size": 4},
+        parse_spec(
+            spec(
+                resources={"workers": {"min": 1, "max": 4}},
+                train={"global_batch_size": 48, "micro_batch_size": 4},
+            )
         )
     )
     assert plan["layout"]["workers"] == {"min": 1, "max": 4}
@@ -107,13 +106,18 @@ def test_layout_of_an_elastic_job_uses_min_workers():
 
 
 def test_async_checkpoint_plans_host_staging_memory():
-    sync, asyn = plan_job(_spec()), plan_job(_spec(checkpoint={"async": True}))
+    sync, asyn = (
+        plan_job(parse_spec(spec())),
+        plan_job(parse_spec(spec(checkpoint={"async": True}))),
+    )
     assert asyn["fits"] and not asyn["errors"], asyn["errors"]
     assert asyn["breakdown"]["host"] != sync["breakdown"]["host"]
 
 
 def test_tiny_gpu_does_not_fit():
-    plan = plan_job(_spec(resources={"gpus_per_worker": 1}), cluster={"gpu_memory_gb": 0.001})
+    plan = plan_job(
+        parse_spec(spec(resources={"gpus_per_worker": 1})), cluster={"gpu_memory_gb": 0.001}
+    )
     assert plan["fits"] is False
     assert plan["recommendation"] is None
     assert any("GiB" in e and "micro_batch_size" in e for e in plan["errors"])
@@ -122,11 +126,13 @@ def test_tiny_gpu_does_not_fit():
 def test_llama_7b_adamw_does_not_fit_an_80gb_gpu_unsharded():
     # 16 bytes/param of weights, grads and AdamW state alone is ~100 GiB for 6.7B parameters.
     plan = plan_job(
-        _spec(
-            model={"preset": "llama-7b"},
-            resources={"gpus_per_worker": 1},
-            data={"seq_len": 128},
-            train={"micro_batch_size": 1, "global_batch_size": 2},
+        parse_spec(
+            spec(
+                model={"preset": "llama-7b"},
+                resources={"gpus_per_worker": 1},
+                data={"seq_len": 128},
+                train={"micro_batch_size": 1, "global_batch_size": 2},
+            )
         ),
         cluster={"gpu_memory_gb": 80},
     )
@@ -136,12 +142,14 @@ def test_llama_7b_adamw_does_not_fit_an_80gb_gpu_unsharded():
 
 @pytest.mark.parametrize("cluster", [None, {}, {"gpu_memory_gb": 0.001}])
 def test_cpu_jobs_are_not_checked_against_gpu_memory(cluster):
-    plan = plan_job(_spec(), cluster=cluster)
+    plan = plan_job(parse_spec(spec()), cluster=cluster)
     assert plan["fits"] is True and plan["errors"] == []
 
 
 def test_gpu_job_that_fits():
-    plan = plan_job(_spec(resources={"gpus_per_worker": 1}), cluster={"gpu_memory_gb": 80})
+    plan = plan_job(
+        parse_spec(spec(resources={"gpus_per_worker": 1})), cluster={"gpu_memory_gb": 80}
+    )
     assert plan["fits"] is True and plan["errors"] == []
 
 

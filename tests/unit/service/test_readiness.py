@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi.testclient import TestClient
-
-from service.api.app import create_app
-from tests.support.fakes import FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import FakeBackend
 
 
 def test_readyz_is_not_ready_while_the_job_api_cannot_take_a_job(tmp_path):
     backend = FakeBackend()
-    with TestClient(create_app(dev_settings(tmp_path), backend=backend, reconcile=False)) as c:
+    with api_client(tmp_path, backend) as c:
         assert c.get("/readyz").json() == {"status": "ready"}
         # The dashboard answers (ping passes), but its agent cannot start a job driver.
         backend.not_ready_reason = "the Ray head's dashboard agent serves no HTTP"

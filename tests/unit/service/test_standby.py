@@ -7,9 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.backends.base import LaunchRequest
 from service.backends.standby import (
     HANDOVER_S,
@@ -24,7 +22,8 @@ from service.domain.reconciler import STARTING_S, Reconciler, starting
 from service.errors import BackendUnavailable
 from service.settings import Settings
 from service.status import JobStatus
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import ADMIN_H, FakeBackend
 from workers.contract import (
     REPORT_TOKEN_ENV,
     REPORT_URL_ENV,
@@ -236,7 +235,7 @@ def standby_api(tmp_path):
     """The API on a fake backend with a standby pool (no reconciler); the pool's Ray."""
     ray, backend = Ray(), FakeBackend()
     backend.standby = _pool(ray, time.monotonic)
-    with TestClient(create_app(dev_settings(tmp_path), backend=backend, reconcile=False)) as c:
+    with api_client(tmp_path, backend) as c:
         yield c, backend.standby, ray
 
 

@@ -4,23 +4,17 @@
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.cli.jobs import tensorboard_line
-from tests.support.fakes import FakeBackend
-from tests.unit.service.test_api import ADMIN_H, SPEC, _settings
+from tests.support.api import api_client, submit
 from tests.unit.service.test_cli import make_job, run, server  # noqa: F401 (fixture)
 from workers.spec import JobSpec
 
 
 def _submitted(tmp_path, metrics: dict | None, **settings) -> dict:
-    app = create_app(_settings(tmp_path, **settings), backend=FakeBackend(), reconcile=False)
-    body = {**SPEC, **({"metrics": metrics} if metrics is not None else {})}
-    with TestClient(app) as client:
-        r = client.post("/v1/jobs", json=body, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return r.json()["spec"]["metrics"]
+    with api_client(tmp_path, **settings) as client:
+        job = submit(client, **({"metrics": metrics} if metrics is not None else {}))
+    return job["spec"]["metrics"]
 
 
 def test_spec_leaves_tensorboard_unset():

@@ -6,11 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.ui.pages import PAGES, STATIC_DIR, TEMPLATES
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.fakes import ADMIN_H
 
 # An address of another host: scheme-relative or absolute URLs, and CSS @import / url().
 _EXTERNAL = re.compile(r"(?:https?:)?//[a-z0-9][a-z0-9.-]*\.[a-z]{2,}", re.I)
@@ -21,27 +19,20 @@ ASSETS = sorted(p.relative_to(STATIC_DIR).as_posix() for p in STATIC_DIR.rglob("
 PAGE_URLS = ["/ui/", "/ui/jobs", "/ui/jobs/j-123", "/ui/cluster", "/ui/plan", "/ui/signin"]
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    settings = dev_settings(tmp_path_factory.mktemp("ui"))
-    with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as c:
-        yield c
-
-
 def _csp(response) -> dict[str, str]:
     policy = response.headers["content-security-policy"]
     return {d.split()[0]: d.strip() for d in policy.split(";") if d.strip()}
 
 
-def test_root_redirects_to_the_pages(client):
-    r = client.get("/", follow_redirects=False)
+def test_root_redirects_to_the_pages(module_client):
+    r = module_client.get("/", follow_redirects=False)
     assert r.status_code == 307
     assert r.headers["location"] == "/ui/"
 
 
 @pytest.mark.parametrize("url", PAGE_URLS)
-def test_page_shell_is_public_html_with_a_strict_csp(client, url):
-    r = client.get(url)  # no token: the shell holds no data
+def test_page_shell_is_public_html_with_a_strict_csp(module_client, url):
+    r = module_client.get(url)  # no token: the shell holds no data
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/html")
     csp = _csp(r)
@@ -57,8 +48,8 @@ def test_page_shell_is_public_html_with_a_strict_csp(client, url):
 
 
 @pytest.mark.parametrize("asset", ASSETS)
-def test_every_asset_is_served_with_the_csp_and_names_no_other_host(client, asset):
-    r = client.get(f"/ui/static/{asset}")
+def test_every_asset_is_served_with_the_csp_and_names_no_other_host(module_client, asset):
+    r = module_client.get(f"/ui/static/{asset}")
     assert r.status_code == 200
     assert "default-src 'self'" in r.headers["content-security-policy"]
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -72,7 +63,7 @@ def test_every_asset_is_served_with_the_csp_and_names_no_other_host(client, asse
         assert "eval(" not in text and "new Function" not in text
 
 
-def test_every_reference_of_the_pages_and_modules_answers(client):
+def test_every_reference_of_the_pages_and_modules_answers(module_client):
     """Scripts, styles, icons and each ES module's imports all resolve on this server."""
     seen, todo = set(), [u for u in PAGE_URLS]
     while todo:
@@ -80,7 +71,7 @@ def test_every_reference_of_the_pages_and_modules_answers(client):
         if url in seen:
             continue
         seen.add(url)
-        r = client.get(url)
+        r = module_client.get(url)
         assert r.status_code == 200, url
         for a, b in _REFS.findall(r.text):
             ref = a or url.rsplit("/", 1)[0] + "/" + b.removeprefix("./")
@@ -94,22 +85,22 @@ def test_every_reference_of_the_pages_and_modules_answers(client):
     } <= modules
 
 
-def test_pages_are_left_out_of_the_openapi_schema(client):
-    paths = client.get("/openapi.json").json()["paths"]
+def test_pages_are_left_out_of_the_openapi_schema(module_client):
+    paths = module_client.get("/openapi.json").json()["paths"]
     assert not [p for p in paths if p == "/" or p.startswith("/ui")]
     assert set(PAGES) == {"/", "/jobs", "/jobs/{job_id}", "/cluster", "/plan", "/signin"}
 
 
-def test_the_data_the_pages_read_still_needs_the_token(client):
-    assert client.get("/v1/jobs?limit=1").status_code == 401
-    assert client.get("/v1/jobs?limit=1", headers=ADMIN_H).status_code == 200
-    assert client.get("/v1/cluster").status_code == 401
+def test_the_data_the_pages_read_still_needs_the_token(module_client):
+    assert module_client.get("/v1/jobs?limit=1").status_code == 401
+    assert module_client.get("/v1/jobs?limit=1", headers=ADMIN_H).status_code == 200
+    assert module_client.get("/v1/cluster").status_code == 401
 
 
-def test_a_missing_asset_is_404_not_a_page(client):
-    assert client.get("/ui/static/js/nope.js").status_code == 404
-    assert client.get("/ui/static/../pages.py").status_code == 404
-    assert client.get("/ui/nope").status_code == 404
+def test_a_missing_asset_is_404_not_a_page(module_client):
+    assert module_client.get("/ui/static/js/nope.js").status_code == 404
+    assert module_client.get("/ui/static/../pages.py").status_code == 404
+    assert module_client.get("/ui/nope").status_code == 404
 
 
 def test_every_asset_ships_in_the_package():

@@ -19,6 +19,7 @@ from service.planner.memory_model import (
 )
 from service.planner.planning import workload_of
 from service.planner.workload import adapter_numel
+from tests.support.specs import spec
 from workers.models.config import ModelConfig, count_params, get_model_config
 from workers.spec import parse_spec
 
@@ -102,25 +103,22 @@ def test_lora_saves_fewer_activations_than_full_fine_tuning():
     assert few < every < full
 
 
-def _spec(**model) -> dict:
-    return {
-        "name": "p",
-        "model": model,
-        "data": {"seq_len": 64},
-        "resources": {"workers": 1},
-        "train": {"global_batch_size": 2, "micro_batch_size": 1},
-    }
-
-
 def test_the_plan_uses_the_pretrained_models_own_shape():
-    spec = parse_spec(_spec(activation_checkpointing="selective", lora={"rank": 4}))
+    job = parse_spec(
+        spec(
+            model={"activation_checkpointing": "selective", "lora": {"rank": 4}},
+            data={"seq_len": 64},
+            resources={"workers": 1},
+            train={"global_batch_size": 2, "micro_batch_size": 1},
+        )
+    )
     mine = ModelConfig(
         vocab_size=1000, dim=128, n_layers=3, n_heads=4, n_kv_heads=4, ffn_hidden=256,
         max_seq_len=512, qkv_bias=True,
     )  # fmt: skip
-    work = workload_of(spec, mine)
+    work = workload_of(job, mine)
     assert work.cfg == mine and work.recompute == "selective" and work.lora.rank == 4
-    plan = plan_job(spec, model_config=mine)
+    plan = plan_job(job, model_config=mine)
     assert plan.num_params == count_params(mine)
     assert plan.breakdown.activation_checkpointing == "selective"
     assert plan.breakdown.lora_trainable_params == 3 * adapter_numel(mine, work.lora)

@@ -21,9 +21,11 @@ from service.api.app import create_app
 from service.auth import create_user_token, hash_token
 from service.settings import Settings
 from service.store import Stores, TokenStore, migrate
+from tests.support.api import api_client, submit, tenant_token
 from tests.support.fakes import ADMIN, ADMIN_H, FakeBackend, dev_settings
+from tests.support.specs import JOB
 
-SPEC = {"name": "tiny", "resources": {"workers": 2}, "train": {"steps": 5}}
+SPEC = JOB
 DEEP_JSON = "[" * 10_000 + "]" * 10_000
 DEEP_YAML = "a: " + "[" * 10_000 + "]" * 10_000
 # Nine levels of nine-fold aliases: 387 million values once expanded.
@@ -32,23 +34,14 @@ LAUGHS = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 
 
-def _settings(tmp_path, **overrides) -> Settings:
-    return Settings(**{**dev_settings(tmp_path).model_dump(), "admin_token": ADMIN, **overrides})
-
-
 @pytest.fixture
 def api(tmp_path):
-    with TestClient(
-        create_app(dev_settings(tmp_path), backend=FakeBackend(), reconcile=False),
-        raise_server_exceptions=False,
-    ) as client:
+    with api_client(tmp_path, raise_server_exceptions=False) as client:
         yield client
 
 
 def _job(api: TestClient) -> str:
-    r = api.post("/v1/jobs", json=SPEC, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
+    return submit(api, base=SPEC)["id"]
 
 
 def _post(path: str, body: str | bytes, content_type: str, headers=ADMIN_H) -> Callable:
@@ -287,7 +280,7 @@ def test_bad_request_is_a_4xx_naming_the_cause(api, request_of, status, text):
 
 def test_item13_chunked_body_is_cut_at_the_limit(tmp_path):
     """A body without Content-Length: the app answers 413 and stops reading at the cap."""
-    settings = _settings(tmp_path, max_body_bytes=4096)
+    settings = dev_settings(tmp_path, max_body_bytes=4096)
     received, answer = [], {}
     headers = [(b"authorization", ADMIN_H["Authorization"].encode())]
     headers.append((b"content-type", b"application/json"))
@@ -316,7 +309,7 @@ def test_item12_metrics_hide_job_ids_unless_an_admin_scrapes(api):
     assert anonymous.status_code == 200
     assert "etrain_jobs" in anonymous.text
     assert job not in anonymous.text and "etrain_job_loss" not in anonymous.text
-    user = {"Authorization": "Bearer " + _user_token(api, "team-a")}
+    user = tenant_token(api, "team-a")
     assert job not in api.get("/metrics", headers=user).text
     assert api.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert f'etrain_job_loss{{job_id="{job}"}} 2.5' in api.get("/metrics", headers=ADMIN_H).text
@@ -332,14 +325,9 @@ def _reporter(api: TestClient, job_id: str):
     return Principal(tenant_id=tenant, role="reporter", job_id=job_id)
 
 
-def _user_token(api: TestClient, tenant: str) -> str:
-    r = api.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
-
-
 def test_item13_a_revoked_token_stops_working(api):
-    token = _user_token(api, "team-a")
+    user = tenant_token(api, "team-a")
+    token = user["Authorization"].removeprefix("Bearer ")
     listed = api.get("/v1/tokens", headers=ADMIN_H).json()["items"]
     (row,) = [t for t in listed if t["tenant"] == "team-a"]
     assert token not in json.dumps(listed) and "hash" not in json.dumps(listed)
@@ -352,7 +340,7 @@ def test_item13_a_revoked_token_stops_working(api):
 def test_reserved_tenant_user_tokens_of_an_older_database_are_revoked_at_start(tmp_path):
     """A database written before ``admin`` was reserved may hold a user token of that
     tenant, which could list and revoke the admin token: the next start revokes it."""
-    settings = _settings(tmp_path)
+    settings = dev_settings(tmp_path)
     with TestClient(create_app(settings, backend=FakeBackend(), reconcile=False)) as api:
         tokens = api.app.state.runtime.stores.tokens
         admin = tokens.get_tenant_by_name("admin")
@@ -369,7 +357,7 @@ def test_reserved_tenant_user_tokens_of_an_older_database_are_revoked_at_start(t
 
 def test_item13_a_new_configured_admin_token_replaces_the_old_one(tmp_path):
     def serve(token: str) -> TestClient:
-        settings = _settings(tmp_path, admin_token=token)
+        settings = dev_settings(tmp_path, admin_token=token)
         return TestClient(create_app(settings, backend=FakeBackend(), reconcile=False))
 
     with serve(ADMIN) as api:

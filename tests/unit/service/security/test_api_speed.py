@@ -10,11 +10,10 @@ from collections.abc import Callable
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 
 from service.api import parsing
-from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client
+from tests.support.fakes import ADMIN_H, FakeBackend
 from workers.spec import JobSpec
 
 SPEC = {
@@ -36,15 +35,11 @@ class CountingBackend(FakeBackend):
         return super().cluster()
 
 
-def _app(tmp_path, backend: FakeBackend) -> TestClient:
-    return TestClient(create_app(dev_settings(tmp_path), backend=backend, reconcile=False))
-
-
 def submits_share_one_cluster_read(tmp_path, monkeypatch) -> None:
     """Twenty submits in a row ask the cluster once, not once each (a Ray dashboard round
     trip in front of every POST /v1/jobs)."""
     backend = CountingBackend()
-    with _app(tmp_path, backend) as client:
+    with api_client(tmp_path, backend) as client:
         for _ in range(20):
             assert client.post("/v1/jobs", json=SPEC, headers=ADMIN_H).status_code == 201
         assert backend.cluster_calls <= 2, backend.cluster_calls
@@ -53,7 +48,7 @@ def submits_share_one_cluster_read(tmp_path, monkeypatch) -> None:
 def listing_a_page_parses_no_spec_twice(tmp_path, monkeypatch) -> None:
     """Listing the same page again validates no stored spec again (50 specs were decoded
     and validated on every GET /v1/jobs)."""
-    with _app(tmp_path, FakeBackend()) as client:
+    with api_client(tmp_path) as client:
         for _ in range(30):
             assert client.post("/v1/jobs", json=SPEC, headers=ADMIN_H).status_code == 201
         assert client.get("/v1/jobs?limit=50", headers=ADMIN_H).status_code == 200
@@ -83,7 +78,7 @@ def yaml_is_decoded_off_the_event_loop(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(parsing, "_load_yaml", slow_decode)
     answers: dict = {}
-    with _app(tmp_path, FakeBackend()) as client:
+    with api_client(tmp_path) as client:
 
         def send(name: str, *args, **kwargs) -> threading.Thread:
             def call():

@@ -12,10 +12,9 @@ import os
 import threading
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client, tenant_token
+from tests.support.fakes import FakeBackend
 from tests.support.hf_fixtures import hf_config
 
 A, B = "team-a", "team-b"
@@ -26,19 +25,16 @@ POLICY = {"policy_object_stores": {"*": ["s3://models/{tenant}", "gs://models/{t
 def env(tmp_path_factory):
     """One app for the table: tenant A's token, folders of A, B and a shared root."""
     tmp_path, shared = tmp_path_factory.mktemp("svc"), tmp_path_factory.mktemp("shared")
-    settings = dev_settings(tmp_path).model_copy(
-        update={**POLICY, "policy_shared_data_roots": [shared]}
-    )
     for folder in (tmp_path / "tenants" / A / "m", tmp_path / "tenants" / B / "m", shared / "m"):
         folder.mkdir(parents=True)
         hf_config().to_json_file(folder / "config.json")
         (folder / "model.safetensors").write_bytes(b"")
     os.symlink(tmp_path / "tenants" / B / "m", tmp_path / "tenants" / A / "escape")
     os.symlink("/etc", tmp_path / "tenants" / A / "etc")
-    with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
-        r = c.post("/v1/tokens", json={"tenant": A}, headers=ADMIN_H)
-        assert r.status_code == 201, r.text
-        yield c, {"Authorization": f"Bearer {r.json()['token']}"}, tmp_path, shared
+    with api_client(
+        tmp_path, FakeBackend(cpus=4), **POLICY, policy_shared_data_roots=[shared]
+    ) as c:
+        yield c, tenant_token(c, A), tmp_path, shared
 
 
 def _body(field: str, place: str) -> dict:

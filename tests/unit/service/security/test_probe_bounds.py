@@ -111,7 +111,9 @@ def test_item08_hanging_probes_do_not_stall_the_api(tmp_path, monkeypatch, black
             assert c.get("/healthz").status_code == 200
             jobs = c.get("/v1/jobs", headers=tokens["team-a"])
             assert jobs.status_code == 200 and jobs.json()["total"] == 1
-            assert time.monotonic() - t0 < 1.0  # before: minutes, once the pool filled
+            # Before: minutes, once the pool filled. 3 s leaves room for a busy 2-core host
+            # (1 s failed there with other test runs beside it), far below minutes.
+            assert time.monotonic() - t0 < 3.0
         for f in hanging:
             r, elapsed = f.result()
             assert r.status_code == 422, r.text

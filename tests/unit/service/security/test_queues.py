@@ -9,9 +9,10 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.status import JobStatus
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client, tenant_token
+from tests.support.fakes import FakeBackend
+from tests.support.specs import spec
 from workers.spec import parse_spec
 
 ONE = {
@@ -21,20 +22,11 @@ ONE = {
 }
 
 
-def _app(tmp_path, *, cpus: float = 4, **settings) -> TestClient:
-    s = dev_settings(tmp_path).model_copy(update=settings)
-    return TestClient(create_app(s, backend=FakeBackend(cpus=cpus), reconcile=False))
-
-
-def _token(client: TestClient, tenant: str) -> dict[str, str]:
-    r = client.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
-    assert r.status_code == 201, r.text
-    return {"Authorization": f"Bearer {r.json()['token']}"}
-
-
 def _submit(client: TestClient, headers: dict, *, workers: int = 1, name: str = "one"):
-    train = {"steps": 5, "global_batch_size": 4 * workers, "micro_batch_size": 4}
-    body = {**ONE, "name": name, "resources": {"workers": workers}, "train": train}
+    """POST ONE as ``name`` on ``workers`` workers (a batch of 4 each) and return the answer
+    unchecked: the quotas answer 429."""
+    train = {"global_batch_size": 4 * workers}
+    body = spec(ONE, name=name, resources={"workers": workers}, train=train)
     return client.post("/v1/jobs", json=body, headers=headers)
 
 
@@ -49,8 +41,8 @@ def _waiting(client: TestClient, headers: dict, job_id: str) -> list[str]:
 
 def queued_quota_refuses_the_next_job(tmp_path) -> None:
     """A tenant with a full queue gets 429 naming the quota; another tenant still submits."""
-    with _app(tmp_path) as client:
-        a, b = _token(client, "team-a"), _token(client, "team-b")
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
+        a, b = tenant_token(client, "team-a"), tenant_token(client, "team-b")
         stores = client.app.state.runtime.stores
         tenant_a = stores.tokens.get_tenant_by_name("team-a").id
         spec = parse_spec(ONE)
@@ -74,8 +66,8 @@ def queued_quota_refuses_the_next_job(tmp_path) -> None:
 def never_fitting_head_does_not_block_another_tenant(tmp_path) -> None:
     """The issue's case: A's job needs more than the cluster will ever have; B's 1-worker
     job behind it starts on the idle cluster."""
-    with _app(tmp_path, cpus=4) as client:
-        a, b = _token(client, "team-a"), _token(client, "team-b")
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
+        a, b = tenant_token(client, "team-a"), tenant_token(client, "team-b")
         huge = _submit(client, a, name="huge", workers=8)
         assert huge.status_code == 201, huge.text
         small = _submit(client, b, name="small").json()
@@ -88,8 +80,8 @@ def never_fitting_head_does_not_block_another_tenant(tmp_path) -> None:
 
 def job_that_fits_later_does_not_block_smaller_ones(tmp_path) -> None:
     """A's 4-worker job waits for a busy cluster; B's 1-worker job uses the free CPU."""
-    with _app(tmp_path, cpus=4) as client:
-        a, b = _token(client, "team-a"), _token(client, "team-b")
+    with api_client(tmp_path, FakeBackend(cpus=4)) as client:
+        a, b = tenant_token(client, "team-a"), tenant_token(client, "team-b")
         runtime = client.app.state.runtime
         first = _submit(client, a, name="first", workers=3).json()
         runtime.reconciler.tick()
@@ -105,8 +97,8 @@ def job_that_fits_later_does_not_block_smaller_ones(tmp_path) -> None:
 def running_worker_quota_caps_one_tenant(tmp_path) -> None:
     """With ETRAIN_MAX_RUNNING_WORKERS_PER_TENANT=2, A's second 2-worker job waits on an
     idle 8-CPU cluster, with a reason naming the quota."""
-    with _app(tmp_path, cpus=8, max_running_workers_per_tenant=2) as client:
-        a = _token(client, "team-a")
+    with api_client(tmp_path, FakeBackend(cpus=8), max_running_workers_per_tenant=2) as client:
+        a = tenant_token(client, "team-a")
         jobs = [_submit(client, a, name=f"j{i}", workers=2).json() for i in (0, 1)]
         client.app.state.runtime.reconciler.tick()
         assert [_status(client, a, j["id"]) for j in jobs] == ["PENDING", "QUEUED"]

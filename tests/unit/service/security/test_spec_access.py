@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.domain import storage_check
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client, tenant_token
+from tests.support.fakes import ADMIN_H, FakeBackend
 
 A, B = "team-a", "team-b"
 ENDPOINT = "http://minio.internal:9000"
@@ -47,13 +46,8 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "service-own-secret")
     probed = []
     monkeypatch.setattr(storage_check, "check_storage", lambda loc, **_: probed.append(loc))
-    settings = dev_settings(tmp_path).model_copy(update=POLICY)
-    with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
-        tokens = {}
-        for tenant in (A, B):
-            r = c.post("/v1/tokens", json={"tenant": tenant}, headers=ADMIN_H)
-            assert r.status_code == 201, r.text
-            tokens[tenant] = {"Authorization": f"Bearer {r.json()['token']}"}
+    with api_client(tmp_path, FakeBackend(cpus=4), **POLICY) as c:
+        tokens = {tenant: tenant_token(c, tenant) for tenant in (A, B)}
         yield c, tokens, probed, tmp_path
 
 

@@ -16,10 +16,9 @@ import re
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from tests.support.fakes import ADMIN_H, FakeBackend, dev_settings
+from tests.support.api import api_client, tenant_token
+from tests.support.fakes import FakeBackend
 from tests.support.hf_fixtures import hf_config
 
 A, B = "team-a", "team-b"
@@ -31,7 +30,6 @@ B_SEQ = 4093  # tenant B's prepared data: a seq_len nobody else uses
 def env(tmp_path_factory):
     """One app for the table: tenant A's token; A's and B's data areas."""
     root = tmp_path_factory.mktemp("svc")
-    settings = dev_settings(root)
     areas = {t: root / "tenants" / t for t in (A, B)}
     for t, area in areas.items():
         (area / "m").mkdir(parents=True)
@@ -44,10 +42,8 @@ def env(tmp_path_factory):
         (area / "prepared" / "index.json").write_text(
             json.dumps({"format_version": 1, "seq_len": B_SEQ if t == B else 16, "files": {}})
         )
-    with TestClient(create_app(settings, backend=FakeBackend(cpus=4), reconcile=False)) as c:
-        r = c.post("/v1/tokens", json={"tenant": A}, headers=ADMIN_H)
-        assert r.status_code == 201, r.text
-        yield c, {"Authorization": f"Bearer {r.json()['token']}"}, areas
+    with api_client(root, FakeBackend(cpus=4)) as c:
+        yield c, tenant_token(c, A), areas
 
 
 def _body(*, hf: str | None = None, data: str | None = None) -> dict:

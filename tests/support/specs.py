@@ -1,0 +1,34 @@
+"""Job-spec dicts for tests: one builder instead of a ``_spec`` per test file.
+
+``spec(**overrides)`` deep-merges its sections into ``MINIMAL`` (the smallest valid spec:
+every other field has a default); ``spec(JOB, ...)`` starts from the API tests' quick job
+instead. A nested dict merges key by key; any other value replaces what was there.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+# The smallest valid spec: every other field has a default.
+MINIMAL: dict[str, Any] = {"name": "tiny"}
+# A quick job on the fake cluster (two workers, five steps): what the REST tests submit.
+JOB: dict[str, Any] = {"name": "tiny", "resources": {"workers": 2}, "train": {"steps": 5}}
+
+
+def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict (shares nothing with its arguments): ``base`` with ``overrides`` merged
+    in, dicts into dicts, recursively."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def spec(base: Mapping[str, Any] | None = None, /, **overrides: Any) -> dict[str, Any]:
+    """A job-spec dict: ``base`` (default ``MINIMAL``) with ``overrides`` deep-merged in."""
+    return deep_merge(MINIMAL if base is None else base, overrides)
