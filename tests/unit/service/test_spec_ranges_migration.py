@@ -4,58 +4,43 @@ from __future__ import annotations
 
 import datetime as dt
 
-import sqlalchemy as sa
-from alembic import command
-
 from service.status import JobStatus
 from service.store import Stores, migrate
-from service.store.migrate import build_alembic_config
+from tests.support.old_database import database_at, job_row
 
 NOW = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 
 
 def _job(job_id: str, status: str, resources: dict, **sections) -> dict:
     spec = {"name": job_id, "resources": resources, **sections}
-    return {
-        "id": job_id,
-        "tenant_id": "t-1",
-        "name": job_id,
-        "status": status,
-        "spec": spec,
-        "min_workers": resources["workers"] if isinstance(resources["workers"], int) else 1,
-        "created_at": NOW,
-        "updated_at": NOW,
-    }
+    workers = resources["workers"]
+    return job_row(
+        job_id, spec, status=status, min_workers=workers if isinstance(workers, int) else 1, at=NOW
+    )
 
 
 def test_out_of_range_specs_are_moved_in_and_queued_ones_failed(tmp_path):
-    url = f"sqlite:///{tmp_path / 'etrain.db'}"
-    command.upgrade(build_alembic_config(url), "0001")
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    with engine.begin() as conn:
-        conn.execute(meta.tables["tenants"].insert().values(id="t-1", name="acme", created_at=NOW))
-        conn.execute(
-            meta.tables["jobs"].insert(),
-            [
-                _job(
-                    "j-queued",
-                    "QUEUED",
-                    {"workers": 8192, "cpus_per_worker": 1e-300},
-                    train={"global_batch_size": 4 * 8192},
-                ),
-                _job(
-                    "j-done",
-                    "SUCCEEDED",
-                    {"workers": {"min": 8192, "max": 8192}},
-                    train={"global_batch_size": 4 * 8192},
-                ),
-                _job("j-seed", "SUCCEEDED", {"workers": 2}, train={"seed": 2**40}),
-                _job("j-fine", "QUEUED", {"workers": 2}),
-            ],
-        )
-    engine.dispose()
+    url = database_at(
+        tmp_path,
+        "0001",
+        [
+            _job(
+                "j-queued",
+                "QUEUED",
+                {"workers": 8192, "cpus_per_worker": 1e-300},
+                train={"global_batch_size": 4 * 8192},
+            ),
+            _job(
+                "j-done",
+                "SUCCEEDED",
+                {"workers": {"min": 8192, "max": 8192}},
+                train={"global_batch_size": 4 * 8192},
+            ),
+            _job("j-seed", "SUCCEEDED", {"workers": 2}, train={"seed": 2**40}),
+            _job("j-fine", "QUEUED", {"workers": 2}),
+        ],
+        at=NOW,
+    )
     migrate(url)
     stores = Stores.open(url)
     try:

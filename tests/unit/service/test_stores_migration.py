@@ -4,66 +4,40 @@ from __future__ import annotations
 
 import datetime as dt
 
-import sqlalchemy as sa
 from alembic import command
 
 from service.store import Stores, migrate
 from service.store.migrate import build_alembic_config
+from tests.support.old_database import database_at, job_row, stored_specs
 
 NOW = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
 S3 = {"endpoint_url": "http://minio:9000", "region": "us-east-1", "credentials_secret": "acme"}
 
 
 def _job(job_id: str, checkpoint: dict, **sections) -> dict:
-    return {
-        "id": job_id,
-        "tenant_id": "t-1",
-        "name": job_id,
-        "status": "SUCCEEDED",
-        "spec": {"name": job_id, "resources": {"workers": 2}, "checkpoint": checkpoint, **sections},
-        "min_workers": 2,
-        "created_at": NOW,
-        "updated_at": NOW,
-    }
-
-
-def _stored_specs(url: str) -> dict[str, dict]:
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    try:
-        with engine.connect() as conn:
-            jobs = meta.tables["jobs"]
-            return {row.id: row.spec for row in conn.execute(sa.select(jobs.c.id, jobs.c.spec))}
-    finally:
-        engine.dispose()
+    spec = {"name": job_id, "resources": {"workers": 2}, "checkpoint": checkpoint, **sections}
+    return job_row(job_id, spec, status="SUCCEEDED", min_workers=2, at=NOW)
 
 
 def test_old_store_options_move_into_the_stores_section(tmp_path):
-    url = f"sqlite:///{tmp_path / 'etrain.db'}"
-    command.upgrade(build_alembic_config(url), "0002")
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    with engine.begin() as conn:
-        conn.execute(meta.tables["tenants"].insert().values(id="t-1", name="acme", created_at=NOW))
-        conn.execute(
-            meta.tables["jobs"].insert(),
-            [
-                # As 0002's release stored it: both keys, the unused one null.
-                _job("j-s3", {"storage": "s3://bkt/ckpt", "s3": S3, "gcs": None}),
-                _job(
-                    "j-gcs",
-                    {"storage": "gs://bkt/ckpt", "gcs": {"endpoint_url": "http://gcs:9023"}},
-                    model={"hf": "gs://bkt/models/m", "preset": "gpt-tiny"},
-                ),
-                _job("j-local", {"storage": "file:///data/ckpt", "s3": None, "gcs": None}),
-                _job("j-bare", {"storage": "file:///data/ckpt"}),
-            ],
-        )
-    engine.dispose()
+    url = database_at(
+        tmp_path,
+        "0002",
+        [
+            # As 0002's release stored it: both keys, the unused one null.
+            _job("j-s3", {"storage": "s3://bkt/ckpt", "s3": S3, "gcs": None}),
+            _job(
+                "j-gcs",
+                {"storage": "gs://bkt/ckpt", "gcs": {"endpoint_url": "http://gcs:9023"}},
+                model={"hf": "gs://bkt/models/m", "preset": "gpt-tiny"},
+            ),
+            _job("j-local", {"storage": "file:///data/ckpt", "s3": None, "gcs": None}),
+            _job("j-bare", {"storage": "file:///data/ckpt"}),
+        ],
+        at=NOW,
+    )
     migrate(url)
-    raw = _stored_specs(url)
+    raw = stored_specs(url)
     assert raw["j-s3"]["stores"] == {"s3": S3, "gcs": None}
     assert "s3" not in raw["j-s3"]["checkpoint"] and "gcs" not in raw["j-s3"]["checkpoint"]
     assert raw["j-gcs"]["stores"]["gcs"] == {"endpoint_url": "http://gcs:9023"}
@@ -84,17 +58,9 @@ def test_old_store_options_move_into_the_stores_section(tmp_path):
 
 
 def test_downgrade_moves_them_back(tmp_path):
-    url = f"sqlite:///{tmp_path / 'etrain.db'}"
-    migrate(url)
-    engine = sa.create_engine(url)
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    with engine.begin() as conn:
-        conn.execute(meta.tables["tenants"].insert().values(id="t-1", name="acme", created_at=NOW))
-        job = _job("j-s3", {"storage": "s3://bkt/ckpt"}, stores={"s3": S3, "gcs": None})
-        conn.execute(meta.tables["jobs"].insert(), [job])
-    engine.dispose()
+    job = _job("j-s3", {"storage": "s3://bkt/ckpt"}, stores={"s3": S3, "gcs": None})
+    url = database_at(tmp_path, "head", [job], at=NOW)
     command.downgrade(build_alembic_config(url), "0002")
-    spec = _stored_specs(url)["j-s3"]
+    spec = stored_specs(url)["j-s3"]
     assert "stores" not in spec
     assert spec["checkpoint"] == {"storage": "s3://bkt/ckpt", "s3": S3, "gcs": None}
