@@ -32,3 +32,14 @@ def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[st
 def spec(base: Mapping[str, Any] | None = None, /, **overrides: Any) -> dict[str, Any]:
     """A job-spec dict: ``base`` (default ``MINIMAL``) with ``overrides`` deep-merged in."""
     return deep_merge(MINIMAL if base is None else base, overrides)
+
+
+# The byte counts the planner gives for each rank (GET/POST /v1/plan's per_rank).
+PER_RANK_KEYS = {
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "activations_bytes",
+    "buffers_bytes",
+    "total_bytes",
+}

@@ -8,7 +8,7 @@ import yaml
 
 from tests.support.api import api_client, total
 from tests.support.fakes import ADMIN_H, FakeBackend
-from tests.support.specs import JOB
+from tests.support.specs import JOB, PER_RANK_KEYS
 
 GPU_SPEC = {
     "name": "gpu",
@@ -109,14 +109,7 @@ def test_plan_returns_the_documented_keys(client):
         "errors",
         "recommendation",
     } <= set(plan)
-    assert set(plan["per_rank"]) >= {
-        "params_bytes",
-        "grads_bytes",
-        "optimizer_bytes",
-        "activations_bytes",
-        "buffers_bytes",
-        "total_bytes",
-    }
+    assert set(plan["per_rank"]) >= PER_RANK_KEYS
     assert plan["fits"] is True and plan["errors"] == [] and plan["num_params"] > 0
     assert plan["layout"]["strategy"] == "ddp"
     assert total(client) == 0  # a dry run stores nothing

@@ -9,7 +9,7 @@ import yaml
 
 from service.planner import planning
 from service.planner.planning import GIB
-from tests.support.specs import spec
+from tests.support.specs import PER_RANK_KEYS, spec
 from workers.models.config import count_params, get_model_config
 from workers.spec import JobSpec, parse_spec
 
@@ -20,15 +20,6 @@ def plan_job(spec: JobSpec, **kwargs) -> dict:
 
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-
-PER_RANK_KEYS = {
-    "params_bytes",
-    "grads_bytes",
-    "optimizer_bytes",
-    "activations_bytes",
-    "buffers_bytes",
-    "total_bytes",
-}
 
 
 @pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-small", "llama-1b", "llama-7b"])
