@@ -46,7 +46,7 @@ def _reference_losses(spec: dict) -> dict[int, float]:
     """The same spec in one plain process: no DDP, the whole global batch here."""
     result = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     )
     return result.losses
 

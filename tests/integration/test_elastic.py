@@ -150,7 +150,7 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
     # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
     fixed = run(
         JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
@@ -197,7 +197,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, 
         JobSpec.model_validate(
             {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
         ),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step

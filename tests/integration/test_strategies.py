@@ -85,7 +85,7 @@ def reference_losses(optimizer: str, steps: int = STEPS, **train) -> dict[int, f
     spec["resources"]["workers"] = 1
     res = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     )
     return res.losses
 

@@ -12,6 +12,7 @@ from tensorboard.compat.tensorflow_stub.io import gfile
 
 from tests.support.faults import fault_env
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.telemetry.tensorboard import SCALARS
 from workers.train_loop import RunEnv, run
 
@@ -86,7 +87,7 @@ def test_no_event_files_unless_asked(tmp_path):
     root = tmp_path / "ckpts"
     run(
         _spec(None),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(root)),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root)),
     )
     assert not (root / "tensorboard").exists()
 
