@@ -90,7 +90,7 @@ def test_ddp_loss_per_step_matches_single_process(clean_runs, telemetry_sink, op
 # complete checkpoint of step 4, never the partial one of step 8.
 KILLS = {
     "sync": {"KILL_STEP": 6},
-    "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 20},
+    "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 8},
 }
 
 
