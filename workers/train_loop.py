@@ -65,6 +65,13 @@ class RunEnv:
     # benchmarks that do not read it (the meter traces every op of that step).
     measure_memory: bool = True
 
+    def __post_init__(self) -> None:
+        if self.checkpoints is not None and not isinstance(self.checkpoints, StorageLocation):
+            raise TypeError(
+                "RunEnv.checkpoints is a StorageLocation (workers.storage.location.locate "
+                f"turns a path or URI into one), not {type(self.checkpoints).__name__}"
+            )
+
 
 @dataclass
 class RunResult:

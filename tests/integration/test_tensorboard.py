@@ -59,7 +59,7 @@ def _read(logdir) -> event_accumulator.EventAccumulator:
 
 def _env(root, reporter, stop_at=None) -> RunEnv:
     cpu = torch.device("cpu")
-    return RunEnv(0, 1, cpu, str(root), reporter=reporter, stop_at=stop_at)
+    return RunEnv(0, 1, cpu, locate(root), reporter=reporter, stop_at=stop_at)
 
 
 def test_event_files_hold_the_runs_metrics(tmp_path):

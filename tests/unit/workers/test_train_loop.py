@@ -190,3 +190,9 @@ def test_memory_is_measured_for_a_new_run_or_a_resize_unless_turned_off():
     assert not _measures_memory(env, start=3, restored={"world_size": 2})
     env.measure_memory = False
     assert not _measures_memory(env, start=0, restored=None)
+
+
+def test_a_checkpoint_place_is_handed_down_resolved(tmp_path):
+    """A string would be parsed back by each reader; the loop takes only a location."""
+    with pytest.raises(TypeError, match="locate"):
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=str(tmp_path))
