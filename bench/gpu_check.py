@@ -237,7 +237,7 @@ def free(device) -> None:
 def train(spec: JobSpec, device):
     """``workers.train_loop.run`` as a one-worker job runs it (no checkpoints, no reporter)."""
     free(device)
-    return run(spec, RunEnv(rank=0, world_size=1, device=device, checkpoint_root=None))
+    return run(spec, RunEnv(rank=0, world_size=1, device=device))
 
 
 def throughput(ctx, cfg, seq: int, tokens_per_step: int, step_s: float, *, lora=False):

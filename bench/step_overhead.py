@@ -10,7 +10,7 @@ several ways and prints one table:
   ``workers.launch.build_trainer`` (failure config, ``EventCallback``) whose
   train function builds ``RunEnv`` as ``workers.worker_entry.train_fn`` does, with the
   rank-0 ``TelemetryReporter`` posting per-step metrics to a local HTTP sink
-  (the stand-in for the control plane) and ``checkpoint_root=None``.
+  (the stand-in for the control plane) and no checkpoints (``RunEnv.checkpoints`` None).
 * ``bare Ray Train``: the same ``TorchTrainer`` and ``run`` without anything
   etrain adds (no reporter, no callback, default run config).
 * ``etrain + fix``: the etrain path with the candidate fix
@@ -184,7 +184,6 @@ def torchrun_worker(args: argparse.Namespace) -> None:
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
             device=torch.device("cpu"),
-            checkpoint_root=None,
         )
         timed_run(json.loads(args.spec), env, args.out)
     finally:
@@ -196,6 +195,7 @@ def ray_train_fn(config: dict) -> None:
     import ray.train
     import torch
 
+    from workers.storage.location import locate
     from workers.telemetry.reporter import TelemetryReporter
     from workers.train_loop import RunEnv
 
@@ -209,7 +209,7 @@ def ray_train_fn(config: dict) -> None:
         world_size=ctx.get_world_size(),
         device=torch.device("cpu"),
         # etrain+tb: TensorBoard files go under the checkpoint root; none is saved.
-        checkpoint_root=config.get("tb_root"),
+        checkpoints=locate(config["tb_root"]) if config.get("tb_root") else None,
         reporter=reporter,
         stop_at=config.get("stop_at"),
     )
@@ -553,9 +553,7 @@ def etrain_step_work_ms(spec_dict: dict, calls: int = 3000) -> float:
     spec = JobSpec.model_validate(spec_dict)
     sink = TelemetrySink()
     reporter = TelemetryReporter(url=sink.url, token=None, job_id="bench-step-work")
-    env = train_loop.RunEnv(
-        rank=0, world_size=2, device=torch.device("cpu"), checkpoint_root=None, reporter=reporter
-    )
+    env = train_loop.RunEnv(rank=0, world_size=2, device=torch.device("cpu"), reporter=reporter)
     stepper = SimpleNamespace(optimizers=[SimpleNamespace(param_groups=[{"lr": 1e-3}])])
     stepper.grad_norm = 1.0
     sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0, "position": 0})

@@ -9,7 +9,6 @@ plain process (the reference the equivalence tests compare against).
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
 from workers.spec import JobSpec, TrainSpec
 from workers.stepper import Stepper, loss_fn
-from workers.storage.location import StorageLocation, resolve_store, stores_for
+from workers.storage.location import StorageLocation, stores_for
 from workers.strategies import StrategyConfig, get_strategy
 from workers.strategies.mesh import build_mesh, coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report
@@ -52,7 +51,9 @@ class RunEnv:
     rank: int
     world_size: int
     device: torch.device
-    checkpoint_root: str | None
+    # Where the job's checkpoints (and TensorBoard's event files) live, resolved once by
+    # whoever starts the loop (workers.worker_entry: the job's folder of its storage).
+    checkpoints: StorageLocation | None = None
     reporter: TelemetryReporter | None = None
     # Stop after this step although the spec runs longer (drills, benchmarks, tests).
     stop_at: int | None = None
@@ -63,6 +64,13 @@ class RunEnv:
     # Measure memory at the first step (a new run or a resize): False only for tests and
     # benchmarks that do not read it (the meter traces every op of that step).
     measure_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if self.checkpoints is not None and not isinstance(self.checkpoints, StorageLocation):
+            raise TypeError(
+                "RunEnv.checkpoints is a StorageLocation (workers.storage.location.locate "
+                f"turns a path or URI into one), not {type(self.checkpoints).__name__}"
+            )
 
 
 @dataclass
@@ -196,12 +204,6 @@ def _build(spec: JobSpec, env: RunEnv, dataset, cfg: ModelConfig) -> tuple[Stepp
     return stepper, schedulers
 
 
-def checkpoint_location(spec: JobSpec, root: str) -> StorageLocation:
-    """``root`` (a local path, or a URI of the spec's store) as a StorageLocation."""
-    uri = root if "://" in root else f"file://{os.path.abspath(root)}"
-    return resolve_store(uri, spec.stores)
-
-
 def _restore(
     ckpts: CheckpointManager, stepper: Stepper, schedulers, sampler
 ) -> tuple[int, dict | None]:
@@ -231,10 +233,10 @@ def _dataset(spec: JobSpec, cfg: ModelConfig):
 
 def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
     """This rank's manager of the run's checkpoints, with the job's retention rule."""
-    if not env.checkpoint_root:
+    if env.checkpoints is None:
         return None
     return CheckpointManager(
-        checkpoint_location(spec, env.checkpoint_root),
+        env.checkpoints,
         keep_last=spec.checkpoint.keep_last,
         rank=env.rank,
         keep_every=spec.checkpoint.keep_every,
@@ -250,7 +252,7 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
     sampler = GlobalBatchSampler(len(dataset), seed=spec.train.seed)
     ckpts = _checkpoints(spec, env)
     start, restored = _restore(ckpts, stepper, schedulers, sampler) if ckpts else (0, None)
-    env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start, stores=_stores(spec))
+    env, tb = with_tensorboard(spec.metrics.tensorboard, env, start=start)
     saving = SaveSchedule(spec, env, ckpts, restored_extra=restored)
     result = RunResult(resumed_from=start or None, parts=stepper.parts)
     _announce_start(env, start, (restored or {}).get("world_size"))

@@ -55,7 +55,7 @@ def train_fn(config: dict) -> None:
         rank=rank,
         world_size=ctx.get_world_size(),
         device=device,
-        checkpoint_root=job_storage(spec).uri_of(config["job_id"], "checkpoints"),
+        checkpoints=job_storage(spec).child(config["job_id"], "checkpoints"),
         reporter=reporter,
         hooks=load_hooks(),
         # After the first step every worker has claimed its process, so each

@@ -128,8 +128,7 @@ def serve_factory():
     """Start another control plane (the caller stops it). It keeps no standby driver unless
     ``extra_env`` asks for one: a test that restarts or doubles the service is not about
     standby drivers, and each one warming (a Ray job, its Ray Train controller and two
-    worker processes importing torch) takes the two cores from the job under test and,
-    after a SIGKILLed service, lingers on the session's cluster until it gives up."""
+    worker processes importing torch) takes the two cores from the job under test."""
 
     def start(data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None, **kw):
         env = {"ETRAIN_STANDBY_DRIVERS": "0", **(extra_env or {})}

@@ -6,8 +6,6 @@ import http.client
 import time
 from urllib.parse import urlsplit
 
-import httpx
-import psutil
 import pytest
 import yaml
 
@@ -181,33 +179,3 @@ def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_fac
             assert c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"] == metrics
     finally:
         s2.stop()
-
-
-def test_embedded_serve_starts_and_stops_its_own_ray(serve_factory, tmp_path):
-    """The default: no Ray address, so `etrain serve` runs a local head and stops it."""
-    s = serve_factory(
-        tmp_path / "embedded",
-        ray_address=None,
-        extra_env={
-            "ETRAIN_RAY_DASHBOARD_PORT": "8330",
-            "ETRAIN_RAY_GCS_PORT": "6530",
-            "ETRAIN_RAY_NUM_CPUS": "2",
-        },
-    )
-    try:
-        head = [
-            p
-            for p in psutil.Process(s.proc.pid).children(recursive=True)
-            if "ray" in " ".join(p.cmdline()[:3])
-        ]
-        assert head, "no Ray head process under etrain serve"
-        with s.client() as c:
-            cluster = c.get("/v1/cluster").json()
-            assert cluster["total"]["CPU"] == 2
-            assert cluster["dashboard_url"].endswith(":8330")
-            assert c.get("/v1/jobs").status_code == 200
-        assert httpx.get(s.url + "/v1/jobs").status_code == 401
-    finally:
-        assert s.stop() == 0
-    alive = [p for p in head if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"Ray processes left behind: {[p.pid for p in alive]}"

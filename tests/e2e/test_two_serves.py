@@ -1,12 +1,15 @@
 """Two `etrain serve` on one machine (two users, a test run beside a dev server), each with its
-own embedded Ray head: no port collides, both are ready only when their job API can take a
-job, both run a job to SUCCEEDED at the same time, and no job sees the service's secrets."""
+own embedded Ray head (the default: no Ray address): no port collides (one keeps the ports
+its operator pinned, the other picks free ones), both are ready only when their job API can
+take a job, both run a job to SUCCEEDED at the same time, no job sees the service's secrets,
+and each stops its own Ray with it."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import psutil
 import pytest
 
@@ -55,21 +58,39 @@ def _raylet_env(serve_pid: int) -> set[str]:
     raise AssertionError("no raylet under this etrain serve")
 
 
-def test_two_serves_each_run_a_job_to_succeeded(serve_factory, tmp_path):
+# Serve "one" keeps the ports its operator pinned; "two" picks free ones at each start.
+PINNED = {"ETRAIN_RAY_DASHBOARD_PORT": "8330", "ETRAIN_RAY_GCS_PORT": "6530"}
+
+
+def _ray_processes(serve_pid: int) -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process(serve_pid).children(recursive=True)
+        if "ray" in " ".join(p.cmdline()[:3])
+    ]
+
+
+def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory, tmp_path):
     def start(name: str):
         env = {**SECRETS, "ETRAIN_ADMIN_TOKEN": f"et_admin-{name}-0123456789abcdef0123456789"}
+        env.update(PINNED if name == "one" else {})
         return serve_factory(
             tmp_path / name, ray_address=None, extra_env={**env, "ETRAIN_RAY_NUM_CPUS": "1"}
         )
 
     with ThreadPoolExecutor(2) as pool:
         serves = list(pool.map(start, ["one", "two"]))
+    heads = [_ray_processes(s.proc.pid) for s in serves]
     try:
+        assert all(heads), "no Ray head process under an etrain serve"
         clients = [s.client() for s in serves]
         # Ready means each job API can take a job: a head whose agent lost a port is not.
         assert [c.get("/readyz").status_code for c in clients] == [200, 200]
-        dashboards = {c.get("/v1/cluster").json()["dashboard_url"] for c in clients}
-        assert len(dashboards) == 2  # two heads, two dashboards
+        clusters = [c.get("/v1/cluster").json() for c in clients]
+        assert [c["total"]["CPU"] for c in clusters] == [1, 1]
+        dashboards = [c["dashboard_url"] for c in clusters]
+        assert dashboards[0].endswith(":8330") and len(set(dashboards)) == 2, dashboards
+        assert [httpx.get(s.url + "/v1/jobs").status_code for s in serves] == [401, 401]
 
         jobs = []
         for i, c in enumerate(clients):
@@ -111,5 +132,8 @@ def test_two_serves_each_run_a_job_to_succeeded(serve_factory, tmp_path):
             assert "HTTP Request:" not in s.log.read_text()
             assert "HTTP Request:" not in c.get(f"/v1/jobs/{job_id}/logs").text
     finally:
-        for s in serves:
-            s.stop()
+        codes = [s.stop() for s in serves]
+    assert codes == [0, 0]
+    procs = [p for head in heads for p in head]
+    alive = [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"Ray processes left behind: {alive}"

@@ -14,6 +14,7 @@ from tests.support.object_store_fixture import ObjectStore
 from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
@@ -79,7 +80,7 @@ def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asyn
     store, where = store_env, run_dir()
     local = run(
         spec(store, asynchronous=asynchronous),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path)),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(tmp_path)),
     )
     first = run(
         spec(store, asynchronous=asynchronous),
@@ -87,7 +88,7 @@ def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asyn
             rank=0,
             world_size=1,
             device=torch.device("cpu"),
-            checkpoint_root=store.uri(*where),
+            checkpoints=store.location(*where),
             stop_at=7,
         ),
     )
@@ -97,7 +98,9 @@ def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asyn
     assert all(c.uri.startswith(store.uri(*where) + "/") for c in listed)
     resumed = run(
         spec(store, asynchronous=asynchronous),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=store.uri(*where)),
+        RunEnv(
+            rank=0, world_size=1, device=torch.device("cpu"), checkpoints=store.location(*where)
+        ),
     )
     assert resumed.resumed_from == 6
     assert {s: resumed.losses[s] for s in (7, 8, 9)} == {s: local.losses[s] for s in (7, 8, 9)}
@@ -126,7 +129,7 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
             rank=0,
             world_size=1,
             device=torch.device("cpu"),
-            checkpoint_root=doomed.uri(*where),
+            checkpoints=doomed.location(*where),
             reporter=rec,
             hooks=FaultHooks(slow_save_step=6, slow_save_s=2),
         ),
@@ -137,7 +140,9 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     assert [c.step for c in manager(alive, where).committed()] == [3]
     resumed = run(
         spec(alive, asynchronous=True, steps=8),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=alive.uri(*where)),
+        RunEnv(
+            rank=0, world_size=1, device=torch.device("cpu"), checkpoints=alive.location(*where)
+        ),
     )
     assert resumed.resumed_from == 3
 

@@ -28,7 +28,7 @@ from tests.support.fakes import FakeBackend
 from workers.checkpoint.export import ExportError, open_checkpoint_dir
 from workers.checkpoint.manager import CheckpointManager
 from workers.spec import JobSpec
-from workers.storage.location import resolve_storage, resolve_store
+from workers.storage.location import locate, resolve_storage, resolve_store
 from workers.train_loop import RunEnv, run
 
 ADMIN = "et_admin-token-for-the-export-tests-0123456789"
@@ -73,7 +73,7 @@ def checkpoints(request, tmp_path_factory):
         )
         root = f"{sections['checkpoint']['storage']}/j-trained/checkpoints"
         result = run(
-            spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root)
+            spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root))
         )
         listed = CheckpointManager(
             resolve_storage(root, endpoint_url=endpoint), keep_last=None, rank=0

@@ -17,6 +17,7 @@ from tests.unit.workers.data.conftest import write_jsonl
 from workers.data.prepare import prepare
 from workers.data.samples import ShapeOptions
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,8 @@ def spec(name, workers, parallelism, data: dict, *, tokenizer=None, mbs=2) -> di
 
 
 def single(spec_dict, checkpoint_root=None) -> dict[int, float]:
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=checkpoint_root)
+    where = locate(checkpoint_root) if checkpoint_root else None
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=where)
     return run(JobSpec.model_validate(spec_dict), env).losses
 
 

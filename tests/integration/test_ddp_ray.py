@@ -46,7 +46,7 @@ def _reference_losses(spec: dict) -> dict[int, float]:
     """The same spec in one plain process: no DDP, the whole global batch here."""
     result = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     )
     return result.losses
 
@@ -90,7 +90,7 @@ def test_ddp_loss_per_step_matches_single_process(clean_runs, telemetry_sink, op
 # complete checkpoint of step 4, never the partial one of step 8.
 KILLS = {
     "sync": {"KILL_STEP": 6},
-    "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 20},
+    "async": {"KILL_STEP": 10, "SLOW_SAVE_STEP": 8, "SLOW_SAVE_S": 8},
 }
 
 

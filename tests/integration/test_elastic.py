@@ -3,8 +3,9 @@
 The session head has 2 CPUs; the test starts a second Ray node (2 CPUs) on this
 machine and later kills it (SIGKILL to its raylet's process group). The job
 asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2. Steps
-are slowed down (tests.support.faults throttle file) while the test adds and removes
-nodes, so the job cannot end before they happen, then run at full speed.
+are slowed down (tests.support.faults throttle file, 0.5 s a step) while the test adds and
+removes nodes, so the job cannot end before they happen (at least 75 s of throttled steps),
+then run at full speed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
 
-STEPS, G = 300, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
+STEPS, G = 150, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
+THROTTLE_S = 0.5
 
 
 def _spec(tmp_path) -> dict:
@@ -52,7 +54,7 @@ def _submit(ray_backend, telemetry_sink, *, job_id: str, spec: dict, throttle: P
         job_id=job_id,
         spec=spec,
         report_url=telemetry_sink.url,
-        env=fault_env(THROTTLE_FILE=throttle),
+        env=fault_env(THROTTLE_FILE=throttle, THROTTLE_S=THROTTLE_S),
     )
 
 
@@ -150,7 +152,7 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
     # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
     fixed = run(
         JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
@@ -160,7 +162,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, 
     """pp=2: a 1-CPU node makes 3 workers possible, which the layout cannot use; a
     second one makes 4, and the job grows to dp=2 (its losses still match)."""
     job_id = f"j-elastic-pp-{uuid.uuid4().hex[:6]}"
-    steps = 200
+    steps = 100
     spec = _spec(tmp_path)
     spec["train"]["steps"] = steps
     spec["parallelism"] = {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}}
@@ -197,7 +199,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, 
         JobSpec.model_validate(
             {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
         ),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     ).losses
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step

@@ -31,7 +31,7 @@ from workers.models.config import get_model_config
 from workers.models.hf_naming import from_hf_state_dict, to_hf_name
 from workers.models.llama import apply_rotary_emb, build_model
 from workers.spec import CheckpointSpec, JobSpec, StoresSpec
-from workers.storage.location import StorageLocation, resolve_storage
+from workers.storage.location import StorageLocation, locate, resolve_storage
 from workers.train_loop import RunEnv, run
 
 CFG = get_model_config("gpt-tiny")
@@ -113,9 +113,14 @@ class Trained:
 
 @pytest.fixture(scope="module")
 def trained(store) -> Trained:
-    root = "/".join([store.base, "single", "checkpoints"])
     result = run(
-        store.spec(), RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root)
+        store.spec(),
+        RunEnv(
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            checkpoints=store.location("single", "checkpoints"),
+        ),
     )
     uris = store.committed("single/checkpoints")
     assert sorted(uris) == [2, 4]
@@ -207,7 +212,7 @@ def test_a_gs_checkpoint_exports_in_place(gcs_server, tmp_path):
             rank=0,
             world_size=1,
             device=torch.device("cpu"),
-            checkpoint_root=f"{store.base}/single/checkpoints",
+            checkpoints=store.location("single", "checkpoints"),
         ),
     ).model
     uris = store.committed("single/checkpoints")
@@ -384,7 +389,7 @@ def test_open_checkpoint_dir_on_local_disk(tmp_path):
     run(
         store.spec(),
         RunEnv(
-            rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path / "run")
+            rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(tmp_path / "run")
         ),
     )
     step = tmp_path / "run" / "step_00000004"

@@ -47,7 +47,7 @@ def one_rank_group():
 
 
 def _env() -> RunEnv:
-    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
+    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])

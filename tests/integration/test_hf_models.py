@@ -22,6 +22,7 @@ from tests.support.hf_fixtures import make_hf_folder
 from tests.support.hf_load_memory import measure_load, write_random_llama
 from tests.support.local_launch import LocalJob, run_local_groups
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
     if checkpoints:
         spec["checkpoint"] = {"every_steps": STEPS, "storage": f"file://{checkpoints}"}
         checkpoints = f"file://{checkpoints}"
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=checkpoints)
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(checkpoints))
     return run(JobSpec.model_validate(spec), env)
 
 

@@ -23,6 +23,7 @@ from tests.support.hf_fixtures import hf_config, make_hf_folder
 from tests.support.local_launch import LocalJob, run_local
 from tests.support.s3_fixture import s3_client
 from workers.spec import JobSpec
+from workers.storage.location import locate
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,7 @@ def _fetch_worker(rank: int, world: int, port: int, specs: dict, out: str) -> No
     hf_remote.RemoteWeights._fetch = counting
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"), checkpoint_root=None)
+    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"))
     record = {}
     for name, data in specs.items():
         spec = JobSpec.model_validate(data)
@@ -280,7 +281,7 @@ def _train(store, out: Path, lora: dict | None = None):
     spec = _spec(store["url"], sections, {"strategy": "ddp"}, 1)
     if lora:
         spec["model"]["lora"] = lora
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(out))
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(out))
     res = run(JobSpec.model_validate(spec), env)
     step_dir = sorted(p for p in out.iterdir() if p.name.startswith("step_"))[-1]
     return res.model.eval(), step_dir

@@ -21,6 +21,7 @@ from tests.support.local_launch import LocalJob, run_local
 from workers.models.config import get_model_config
 from workers.models.llama import build_model
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,7 @@ def single_process(optimizer: str):
     spec = make_spec("reference", 1, {"strategy": "ddp"}, optimizer)
     return run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     )
 
 
@@ -136,7 +137,7 @@ def test_lora_matches_single_process(lora_results, references, row, optimizer):
 def bf16_reference() -> dict[int, float]:
     spec = make_spec("reference-bf16", 1, {"strategy": "ddp"}, "adamw")
     spec["train"]["precision"] = "bf16"
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
     return run(JobSpec.model_validate(spec), env).losses
 
 
@@ -170,7 +171,7 @@ def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
     root = str(Path(lora_results["root"]) / "elastic")
     res = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root)),
     )
     assert res.resumed_from == 2
     want = references["adamw"].losses
@@ -181,7 +182,7 @@ def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
 def test_resume_on_another_base_is_refused(tmp_path):
     """The adapters of a checkpoint never land on a base they were not trained on."""
     spec = make_spec("rebase", 1, {"strategy": "ddp"}, "sgd")
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(tmp_path))
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(tmp_path))
     run(JobSpec.model_validate(spec), RunEnv(**{**env.__dict__, "stop_at": 2}))
     spec["train"]["seed"] = 4  # the preset's random base is drawn from the seed
     with pytest.raises(ValueError, match=r"model\.lora: the checkpoint's adapters were trained"):
@@ -209,7 +210,7 @@ def _train_with_checkpoints(tmp_path, model: dict) -> tuple:
     root = tmp_path / "ckpt"
     res = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(root)),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root)),
     )
     step_dir = sorted(p for p in root.iterdir() if p.name.startswith("step_"))[-1]
     return res.model.eval(), step_dir
@@ -268,7 +269,7 @@ def test_cli_exports_adapter_and_merge(api, tmp_path, tmp_path_factory):  # noqa
     root = f"{storage['storage']}/{job_id}/checkpoints"
     run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=root),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root)),
     )
     stores = api.app.state.runtime.stores
     token = create_reporter_token(

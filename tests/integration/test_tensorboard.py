@@ -12,6 +12,7 @@ from tensorboard.compat.tensorflow_stub.io import gfile
 
 from tests.support.faults import fault_env
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.telemetry.tensorboard import SCALARS
 from workers.train_loop import RunEnv, run
 
@@ -58,7 +59,7 @@ def _read(logdir) -> event_accumulator.EventAccumulator:
 
 def _env(root, reporter, stop_at=None) -> RunEnv:
     cpu = torch.device("cpu")
-    return RunEnv(0, 1, cpu, str(root), reporter=reporter, stop_at=stop_at)
+    return RunEnv(0, 1, cpu, locate(root), reporter=reporter, stop_at=stop_at)
 
 
 def test_event_files_hold_the_runs_metrics(tmp_path):
@@ -86,7 +87,7 @@ def test_no_event_files_unless_asked(tmp_path):
     root = tmp_path / "ckpts"
     run(
         _spec(None),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=str(root)),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root)),
     )
     assert not (root / "tensorboard").exists()
 

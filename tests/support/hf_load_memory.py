@@ -123,7 +123,7 @@ def _memory_worker(rank: int, world: int, port: int, folder: str, out: str, layo
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"), checkpoint_root=None)
+    env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"))
     record = {}
     for name, par in layouts.items():
         record[name] = _measure(par, world, env, folder)

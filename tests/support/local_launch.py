@@ -31,7 +31,8 @@ import torch.multiprocessing as mp
 
 @dataclass(frozen=True)
 class LocalJob:
-    """One spec to run, and where its checkpoints go (None: no checkpoints)."""
+    """One spec to run, and where its checkpoints go (a path or a URI of the spec's stores;
+    None: no checkpoints)."""
 
     name: str
     spec: dict
@@ -78,19 +79,22 @@ def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out:
         "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
     )
     from workers.spec import JobSpec
+    from workers.storage.location import locate
     from workers.train_loop import RunEnv, run
 
     for job in jobs:
         record: dict = {}
         t0 = time.perf_counter()
         try:
+            spec = JobSpec.model_validate(job.spec)
+            root = job.checkpoint_root
             res = run(
-                JobSpec.model_validate(job.spec),
+                spec,
                 RunEnv(
                     rank=rank,
                     world_size=world_size,
                     device=torch.device("cpu"),
-                    checkpoint_root=job.checkpoint_root,
+                    checkpoints=locate(root, spec.stores) if root else None,
                     stop_at=job.stop_at,
                     measure_memory=job.measure_memory,
                 ),

@@ -39,7 +39,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -114,6 +114,11 @@ class StorageLocation:
         path = self.join(*parts)
         return f"file://{path}" if self.scheme == "file" else f"{self.scheme}://{path}"
 
+    def child(self, *parts: str) -> StorageLocation:
+        """The location of a folder under ``root``, on the same store with the same file
+        system and options (a job's checkpoints under its storage, their event files)."""
+        return replace(self, uri=self.uri_of(*parts), root=self.join(*parts))
+
     def pyarrow_fs(self) -> pyarrow.fs.FileSystem:
         """The same store as a pyarrow file system (what Ray Train reads and writes through).
 
@@ -164,6 +169,15 @@ def is_remote(uri: str | None) -> bool:
     """Whether ``uri`` names an object store (``s3://`` or ``gs://``): the one rule, which
     the service and every loader ask."""
     return bool(uri) and str(uri).startswith(OBJECT_STORES)
+
+
+def locate(place: str, stores: StoresSpec | None = None) -> StorageLocation:
+    """A place given as a local path or a URI (``file://``, ``s3://``, ``gs://``) as its
+    :class:`StorageLocation`, reached with ``stores``' options where its scheme selects them:
+    what a job's driver, or a test or benchmark running the loop itself, hands the loop."""
+    place = str(place)
+    uri = place if "://" in place else f"file://{os.path.abspath(place)}"
+    return resolve_store(uri, stores)
 
 
 def stores_for(stores: StoresSpec | None) -> Callable[[str], StorageLocation]:

@@ -28,11 +28,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 from workers.contract import CheckpointRecord, EventKind, MetricPoint
 from workers.storage.confine import Roots, check_folder
-from workers.storage.location import is_remote
+from workers.storage.location import StorageLocation
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +42,6 @@ _FLUSH_S = 5.0  # local files are flushed this often
 _UPLOAD_S = 10.0  # object-store copies are brought up to date this often
 _ROTATE_BYTES = 8 << 20  # a new event file past this size
 _CLOSE_WAIT_S = 30.0
-
-
-def tensorboard_uri(checkpoint_root: str) -> str:
-    """Where a job with this checkpoint root (a path or a URI) keeps its event files."""
-    return checkpoint_root.rstrip("/") + "/tensorboard"
 
 
 class EventFiles:
@@ -284,29 +278,27 @@ class _Off:
         """Nothing to close."""
 
 
-def open_log(checkpoint_root: str, *, start: int, stores: Callable | None) -> TensorBoardLog:
-    """The log of a run whose checkpoints live at ``checkpoint_root``: in place when that is
-    local, else spooled here and uploaded through ``stores(uri)`` (its StorageLocation)."""
-    where = tensorboard_uri(checkpoint_root)
-    if not is_remote(where):
+def open_log(checkpoints: StorageLocation, *, start: int) -> TensorBoardLog:
+    """The log of a run whose checkpoints live at ``checkpoints``: in ``tensorboard/``
+    there, in place when that is local, else spooled here and uploaded through the same
+    store."""
+    where = checkpoints.child("tensorboard")
+    if where.scheme == "file":
         # Beneath the job's write roots, no link in the path, checked as it is made.
-        folder = check_folder(where, Roots.from_env(), write=True, create=True)
+        folder = check_folder(where.root, Roots.from_env(), write=True, create=True)
         return TensorBoardLog(EventFiles(folder), start=start)
-    if stores is None:
-        raise ValueError(f"no store options to reach {where}")
-    store = stores(where)
     spool = tempfile.mkdtemp(prefix="etrain-tensorboard-")
-    return TensorBoardLog(EventFiles(spool), start=start, upload=Upload(store, spool))
+    return TensorBoardLog(EventFiles(spool), start=start, upload=Upload(where, spool))
 
 
-def with_tensorboard(enabled: bool | None, env, *, start: int, stores: Callable | None = None):
-    """``(env, closer)``: on rank 0 of a job that asks for TensorBoard, ``env`` with its
-    reporter behind a :class:`TensorBoardTee`. ``stores`` maps a URI to its
-    StorageLocation (with the job's store options): how an object store is reached."""
-    if not enabled or env.rank != 0 or not env.checkpoint_root:
+def with_tensorboard(enabled: bool | None, env, *, start: int):
+    """``(env, closer)``: on rank 0 of a job that asks for TensorBoard and keeps
+    checkpoints (``env.checkpoints``), ``env`` with its reporter behind a
+    :class:`TensorBoardTee`."""
+    if not enabled or env.rank != 0 or env.checkpoints is None:
         return env, _Off()
     try:
-        tb_log = open_log(env.checkpoint_root, start=start, stores=stores)
+        tb_log = open_log(env.checkpoints, start=start)
     except Exception as e:  # noqa: BLE001 - curves are not worth failing the job over
         log.warning("tensorboard: no event files for this run (%s: %s)", type(e).__name__, e)
         return env, _Off()

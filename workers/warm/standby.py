@@ -18,7 +18,10 @@ started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, w
 The job's environment (its reporter token, object-store keys) arrives with the job, not
 with the Ray job: :class:`JobEnvironment` (below) sets it in the
 controller and in every worker before anything reads it. A standby the service no longer
-knows (it restarted) or cannot reach for ``GIVE_UP_S`` exits 0 without training.
+knows (it restarted), finds nothing listening at its address for ``REFUSED_GIVE_UP_S``
+(the service was stopped or killed: a new one would not know it either) or cannot reach
+for ``GIVE_UP_S`` (a network that may heal) exits 0 without training, so its warm
+processes go back to the cluster.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ POLL_WAIT_S = 20.0  # how long the service holds one poll open
 # ... at most for the first asks: each says what the standby holds (memory_held), and its
 # processes are still importing then, so the figure the service shows follows the warm-up.
 WARMING_POLLS, WARMING_POLL_WAIT_S = 6, 5.0
-GIVE_UP_S = 120.0  # service unreachable this long: exit
+GIVE_UP_S = 120.0  # service unreachable (time-outs, a network down) this long: exit
+REFUSED_GIVE_UP_S = 10.0  # connections refused this long (nothing listens there): exit
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,15 @@ def warm_up() -> Warm:
     return Warm(count, env)
 
 
-def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT_S):
+def wait_for_job(
+    *,
+    give_up_s: float = GIVE_UP_S,
+    refused_give_up_s: float = REFUSED_GIVE_UP_S,
+    poll_wait_s: float = POLL_WAIT_S,
+):
     """Ask the service for this standby's job until it has one: the :class:`Assignment`, or
-    None when the service no longer wants this standby or stays unreachable."""
+    None when the service no longer wants this standby, refuses connections for
+    ``refused_give_up_s`` (it is gone) or stays unreachable for ``give_up_s``."""
     import httpx
 
     from workers.telemetry.reporter import quiet_http_loggers
@@ -140,7 +150,8 @@ def wait_for_job(*, give_up_s: float = GIVE_UP_S, poll_wait_s: float = POLL_WAIT
                 r = client.get(url, headers=headers, params=params)
             except httpx.HTTPError as e:
                 unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since > give_up_s:
+                limit = refused_give_up_s if isinstance(e, httpx.ConnectError) else give_up_s
+                if time.monotonic() - unreachable_since > limit:
                     _say(f"the service at {url} is unreachable ({type(e).__name__}); exiting")
                     return None
                 time.sleep(min(2.0, poll_wait_s))

@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,7 +27,7 @@ from workers.warm import standby
 class Service:
     """A real HTTP server answering the standby route from a script of (status, body)."""
 
-    def __init__(self, answers: list[tuple[int, dict | None]]):
+    def __init__(self, answers: list[tuple[int, dict | None]], port: int = 0):
         self.answers, self.requests = list(answers), []
         service = self
 
@@ -43,7 +44,7 @@ class Service:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
@@ -76,15 +77,26 @@ def test_it_asks_until_the_service_hands_it_a_job(standby_env):
     assert "wait=0.1" in service.requests[0][0]
 
 
+def _pss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_full_info().pss
+    except psutil.Error:
+        return 0
+
+
 def test_each_ask_says_how_much_memory_the_standby_holds(standby_env):
     def held(pid: int) -> int:
         return psutil.Process(pid).memory_full_info().pss  # Linux, as in CI
 
     own = held(os.getpid())
     assert standby.memory_held() >= own * 0.9  # not connected to Ray: its own process
+    # Another process, as a spare it started would be: one whose memory this user may
+    # read (the run's parent may be init, whose memory is not).
+    # The largest, so that leaving it out could not pass for noise in this one's figure.
+    other = max((p for p in psutil.process_iter() if p.pid != os.getpid()), key=_pss).pid
     standby_env.setattr("ray.is_initialized", lambda: True)
-    standby_env.setattr("workers.warm.spares.started_pids", lambda: [os.getppid()])
-    assert standby.memory_held() >= (own + held(os.getppid())) * 0.9
+    standby_env.setattr("workers.warm.spares.started_pids", lambda: [other])
+    assert standby.memory_held() >= (own + held(other)) * 0.9
     service = Service([(204, None), (200, JOB)])
     standby_env.setenv(REPORT_URL_ENV, service.url)
     try:
@@ -123,12 +135,37 @@ def test_a_standby_the_service_does_not_know_exits(standby_env):
         service.close()
 
 
-def test_a_standby_that_cannot_reach_the_service_gives_up(standby_env):
+def test_a_standby_whose_service_is_gone_exits_soon(standby_env):
+    """Connections refused (the service was killed): its own, short limit, not the long
+    one kept for a network that may heal, so its warm processes go back to the cluster."""
     service = Service([])
     url = service.url
     service.close()  # nothing listens there now
     standby_env.setenv(REPORT_URL_ENV, url)
-    assert standby.wait_for_job(poll_wait_s=0.1, give_up_s=0.5) is None
+    t0 = time.monotonic()
+    assert standby.wait_for_job(poll_wait_s=0.1, give_up_s=600, refused_give_up_s=0.5) is None
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_refused_connection_then_an_answer_keeps_the_standby(standby_env):
+    """A restart on the same address within the limit: the standby asks again and is
+    answered (here: handed its job)."""
+    service = Service([])
+    port = service.server.server_address[1]
+    service.close()
+    standby_env.setenv(REPORT_URL_ENV, f"http://127.0.0.1:{port}")
+    got: list = []
+    asking = threading.Thread(
+        target=lambda: got.append(standby.wait_for_job(poll_wait_s=0.1, refused_give_up_s=60))
+    )
+    asking.start()
+    time.sleep(1.0)  # refused meanwhile
+    back = Service([(200, {"job_id": "j-1", "spec_json": "{}", "env": {}})], port=port)
+    try:
+        asking.join(30)
+        assert got and got[0] is not None and got[0].job_id == "j-1"
+    finally:
+        back.close()
 
 
 def test_taking_a_job_sets_what_a_driver_started_for_it_has(standby_env):

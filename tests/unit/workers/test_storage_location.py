@@ -14,6 +14,7 @@ from workers.spec import StoresSpec
 from workers.storage.location import (
     StorageError,
     credential_env,
+    locate,
     resolve_storage,
     resolve_store,
     secret_env_names,
@@ -219,6 +220,31 @@ def test_resolve_store_takes_the_spec_section():
     )
     loc = resolve_store("s3://my-bucket/p", stores, env=NAMED)
     assert loc.endpoint_url == "http://minio:9000" and loc.options["key"] == KEY
+
+
+def test_a_child_location_keeps_the_store_and_its_options(monkeypatch):
+    """A job's checkpoints under its storage: resolved once, handed down as a location
+    (never a string parsed back), same file system and credentials."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    stores = StoresSpec.model_validate({"s3": {"endpoint_url": "http://minio:9000"}})
+    storage = locate("s3://bucket/tenant-a", stores)
+    ckpts = storage.child("j-1", "checkpoints")
+    assert (ckpts.uri, ckpts.root) == (
+        "s3://bucket/tenant-a/j-1/checkpoints",
+        "bucket/tenant-a/j-1/checkpoints",
+    )
+    assert ckpts.fs is storage.fs and ckpts.options == storage.options
+    assert ckpts.endpoint_url == "http://minio:9000" and ckpts.options["key"] == KEY
+    assert ckpts.child("tensorboard").uri == "s3://bucket/tenant-a/j-1/checkpoints/tensorboard"
+    no_secrets(repr(ckpts))
+
+
+def test_locate_takes_a_local_path_or_a_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert locate("runs/a").uri == f"file://{tmp_path}/runs/a"
+    assert locate(tmp_path / "b").root == str(tmp_path / "b")
+    assert locate("file:///x/../y").root == "/y"
 
 
 def test_the_uri_scheme_selects_the_store_options():

@@ -12,6 +12,7 @@ import torch
 from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import MANIFEST, CheckpointManager
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, lr_factor, run
 
 
@@ -38,7 +39,7 @@ def env(root=None) -> RunEnv:
         rank=0,
         world_size=1,
         device=torch.device("cpu"),
-        checkpoint_root=str(root) if root else None,
+        checkpoints=locate(root) if root else None,
     )
 
 
@@ -121,7 +122,7 @@ def test_a_restore_at_another_world_size_says_so(tmp_path):
             rank=0,
             world_size=1,
             device=torch.device("cpu"),
-            checkpoint_root=str(tmp_path),
+            checkpoints=locate(tmp_path),
             reporter=reporter,
         ),
     )
@@ -148,7 +149,7 @@ def test_installed_hooks_see_every_step_after_it_is_timed(tmp_path):
     hooks = Slow()
     result = run(
         spec(),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None, hooks=hooks),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), hooks=hooks),
     )
     assert hooks.steps == [(s, 0) for s in range(1, 7)]
     # Had the hook run inside the timed step, every step would take at least 0.1 s.
@@ -183,9 +184,15 @@ def test_memory_is_measured_for_a_new_run_or_a_resize_unless_turned_off():
 
     from workers.train_loop import RunEnv, _measures_memory
 
-    env = RunEnv(rank=0, world_size=2, device=torch.device("cpu"), checkpoint_root=None)
+    env = RunEnv(rank=0, world_size=2, device=torch.device("cpu"))
     assert _measures_memory(env, start=0, restored=None)
     assert _measures_memory(env, start=3, restored={"world_size": 4})
     assert not _measures_memory(env, start=3, restored={"world_size": 2})
     env.measure_memory = False
     assert not _measures_memory(env, start=0, restored=None)
+
+
+def test_a_checkpoint_place_is_handed_down_resolved(tmp_path):
+    """A string would be parsed back by each reader; the loop takes only a location."""
+    with pytest.raises(TypeError, match="locate"):
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=str(tmp_path))

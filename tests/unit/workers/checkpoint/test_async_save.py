@@ -12,6 +12,7 @@ from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.retention import retained_steps
 from workers.spec import JobSpec
+from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
 
@@ -32,7 +33,7 @@ def env(root, reporter=None, stop_at=None, hooks=None) -> RunEnv:
         rank=0,
         world_size=1,
         device=torch.device("cpu"),
-        checkpoint_root=str(root),
+        checkpoints=locate(root),
         reporter=reporter,
         stop_at=stop_at,
         hooks=hooks,

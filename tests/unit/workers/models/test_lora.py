@@ -156,7 +156,7 @@ def _bf16_lora_run(*, monkeypatch, hold: bool):
             },
         }
     )
-    env = train_loop.RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoint_root=None)
+    env = train_loop.RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
     return train_loop.run(spec, env)
 
 

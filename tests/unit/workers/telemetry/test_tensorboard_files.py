@@ -5,6 +5,7 @@ Read back with TensorBoard's own EventAccumulator."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -12,7 +13,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from workers.contract import EventKind, MetricPoint
-from workers.storage.location import resolve_storage
+from workers.storage.confine import ROOTS_ENV
+from workers.storage.location import locate, resolve_storage
 from workers.telemetry import tensorboard as tb
 
 
@@ -112,19 +114,20 @@ def test_a_restarted_runs_points_replace_the_lost_runs(tmp_path):
     assert b"saved by 2 workers, now 1" in text
 
 
-def test_an_unreachable_store_leaves_the_run_without_event_files(caplog):
-    class Env:
-        rank, checkpoint_root, reporter = 0, "s3://bucket/j/checkpoints", None
+def test_a_folder_it_may_not_make_leaves_the_run_without_event_files(caplog, tmp_path, monkeypatch):
+    """The job's checkpoints outside its write roots (a link swapped in, say): the run
+    goes on, without curves, and says why."""
+    allowed = tmp_path / "mine"
+    monkeypatch.setenv(ROOTS_ENV, json.dumps({"read": [], "write": [str(allowed)]}))
 
-    def stores(uri):
-        raise ValueError(f"no credentials for {uri}")
+    class Env:
+        rank, checkpoints, reporter = 0, locate(tmp_path / "other" / "checkpoints"), None
 
     with caplog.at_level(logging.WARNING, logger=tb.__name__):
-        env, closer = tb.with_tensorboard(True, Env(), start=0, stores=stores)
+        env, closer = tb.with_tensorboard(True, Env(), start=0)
     assert env.reporter is None and isinstance(closer, tb._Off)
-    assert (
-        "no event files for this run (ValueError: no credentials for s3://bucket/j" in caplog.text
-    )
+    assert "no event files for this run (ConfinementError:" in caplog.text
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_checkpoints_flush_returns_once_the_store_holds_the_steps(tmp_path):
