@@ -195,7 +195,7 @@ def main() -> int:
 
         apply_controller_env()
     if spec.failure.warm_spares:
-        from workers.warm.spares import prestart_first_group
+        from workers.warm.first_group import prestart_first_group
 
         # Before torch is imported here: the workers' imports overlap the driver's.
         same = warm.same_env()

@@ -73,7 +73,13 @@ def checkpoints(request, tmp_path_factory):
         )
         root = f"{sections['checkpoint']['storage']}/j-trained/checkpoints"
         result = run(
-            spec, RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(root))
+            spec,
+            RunEnv(
+                rank=0,
+                world_size=1,
+                device=torch.device("cpu"),
+                checkpoints=locate(root, spec.stores),
+            ),
         )
         listed = CheckpointManager(
             resolve_storage(root, endpoint_url=endpoint), keep_last=None, rank=0

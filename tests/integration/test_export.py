@@ -74,6 +74,22 @@ class Store:
             }
         )
 
+    def train_single(self):
+        """One process trains ``spec()`` with checkpoints under ``single/checkpoints``:
+        (its result, step -> URI of the committed checkpoints, which are steps 2 and 4)."""
+        result = run(
+            self.spec(),
+            RunEnv(
+                rank=0,
+                world_size=1,
+                device=torch.device("cpu"),
+                checkpoints=self.location("single", "checkpoints"),
+            ),
+        )
+        uris = self.committed("single/checkpoints")
+        assert sorted(uris) == [2, 4]
+        return result, uris
+
     def committed(self, name: str) -> dict[int, str]:
         """Step -> URI of the committed checkpoints under ``name`` (the layout's own listing)."""
         ckpts = CheckpointManager(self.location(name), keep_last=None, rank=0).committed()
@@ -113,17 +129,7 @@ class Trained:
 
 @pytest.fixture(scope="module")
 def trained(store) -> Trained:
-    result = run(
-        store.spec(),
-        RunEnv(
-            rank=0,
-            world_size=1,
-            device=torch.device("cpu"),
-            checkpoints=store.location("single", "checkpoints"),
-        ),
-    )
-    uris = store.committed("single/checkpoints")
-    assert sorted(uris) == [2, 4]
+    result, uris = store.train_single()
     return Trained(store, uris, result.model)
 
 
@@ -206,17 +212,8 @@ def test_a_gs_checkpoint_exports_in_place(gcs_server, tmp_path):
         endpoint_url=gcs_server["endpoint_url"],
         env={},
     )
-    final = run(
-        store.spec(),
-        RunEnv(
-            rank=0,
-            world_size=1,
-            device=torch.device("cpu"),
-            checkpoints=store.location("single", "checkpoints"),
-        ),
-    ).model
-    uris = store.committed("single/checkpoints")
-    assert sorted(uris) == [2, 4]
+    trained, uris = store.train_single()
+    final = trained.model
     result = export_checkpoint(store.open(uris[4]), tmp_path / "out", preset="gpt-tiny")
     state = load_file(tmp_path / "out" / "model.safetensors")
     assert torch.equal(logits(fresh_model(state)), logits(final))

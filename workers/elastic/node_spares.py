@@ -37,6 +37,7 @@ import time
 
 from workers.ray_compat import prestart_workers, setup_hook_of_this_job, train_worker_runtime_env
 from workers.warm import spares as warm_spares
+from workers.warm.first_group import first_group_here
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class NodeWatch:
 
     def _prestart(self, node_id: str, resources: dict, room: int) -> int:
         """Ask ``node_id``'s raylet for its spares; return how many were asked for."""
-        count = warm_spares.first_group_here(
+        count = first_group_here(
             resources, workers=min(room, self.max_workers), cpus=self.cpus, gpus=self.gpus
         )
         env = self._worker_env()

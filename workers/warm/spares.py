@@ -23,7 +23,7 @@ So, per node of a running group:
 The same mechanism starts a job's first worker processes early: the driver, once
 connected to Ray and before it imports torch and builds its trainer, asks its own
 raylet for as many worker processes as its node can place workers
-(:func:`prestart_first_group`), with the runtime environment the worker actors will
+(``workers.warm.first_group``), with the runtime environment the worker actors will
 have (``workers.ray_compat.train_worker_runtime_env``). They import the training
 stack while the driver and Ray Train's controller start, instead of after.
 
@@ -55,7 +55,6 @@ from workers.ray_compat import (
     kv_count,
     kv_delete,
     kv_put,
-    this_node,
     train_worker_runtime_env,
 )
 from workers.warm import waves
@@ -234,54 +233,6 @@ def top_up_in_background(controller_node: str | None = None) -> threading.Thread
     return thread
 
 
-def first_group_here(resources: dict, *, workers: int, cpus: float, gpus: float) -> int:
-    """How many of a group's ``workers`` (each ``cpus`` and ``gpus``) a node with
-    ``resources`` (Ray's totals) can hold."""
-    fits = [workers]
-    if cpus > 0:
-        fits.append(int(resources.get("CPU", 0) // cpus))
-    if gpus > 0:
-        fits.append(int(resources.get("GPU", 0) // gpus))
-    return max(min(fits), 0)
-
-
-def prestart_first_group(resources_spec, *, already: int = 0, run_actors: bool = True) -> int:
-    """On the driver: start this node's share of the first worker group's processes now.
-
-    ``resources_spec`` is the job spec's ``resources``. Asks for at most as many
-    processes as the group has workers and this node can place (none on a head that
-    offers no CPU), less ``already`` started (by a standby driver, ``workers.warm.standby``),
-    then (``run_actors``) for the processes of Ray Train's own actors
-    (:func:`prestart_for_run`) where the node has the cores for them
-    (:func:`room_for_run_actors`). Any of them the group does not use stays a spare for its
-    restarts and ends with the job. Returns how many workers were asked for; never raises.
-    """
-    try:
-        count = node_capacity(
-            resources_spec.max_workers,
-            cpus=resources_spec.cpus_per_worker,
-            gpus=resources_spec.gpus_per_worker,
-        )
-        count = max(count - already, 0)
-        run_actors = run_actors and room_for_run_actors(count)
-    except Exception as e:  # noqa: BLE001 - only makes the start faster
-        log.warning("etrain: could not prestart worker processes: %s: %s", type(e).__name__, e)
-        return 0
-    prestart_for_run(count, run_actors=run_actors)
-    return count
-
-
-def room_for_run_actors(workers: int) -> bool:
-    """Whether this node's raylet starts the :data:`RUN_ACTORS` processes in the same wave
-    as ``workers`` prestarted workers and the driver itself. Each of them imports torch
-    until the controller is placed (:func:`setup_hook`): where they would queue, they hold
-    the cores the controller's own start needs. Measured on a 2-core node (2-worker
-    gpt-tiny, a Ray job each, back to back): first step 20.1 s after the driver's start
-    with them prestarted, 14.4 s without (both with the workers prestarted), 18.5 s
-    with nothing prestarted."""
-    return waves.startup_concurrency() >= workers + RUN_ACTORS + 1
-
-
 def prestart_for_run(workers: int, *, run_actors: bool = True, then=None, stop=None) -> str:
     """On the driver: ask this node's raylet for ``workers`` processes with the runtime
     environment Ray Train's worker actors will have, then (``run_actors``) for
@@ -331,12 +282,6 @@ def started_pids() -> list[int]:
     if not folder.is_dir():
         return []
     return [int(f.name) for f in folder.iterdir() if f.name.isdigit() and _running(int(f.name))]
-
-
-def node_capacity(workers: int, *, cpus: float, gpus: float) -> int:
-    """How many of ``workers`` (each ``cpus`` and ``gpus``) this process's node can hold."""
-    resources = this_node().get("Resources", {})
-    return first_group_here(resources, workers=workers, cpus=cpus, gpus=gpus)
 
 
 def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:

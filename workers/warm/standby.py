@@ -102,6 +102,7 @@ def warm_up() -> Warm:
     """Prestart the first group's and the run actors' processes and import the driver's
     stack; what was started for the workers."""
     from workers.warm import spares as warm_spares
+    from workers.warm.first_group import node_capacity
 
     env, count = None, 0
     # The first run on a cluster would create these, each in a new process. Created once
@@ -111,7 +112,7 @@ def warm_up() -> Warm:
     singletons = partial(create_train_singletons, state_tracking=tracking)
     try:
         workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
-        count = warm_spares.node_capacity(workers, cpus=1.0, gpus=0.0)
+        count = node_capacity(workers, cpus=1.0, gpus=0.0)
         env = warm_spares.prestart_for_run(count, then=singletons, stop=STOP_WARMING)
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
     except Exception as e:  # noqa: BLE001 - only makes the start faster

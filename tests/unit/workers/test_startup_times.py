@@ -6,7 +6,7 @@ import time
 
 from workers.contract import EventKind
 from workers.warm import startup_times
-from workers.warm.spares import first_group_here
+from workers.warm.first_group import first_group_here
 
 
 class Recorder:

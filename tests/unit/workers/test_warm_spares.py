@@ -290,17 +290,18 @@ def test_the_first_group_gets_the_run_actors_ahead_only_where_cores_are_free_for
     """2 workers + the 5 run actors + the driver: 8 processes in one wave, or the run
     actors (each importing torch) hold the cores the controller's start needs."""
     from workers.spec import JobSpec
+    from workers.warm import first_group
 
     resources = JobSpec.model_validate({"name": "j", "resources": {"workers": 2}}).resources
-    monkeypatch.setattr(warm_spares, "node_capacity", lambda n, **kw: n)
-    monkeypatch.setattr(warm_spares.waves, "startup_concurrency", lambda: cores)
+    monkeypatch.setattr(first_group, "node_capacity", lambda n, **kw: n)
+    monkeypatch.setattr(first_group.waves, "startup_concurrency", lambda: cores)
     asked: list = []
     monkeypatch.setattr(
-        warm_spares, "prestart_for_run", lambda n, *, run_actors: asked.append((n, run_actors))
+        first_group, "prestart_for_run", lambda n, *, run_actors: asked.append((n, run_actors))
     )
-    assert warm_spares.prestart_first_group(resources) == 2
+    assert first_group.prestart_first_group(resources) == 2
     assert asked == [(2, actors)]
     asked.clear()
     # A standby driver's processes are this job's: one worker left to ask for.
-    assert warm_spares.prestart_first_group(resources, already=1, run_actors=False) == 1
+    assert first_group.prestart_first_group(resources, already=1, run_actors=False) == 1
     assert asked == [(1, False)]
