@@ -78,7 +78,12 @@ def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
     if checkpoints:
         spec["checkpoint"] = {"every_steps": STEPS, "storage": f"file://{checkpoints}"}
         checkpoints = f"file://{checkpoints}"
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(checkpoints))
+    env = RunEnv(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        checkpoints=locate(checkpoints) if checkpoints else None,
+    )
     return run(JobSpec.model_validate(spec), env)
 
 
