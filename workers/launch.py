@@ -18,6 +18,7 @@ import sys
 import time
 
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
+from workers.ray_compat import PREEMPTION_WATCHER_ENV
 from workers.spec import JobSpec
 from workers.warm import standby
 from workers.worker_entry import job_storage, train_fn
@@ -176,6 +177,8 @@ def main() -> int:
     """Run the job described by the environment (or, for a standby driver, the job the
     service hands it); return the process exit code."""
     _die_with_parent()
+    # Before anything computes the controller's runtime environment (prestarts do).
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     from workers.warm.startup_times import process_start_time
 
     startup = {"driver_process": process_start_time() or time.time()}
