@@ -17,6 +17,10 @@ def pytest_configure(config):
 
     - The tests' GCS endpoints are plain-http emulators: gcsfs must run without its
       gRPC bucket lookup, which it decides when it is imported.
+    - No Google metadata server: a ``gs://`` store without an endpoint resolves through
+      Google's default credential chain, which would otherwise probe 169.254.169.254
+      (off this machine's loopback) and wait out three timeouts. google.auth reads
+      ``NO_GCE_CHECK`` when it is imported.
     - One Ray auth token for the whole session. A process reads RAY_AUTH_MODE and the
       token once (Ray caches them), so a unit test that touched Ray's auth helpers
       before the session's Ray head existed would leave every later client
@@ -29,6 +33,7 @@ def pytest_configure(config):
     from workers.storage.credentials import GCSFS_GRPC_ENV
 
     os.environ.setdefault(GCSFS_GRPC_ENV, "false")
+    os.environ.setdefault("NO_GCE_CHECK", "true")
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
         os.environ["RAY_AUTH_MODE"] = "token"
         return

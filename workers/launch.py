@@ -18,6 +18,8 @@ import sys
 import time
 
 from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
+from workers.elastic.settings import apply_controller_env
+from workers.ray_compat import PREEMPTION_WATCHER_ENV
 from workers.spec import JobSpec
 from workers.warm import standby
 from workers.worker_entry import job_storage, train_fn
@@ -176,6 +178,9 @@ def main() -> int:
     """Run the job described by the environment (or, for a standby driver, the job the
     service hands it); return the process exit code."""
     _die_with_parent()
+    # Before anything computes the controller's runtime environment (prestarts do).
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    apply_controller_env(elastic=False)  # a standby's controller is prestarted with them
     from workers.warm.startup_times import process_start_time
 
     startup = {"driver_process": process_start_time() or time.time()}
@@ -191,9 +196,7 @@ def main() -> int:
     if "assigned" not in startup:  # a standby connected long before its job came
         startup["ray_connected"] = time.time()
     if spec.resources.min_workers != spec.resources.max_workers:
-        from workers.elastic.settings import apply_controller_env
-
-        apply_controller_env()
+        apply_controller_env(elastic=True)
     if spec.failure.warm_spares:
         from workers.warm.first_group import prestart_first_group
 
@@ -218,5 +221,21 @@ def main() -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """End the driver: Ray disconnected and the exit handlers run (log handlers flushed,
+    finalizers), then ``os._exit`` without the interpreter's teardown of torch's and Ray's
+    modules, which took 0.7-1 s at the end of every job (measured on 2 cores), while the
+    job still showed as running and the next job waited."""
+    import atexit
+
+    import ray
+
+    ray.shutdown()
+    atexit._run_exitfuncs()  # CPython's own exit path runs exactly these
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

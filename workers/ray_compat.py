@@ -20,7 +20,10 @@ The uses, each with what it is for:
    :meth:`~ElasticPolicyBase.skip_resize_interval` clears ``_latest_monitor_time``.
 2. :func:`trainer_class`: a ``TorchTrainer`` that hands its controller another
    scaling policy through ``_initialize_and_run_controller(scaling_policy=...)``,
-   the one seam Ray 2.60's ``DataParallelTrainer`` has for it.
+   the one seam Ray 2.60's ``DataParallelTrainer`` has for it, and that leaves Ray
+   Train's ``DatasetsCallback`` out of ``_create_default_callbacks()`` when it has no
+   Ray Datasets (etrain's workers read their data themselves): that callback starts a
+   dataset-manager actor, a process of its own, for every worker group.
 3. :data:`ControllerCallback`: Train V2's controller callback base (runs in the
    controller at start; etrain cancels a stale reservation there).
 4. :func:`cancel_reservation`: the AutoscalingCoordinator actor's ``cancel_request``.
@@ -37,14 +40,18 @@ The uses, each with what it is for:
 10. :func:`setup_hook_of_this_job`: the job's ``worker_process_setup_hook`` (from the
    variable Ray reserves for it): the controller's sign that the job has warm spares.
 11. :data:`RUN_ACTOR_MODULES`: the modules of Ray Train's own actors of a run (controller,
-   placement-group cleaner, sync actor, dataset manager, preemption watcher, state
-   actor), which their prestarted processes import ahead of time.
+   placement-group cleaner, sync actor, state actor), which their prestarted processes
+   import ahead of time.
 12. :func:`create_train_singletons`: Ray Train's cluster-wide detached actors (its state
    actor and Ray Data's AutoscalingCoordinator), which the first run on a cluster would
    otherwise create, each in a new process, while it starts.
 13. :func:`kv_put`, :func:`kv_delete`, :func:`kv_count`: Ray's GCS key-value store
    (``ray.experimental.internal_kv``), which every process of the cluster reaches: a
    warm spare records itself ready there, and the controller on another node counts them.
+14. :data:`PREEMPTION_WATCHER_ENV`: Ray Train's switch for its preemption watcher, an
+   actor (a process of its own) per worker group that polls the nodes for drain notices
+   and relays them to the workers. etrain reads no such notice (a lost node is a failed
+   group that it restarts, elastic or not), so its drivers turn the watcher off.
 
 :func:`workers.ray_compat_check.check` probes each of them.
 
@@ -74,6 +81,7 @@ from workers.contract import RAY_VERSION
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "PREEMPTION_WATCHER_ENV",
     "RAY_VERSION",
     "RUN_ACTOR_MODULES",
     "WORKER_MODULES",
@@ -107,10 +115,10 @@ RUN_ACTOR_MODULES = (
     "ray.train.v2._internal.execution.controller.controller",
     "ray.train.v2._internal.execution.controller.placement_group_cleaner",
     "ray.train.v2._internal.execution.checkpoint.sync_actor",
-    "ray.train.v2._internal.data_integration.dataset_manager",
-    "ray.train.v2._internal.execution.preemption",
     "ray.train.v2._internal.state.state_actor",
 )
+# (14) Read by the controller (from the driver's environment, which Ray Train passes on).
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 class ElasticPolicyBase(ElasticScalingPolicy):
@@ -150,8 +158,10 @@ class ElasticPolicyBase(ElasticScalingPolicy):
 
 
 def trainer_class():
-    """(2) ``TorchTrainer`` taking ``scaling_policy=``: None keeps the policy Ray builds."""
+    """(2) ``TorchTrainer`` taking ``scaling_policy=``: None keeps the policy Ray builds;
+    without ``datasets`` it runs no dataset manager."""
     from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 
     class EtrainTrainer(TorchTrainer):
         def __init__(self, *args, scaling_policy=None, **kwargs):
@@ -162,6 +172,12 @@ def trainer_class():
             if self.etrain_scaling_policy is not None:
                 controller_init_kwargs["scaling_policy"] = self.etrain_scaling_policy
             return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
 
     return EtrainTrainer
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 
 from workers.ray_compat import (
+    PREEMPTION_WATCHER_ENV,
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
     ControllerCallback,
@@ -72,6 +73,26 @@ def _trainer_seam() -> bool:
     return _source_mentions(
         TorchTrainer._initialize_and_run_controller, "controller_init_kwargs"
     ) and _has_params(TrainController.__init__, "scaling_policy")
+
+
+def _no_datasets_callback() -> bool:
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return isinstance(DatasetsCallback, type) and _source_mentions(
+        DataParallelTrainer._create_default_callbacks, "DatasetsCallback(", "self.datasets"
+    )
+
+
+def _preemption_watcher_env() -> bool:
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.execution.controller import controller
+
+    return (
+        constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR == PREEMPTION_WATCHER_ENV
+        and PREEMPTION_WATCHER_ENV in constants.ENV_VARS_TO_PROPAGATE
+        and _source_mentions(controller.TrainController.__init__, "ENABLE_PREEMPTION_WATCHER")
+    )
 
 
 def _controller_callback() -> bool:
@@ -182,6 +203,10 @@ CHECKS: dict[str, Callable[[], bool]] = {
     "recompute=)": _coordinator_recompute,
     "trainer_class: TorchTrainer._initialize_and_run_controller(**controller_init_kwargs) -> "
     "TrainController(scaling_policy=)": _trainer_seam,
+    "trainer_class: DataParallelTrainer._create_default_callbacks() adds DatasetsCallback "
+    "for self.datasets": _no_datasets_callback,
+    "PREEMPTION_WATCHER_ENV: ENABLE_PREEMPTION_WATCHER_ENV_VAR, propagated to the "
+    "controller, read in TrainController.__init__": _preemption_watcher_env,
     "ControllerCallback.after_controller_start(train_run_context)": _controller_callback,
     "WorkerGroupCallback.before_worker_group_start(worker_group_context), "
     "before_init_train_context(workers), after_worker_group_start(worker_group)": (

@@ -26,6 +26,13 @@ from service.ray_head import FAST_NODE_FAILURE_ENV
 
 log = logging.getLogger(__name__)
 
+# The embedded head stops only with `etrain serve` (its jobs stop with it; the next serve
+# resubmits them), so it does not drain. Ray 2.60's `ray start` drains its node on SIGTERM
+# for up to 30 s, until no worker lease is held, and Ray Train's detached actors (its
+# TrainStateActor) hold theirs for the cluster's life: every stop after a job waited out
+# the stop timeout here (15 s) and ended in SIGKILL.
+NO_DRAIN_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
 # What the head (and so every job's driver and workers) inherits from this process: the
 # names below and those starting with a prefix below; nothing else. Not the admin token,
 # not the AWS_* / GOOGLE_* keys, not any ETRAIN_* (ETRAIN_SECRET_<NAME>_* are tenants'
@@ -198,6 +205,7 @@ def stop_blocking_start(proc: subprocess.Popen, timeout: float) -> None:
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
+        log.warning("the Ray head did not stop within %.0f s of SIGTERM: killing it", timeout)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     # `ray start` can exit before all it started has: a dashboard killed after its grace
@@ -292,7 +300,12 @@ class EmbeddedRay:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**head_env(os.environ, self.extra_env), **self.gcs_env, **self.ports.env()},
+                env={
+                    **NO_DRAIN_ENV,  # unless the operator's RAY_* say otherwise
+                    **head_env(os.environ, self.extra_env),
+                    **self.gcs_env,
+                    **self.ports.env(),
+                },
             )
         self._wait_ready(timeout, log_path)
 

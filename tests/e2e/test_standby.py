@@ -3,6 +3,7 @@ it: its credentials reach the controller and every worker, and never the Ray job
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -30,7 +31,7 @@ def _spec(name: str, s3: dict) -> dict:
 
 
 def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
-    ray_backend, serve_factory, s3_server, tmp_path, waiter
+    ray_backend, serve_factory, s3_server, tmp_path, waiter, open_tab
 ):
     from ray.job_submission import JobSubmissionClient
 
@@ -55,6 +56,14 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
                 what="the standby warm, its memory reported",
             )
             assert pool["configured"] == 1 and pool["idle"] == 1
+            tab = open_tab(width=800, height=900)
+            tab.sign_in(s.url, s.token)
+            tab.page.goto(f"{s.url}/ui/cluster")
+            standby = tab.page.locator("#standby").inner_text()  # its line, memory included
+            assert re.fullmatch(
+                r"Standby job drivers: 1 warm, 0 warming \(1 kept\), [\d.]+ GB .*", standby
+            ), standby
+            tab.check()
             posted = c.post("/v1/jobs", json=_spec("standby-s3", s3_server))
             assert posted.status_code == 201, posted.text
             job = posted.json()

@@ -2,7 +2,7 @@
 own embedded Ray head (the default: no Ray address): no port collides (one keeps the ports
 its operator pinned, the other picks free ones), both are ready only when their job API can
 take a job, both run a job to SUCCEEDED at the same time, no job sees the service's secrets,
-and each stops its own Ray with it."""
+and each stops its own Ray with it, at once."""
 
 from __future__ import annotations
 
@@ -134,6 +134,10 @@ def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory
     finally:
         codes = [s.stop() for s in serves]
     assert codes == [0, 0]
+    # Each head stopped on its SIGTERM (it does not drain; a drain waits for Ray Train's
+    # detached actors, which never end), not on the SIGKILL after the stop's timeout.
+    for s in serves:
+        assert "did not stop within" not in s.log.read_text()
     procs = [p for head in heads for p in head]
     alive = [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"Ray processes left behind: {alive}"

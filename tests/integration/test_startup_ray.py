@@ -25,7 +25,7 @@ ORDER = (
 
 @pytest.mark.parametrize("spares", [True, False], ids=["prestarted", "fresh"])
 def test_the_start_is_timestamped_and_prestarted_workers_are_used(
-    ray_backend, telemetry_sink, tmp_path, spares
+    ray_head, ray_backend, telemetry_sink, tmp_path, spares
 ):
     job_id = f"j-start-{uuid.uuid4().hex[:6]}"
     spec = {
@@ -53,3 +53,19 @@ def test_the_start_is_timestamped_and_prestarted_workers_are_used(
         assert marks["ray_connected"] - 1 <= marks["worker_process"] < marks["group_start"]
     else:
         assert marks["worker_process"] > marks["group_start"] - 1
+    # Ray Train's actors of the run: none for Ray Datasets (etrain reads its own data)
+    # and no preemption watcher (etrain reads no drain notice), each a process less.
+    # (The first run on the cluster also creates Ray Data's autoscaling coordinator.)
+    classes = run_actor_classes(ray_head.address, sid)
+    assert {"TrainController", "PlacementGroupCleaner", "RayTrainWorker"} <= classes, classes
+    assert not classes & {"DatasetManager", "PreemptionWatcher"}, classes
+
+
+def run_actor_classes(address: str, submission_id: str) -> set[str]:
+    """The classes of the actors the Ray job ``submission_id`` created."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors
+
+    job_id = JobSubmissionClient(address).get_job_info(submission_id).job_id
+    actors = list_actors(address=address, filters=[("job_id", "=", job_id)], limit=1000)
+    return {a.class_name for a in actors}

@@ -69,6 +69,13 @@ class Tab:
         if msg.type == "error":
             self.errors.append(f"console: {msg.text} @ {msg.location}")
 
+    def sign_in(self, url: str, token: str) -> None:
+        """Sign in to the service at ``url`` through its form; land on the jobs table."""
+        self.page.goto(f"{url}/ui/signin")
+        self.page.fill("#token", token)
+        self.page.click("#signin-button")
+        self.page.wait_for_selector("#jobs-table")
+
     def shot(self, name: str) -> Path:
         """Save a full-page screenshot as ``<shots>/<name>.png``."""
         self.shots.mkdir(parents=True, exist_ok=True)

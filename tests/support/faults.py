@@ -14,8 +14,10 @@ variables:
   worker in the middle of it; ``ETRAIN_FAULT_FAIL_SAVE_STEP=N`` makes that save
   fail (an OSError in the shard writer, as a full disk would).
 - ``ETRAIN_FAULT_THROTTLE_FILE=path``: while that file exists every step sleeps
-  ``ETRAIN_FAULT_THROTTLE_S`` (default 0.2) more, so a test can add and remove nodes
-  before a small job ends, whatever the machine's speed, then delete the file.
+  ``ETRAIN_FAULT_THROTTLE_S`` (default 0.2) more, or the seconds the file holds, so a
+  test can add and remove nodes before a small job ends, whatever the machine's speed
+  (steps slow while it waits for the cluster, faster while it wants steps), then delete
+  the file.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ class FaultHooks(RunHooks):
             if self.marker:
                 Path(self.marker).write_text(f"killed rank {rank} at step {step}\n")
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.throttle_file and os.path.exists(self.throttle_file):
-            time.sleep(self.throttle_s)
+        if self.throttle_file:
+            try:
+                text = Path(self.throttle_file).read_text().strip()
+            except OSError:  # no file: full speed
+                return
+            time.sleep(float(text) if text else self.throttle_s)
 
     def storage_writer(self, writer, *, step: int):
         """``writer`` made slow or failing for its step (first attempt only)."""

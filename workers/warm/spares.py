@@ -96,11 +96,12 @@ WARM_MODULES = (
 
 
 # Ray Train's own actors of a run, each in a process of its own with the controller's
-# runtime environment: the controller, its placement-group cleaner, dataset manager and
-# preemption watcher, and each worker group's synchronisation actor. A new process for
-# each imports Ray Train (1-2 s of CPU apiece), one after the other as the run starts.
-RUN_ACTORS = 5
-RUN_ACTORS_PER_GROUP = 3  # of them, started again for every group: sync, datasets, preemption
+# runtime environment: the controller, its placement-group cleaner, and each worker
+# group's synchronisation actor (etrain's trainer runs no dataset manager and no
+# preemption watcher: ray_compat). A new process for each imports Ray Train (1-2 s of
+# CPU apiece), one after the other as the run starts.
+RUN_ACTORS = 3
+RUN_ACTORS_PER_GROUP = 1  # of them, started again for every group: the sync actor
 # What their processes import ahead: Ray Train's modules, and etrain's callbacks and
 # scaling policy, which the controller unpickles (no torch).
 RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")

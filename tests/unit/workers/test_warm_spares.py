@@ -61,7 +61,7 @@ def test_the_hook_gives_the_run_actors_ray_train_and_the_first_of_them_torch(
     """The controller and Ray Train's other actors run the hook too: they import Ray Train's
     modules and are no spares. The job's first RUN_ACTORS on the node (the controller's
     process among them) also import what unpickling the controller's arguments does (torch);
-    later ones (a restarted group's sync, dataset and preemption actors) not."""
+    later ones (a restarted group's sync actor) not."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
     monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
     warm_spares.setup_hook()
@@ -283,11 +283,11 @@ def test_the_training_thread_leaves_the_top_up_to_a_thread_of_its_own(monkeypatc
     assert seen == [("etrain-top-up", "node-a")]
 
 
-@pytest.mark.parametrize("cores, actors", [(2, False), (7, False), (8, True), (16, True)])
+@pytest.mark.parametrize("cores, actors", [(2, False), (5, False), (6, True), (16, True)])
 def test_the_first_group_gets_the_run_actors_ahead_only_where_cores_are_free_for_them(
     monkeypatch, cores, actors
 ):
-    """2 workers + the 5 run actors + the driver: 8 processes in one wave, or the run
+    """2 workers + the 3 run actors + the driver: 6 processes in one wave, or the run
     actors (each importing torch) hold the cores the controller's start needs."""
     from workers.spec import JobSpec
     from workers.warm import first_group

@@ -103,9 +103,14 @@ def test_once_stopped_no_further_wave_goes_and_nothing_follows(monkeypatch, tmp_
         tmp_path, [(2, "workers"), (5, "controller")], then=lambda: followed.append(1), stop=stop
     )
     thread.join(timeout=5)
+    wait_for(lambda: len(raylet.started) >= 2, timeout=5, every=0.05, what="the first wave")
     time.sleep(0.2)
     assert raylet.started == ["workers"] * 2 and followed == []
 
-    thread = prestart(tmp_path, [(3, "a")], then=lambda: followed.append(1))
+    # Not stopped, on a raylet of its own (the first one's processes may still be starting
+    # on a busy machine, and it would drop this one's): it runs once the last wave started.
+    raylet = Raylet(tmp_path / "next", concurrency=2)
+    monkeypatch.setattr(waves, "prestart_workers", raylet.prestart_workers)
+    thread = prestart(tmp_path / "next", [(3, "a")], then=lambda: followed.append(1))
     thread.join(timeout=5)
-    assert followed == [1]  # not stopped: it runs once the last wave started
+    assert followed == [1] and raylet.started == ["a"] * 3
