@@ -76,6 +76,11 @@ def manager(store: ObjectStore, where: tuple[str, ...]) -> CheckpointManager:
     return CheckpointManager(store.location(*where), keep_last=None, rank=0)
 
 
+def one_process(checkpoints, **kw) -> RunEnv:
+    """The loop in this process, alone, with its checkpoints at ``checkpoints``."""
+    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=checkpoints, **kw)
+
+
 @contextlib.contextmanager
 def counted_gets(store):
     """The GET requests the store's endpoint answered while the block ran (``gs`` only:
@@ -102,34 +107,16 @@ def counted_gets(store):
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_save_list_prune_and_resume_on_an_object_store(store_env, tmp_path, asynchronous):
     store, where = store_env, run_dir()
-    local = run(
-        spec(store, asynchronous=asynchronous),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), checkpoints=locate(tmp_path)),
-    )
+    local = run(spec(store, asynchronous=asynchronous), one_process(locate(tmp_path)))
     first = run(
-        spec(store, asynchronous=asynchronous),
-        RunEnv(
-            rank=0,
-            world_size=1,
-            device=torch.device("cpu"),
-            checkpoints=store.location(*where),
-            stop_at=7,
-        ),
+        spec(store, asynchronous=asynchronous), one_process(store.location(*where), stop_at=7)
     )
     assert sorted(first.losses) == list(range(1, 8))
     listed = manager(store, where).committed()
     assert [c.step for c in listed] == [3, 6]
     assert all(c.uri.startswith(store.uri(*where) + "/") for c in listed)
     with counted_gets(store) as gets:
-        resumed = run(
-            spec(store, asynchronous=asynchronous),
-            RunEnv(
-                rank=0,
-                world_size=1,
-                device=torch.device("cpu"),
-                checkpoints=store.location(*where),
-            ),
-        )
+        resumed = run(spec(store, asynchronous=asynchronous), one_process(store.location(*where)))
     assert resumed.resumed_from == 6
     # The restore reads each shard ahead, a block per GET, not a GET per torch.load
     # read: this run (restore, listings, three more steps, a save) takes 57 GETs with
@@ -160,11 +147,8 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     rec = Recorder(at_step=7, action=server.stop)  # during step 6's slowed-down write
     result = run(
         spec(doomed, asynchronous=True, steps=8),
-        RunEnv(
-            rank=0,
-            world_size=1,
-            device=torch.device("cpu"),
-            checkpoints=doomed.location(*where),
+        one_process(
+            doomed.location(*where),
             reporter=rec,
             hooks=FaultHooks(slow_save_step=6, slow_save_s=2),
         ),
@@ -173,12 +157,7 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     failed = [m for k, m, _ in rec.kinds() if k == "checkpoint_failed"]
     assert failed and "step 6" in failed[0]
     assert [c.step for c in manager(alive, where).committed()] == [3]
-    resumed = run(
-        spec(alive, asynchronous=True, steps=8),
-        RunEnv(
-            rank=0, world_size=1, device=torch.device("cpu"), checkpoints=alive.location(*where)
-        ),
-    )
+    resumed = run(spec(alive, asynchronous=True, steps=8), one_process(alive.location(*where)))
     assert resumed.resumed_from == 3
 
 
