@@ -327,8 +327,13 @@ class EmbeddedRay:
                 r = httpx.get(
                     f"{self.address}/nodes?view=summary", timeout=2, headers=auth_headers()
                 )
-                if r.status_code == 200 and any(
-                    n.get("raylet", {}).get("state") == "ALIVE" for n in r.json()["data"]["summary"]
+                if (
+                    r.status_code == 200
+                    and any(
+                        n.get("raylet", {}).get("state") == "ALIVE"
+                        for n in r.json()["data"]["summary"]
+                    )
+                    and self._listens_on_client_port()
                 ):
                     return
             except (httpx.HTTPError, ValueError, KeyError):
@@ -337,6 +342,18 @@ class EmbeddedRay:
         self.stop()
         raise BackendUnavailable(
             f"embedded Ray head not ready after {timeout:.0f}s; see {log_path}"
+        )
+
+    def _listens_on_client_port(self) -> bool:
+        """Whether a process of this head listens on its Ray client port. Ray starts that
+        server last, and it may report the node alive before the server has bound the port
+        chosen for it; if something else took the port meanwhile, `ray start` stops the
+        whole head a second later, after it was taken for ready."""
+        group = set(group_members(self.proc.pid))
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == self.ports.client_server
+            for c in psutil.net_connections(kind="tcp")
+            if c.pid in group and c.laddr
         )
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from service.backends.base import LaunchRequest
-from service.backends.embedded import EmbeddedRay, RayPorts
+from service.backends.embedded import EmbeddedRay, HeadExited, RayPorts
 from service.backends.ray_jobs import RayJobBackend
 from service.errors import BackendUnavailable
 
@@ -48,3 +48,21 @@ def test_a_head_whose_agent_lost_its_port_is_not_ready_and_submits_are_retried_l
     req = LaunchRequest(job_id="j-noagent", submission_id="etrain-j-noagent-0", spec_json="{}")
     with pytest.raises(BackendUnavailable, match="No available agent"):
         backend.submit(req)
+
+
+def test_a_head_that_loses_its_client_port_is_not_taken_for_ready(tmp_path):
+    """Ray reports the node alive before its client server binds; when that port is taken
+    (by anyone, in the gap after it was chosen free), `ray start` stops the whole head a
+    second later. The start must see that, not hand out the address of a dying head."""
+    taken = socket.socket()
+    taken.bind(("", 0))
+    taken.listen()
+    head = EmbeddedRay(
+        data_dir=tmp_path, num_cpus=1, ports=RayPorts(client_server=taken.getsockname()[1])
+    )
+    try:
+        with pytest.raises(HeadExited):
+            head.start(attempts=1)
+    finally:
+        head.stop()
+        taken.close()
