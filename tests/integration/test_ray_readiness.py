@@ -5,6 +5,7 @@ Ray's fixed 52365. /readyz must say not ready, and a submission is a failure to 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 
@@ -16,21 +17,28 @@ from service.backends.ray_jobs import RayJobBackend
 from service.errors import BackendUnavailable
 
 
+@contextlib.contextmanager
+def head_with_taken_port(tmp_path, port: str):
+    """A head (not started) whose ``port`` (a RayPorts field) is pinned to a port another
+    process listens on; stopped, and the port freed, on the way out."""
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        head = EmbeddedRay(
+            data_dir=tmp_path, num_cpus=1, ports=RayPorts(**{port: taken.getsockname()[1]})
+        )
+        try:
+            yield head
+        finally:
+            head.stop()
+
+
 @pytest.fixture
 def head_without_agent_http(tmp_path):
     """A head whose pinned dashboard agent port is already taken by another process."""
-    taken = socket.socket()
-    taken.bind(("", 0))
-    taken.listen()
-    head = EmbeddedRay(
-        data_dir=tmp_path, num_cpus=1, ports=RayPorts(dashboard_agent_http=taken.getsockname()[1])
-    )
-    try:
+    with head_with_taken_port(tmp_path, "dashboard_agent_http") as head:
         head.start()
         yield RayJobBackend(head.address, python=sys.executable, probe_agent=True)
-    finally:
-        head.stop()
-        taken.close()
 
 
 def test_the_session_head_is_ready(ray_backend):
@@ -54,15 +62,5 @@ def test_a_head_that_loses_its_client_port_is_not_taken_for_ready(tmp_path):
     """Ray reports the node alive before its client server binds; when that port is taken
     (by anyone, in the gap after it was chosen free), `ray start` stops the whole head a
     second later. The start must see that, not hand out the address of a dying head."""
-    taken = socket.socket()
-    taken.bind(("", 0))
-    taken.listen()
-    head = EmbeddedRay(
-        data_dir=tmp_path, num_cpus=1, ports=RayPorts(client_server=taken.getsockname()[1])
-    )
-    try:
-        with pytest.raises(HeadExited):
-            head.start(attempts=1)
-    finally:
-        head.stop()
-        taken.close()
+    with head_with_taken_port(tmp_path, "client_server") as head, pytest.raises(HeadExited):
+        head.start(attempts=1)
