@@ -177,6 +177,10 @@ class EtrainClient:
         """GET /v1/jobs/{id}."""
         return self._request("GET", self._job_path(job_id), job_id=job_id).json()
 
+    def get_cluster(self) -> dict[str, Any]:
+        """GET /v1/cluster: nodes, the queue, the warm pool of standby drivers."""
+        return self._request("GET", "/v1/cluster").json()
+
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         """POST /v1/jobs/{id}/cancel; the server treats repeats as no-ops."""
         return self._request("POST", self._job_path(job_id, "/cancel"), job_id=job_id).json()

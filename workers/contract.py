@@ -49,6 +49,12 @@ STANDBY_ID_ENV = "ETRAIN_STANDBY_ID"
 STANDBY_TOKEN_ENV = "ETRAIN_STANDBY_TOKEN"  # a token that may only fetch that standby's job
 STANDBY_WORKERS_ENV = "ETRAIN_STANDBY_WORKERS"  # worker processes to warm on its node
 STANDBY_ROUTE = "/v1/standby/{standby_id}/job"
+# Where it says a job it ran succeeded; it then goes back to the pool for the next job.
+STANDBY_DONE_ROUTE = "/v1/standby/{standby_id}/done"
+# It runs job after job in one Ray job and prints these lines around each one (the job's
+# submission id after them): the service cuts each job's log out of the Ray job's by them.
+STANDBY_RUN_BEGIN = "etrain: standby driver: running "
+STANDBY_RUN_END = "etrain: standby driver: done with "
 # The driver exits with this when training itself failed (Ray Train already spent
 # failure.max_failures restarts): resubmitting the job would only repeat the failure.
 EXIT_TRAINING_FAILED = 3

@@ -11,6 +11,7 @@ otherwise, which is what the Ray job status and the reconciler go by.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -164,32 +165,26 @@ def _abort_on_sigterm(*, warm_spares: bool) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def _standby() -> tuple[standby.Assignment | None, standby.Warm]:
-    """A standby driver: warm up, then wait for the job (None: no job will come)."""
-    _abort_on_sigterm(warm_spares=True)
-    warm = standby.warm_up()
-    assignment = standby.wait_for_job()
-    if assignment is not None:
-        standby.take_job(assignment)
-    return assignment, warm
-
-
 def main() -> int:
-    """Run the job described by the environment (or, for a standby driver, the job the
+    """Run the job described by the environment (or, for a standby driver, the jobs the
     service hands it); return the process exit code."""
     _die_with_parent()
     # Before anything computes the controller's runtime environment (prestarts do).
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     apply_controller_env(elastic=False)  # a standby's controller is prestarted with them
+    if standby.is_standby():
+        return _serve_as_standby()
     from workers.warm.startup_times import process_start_time
 
     startup = {"driver_process": process_start_time() or time.time()}
-    warm, job_env = standby.Warm(), {}
-    if standby.is_standby():
-        assignment, warm = _standby()
-        if assignment is None:
-            return 0
-        startup, job_env = {"assigned": time.time()}, assignment.env
+    code = run_job(startup, standby.Warm(), {})
+    _forget_spares()
+    return code
+
+
+def run_job(startup: dict[str, float], warm: standby.Warm, job_env: dict[str, str]) -> int:
+    """Run the job in this process's environment (``job_env``: what a standby's Ray job
+    lacks); its exit code."""
     job_id = os.environ[JOB_ID_ENV]
     spec = JobSpec.model_validate(json.loads(os.environ[JOB_SPEC_ENV]))
     _abort_on_sigterm(warm_spares=spec.failure.warm_spares)
@@ -212,13 +207,42 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - the driver's exit code is the report
         print(f"etrain: training failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_TRAINING_FAILED
-    finally:
-        if spec.failure.warm_spares:  # the spares' keys in Ray's GCS
-            from workers.warm.spares import forget_ready
-
-            forget_ready()
     print("etrain: training finished", flush=True)
     return 0
+
+
+def _serve_as_standby() -> int:
+    """A standby driver: warm up, then run the jobs the service hands it, one at a time,
+    until it hands none, a job fails, or ``standby.MAX_RUNS`` ran; the last job's exit
+    code (0 when none came)."""
+    _abort_on_sigterm(warm_spares=True)
+    warm, code = standby.warm_up(), 0
+    between_jobs = dict(os.environ)
+    for runs in range(1, standby.MAX_RUNS + 1):
+        assignment = standby.wait_for_job()
+        if assignment is None:
+            break
+        standby.take_job(assignment)
+        code = run_job({"assigned": time.time()}, warm, assignment.env)
+        standby.end_job(assignment)
+        if code != 0 or runs == standby.MAX_RUNS or not standby.report_done(assignment):
+            break
+        os.environ.clear()  # nothing of this job's (its tokens, keys) reaches the next
+        os.environ.update(between_jobs)
+        # Ray Train's SIGINT handler holds the run's controller: without it (and its cycles
+        # collected) Ray ends the controller's process now, not at the next run's start.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        gc.collect()
+        warm = standby.warm_again()
+    _forget_spares()
+    return code
+
+
+def _forget_spares() -> None:
+    """The Ray job ends: drop its spares' keys in Ray's GCS (``warm_spares.forget_ready``)."""
+    from workers.warm.spares import forget_ready
+
+    forget_ready()
 
 
 def _exit(code: int) -> None:

@@ -77,11 +77,12 @@ def healthz() -> Health:
 
 @probes.get("/readyz", response_model=Ready, responses={503: {"model": NotReady}})
 def readyz(monitoring: Monitor) -> Ready | JSONResponse:
-    """Readiness: the store answers and the backend can accept a job now."""
+    """Readiness: the store answers and the backend can accept a job now;
+    ``ready_for_fast_start`` says whether it would start at warm speed."""
     reason = monitoring.not_ready()
     if reason is not None:
         return JSONResponse(status_code=503, content=NotReady(reason=reason).model_dump())
-    return Ready()
+    return Ready(ready_for_fast_start=monitoring.ready_for_fast_start())
 
 
 @probes.get(

@@ -246,12 +246,32 @@ class QueuedJobPublic(View):
     )
 
 
+class WarmBudgetPublic(View):
+    """The warm pool's budget (ETRAIN_WARM_POOL_*; unset parts sized to the head node)."""
+
+    processes: int | None = Field(description="Processes the standby drivers may hold.")
+    memory_bytes: int | None = Field(description="Host memory (PSS) they may hold.")
+    idle_s: float = Field(description="Seconds without a job after which they stop.")
+
+
 class StandbyPublic(View):
     """The job drivers the service keeps started and warm ahead of the next jobs."""
 
-    configured: int = Field(description="How many it keeps idle (ETRAIN_STANDBY_DRIVERS).")
+    configured: int = Field(description="How many it keeps (ETRAIN_STANDBY_DRIVERS).")
     idle: int = Field(description="Started and waiting for a job, warm or still warming.")
     warm: int = Field(description="Of them, those warmed up: a job handed to one skips its start.")
+    busy: int = Field(0, description="Running a job: each takes the next job after it.")
+    processes: int = Field(
+        0, description="Processes the standbys hold: each its own, Ray Train's 3 and its workers'."
+    )
+    budget: WarmBudgetPublic | None = Field(
+        None, description="What they may hold together (null until the head node is known)."
+    )
+    shrunk: bool = Field(
+        False,
+        description="Stopped after budget.idle_s without a job: the next job starts cold and "
+        "brings them back.",
+    )
     memory_bytes: int = Field(
         description="Host memory the warm ones hold: each driver's process and the worker "
         "and Ray Train processes it started ahead (PSS on Linux: pages shared between them, "
@@ -341,6 +361,13 @@ class Ready(BaseModel):
     """The store and the backend answer."""
 
     status: str = "ready"
+    ready_for_fast_start: bool = Field(
+        False,
+        description="A warm standby driver is idle: a job submitted now skips the start of "
+        "its driver, Ray Train's controller and its workers (a script that wants warm-speed "
+        "starts waits for true). False while the standbys warm up or run jobs, and always "
+        "without standby drivers (ETRAIN_STANDBY_DRIVERS=0).",
+    )
 
 
 class NotReady(BaseModel):

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import Standbys
-from workers.contract import STANDBY_ROUTE
+from workers.contract import STANDBY_DONE_ROUTE, STANDBY_ROUTE
 
 v1 = APIRouter(prefix="/v1")
 
@@ -19,6 +19,7 @@ class StandbyJob(BaseModel):
     """The job a standby driver runs: what a driver started for it gets in its environment."""
 
     job_id: str
+    submission_id: str  # the job's own; its log lines in the standby's log are marked so
     spec_json: str  # the validated spec, checkpoint storage filled in
     env: dict[str, str]  # its reporter token and the object-store keys its spec names
 
@@ -45,3 +46,16 @@ async def read_standby_job(
     if job is None:
         return Response(status_code=204)
     return JSONResponse(job, headers={"Cache-Control": "no-store"})
+
+
+@v1.post(STANDBY_DONE_ROUTE.removeprefix("/v1"), status_code=204)
+async def report_standby_done(
+    standby_id: str,
+    standbys: Standbys,
+    authorization: Annotated[str | None, Header()] = None,
+    submission_id: Annotated[str, Query(max_length=128)] = "",
+) -> Response:
+    """For etrain's own standby job drivers (their standby token only): the job this one
+    ran (``submission_id``) succeeded; it then takes the next job it is handed."""
+    await run_in_threadpool(standbys.done, standby_id, authorization, submission_id)
+    return Response(status_code=204)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from service.backends.standby import run_id, runner_of
 from workers.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -106,9 +107,24 @@ class Backend(ABC):
     standby: StandbyDrivers | None = None
 
     def take_standby(self, req: LaunchRequest) -> str | None:
-        """Hand ``req`` to a warm standby driver instead of submitting it: the standby's
-        submission id (the job's from now on), or None (none idle: submit it)."""
-        return self.standby.take(req) if self.standby else None
+        """Hand ``req`` to a warm standby driver instead of submitting it: the submission
+        id to record for the job from now on (``standby.run_id``: the standby's and the
+        job's), or None (none idle: submit it)."""
+        ray_id = self.standby.take(req) if self.standby else None
+        return run_id(ray_id, req.submission_id) if ray_id else None
+
+    def standby_outcome(self, submission_id: str) -> RunStatus | None:
+        """SUCCEEDED for a job a standby ran and said succeeded; None otherwise (its status
+        is then its Ray job's)."""
+        own = runner_of(submission_id)[1]
+        if own and self.standby and self.standby.state_of(own) == "done":
+            return RunStatus(RunState.SUCCEEDED, "")
+        return None
+
+    def settle(self, submission_id: str) -> None:
+        """The job's success is recorded: a standby that ran it may take the next one."""
+        if self.standby:
+            self.standby.settle(runner_of(submission_id)[1] or "")
 
     def keep_standby(self) -> None:
         """Keep the configured standby drivers started (each reconciler tick)."""

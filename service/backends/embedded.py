@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 # TrainStateActor) hold theirs for the cluster's life: every stop after a job waited out
 # the stop timeout here (15 s) and ended in SIGKILL.
 NO_DRAIN_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+# Nor does its raylet start a worker process per CPU for the first driver that connects
+# (Ray's default): etrain's drivers start what their runs use (``workers.warm``), and those
+# went unused, two processes of ~45 MB (PSS) each on a 2-core node, for the head's life,
+# whose start took CPU from the first job's.
+NO_FIRST_DRIVER_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0"}
 
 # What the head (and so every job's driver and workers) inherits from this process: the
 # names below and those starting with a prefix below; nothing else. Not the admin token,
@@ -302,6 +307,7 @@ class EmbeddedRay:
                 start_new_session=True,
                 env={
                     **NO_DRAIN_ENV,  # unless the operator's RAY_* say otherwise
+                    **NO_FIRST_DRIVER_PRESTART_ENV,
                     **head_env(os.environ, self.extra_env),
                     **self.gcs_env,
                     **self.ports.env(),

@@ -39,7 +39,10 @@ def with_standby(backend: RayJobBackend, standby: StandbySettings) -> RayJobBack
     """``backend`` keeping ``standby.drivers`` warm drivers (none when it is 0)."""
     if standby.drivers > 0:
         backend.use_standby(
-            count=standby.drivers, workers=standby.workers, report_url=standby.report_url
+            count=standby.drivers,
+            workers=standby.workers,
+            report_url=standby.report_url,
+            budget=standby.budget,
         )
     return backend
 

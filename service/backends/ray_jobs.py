@@ -6,7 +6,9 @@ import re
 from collections.abc import AsyncIterator
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
-from service.backends.standby import StandbyDrivers
+from service.backends.standby import StandbyDrivers, runner_of
+from service.backends.standby_logs import follow_part, job_part
+from service.backends.warm_policy import WarmBudget
 from service.errors import BackendError, BackendUnavailable
 from workers.contract import driver_command, launch_env
 
@@ -41,9 +43,10 @@ class RayJobBackend(Backend):
         self.probe_agent = probe_agent
         self._client = None
 
-    def use_standby(self, *, count: int, workers: int, report_url: str) -> None:
+    def use_standby(self, *, count: int, workers: int, report_url: str, budget: WarmBudget) -> None:
         """Keep ``count`` standby drivers warm (``service.backends.standby``), each warming
-        ``workers`` worker processes on its node."""
+        ``workers`` worker processes on its node, within ``budget`` (sized to the head
+        node, where Ray's job API starts drivers)."""
         self.standby = StandbyDrivers(
             lambda sid, env: self._submit_driver(
                 sid, env, {"etrain_standby": sid}, what="a standby driver"
@@ -52,7 +55,16 @@ class RayJobBackend(Backend):
             count=count,
             workers=workers,
             report_url=report_url,
+            budget=budget,
+            node=self._head_node,
         )
+
+    def _head_node(self) -> tuple[float | None, float | None]:
+        """The head node's CPUs and memory (bytes), as the dashboard reports them."""
+        for node in self.cluster().nodes:
+            if node["is_head"]:
+                return node["resources"].get("CPU"), node.get("memory_bytes")
+        raise BackendUnavailable("the cluster reports no head node")
 
     def _jobs(self):
         from ray.job_submission import JobSubmissionClient
@@ -70,7 +82,7 @@ class RayJobBackend(Backend):
 
     def dashboard_links(self, submission_id: str) -> dict[str, str]:
         """The Ray job page and the cluster's Ray Train run list."""
-        return dashboard_links_at(self.address, submission_id)
+        return dashboard_links_at(self.address, runner_of(submission_id)[0])
 
     def submit(self, req: LaunchRequest) -> str:
         """Submit the driver with the job's environment; a repeated id is not an error."""
@@ -102,7 +114,17 @@ class RayJobBackend(Backend):
             raise BackendUnavailable(f"cannot submit to Ray at {self.address}: {e}") from e
 
     def status(self, submission_id: str) -> RunStatus:
-        """Map Ray's job status; MISSING when Ray does not know the id."""
+        """Map Ray's job status; MISSING when Ray does not know the id. A job a standby
+        runs: SUCCEEDED once the standby said so, else its Ray job's status."""
+        if (done := self.standby_outcome(submission_id)) is not None:
+            return done
+        ray_id, own = runner_of(submission_id)
+        status = self._ray_status(ray_id)
+        if own and self.standby and status.state not in (RunState.PENDING, RunState.RUNNING):
+            self.standby.forget(ray_id)
+        return status
+
+    def _ray_status(self, submission_id: str) -> RunStatus:
         try:
             info = self._jobs().get_job_info(submission_id)
         except RuntimeError as e:
@@ -118,7 +140,11 @@ class RayJobBackend(Backend):
         )
 
     def stop(self, submission_id: str) -> None:
-        """Stop the Ray job (its workers go with the driver)."""
+        """Stop the Ray job (its workers go with the driver); a job a standby runs stops
+        its standby, unless the job already ended there."""
+        submission_id, own = runner_of(submission_id)
+        if own and self.standby and self.standby.state_of(own) != "running":
+            return  # it ended there (or was never fetched and is not running)
         try:
             self._jobs().stop_job(submission_id)
         except RuntimeError as e:
@@ -128,15 +154,20 @@ class RayJobBackend(Backend):
             raise BackendUnavailable(f"cannot reach Ray at {self.address}: {e}") from e
 
     def logs(self, submission_id: str) -> str:
-        """The driver log, which carries the workers' output (log_to_driver)."""
+        """The driver log, which carries the workers' output (log_to_driver); of a job a
+        standby ran, that job's part of it (``standby_logs.job_part``)."""
+        ray_id, own = runner_of(submission_id)
         try:
-            return self._jobs().get_job_logs(submission_id)
+            text = self._jobs().get_job_logs(ray_id)
         except Exception as e:
-            raise BackendUnavailable(f"cannot read logs of {submission_id}: {e}") from e
+            raise BackendUnavailable(f"cannot read logs of {ray_id}: {e}") from e
+        return job_part(text, own) if own else text
 
     async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
-        """Stream the driver log until the job ends."""
-        async for chunk in self._jobs().tail_job_logs(submission_id):
+        """Stream the driver log until the job ends (a standby's job: until its part ends)."""
+        ray_id, own = runner_of(submission_id)
+        chunks = self._jobs().tail_job_logs(ray_id)
+        async for chunk in follow_part(chunks, own) if own else chunks:
             yield chunk
 
     def cluster(self) -> ClusterInfo:
@@ -244,6 +275,7 @@ def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:
                 "is_head": raylet.get("isHeadNode", False),
                 "resources": res_total,
                 "available": res_avail,
+                "memory_bytes": (node.get("mem") or [None])[0],  # the host's, as Ray saw it
                 # The reporter agent's GPU list: model name and memory (MB) of each device.
                 "gpus": [
                     {"name": g.get("name"), "memory_mb": g.get("memoryTotal")}

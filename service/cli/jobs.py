@@ -228,11 +228,23 @@ def _print_summary(s: Session, job: dict[str, Any]) -> None:
 
 def status(
     ctx: typer.Context,
-    job_id: JobIdArg,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw job JSON.")] = False,
+    job_id: Annotated[
+        str | None, typer.Argument(help="Job id; without it, the cluster and its warm pool.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
-    """Show one job: status, progress, latest metrics, and its last 10 events."""
+    """Show one job: status, progress, latest metrics, and its last 10 events. Without a
+    job id: the cluster's nodes, its queue and its warm pool (standby drivers, budget)."""
     s, api = session(ctx), client(ctx)
+    if job_id is None:
+        with s.api_errors():
+            cluster = api.get_cluster()
+        if as_json:
+            typer.echo(json.dumps(cluster, indent=2))
+            return
+        for line in cluster_lines(cluster):
+            s.console.print(line, markup=False)
+        return
     with s.api_errors():
         job = api.get_job(job_id)
         if as_json:
@@ -244,6 +256,38 @@ def status(
         s.console.print("events:")
         for event in events[-10:]:
             s.console.print(f"  {event_line(event)}", markup=False)
+
+
+def cluster_lines(cluster: dict[str, Any]) -> list[str]:
+    """``etrain status`` without a job: nodes, resources, the queue, the warm pool."""
+    total, free = cluster.get("total") or {}, cluster.get("available") or {}
+    lines = [
+        f"nodes      {len(cluster.get('nodes') or [])}",
+        f"CPUs       {free.get('CPU', 0):g} free of {total.get('CPU', 0):g}"
+        + (f", GPUs {free.get('GPU', 0):g} free of {total['GPU']:g}" if total.get("GPU") else ""),
+        f"queue      {len(cluster.get('queue') or [])} job(s) waiting",
+    ]
+    pool = cluster.get("standby")
+    if not pool:
+        return [*lines, "warm pool  none (ETRAIN_STANDBY_DRIVERS=0): every job starts cold"]
+    state = (
+        "stopped after its idle time; the next job brings it back"
+        if pool.get("shrunk")
+        else f"{pool['warm']} warm, {pool['idle'] - pool['warm']} warming, "
+        f"{pool.get('busy', 0)} running a job"
+    )
+    lines.append(f"warm pool  {pool['configured']} standby driver(s) kept: {state}")
+    lines.append(
+        f"  holds    {pool.get('processes', 0)} processes, "
+        f"{pool['memory_bytes'] / 1e9:.2f} GB of host memory (PSS)"
+    )
+    budget = pool.get("budget")
+    if budget:
+        lines.append(
+            f"  budget   {budget['processes']} processes, {budget['memory_bytes'] / 1e9:.2f} GB; "
+            f"stops after {budget['idle_s']:g} s without a job"
+        )
+    return lines
 
 
 def logs(

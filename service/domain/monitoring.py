@@ -24,6 +24,12 @@ class Monitoring:
             return type(e).__name__
         return self.backend.not_ready()
 
+    def ready_for_fast_start(self) -> bool:
+        """Whether a job submitted now would start at warm speed: an idle standby driver has
+        warmed up (``service.backends.standby``)."""
+        pool = self.backend.standby
+        return pool is not None and pool.status().warm > 0
+
     def scrape(self) -> dict[JobStatus, int]:
         """Jobs by status now; first drops the series of jobs that ended past their grace."""
         self.job_metrics.prune(self.stores.jobs)

@@ -312,6 +312,7 @@ class Reconciler:
             )
         elif status.state == RunState.SUCCEEDED:
             self._finish(job, JobStatus.SUCCEEDED, None)
+            self.backend.settle(job.submission_id)  # a standby that ran it: the next one
         elif status.state in (RunState.FAILED, RunState.STOPPED, RunState.MISSING):
             decision = decide_recovery(
                 status, resubmits=job.resubmits, max_resubmits=job.spec.failure.max_resubmits

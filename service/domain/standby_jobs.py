@@ -7,8 +7,8 @@ from typing import Any
 
 from service.auth import bearer
 from service.backends.base import Backend
-from service.backends.standby import UnknownStandby
-from service.errors import Unauthorized
+from service.backends.standby import NotItsJob, UnknownStandby
+from service.errors import InvalidTransition, Unauthorized
 
 
 class StandbyJobs:
@@ -29,11 +29,28 @@ class StandbyJobs:
         """The job handed to standby driver ``standby_id``, waiting up to ``wait_s`` for
         one (None when none came); 401 for a wrong id or token. Blocks: call it off the
         event loop."""
-        token = bearer(authorization)
-        pool = self.backend.standby
+        pool = self._pool(standby_id)
         try:
-            if pool is None:
-                raise UnknownStandby(standby_id)
-            return pool.fetch(standby_id, token, wait_s=wait_s, memory_bytes=memory_bytes)
+            return pool.fetch(
+                standby_id, bearer(authorization), wait_s=wait_s, memory_bytes=memory_bytes
+            )
         except UnknownStandby:
             raise Unauthorized("unknown standby driver or token") from None
+
+    def done(self, standby_id: str, authorization: str | None, submission_id: str) -> None:
+        """Standby driver ``standby_id`` says the job it runs succeeded; 401 for a wrong id
+        or token, 409 for a job it does not run."""
+        pool = self._pool(standby_id)
+        try:
+            pool.done(standby_id, bearer(authorization), submission_id)
+        except UnknownStandby:
+            raise Unauthorized("unknown standby driver or token") from None
+        except NotItsJob:
+            raise InvalidTransition(
+                f"submission_id: this standby driver does not run {submission_id!r}"
+            ) from None
+
+    def _pool(self, standby_id: str):
+        if self.backend.standby is None:
+            raise Unauthorized("unknown standby driver or token")
+        return self.backend.standby

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.settings import slices
+from service.settings import warm_pool_docs as docs
 from service.settings.slices import RAY_PORTS, TenantQuota
 
 
@@ -99,26 +100,11 @@ class Settings(BaseSettings):
         "TensorBoard event files under the job's checkpoint storage.",
     )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
-    standby_drivers: int = Field(
-        1,
-        ge=0,
-        le=8,
-        description="Job drivers kept started and warm ahead of the next job (ray-jobs "
-        "backend): each is a Ray job that has imported the training stack and started "
-        "processes for Ray Train's controller and ETRAIN_STANDBY_WORKERS workers, so a job "
-        "handed to it skips their start. A new one starts when no admitted job is still "
-        "before its first step (its warm-up would slow that job's start). A warm one holds "
-        "about 2.5 GB of host memory with 2 workers and a CPU build of torch (PSS; GET "
-        "/v1/cluster shows what they hold). 0 = start every job's driver when it is admitted.",
-    )
-    standby_workers: int = Field(
-        2,
-        ge=0,
-        le=64,
-        description="Worker processes each standby driver warms on its node (at most one "
-        "per CPU there; about 0.45 GB each with a CPU build of torch). A job with more "
-        "workers starts the rest when it is handed over.",
-    )
+    standby_drivers: int = Field(1, ge=0, le=8, description=docs.STANDBY_DRIVERS)
+    standby_workers: int = Field(2, ge=0, le=64, description=docs.STANDBY_WORKERS)
+    warm_pool_processes: int | None = Field(None, ge=0, le=4096, description=docs.POOL_PROCESSES)
+    warm_pool_memory_bytes: int | None = Field(None, ge=0, description=docs.POOL_MEMORY)
+    warm_pool_idle_s: float = Field(900.0, gt=0, description=docs.POOL_IDLE)
     submit_retry_s: float = Field(
         300,
         gt=0,
@@ -365,7 +351,12 @@ class Settings(BaseSettings):
             extra_env=tuple(n.strip() for n in self.ray_head_env.split(",") if n.strip()),
         )
         standby = slices.StandbySettings(
-            self.standby_drivers, self.standby_workers, self.report_url
+            self.standby_drivers,
+            self.standby_workers,
+            self.report_url,
+            slices.WarmBudget(
+                self.warm_pool_processes, self.warm_pool_memory_bytes, self.warm_pool_idle_s
+            ),
         )
         return slices.RaySettings(
             self.backend, self.ray_address, self.worker_python, embedded, self.kuberay, standby

@@ -107,6 +107,32 @@ class ReconcilerSettings:
     storage_keys_in_env: bool
 
 
+PROCESSES_PER_CPU, PROCESSES_BASE = 2, 2  # 6 on a 2-CPU node: driver, 3 run actors, 2 workers
+MEMORY_SHARE = 0.20  # of the node's memory
+FALLBACK_MEMORY = 2 * 1024**3  # when the node's memory is unknown
+
+
+@dataclass(frozen=True)
+class WarmBudget:
+    """What the warm pool of standby drivers may hold (``service.backends.warm_policy``);
+    None: sized to the node (:meth:`for_node`): ``PROCESSES_PER_CPU`` per CPU plus
+    ``PROCESSES_BASE``, and ``MEMORY_SHARE`` of its memory."""
+
+    processes: int | None = None
+    memory_bytes: int | None = None
+    idle_s: float = 900.0
+
+    def for_node(self, cpus: float | None, memory_bytes: float | None) -> WarmBudget:
+        """This budget with what is unset sized to a node of ``cpus`` and ``memory_bytes``."""
+        processes = self.processes
+        if processes is None:
+            processes = PROCESSES_BASE + PROCESSES_PER_CPU * max(int(cpus or 1), 1)
+        memory = self.memory_bytes
+        if memory is None:
+            memory = int(memory_bytes * MEMORY_SHARE) if memory_bytes else FALLBACK_MEMORY
+        return WarmBudget(processes, memory, self.idle_s)
+
+
 @dataclass(frozen=True)
 class StandbySettings:
     """Standby drivers kept warm ahead of the next job (ray-jobs backend)."""
@@ -114,6 +140,7 @@ class StandbySettings:
     drivers: int
     workers: int
     report_url: str
+    budget: WarmBudget  # what they may hold, and after how long idle they stop
 
 
 @dataclass(frozen=True)

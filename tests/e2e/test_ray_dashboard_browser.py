@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from service.backends.standby import runner_of
+
 pytestmark = pytest.mark.slow
 
 SPEC = {
@@ -37,7 +39,8 @@ def test_job_link_opens_the_jobs_ray_page_after_the_token_sign_in(served, waiter
             timeout=120,
             what="the job to reach Ray",
         )
-        submission_id = job["submission_id"]  # a standby driver's, or etrain-<job>-0
+        # A standby driver's Ray job (the job runs in it), or etrain-<job>-0.
+        submission_id = runner_of(job["submission_id"])[0]
         try:
             _follow_the_link(served, job, submission_id, open_tab)
         finally:

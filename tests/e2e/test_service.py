@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from service.backends.standby import SUBMISSION_PREFIX
+from service.backends.standby import SUBMISSION_PREFIX, runner_of
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,8 @@ def test_submit_follow_train_checkpoint_and_inspect(served, tmp_path):
         assert job["step"] == 12 and job["world_size"] == 2
         # Its Ray job: a standby driver's (etrain-standby-<id>) or its own (etrain-<id>-0).
         assert job["submission_id"] in (f"etrain-{job['id']}-0", *_standby_ids(job))
-        assert job["dashboard_url"].endswith(f"/#/jobs/{job['submission_id']}")
+        ray_id = runner_of(job["submission_id"])[0]  # a standby's job: its Ray job's page
+        assert job["dashboard_url"].endswith(f"/#/jobs/{ray_id}")
         metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
         assert [m["step"] for m in metrics] == list(range(1, 13))
         assert all(m["world_size"] == 2 and m["tokens_per_s"] > 0 for m in metrics)
@@ -133,7 +134,7 @@ def _ray_job_status(c, job) -> str:
 
     job = c.get(f"/v1/jobs/{job['id']}").json()
     url = job["dashboard_url"].split("/#/")[0]
-    return JobSubmissionClient(url).get_job_status(job["submission_id"]).value
+    return JobSubmissionClient(url).get_job_status(runner_of(job["submission_id"])[0]).value
 
 
 def test_bad_specs_are_refused_with_the_field(served, tmp_path):

@@ -1,5 +1,6 @@
 """A job handed to a standby driver (a Ray job warmed up before it) trains as one started for
-it: its credentials reach the controller and every worker, and never the Ray job."""
+it: its credentials reach the controller and every worker, and never the Ray job. Once it
+succeeded, the same driver runs the next job, and each job's log is its own."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import uuid
 
 import pytest
 
-from service.backends.standby import SUBMISSION_PREFIX
-from workers.contract import REPORT_TOKEN_ENV, STANDBY_TOKEN_ENV
+from service.backends.standby import SUBMISSION_PREFIX, runner_of
+from workers.contract import REPORT_TOKEN_ENV, STANDBY_RUN_BEGIN, STANDBY_TOKEN_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,9 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
             tab.page.goto(f"{s.url}/ui/cluster")
             standby = tab.page.locator("#standby").inner_text()  # its line, memory included
             assert re.fullmatch(
-                r"Standby job drivers: 1 warm, 0 warming \(1 kept\), [\d.]+ GB .*", standby
+                r"Standby job drivers: 1 warm, 0 warming, 0 running a job \(1 kept\): "
+                r"\d+ processes, [\d.]+ GB of host memory; budget \d+ processes, .*",
+                standby,
             ), standby
             tab.check()
             posted = c.post("/v1/jobs", json=_spec("standby-s3", s3_server))
@@ -82,12 +85,33 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
             started = [e for e in events if e["kind"] == "workers_started"]
             assert "assigned" in started[0]["data"]["startup"]  # handed over, not started
             logs = c.get(f"/v1/jobs/{job['id']}/logs").text
-        info = JobSubmissionClient(ray_backend.address).get_job_info(done["submission_id"])
+            # The next job, submitted at once, runs in the same standby driver.
+            second = c.post("/v1/jobs", json=_spec("standby-next", s3_server)).json()
+            done2 = waiter(
+                lambda: (j := c.get(f"/v1/jobs/{second['id']}").json())["status"] in TERMINAL and j,
+                timeout=300,
+                what="the second job to end",
+            )
+            assert done2["status"] == "SUCCEEDED", done2["error"]
+            ray_id, own = runner_of(done["submission_id"])
+            assert own == f"etrain-{job['id']}-0"
+            assert runner_of(done2["submission_id"]) == (ray_id, f"etrain-{second['id']}-0")
+            logs2 = c.get(f"/v1/jobs/{second['id']}/logs").text
+            followed = c.get(f"/v1/jobs/{second['id']}/logs", params={"follow": "true"}).text
+            waiter(
+                lambda: c.get("/v1/cluster").json()["standby"]["warm"] == 1,
+                timeout=60,
+                what="the standby back in the pool",
+            )
+        info = JobSubmissionClient(ray_backend.address).get_job_info(ray_id)
         ray_env = info.runtime_env["env_vars"]
         assert REPORT_TOKEN_ENV not in ray_env
         assert not set(ray_env) & set(s3_server["env"])
-        assert f"running job {job['id']}" in logs
-        assert s3_server["env"]["AWS_SECRET_ACCESS_KEY"] not in logs
+        assert logs.startswith(f"{STANDBY_RUN_BEGIN}{own} (job {job['id']})")
+        assert logs2.startswith(f"{STANDBY_RUN_BEGIN}etrain-{second['id']}-0")
+        assert own not in logs2 and "training finished" in logs2  # its own part, whole
+        assert followed == logs2  # the stream ends with the job's part, not the Ray job
+        assert s3_server["env"]["AWS_SECRET_ACCESS_KEY"] not in logs + logs2
         assert ray_env[STANDBY_TOKEN_ENV] not in s.log.read_text()
     finally:
         s.stop()

@@ -62,6 +62,8 @@ class FakeBackend(Backend):
     def status(self, submission_id: str) -> RunStatus:
         if self.status_error is not None:
             raise self.status_error
+        if (done := self.standby_outcome(submission_id)) is not None:
+            return done
         return self.statuses.get(submission_id, RunStatus(RunState.PENDING))
 
     def stop(self, submission_id: str) -> None:

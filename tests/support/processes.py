@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from service.backends.standby import SUBMISSION_PREFIX
+from service.backends.standby import SUBMISSION_PREFIX, runner_of
 from workers.contract import JOB_ID_ENV, STANDBY_ID_ENV
 
 
@@ -14,8 +14,8 @@ def runs_job(env: dict[str, str], job: dict) -> bool:
     the job's variables later, which /proc does not show)."""
     if env.get(JOB_ID_ENV) == job["id"]:
         return True
-    standby = env.get(STANDBY_ID_ENV)
-    return bool(standby) and job.get("submission_id") == SUBMISSION_PREFIX + standby
+    standby, recorded = env.get(STANDBY_ID_ENV), job.get("submission_id") or ""
+    return bool(standby) and runner_of(recorded)[0] == SUBMISSION_PREFIX + standby
 
 
 def job_processes(job: dict, *, cmdline_has: str = "") -> list[psutil.Process]:

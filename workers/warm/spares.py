@@ -1,12 +1,9 @@
 """Warm spare worker processes: a restarted worker group starts in about a second, not ten.
 
-Ray Train replaces every worker process of a group on any failure or resize. A
-new process imports torch, Ray Train and etrain (about 5 s of CPU each, 8-15 s
-of wall time when several start on a 2-core node) before it can load a
-checkpoint. Ray itself can keep processes ready for that: its raylet's
-``PrestartWorkers`` starts idle worker processes for a job and a runtime
-environment and keeps them alive, and the next actor with the same job and the
-same runtime environment is placed in one of them instead of a new process.
+Ray Train replaces every worker process of a group on any failure or resize; a new
+process imports torch, Ray Train and etrain (about 5 s of CPU) before it can load a
+checkpoint. Ray's raylet can keep processes ready (``PrestartWorkers``: idle processes
+of a job and runtime environment, where the next such actor is placed).
 
 So, per node of a running group:
 
@@ -20,17 +17,13 @@ So, per node of a running group:
   still alive; the request uses the worker's own runtime-environment string,
   so the spares match the next group's actors exactly.
 
-The same mechanism starts a job's first worker processes early: the driver, once
-connected to Ray and before it imports torch and builds its trainer, asks its own
-raylet for as many worker processes as its node can place workers
-(``workers.warm.first_group``), with the runtime environment the worker actors will
-have (``workers.ray_compat.train_worker_runtime_env``). They import the training
-stack while the driver and Ray Train's controller start, instead of after.
+The same mechanism starts a job's first worker processes early (``first_group``: the
+driver asks before it imports torch) and, in a standby driver's Ray job, the next run's
+processes (:func:`top_up`, ``next_run``).
 
-A spare that becomes a worker leaves the count (:func:`claim`). Spares die with
-the job (the raylet ends a finished job's workers) or after ``KEEP_ALIVE_S``.
-Each holds the imported stack in memory (about 400 MB on CPU builds of torch);
-none touches a GPU. ``failure.warm_spares: false`` in the job spec turns this off.
+A spare that becomes a worker leaves the count (:func:`claim`); spares end with the job's
+Ray job or after ``KEEP_ALIVE_S``, hold about 0.35 GB (PSS, CPU torch) and no GPU.
+``failure.warm_spares: false`` in the job spec turns this off.
 
 ``PrestartWorkers`` is a raylet RPC (Ray's ``NodeManagerService``), not a public
 Python API (``workers.ray_compat.prestart_workers``); :func:`top_up` only ever logs
@@ -48,7 +41,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from workers.contract import WARM_WORKER_ENV
+from workers.contract import STANDBY_ID_ENV, WARM_WORKER_ENV
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
     WORKER_MODULES,
@@ -107,9 +100,13 @@ RUN_ACTORS_PER_GROUP = 1  # of them, started again for every group: the sync act
 RUN_ACTOR_IMPORTS = (*RUN_ACTOR_MODULES, "workers.elastic.callbacks", "workers.elastic.scaling")
 # What the controller also imports as it unpickles its arguments: the trainer's TorchConfig
 # (in its backend and accelerator callbacks), whose module imports torch (1.6 s of CPU,
-# 180 MB). The job's first RUN_ACTORS run-actor processes on a node import it ahead (none
-# can tell which is the controller's) until the controller is here (CONTROLLER_HERE).
+# 135 MB). The job's first RUN_ACTORS run-actor processes on a node import it ahead (none
+# can tell which is the controller's) until the controller is here (CONTROLLER_HERE); after
+# that, as many as a standby driver's run left tickets for (TORCH_TICKETS: it runs job after
+# job, and these are for its next run's controller).
 CONTROLLER_IMPORTS = ("ray.train.torch.config",)
+TORCH_TICKETS = "torch-tickets"
+NEXT_RUN_ASKED = "next-run-asked"  # a standby's run asked for its next run's run actors
 RUN_ACTORS_DIR = "run-actors"  # <pid> per run-actor process of the job on the node
 # Made by mark_controller: later run-actor processes are Ray Train's others (no torch).
 CONTROLLER_HERE = "controller-here"
@@ -131,14 +128,14 @@ def setup_hook() -> None:
     Every process of the job runs this at start: those started with the worker actors'
     environment (``ETRAIN_WARM_WORKER=1``) import the training stack, the others (Ray
     Train's controller and its other actors, :data:`RUN_ACTORS`) Ray Train's modules,
-    the first :data:`RUN_ACTORS` torch too (:data:`CONTROLLER_IMPORTS`) unless the run's
-    controller is here. Each marks itself started (:func:`prestart_waves` counts).
+    torch too where it may become a controller (:data:`CONTROLLER_IMPORTS`). Each marks
+    itself started (:func:`prestart_waves` counts).
     """
     _mark_started(STARTED)
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
         first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS
         first = first and not (_spare_dir() / CONTROLLER_HERE).exists()
-        for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first else ())):
+        for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first or _ticket(-1) else ())):
             importlib.import_module(name)
         return
     warming = _spare_file(WARMING)
@@ -211,7 +208,7 @@ def top_up(controller_node: str | None = None) -> int:
         missing = max(len(spares_in(folder, states=(WORKER,))) - len(spares), 0)
         requests = [(missing, None)]  # None: this worker's own runtime environment
         if controller_node and controller_node == ray_node_id():
-            requests.append((RUN_ACTORS_PER_GROUP, _controller_env()))
+            requests.append((_run_actors_wanted(), _controller_env()))
         prestart_waves(requests)
         if missing:
             log.info("etrain: asked for %d warm spare worker(s) on this node", missing)
@@ -219,6 +216,50 @@ def top_up(controller_node: str | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - spares only make restarts faster
         log.warning("etrain: could not start warm spare workers: %s: %s", type(e).__name__, e)
         return 0
+
+
+def _run_actors_wanted() -> int:
+    """Run-actor processes to start ahead on the controller's node after a group's first
+    step: the next group's sync actor; in a standby driver's Ray job, every run actor of
+    its next run (controller, cleaner, sync actor) less those idle already."""
+    if not os.environ.get(STANDBY_ID_ENV):  # not a standby driver's Ray job
+        return RUN_ACTORS_PER_GROUP
+    wanted = max(RUN_ACTORS - idle_run_actors(_spare_dir()), 0)
+    _ticket(wanted)  # they import torch: any may be the next run's controller
+    (_spare_dir() / NEXT_RUN_ASKED).touch()  # the driver asks for none again after the job
+    return wanted
+
+
+def idle_run_actors(folder: Path) -> int:
+    """This job's run-actor processes on this node that run nothing: started, no spare
+    (``folder``: the node's spare folder), titled idle by Ray."""
+    import psutil
+
+    spares = set(spares_in(folder, states=(WARMING, READY)))
+    idle = 0
+    for pid in (pid for pid in started_pids() if pid not in spares):
+        with contextlib.suppress(psutil.Error):
+            idle += psutil.Process(pid).name() == "ray::IDLE"
+    return idle
+
+
+def _ticket(change: int) -> bool:
+    """Add ``change`` (> 0) tickets to import torch, or take one (-1): whether one was
+    there to take. Never raises."""
+    try:
+        with open(_spare_dir() / TORCH_TICKETS, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            held = int(f.read() or 0)
+            if held + change < 0:
+                return False
+            f.seek(0)
+            f.truncate()
+            f.write(str(held + change))
+            return True
+    except (OSError, ValueError) as e:
+        log.warning("etrain: torch tickets: %s", e)
+        return False
 
 
 def top_up_in_background(controller_node: str | None = None) -> threading.Thread:

@@ -13,7 +13,12 @@ started with ``STANDBY_ID_ENV`` / ``STANDBY_TOKEN_ENV`` instead of a job spec, w
    what they will need (``warm_spares.setup_hook``) while nobody waits;
 3. imports what it will build the trainer with;
 4. asks the service for its job (:func:`wait_for_job`, a long poll on ``STANDBY_ROUTE``)
-   and, once it has one, runs it as a driver started for it would.
+   and, once it has one, runs it as a driver started for it would;
+5. once that job succeeded, says so (:func:`report_done`), starts what the next job will
+   need that is not idle already (:func:`warm_again`: the spares and run-actor processes
+   the finished run started ahead stay, as its Ray job goes on) and asks for the next
+   job. A failed job, a job it could not report or ``MAX_RUNS`` jobs end it instead, its
+   exit code being the last job's, as a driver started for that job would have.
 
 The job's environment (its reporter token, object-store keys) arrives with the job, not
 with the Ray job: :class:`JobEnvironment` (below) sets it in the
@@ -37,8 +42,11 @@ from functools import partial
 
 from workers.contract import (
     REPORT_URL_ENV,
+    STANDBY_DONE_ROUTE,
     STANDBY_ID_ENV,
     STANDBY_ROUTE,
+    STANDBY_RUN_BEGIN,
+    STANDBY_RUN_END,
     STANDBY_TOKEN_ENV,
     STANDBY_WORKERS_ENV,
     TRAIN_STATE_TRACKING_ENV,
@@ -63,6 +71,9 @@ POLL_WAIT_S = 20.0  # how long the service holds one poll open
 WARMING_POLLS, WARMING_POLL_WAIT_S = 6, 5.0
 GIVE_UP_S = 120.0  # service unreachable (time-outs, a network down) this long: exit
 REFUSED_GIVE_UP_S = 10.0  # connections refused this long (nothing listens there): exit
+# Jobs one standby driver runs before it ends and the service starts a new one: bounds what
+# one long-lived process may accumulate (caches, Ray's per-run records in its memory).
+MAX_RUNS = 50
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class Assignment:
     job_id: str
     spec_json: str
     env: dict[str, str]
+    submission_id: str = ""  # the job's own (etrain) submission id
 
 
 def is_standby() -> bool:
@@ -160,7 +172,12 @@ def wait_for_job(
             unreachable_since = None
             if r.status_code == 200:
                 body = r.json()
-                return Assignment(body["job_id"], body["spec_json"], dict(body["env"]))
+                return Assignment(
+                    body["job_id"],
+                    body["spec_json"],
+                    dict(body["env"]),
+                    body.get("submission_id") or "",
+                )
             if r.status_code != 204:
                 _say(f"the service does not want this standby ({r.status_code}); exiting")
                 return None
@@ -196,7 +213,51 @@ def take_job(assignment: Assignment) -> None:
 
     os.environ[JOB_ID_ENV] = assignment.job_id
     os.environ[JOB_SPEC_ENV] = assignment.spec_json
-    _say(f"running job {assignment.job_id}")
+    print(f"{STANDBY_RUN_BEGIN}{assignment.submission_id} (job {assignment.job_id})", flush=True)
+
+
+def end_job(assignment: Assignment) -> None:
+    """The job's last line in this driver's log (the service's cut of the job's log ends at
+    it)."""
+    sys.stderr.flush()
+    print(f"{STANDBY_RUN_END}{assignment.submission_id}", flush=True)
+
+
+def report_done(assignment: Assignment, *, timeout_s: float = 10.0) -> bool:
+    """Tell the service the job succeeded; whether it took that (then it may hand this
+    standby another job). Never raises."""
+    import httpx
+
+    standby_id = os.environ[STANDBY_ID_ENV]
+    url = os.environ[REPORT_URL_ENV].rstrip("/") + STANDBY_DONE_ROUTE.format(standby_id=standby_id)
+    headers = {"Authorization": f"Bearer {os.environ[STANDBY_TOKEN_ENV]}"}
+    params = {"submission_id": assignment.submission_id}
+    try:
+        r = httpx.post(url, headers=headers, params=params, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        _say(f"could not report the job's end ({type(e).__name__}); exiting")
+        return False
+    if r.status_code != 204:
+        _say(f"the service did not take the job's end ({r.status_code}); exiting")
+        return False
+    return True
+
+
+def warm_again() -> Warm:
+    """Between jobs: start what the next job's start would otherwise wait for and is not
+    idle here already (worker spares and run-actor processes the last run started ahead);
+    what was started for the workers."""
+    from workers.warm.first_group import node_capacity
+    from workers.warm.next_run import prestart_for_next_run
+
+    STOP_WARMING.clear()
+    env, count = None, 0
+    try:
+        count = node_capacity(int(os.environ.get(STANDBY_WORKERS_ENV) or 0), cpus=1.0, gpus=0.0)
+        env = prestart_for_next_run(count, stop=STOP_WARMING)
+    except Exception as e:  # noqa: BLE001 - only makes the start faster
+        _say(f"not all processes started ahead: {type(e).__name__}: {e}")
+    return Warm(count, env)
 
 
 def _say(message: str) -> None:

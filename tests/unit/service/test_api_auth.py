@@ -46,6 +46,7 @@ PROTECTED = [
     ("GET", "/v1/tokens", None),
     ("DELETE", "/v1/tokens/{token_id}", None),
     ("GET", "/v1/standby/{standby_id}/job", None),  # a standby driver's own token only
+    ("POST", "/v1/standby/{standby_id}/done", None),  # the same
 ]
 
 

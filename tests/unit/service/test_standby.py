@@ -15,8 +15,10 @@ from service.backends.standby import (
     SEEN_TIMEOUT_S,
     START_GRACE_S,
     SUBMISSION_PREFIX,
+    NotItsJob,
     StandbyDrivers,
     UnknownStandby,
+    run_id,
 )
 from service.domain.reconciler import STARTING_S, Reconciler, starting
 from service.errors import BackendUnavailable
@@ -27,6 +29,7 @@ from tests.support.fakes import ADMIN_H, FakeBackend
 from workers.contract import (
     REPORT_TOKEN_ENV,
     REPORT_URL_ENV,
+    STANDBY_DONE_ROUTE,
     STANDBY_ID_ENV,
     STANDBY_ROUTE,
     STANDBY_TOKEN_ENV,
@@ -93,7 +96,7 @@ def test_keep_starts_the_configured_number_with_only_standby_variables():
     assert len(set(tokens)) == 2 and all(len(t) >= 32 for t in tokens)
 
 
-def test_a_job_is_handed_once_and_the_standby_leaves_the_pool():
+def test_a_job_is_handed_once_and_the_standby_comes_back_once_its_success_is_recorded():
     ray, clock = Ray(), Clock()
     pool = _pool(ray, clock)
     assert pool.take(_req()) is None  # none started yet
@@ -107,11 +110,26 @@ def test_a_job_is_handed_once_and_the_standby_leaves_the_pool():
     job = pool.fetch(standby_id, token, wait_s=0)
     assert job == {
         "job_id": "j-1",
+        "submission_id": "etrain-j-1-0",
         "spec_json": '{"name": "x"}',
         "env": {REPORT_TOKEN_ENV: "reporter-j-1", "S3_KEY": "k"},
     }
-    with pytest.raises(UnknownStandby):  # handed out once; the driver is the job's now
-        pool.fetch(standby_id, token, wait_s=0)
+    assert pool.fetch(standby_id, token, wait_s=0) is None  # handed out once
+    pool.keep()  # one standby is kept, busy or not: no second one
+    assert len(ray.started) == 1 and pool.status().busy == 1
+    assert pool.state_of("etrain-j-1-0") == "running" and pool.state_of("etrain-j-2-0") is None
+    with pytest.raises(NotItsJob):
+        pool.done(standby_id, token, "etrain-j-2-0")
+    with pytest.raises(UnknownStandby):
+        pool.done(standby_id, token + "x", "etrain-j-1-0")
+    pool.done(standby_id, token, "etrain-j-1-0")
+    assert pool.state_of("etrain-j-1-0") == "done"
+    assert pool.take(_req("j-2")) is None  # not before the job's end is recorded
+    pool.settle("etrain-j-1-0")
+    assert pool.state_of("etrain-j-1-0") is None and pool.status().idle == 1
+    assert pool.take(_req("j-2")) == submission_id  # the same driver runs the next job
+    assert pool.fetch(standby_id, token, wait_s=0)["job_id"] == "j-2"
+    pool.forget(submission_id)  # its Ray job ended (the job failed, say)
     pool.keep()
     assert len(ray.started) == 2 and pool.status().idle == 1
 
@@ -257,7 +275,13 @@ def test_the_route_hands_the_job_once_to_its_standby_only(standby_api):
     r = c.get(_route(standby_id), params={"wait": 0}, headers=auth)
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     assert r.json()["env"][REPORT_TOKEN_ENV] == "reporter-j-1"
-    assert c.get(_route(standby_id), params={"wait": 0}, headers=auth).status_code == 401
+    assert c.get(_route(standby_id), params={"wait": 0}, headers=auth).status_code == 204
+    done = STANDBY_DONE_ROUTE.format(standby_id=standby_id)
+    assert c.post(done, params={"submission_id": "etrain-j-1-0"}).status_code == 401
+    other = c.post(done, params={"submission_id": "etrain-j-9-0"}, headers=auth)
+    assert other.status_code == 409 and "submission_id" in other.json()["detail"]
+    assert c.post(done, params={"submission_id": "etrain-j-1-0"}, headers=auth).status_code == 204
+    assert pool.state_of("etrain-j-1-0") == "done"
 
 
 def test_a_standby_reports_its_memory_and_the_cluster_shows_it(standby_api):
@@ -265,7 +289,11 @@ def test_a_standby_reports_its_memory_and_the_cluster_shows_it(standby_api):
     pool.keep()
     standby_id, token = ray.token(next(iter(ray.started)))
     auth = {"Authorization": f"Bearer {token}"}
-    shown = lambda: c.get("/v1/cluster", headers=ADMIN_H).json()["standby"]  # noqa: E731
+
+    def shown():
+        pool = c.get("/v1/cluster", headers=ADMIN_H).json()["standby"]
+        return {k: pool[k] for k in ("configured", "idle", "warm", "memory_bytes")}
+
     assert shown() == {"configured": 1, "idle": 1, "warm": 0, "memory_bytes": 0}
     bad = c.get(_route(standby_id), params={"wait": 0, "memory": -1}, headers=auth)
     assert bad.status_code == 422 and "memory" in bad.text
@@ -299,19 +327,24 @@ def test_an_admitted_job_goes_to_an_idle_standby_and_keeps_its_ray_id(stores, tm
     standby = next(iter(ray.started))  # started before admission
     got = [stores.jobs.get_job(j.id) for j in jobs]
     assert [j.status for j in got] == [JobStatus.PENDING, JobStatus.PENDING]
-    assert got[0].submission_id == standby  # the standby started first took the first job
+    # The standby started first took the first job: its Ray job and the job's own id.
+    assert got[0].submission_id == run_id(standby, f"etrain-{jobs[0].id}-0")
     assert got[1].submission_id == f"etrain-{jobs[1].id}-0"  # none idle: submitted
     assert [r.job_id for r in backend.submitted] == [jobs[1].id]
     events = stores.events.list_events(jobs[0].id)
     assert any(e.kind == "submitted" and standby in e.message for e in events)
-    # Not replaced while the jobs start: a standby's warm-up would take their CPU.
-    assert len(ray.started) == 1 and backend.standby.status().idle == 0
-    reconciler.tick()
-    assert len(ray.started) == 1
+    # Not replaced: it takes the next job once this one succeeded.
     for job in jobs:  # both report their first step
         stores.jobs.update_job(job.id, step=1)
     reconciler.tick()
-    assert len(ray.started) == 2 and backend.standby.status().idle == 1  # replaced now
+    assert len(ray.started) == 1 and backend.standby.status().busy == 1
+    pool = backend.standby
+    standby_id, token = ray.token(standby)
+    assert pool.fetch(standby_id, token, wait_s=0)["job_id"] == jobs[0].id
+    pool.done(standby_id, token, f"etrain-{jobs[0].id}-0")
+    reconciler.tick()
+    assert stores.jobs.get_job(jobs[0].id).status == JobStatus.SUCCEEDED
+    assert pool.status().idle == 1 and len(ray.started) == 1  # back in the pool, warm
 
 
 def test_a_job_counts_as_starting_until_its_first_step_or_for_at_most_a_minute(stores):

@@ -305,3 +305,21 @@ def test_the_first_group_gets_the_run_actors_ahead_only_where_cores_are_free_for
     # A standby driver's processes are this job's: one worker left to ask for.
     assert first_group.prestart_first_group(resources, already=1, run_actors=False) == 1
     assert asked == [(1, False)]
+
+
+def test_a_standby_runs_tickets_make_later_run_actors_import_torch(monkeypatch, tmp_path, imports):
+    """A standby driver runs job after job: the run-actor processes its run starts ahead for
+    the next run, once this run's controller is here, import torch (any of them may become
+    the next controller), as many as it left tickets for; then none again."""
+    monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
+    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    (tmp_path / warm_spares.CONTROLLER_HERE).touch()
+    assert warm_spares._ticket(2)
+    me = os.getpid()
+    for n, torch in ((1, True), (2, True), (3, False)):
+        imports.clear()
+        monkeypatch.setattr(os, "getpid", lambda n=n: me + n)
+        warm_spares.setup_hook()
+        expected = [*warm_spares.RUN_ACTOR_IMPORTS]
+        assert imports == expected + (list(warm_spares.CONTROLLER_IMPORTS) if torch else []), n
+    assert not warm_spares._ticket(-1)

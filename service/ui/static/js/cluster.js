@@ -62,10 +62,13 @@ function renderQueue(el, queue) {
   el.append(table(["#", "job", "name", "tenant", "why it waits"], rows, { id: "queue-table", empty: "no job is waiting" }));
 }
 
-// The job drivers kept warm ahead of the next jobs, and the host memory they hold.
+// The job drivers kept warm ahead of the next jobs, what they hold, and the warm pool's budget.
 function standbyLine(s) {
-  const gb = (s.memory_bytes / 1e9).toFixed(1);
-  return `Standby job drivers: ${s.warm} warm, ${s.idle - s.warm} warming (${s.configured} kept), ${gb} GB of host memory`;
+  const gb = (b) => (b / 1e9).toFixed(1);
+  const b = s.budget;
+  const budget = b ? `; budget ${b.processes} processes, ${gb(b.memory_bytes)} GB, stops after ${b.idle_s} s idle` : "";
+  const state = s.shrunk ? "stopped after idle time (the next job brings them back)" : `${s.warm} warm, ${s.idle - s.warm} warming, ${s.busy} running a job`;
+  return `Standby job drivers: ${state} (${s.configured} kept): ${s.processes} processes, ${gb(s.memory_bytes)} GB of host memory${budget}`;
 }
 
 async function refresh() {
