@@ -127,3 +127,36 @@ def print_trace(
     print(f"\n{'started':>8} {'pid':>7} {'CPU s':>8}  titles (s after the POST)")
     for row in process_rows(seen, start, end):
         print(row)
+
+
+@dataclass(frozen=True)
+class Census:
+    """The processes of one tree at one moment: how many, their memory summed (PSS counts
+    pages shared between them once; RSS counts them in each), and their titles."""
+
+    processes: int
+    pss_bytes: int
+    rss_bytes: int
+    titles: dict[str, int]
+
+
+def census(root: int) -> Census:
+    """``root`` and every process under it (``etrain serve``: its Ray head, drivers, workers
+    and idle processes), now."""
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return Census(0, 0, 0, {})
+    pss = rss = count = 0
+    titles: dict[str, int] = defaultdict(int)
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            titles[p.name()] += 1
+        except psutil.Error:
+            continue
+        count += 1
+        pss += getattr(info, "pss", info.rss)
+        rss += info.rss
+    return Census(count, pss, rss, dict(titles))

@@ -3,12 +3,14 @@
 Per repeat, the script starts ``etrain serve`` with its embedded Ray head (the service's
 default settings, a fresh data dir), waits for ``/readyz``, and submits ``--jobs`` jobs
 over REST one after the other, each waited out before the next (``--gap`` seconds
-later): the first runs on a fresh cluster, the others on a warm one (a cluster that has
-run a job, and whose standby driver had the previous job's run and the gap to warm
-up). Then it stops
-the service and runs torchrun on the same loop (``bench/step_overhead.py``'s torchrun
-path). The job: gpt-tiny, synthetic data, seq_len 128, global batch 16, micro batch 4,
-DDP over 2 CPU workers, ``--steps`` steps.
+later; 0: back to back, as a sweep, a CI pipeline or the test suite submits them): the
+first runs on a fresh cluster, the others on a warm one. Then, after ``--pause`` seconds
+of idle (a user's pause), it takes a census of the service's processes and submits one
+more job. Then it stops the service, starts a fresh one, takes the same census
+``--census-at`` seconds after its start without submitting anything (what an idle
+service holds), and stops it. Then it runs torchrun on the same loop
+(``bench/step_overhead.py``'s torchrun path). The job: gpt-tiny, synthetic data,
+seq_len 128, global batch 16, micro batch 4, DDP over 2 CPU workers, ``--steps`` steps.
 
 Submit → first step is from the POST to the first ``GET /v1/jobs/{id}`` that shows
 step >= 1 (polled every 0.1 s). Its parts come from stored timestamps: the service's
@@ -17,7 +19,9 @@ step >= 1 (polled every 0.1 s). Its parts come from stored timestamps: the servi
 standby driver's hand-over, ``fit()`` called, controller start, worker group start,
 actors alive, process group formed, train function entered, worker process start),
 the event's own time (model built) and step 1's
-metric time. Medians over repeats; the load average is printed beside the table.
+metric time. Medians over repeats; the load average is printed beside the table. Each
+job's log is searched for Ray's warning that a node started more worker processes than
+its startup concurrency (``RAY_WARNING``); the count is printed per column.
 
 ``--variants before=/other/checkout,after=`` compares checkouts: each repeat starts
 one service per variant with that path first on ``PYTHONPATH`` (the embedded head
@@ -47,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from proctrace import ProcessSampler, print_trace  # noqa: E402
+from proctrace import Census, ProcessSampler, census, print_trace  # noqa: E402
 from step_overhead import build_spec_dict, launch_torchrun  # noqa: E402
 
 from service.settings import Settings  # noqa: E402
@@ -71,6 +75,13 @@ PARTS = (
     ("first step", "workers_started", "step1"),
     ("telemetry -> visible in GET", "step1", "visible"),
 )
+
+
+# Ray's raylet, to every driver, when a node runs several times more worker processes than
+# it starts at once ("N PYTHON worker processes have been started on node ... which is Kx
+# the maximum expected startup concurrency").
+RAY_WARNING = "maximum expected startup concurrency"
+KINDS = ("fresh", "warm", "after pause")
 
 
 def _ts(value: str) -> float:
@@ -122,7 +133,13 @@ def run_job(served, steps: int) -> dict:
             what=f"job {job_id} to succeed",
         )
         marks = marks_of(c, job_id, t_post, t_visible)
-    return {"job_id": job_id, "total_s": t_visible - t_post, "marks": marks}
+        warnings = c.get(f"/v1/jobs/{job_id}/logs").text.count(RAY_WARNING)
+    return {
+        "job_id": job_id,
+        "total_s": t_visible - t_post,
+        "marks": marks,
+        "ray_warnings": warnings,
+    }
 
 
 def parts_of(marks: dict[str, float]) -> dict[str, float]:
@@ -143,8 +160,8 @@ def torchrun_once(steps: int, work: Path) -> float:
     return max(r["first_step_end"] for r in ranks) - t0
 
 
-def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> list[dict]:
-    """One fresh ``etrain serve`` (code from ``pythonpath`` first, if given) and its jobs."""
+def _serve(work: Path, pythonpath: str | None):
+    """A fresh ``etrain serve`` (code from ``pythonpath`` first, if given), ready."""
     interval = Settings.model_fields["reconcile_interval_s"].default
     env = {"ETRAIN_RECONCILE_INTERVAL_S": str(interval)}
     if pythonpath:
@@ -153,29 +170,56 @@ def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> 
     os.chdir(pythonpath or here)  # a driver's `python -m` looks in its cwd first
     try:
         data_dir = Path(tempfile.mkdtemp(dir=work, prefix="serve-"))
-        served = start_serve(data_dir, ray_address=None, extra_env=env)
+        return start_serve(data_dir, ray_address=None, extra_env=env)
     finally:
         os.chdir(here)
+
+
+def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> dict:
+    """One fresh ``etrain serve`` and its jobs: ``--jobs`` with ``--gap`` between them,
+    then one after ``--pause`` (with a census of the idle service just before it)."""
+    served = _serve(work, pythonpath)
     try:
-        runs = []
+        runs: dict = {kind: [] for kind in KINDS}
+
+        def one(kind: str) -> None:
+            if not args.trace:
+                runs[kind].append(run_job(served, args.steps))
+                return
+            with ProcessSampler(served.proc.pid) as sampler:
+                runs[kind].append(run_job(served, args.steps))
+            marks = runs[kind][-1]["marks"]
+            print(f"\ntrace of a job ({kind}), {runs[kind][-1]['total_s']:.1f} s:")
+            print_trace(sampler.seen, marks["post"], marks["visible"], os.cpu_count() or 1)
+
         for i in range(args.jobs):
             if i:
                 time.sleep(args.gap)
-            if not args.trace:
-                runs.append(run_job(served, args.steps))
-                continue
-            with ProcessSampler(served.proc.pid) as sampler:
-                runs.append(run_job(served, args.steps))
-            marks, kind = runs[-1]["marks"], "warm" if i else "fresh"
-            print(f"\ntrace of job {i + 1} ({kind}), {runs[-1]['total_s']:.1f} s:")
-            print_trace(sampler.seen, marks["post"], marks["visible"], os.cpu_count() or 1)
+            one("warm" if i else "fresh")
+        if args.pause:
+            time.sleep(args.pause)
+            runs["census_pause"] = vars(census(served.proc.pid))
+            one("after pause")
         return runs
     finally:
         served.stop()
 
 
+def idle_census(args: argparse.Namespace, work: Path, pythonpath: str | None) -> dict:
+    """A fresh ``etrain serve`` left idle: its census ``--census-at`` s after its start."""
+    served = _serve(work, pythonpath)
+    try:
+        import psutil
+
+        started = psutil.Process(served.proc.pid).create_time()
+        time.sleep(max(0.0, started + args.census_at - time.time()))
+        return vars(census(served.proc.pid))
+    finally:
+        served.stop()
+
+
 def bench(args: argparse.Namespace, work: Path) -> dict:
-    """Every repeat's fresh and warm jobs per variant, and torchrun runs."""
+    """Every repeat's jobs and idle census per variant, and torchrun runs."""
     variants = dict(v.split("=", 1) for v in args.variants.split(",")) if args.variants else {}
     variants = variants or {"etrain": ""}
     results: dict = {
@@ -183,14 +227,23 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
         "torchrun": [],
         "load": [os.getloadavg()],
         "gap": args.gap,
+        "pause": args.pause,
+        "census_at": args.census_at,
     }
     for r in range(args.repeats):
         for name, pythonpath in variants.items():
             runs = serve_jobs(args, work, pythonpath or None)
-            got = results["variants"].setdefault(name, {"fresh": [], "warm": []})
-            got["fresh"].append(runs[0])
-            got["warm"].extend(runs[1:])
-            print(f"repeat {r + 1} {name}: " + ", ".join(f"{x['total_s']:.1f} s" for x in runs))
+            got = results["variants"].setdefault(
+                name, {**{kind: [] for kind in KINDS}, "census_idle": [], "census_pause": []}
+            )
+            for kind in KINDS:
+                got[kind].extend(runs[kind])
+            if "census_pause" in runs:
+                got["census_pause"].append(runs["census_pause"])
+            if args.census_at:
+                got["census_idle"].append(idle_census(args, work, pythonpath or None))
+            times = [f"{x['total_s']:.1f} s" for kind in KINDS for x in runs[kind]]
+            print(f"repeat {r + 1} {name}: " + ", ".join(times), flush=True)
         results["torchrun"].append(torchrun_once(args.steps, work))
         print(f"repeat {r + 1} torchrun: {results['torchrun'][-1]:.1f} s", flush=True)
     results["load"].append(os.getloadavg())
@@ -198,11 +251,13 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
 
 
 def print_table(results: dict) -> None:
-    """Medians: total, then each part, fresh and warm per variant; torchrun below."""
+    """Medians: total, then each part, per kind of job and variant; torchrun below; then
+    Ray's warnings and the censuses."""
     columns = [
         (f"{name} {kind}", [parts_of(run["marks"]) for run in got[kind]], got[kind])
         for name, got in results["variants"].items()
-        for kind in ("fresh", "warm")
+        for kind in KINDS
+        if got[kind]
     ]
 
     def med(rows, key):
@@ -212,19 +267,42 @@ def print_table(results: dict) -> None:
     print(
         "\nmedian of "
         + ", ".join(f"{len(runs)} {label}" for label, _, runs in columns)
-        + f" jobs, {results.get('gap', 0):g} s between jobs; load average "
+        + f" jobs; warm: {results.get('gap', 0):g} s after the previous job's end; after "
+        + f"pause: {results.get('pause', 0):g} s after it; load average "
         + " -> ".join("/".join(f"{x:.2f}" for x in load) for load in results["load"])
     )
-    print(f"\n{'seconds':<40}" + "".join(f"{label:>14}" for label, _, _ in columns))
+    print(f"\n{'seconds':<40}" + "".join(f"{label[-14:]:>14}" for label, _, _ in columns))
     totals = "".join(
-        f"{statistics.median(r['total_s'] for r in runs):>14.2f}" if runs else f"{'-':>14}"
-        for _, _, runs in columns
+        f"{statistics.median(r['total_s'] for r in runs):>14.2f}" for _, _, runs in columns
     )
     print(f"{'submit -> first step (REST)':<40}{totals}")
     for label, _, _ in PARTS:
         print(f"  {label:<38}" + "".join(med(rows, label) for _, rows, _ in columns))
     tr = statistics.median(results["torchrun"])
     print(f"{'torchrun start -> end of step 1':<40}{tr:>14.2f}")
+    warned = "".join(f"{sum(r.get('ray_warnings', 0) for r in runs):>14}" for _, _, runs in columns)
+    print(f"{'Ray worker-count warnings (all jobs)':<40}{warned}")
+    print_censuses(results)
+
+
+def print_censuses(results: dict) -> None:
+    """The idle service's processes and memory, per variant (medians)."""
+    at, pause = results.get("census_at", 0), results.get("pause", 0)
+    print(f"\n{'idle service (median)':<46}{'processes':>10}{'PSS GB':>9}{'RSS GB':>9}")
+    for name, got in results["variants"].items():
+        for key, label in (
+            ("census_idle", f"{at:g} s after start"),
+            ("census_pause", f"{pause:g} s after a job"),
+        ):
+            rows = [Census(**c) for c in got.get(key, [])]
+            if not rows:
+                continue
+            procs = statistics.median(c.processes for c in rows)
+            pss = statistics.median(c.pss_bytes for c in rows) / 1e9
+            rss = statistics.median(c.rss_bytes for c in rows) / 1e9
+            print(f"  {name + ', ' + label:<44}{procs:>10g}{pss:>9.2f}{rss:>9.2f}")
+            top = sorted(rows[-1].titles.items(), key=lambda kv: -kv[1])
+            print("    " + ", ".join(f"{t} x{n}" for t, n in top))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,6 +321,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--variants",
         help="name=PYTHONPATH,...: compare checkouts of etrain, interleaved per repeat "
         "(an empty path is this one)",
+    )
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=50.0,
+        help="seconds of idle before one more job after the others (0: none)",
+    )
+    p.add_argument(
+        "--census-at",
+        type=float,
+        default=60.0,
+        help="census of a fresh idle service this many seconds after its start (0: none)",
     )
     p.add_argument("--json", type=Path, help="also write every run here")
     p.add_argument(
