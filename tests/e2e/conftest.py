@@ -109,17 +109,11 @@ def start_serve(
 
 @pytest.fixture(scope="package")
 def served(ray_backend, tmp_path_factory):
-    """One control plane for the e2e tests, on the session's Ray cluster. It stops after
-    the last e2e test: its reconciler would otherwise run on through the rest of the
-    session. It keeps no standby driver (test_standby runs one): these tests submit job
-    after job, and a standby warming for the next one after each hand-over (its driver,
-    workers and Ray Train's actors each importing torch or Ray Train) took a fifth of the
-    CPU of test_report_cli and test_service (444 -> 351 CPU-s; 256 -> 237 s)."""
-    s = start_serve(
-        tmp_path_factory.mktemp("etrain-e2e"),
-        ray_address=ray_backend.address,
-        extra_env={"ETRAIN_STANDBY_DRIVERS": "0"},
-    )
+    """One control plane for the e2e tests, on the session's Ray cluster, with the default
+    standby driver: these tests submit job after job, as users do, and it runs them one
+    after the other with what each run started ahead for the next. It stops after the last
+    e2e test: its reconciler would otherwise run on through the rest of the session."""
+    s = start_serve(tmp_path_factory.mktemp("etrain-e2e"), ray_address=ray_backend.address)
     yield s
     s.stop()
 
