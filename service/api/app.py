@@ -60,7 +60,9 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         monitoring=Monitoring(stores, backend, JOB_METRICS),
         reconciler=reconciler,
         tokens=Tokens(stores.tokens),
-        standby=StandbyJobs(backend),
+        # A standby's finished job wakes it too: recorded now, and the standby free for the
+        # next job now, not at the next poll.
+        standby=StandbyJobs(backend, on_done=reconciler.wake),
         cluster=ClusterView(backend, stores.jobs, settings.quotas),
         admin_token_file=str(token_file) if token_file else None,
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from service.auth import bearer
@@ -14,9 +15,10 @@ from service.errors import InvalidTransition, Unauthorized
 class StandbyJobs:
     """Hands jobs to the backend's standby drivers, each only with its own token."""
 
-    def __init__(self, backend: Backend):
-        """The standby drivers of ``backend`` (none when it keeps none)."""
-        self.backend = backend
+    def __init__(self, backend: Backend, *, on_done: Callable[[], None] = lambda: None):
+        """The standby drivers of ``backend`` (none when it keeps none); ``on_done`` is
+        called once a standby said its job succeeded."""
+        self.backend, self.on_done = backend, on_done
 
     def fetch(
         self,
@@ -49,6 +51,7 @@ class StandbyJobs:
             raise InvalidTransition(
                 f"submission_id: this standby driver does not run {submission_id!r}"
             ) from None
+        self.on_done()
 
     def _pool(self, standby_id: str):
         if self.backend.standby is None:

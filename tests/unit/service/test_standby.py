@@ -361,3 +361,23 @@ def test_a_job_counts_as_starting_until_its_first_step_or_for_at_most_a_minute(s
     assert starting(stores.jobs.get_job(job.id), now)
     stores.jobs.update_job(job.id, step=1)
     assert not starting(stores.jobs.get_job(job.id), now)
+
+
+def test_a_finished_job_wakes_the_reconciler_at_once_and_only_a_real_one():
+    from service.domain.standby_jobs import StandbyJobs
+    from service.errors import InvalidTransition, Unauthorized
+
+    ray, backend, woken = Ray(), FakeBackend(), []
+    backend.standby = _pool(ray, Clock())
+    jobs = StandbyJobs(backend, on_done=lambda: woken.append(1))
+    backend.standby.keep()
+    standby_id, token = ray.token(next(iter(ray.started)))
+    backend.standby.take(_req())
+    jobs.fetch(standby_id, f"Bearer {token}", wait_s=0)
+    with pytest.raises(Unauthorized):
+        jobs.done(standby_id, "Bearer nope", "etrain-j-1-0")
+    with pytest.raises(InvalidTransition):
+        jobs.done(standby_id, f"Bearer {token}", "etrain-j-2-0")
+    assert not woken
+    jobs.done(standby_id, f"Bearer {token}", "etrain-j-1-0")
+    assert woken == [1]  # recorded now, not at the reconciler's next poll
