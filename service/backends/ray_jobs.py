@@ -141,10 +141,15 @@ class RayJobBackend(Backend):
 
     def stop(self, submission_id: str) -> None:
         """Stop the Ray job (its workers go with the driver); a job a standby runs stops
-        its standby, unless the job already ended there."""
+        its standby, unless the job already ended there (the standby then runs another
+        job, or waits for one). A standby the pool does not know is stopped."""
         submission_id, own = runner_of(submission_id)
-        if own and self.standby and self.standby.state_of(own) != "running":
-            return  # it ended there (or was never fetched and is not running)
+        if own and self.standby:
+            if self.standby.runs(submission_id, own) is False:
+                return
+            # The standby ends with the job: out of the pool now (the job's record ends
+            # here, so no later status read would tell it), which starts another.
+            self.standby.forget(submission_id)
         try:
             self._jobs().stop_job(submission_id)
         except RuntimeError as e:

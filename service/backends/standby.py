@@ -266,6 +266,15 @@ class StandbyDrivers:
                     return "done" if s.done else "running"
         return None
 
+    def runs(self, ray_id: str, submission_id: str) -> bool | None:
+        """Whether standby ``ray_id`` runs job ``submission_id`` now (handed or fetched, not
+        done); None when the pool does not know that standby (the service restarted)."""
+        with self._lock:
+            for s in self._pool.values():
+                if s.submission_id == ray_id:
+                    return s.taken_for == submission_id and not s.done
+        return None
+
     def settle(self, submission_id: str) -> None:
         """The job's success is recorded: its standby is idle again (it asks already)."""
         with self._lock:

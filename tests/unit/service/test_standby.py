@@ -381,3 +381,37 @@ def test_a_finished_job_wakes_the_reconciler_at_once_and_only_a_real_one():
     assert not woken
     jobs.done(standby_id, f"Bearer {token}", "etrain-j-1-0")
     assert woken == [1]  # recorded now, not at the reconciler's next poll
+
+
+class _StopClient:
+    def __init__(self):
+        self.stopped: list[str] = []
+
+    def stop_job(self, submission_id: str) -> None:
+        self.stopped.append(submission_id)
+
+
+def test_stopping_a_job_a_standby_runs_stops_that_standby_only_while_it_runs_the_job():
+    from service.backends.ray_jobs import RayJobBackend
+
+    ray, backend = Ray(), RayJobBackend("http://ray.test:8265")
+    backend._client = client = _StopClient()
+    backend.standby = pool = _pool(ray, Clock())
+    pool.keep()
+    (standby,) = ray.started
+    standby_id, token = ray.token(standby)
+    recorded = backend.take_standby(_req("j-1"))
+    pool.fetch(standby_id, token, wait_s=0)
+    pool.done(standby_id, token, "etrain-j-1-0")
+    backend.stop(recorded)  # it ended there: nothing to stop
+    pool.settle("etrain-j-1-0")
+    second = backend.take_standby(_req("j-2"))
+    backend.stop(recorded)  # a late stop of the first job leaves the second one running
+    assert client.stopped == [] and pool.status().busy == 1
+    backend.stop(second)  # cancelled while it runs: its standby stops and leaves the pool
+    assert client.stopped == [standby] and pool.status().busy == 0
+    pool.keep()
+    assert len(ray.started) == 2  # replaced
+    unknown = run_id("etrain-standby-gone", "etrain-j-3-0")  # after a service restart
+    backend.stop(unknown)
+    assert client.stopped == [standby, "etrain-standby-gone"]
