@@ -299,7 +299,8 @@ class StandbyDrivers:
         return s
 
     def status(self) -> PoolStatus:
-        """How many standbys wait for a job, how many of them are warm, and their memory."""
+        """How many standbys wait for a job, how many of them are warm, and their memory.
+        Reads nothing from the cluster (``/readyz`` asks it): the budget as last sized."""
         with self._lock:
             idle = [s for s in self._pool.values() if s.taken_for is None]
             busy = len(self._pool) - len(idle)
@@ -312,7 +313,7 @@ class StandbyDrivers:
             memory_bytes=sum(s.memory_bytes or 0 for s in warm),
             busy=busy,
             processes=standbys * processes_per_standby(self.workers_each),
-            budget=self.budget(),
+            budget=self._budget.for_node(None, None) if self._sized else None,
             shrunk=self._shrunk,
         )
 

@@ -57,6 +57,8 @@ def test_a_standby_driver_runs_a_job_with_its_own_object_store_keys(
                 what="the standby warm, its memory reported",
             )
             assert pool["configured"] == 1 and pool["idle"] == 1
+            # A warm idle standby: a script waiting for warm-speed starts may go now.
+            assert c.get("/readyz").json()["ready_for_fast_start"] is True
             tab = open_tab(width=800, height=900)
             tab.sign_in(s.url, s.token)
             tab.page.goto(f"{s.url}/ui/cluster")

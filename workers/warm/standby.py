@@ -114,7 +114,6 @@ def warm_up() -> Warm:
     """Prestart the first group's and the run actors' processes and import the driver's
     stack; what was started for the workers."""
     from workers.warm import spares as warm_spares
-    from workers.warm.first_group import node_capacity
 
     env, count = None, 0
     # The first run on a cluster would create these, each in a new process. Created once
@@ -123,8 +122,7 @@ def warm_up() -> Warm:
     tracking = all(os.environ.get(k) == v for k, v in TRAIN_STATE_TRACKING_ENV.items())
     singletons = partial(create_train_singletons, state_tracking=tracking)
     try:
-        workers = int(os.environ.get(STANDBY_WORKERS_ENV) or 0)
-        count = node_capacity(workers, cpus=1.0, gpus=0.0)
+        count = _workers_here()
         env = warm_spares.prestart_for_run(count, then=singletons, stop=STOP_WARMING)
         _say(f"{count} worker and {warm_spares.RUN_ACTORS} run actor process(es) warming")
     except Exception as e:  # noqa: BLE001 - only makes the start faster
@@ -247,17 +245,23 @@ def warm_again() -> Warm:
     """Between jobs: start what the next job's start would otherwise wait for and is not
     idle here already (worker spares and run-actor processes the last run started ahead);
     what was started for the workers."""
-    from workers.warm.first_group import node_capacity
     from workers.warm.next_run import prestart_for_next_run
 
     STOP_WARMING.clear()
     env, count = None, 0
     try:
-        count = node_capacity(int(os.environ.get(STANDBY_WORKERS_ENV) or 0), cpus=1.0, gpus=0.0)
+        count = _workers_here()
         env = prestart_for_next_run(count, stop=STOP_WARMING)
     except Exception as e:  # noqa: BLE001 - only makes the start faster
         _say(f"not all processes started ahead: {type(e).__name__}: {e}")
     return Warm(count, env)
+
+
+def _workers_here() -> int:
+    """How many of the workers the service asked this standby to warm its node can hold."""
+    from workers.warm.first_group import node_capacity
+
+    return node_capacity(int(os.environ.get(STANDBY_WORKERS_ENV) or 0), cpus=1.0, gpus=0.0)
 
 
 def _say(message: str) -> None:

@@ -165,3 +165,32 @@ def test_following_a_job_stops_at_its_end_line_across_chunk_boundaries():
 
 async def _all(stream):
     return [c async for c in stream]
+
+
+def test_etrain_status_without_a_job_shows_the_pool_and_its_budget():
+    from service.cli.jobs import cluster_lines
+
+    cluster = {
+        "nodes": [{}],
+        "total": {"CPU": 2.0},
+        "available": {"CPU": 1.0},
+        "queue": [],
+        "standby": {
+            "configured": 1,
+            "idle": 1,
+            "warm": 1,
+            "busy": 0,
+            "processes": 6,
+            "memory_bytes": 1_900_000_000,
+            "budget": {"processes": 6, "memory_bytes": 4_800_000_000, "idle_s": 900.0},
+            "shrunk": False,
+        },
+    }
+    lines = cluster_lines(cluster)
+    assert "CPUs       1 free of 2" in lines
+    assert "warm pool  1 standby driver(s) kept: 1 warm, 0 warming, 0 running a job" in lines
+    assert "  holds    6 processes, 1.90 GB of host memory (PSS)" in lines
+    assert "  budget   6 processes, 4.80 GB; stops after 900 s without a job" in lines
+    cluster["standby"]["shrunk"] = True
+    assert "stopped after its idle time" in cluster_lines(cluster)[3]
+    assert cluster_lines({**cluster, "standby": None})[-1].startswith("warm pool  none")
