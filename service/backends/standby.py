@@ -261,36 +261,40 @@ class StandbyDrivers:
         """``"done"`` once the standby running job ``submission_id`` said it succeeded,
         ``"running"`` while one runs it, None when no standby of this pool has it."""
         with self._lock:
-            for s in self._pool.values():
-                if s.taken_for == submission_id:
-                    return "done" if s.done else "running"
-        return None
+            s = self._handed(submission_id)
+            return None if s is None else "done" if s.done else "running"
 
     def runs(self, ray_id: str, submission_id: str) -> bool | None:
         """Whether standby ``ray_id`` runs job ``submission_id`` now (handed or fetched, not
         done); None when the pool does not know that standby (the service restarted)."""
         with self._lock:
-            for s in self._pool.values():
-                if s.submission_id == ray_id:
-                    return s.taken_for == submission_id and not s.done
-        return None
+            s = self._with_ray_id(ray_id)
+            return None if s is None else s.taken_for == submission_id and not s.done
 
     def settle(self, submission_id: str) -> None:
         """The job's success is recorded: its standby is idle again (it asks already)."""
         with self._lock:
-            for s in self._pool.values():
-                if s.taken_for == submission_id and s.done:
-                    s.taken_for = s.taken_at = None
-                    s.fetched = s.done = False
-                    s.runs += 1
-                    s.seen = self._active = self.clock()
+            s = self._handed(submission_id)
+            if s is not None and s.done:
+                s.taken_for = s.taken_at = None
+                s.fetched = s.done = False
+                s.runs += 1
+                s.seen = self._active = self.clock()
 
     def forget(self, ray_id: str) -> None:
         """The standby's Ray job ended (its job failed or was stopped, or it retired)."""
         with self._lock:
-            for key, s in list(self._pool.items()):
-                if s.submission_id == ray_id:
-                    del self._pool[key]
+            s = self._with_ray_id(ray_id)
+            if s is not None:
+                del self._pool[s.standby_id]
+
+    def _handed(self, submission_id: str) -> Standby | None:
+        """The standby that job ``submission_id`` was handed to (lock held)."""
+        return next((s for s in self._pool.values() if s.taken_for == submission_id), None)
+
+    def _with_ray_id(self, ray_id: str) -> Standby | None:
+        """The standby whose Ray job is ``ray_id`` (lock held)."""
+        return next((s for s in self._pool.values() if s.submission_id == ray_id), None)
 
     def _known(self, standby_id: str, token: str) -> Standby:
         s = self._pool.get(standby_id)
