@@ -22,7 +22,7 @@ from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
 from workers.elastic.settings import apply_controller_env
 from workers.ray_compat import PREEMPTION_WATCHER_ENV
 from workers.spec import JobSpec
-from workers.warm import standby
+from workers.warm import speculation, standby
 from workers.worker_entry import job_storage, train_fn
 
 
@@ -192,6 +192,13 @@ def run_job(startup: dict[str, float], warm: standby.Warm, job_env: dict[str, st
         startup["ray_connected"] = time.time()
     if spec.resources.min_workers != spec.resources.max_workers:
         apply_controller_env(elastic=True)
+    # Processes other Ray jobs start ahead pause while this one runs (speculation).
+    with speculation.busy():
+        return _fit(spec, job_id, startup, warm, job_env)
+
+
+def _fit(spec: JobSpec, job_id: str, startup: dict, warm: standby.Warm, job_env: dict) -> int:
+    """Start the run's processes ahead, build the trainer and fit it; the exit code."""
     if spec.failure.warm_spares:
         from workers.warm.first_group import prestart_first_group
 

@@ -33,10 +33,11 @@ def train_fn(config: dict) -> None:
     from workers.telemetry.reporter import TelemetryReporter
     from workers.train_loop import RunEnv, run
     from workers.warm import spares as warm_spares
-    from workers.warm import startup_times
+    from workers.warm import speculation, startup_times
 
     entered = time.time()
     warm_spares.claim()
+    speculation.mark_busy()  # while this process lives, idle standbys' prestarts wait
     spec = JobSpec.model_validate(config["spec"])
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()

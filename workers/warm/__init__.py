@@ -9,6 +9,8 @@ One name for the two start-up speed-ups, each ahead of a different wait:
   etrain imported, which the next worker group of the job claims instead of starting
   fresh processes (first group, restarts after a failure, and resizes).
 - :mod:`.waves`: starts spares in waves that leave the cores to whoever is waiting.
+- :mod:`.speculation`: imports ahead of a job a standby does not have yet pause while
+  another job runs on the machine.
 - :mod:`.first_group`: a job's first worker group started ahead by its driver, as spares are.
 - :mod:`.startup_times`: where a start's seconds went, reported as job events.
 """

@@ -19,9 +19,9 @@ from workers.warm.spares import (
     RUN_ACTORS,
     RUN_ACTORS_DIR,
     WARMING,
-    _spare_dir,
     idle_run_actors,
     prestart_waves,
+    spare_dir,
     spares_in,
     worker_runtime_env,
 )
@@ -34,7 +34,7 @@ def prestart_for_next_run(workers: int, *, stop=None) -> str:
     already (``spares.top_up``: some may still wait for their wave). The next run's first
     run actors are numbered from 1 again and its controller is not here yet. Returns the
     workers' runtime environment."""
-    folder = _spare_dir()
+    folder = spare_dir()
     asked = (folder / NEXT_RUN_ASKED).exists()
     (folder / NEXT_RUN_ASKED).unlink(missing_ok=True)
     (folder / CONTROLLER_HERE).unlink(missing_ok=True)

@@ -50,7 +50,8 @@ from workers.ray_compat import (
     kv_put,
     train_worker_runtime_env,
 )
-from workers.warm import waves
+from workers.warm import speculation, waves
+from workers.warm.speculation import running
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +135,18 @@ def setup_hook() -> None:
     _mark_started(STARTED)
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the controller or another run actor
         first = _mark_started(RUN_ACTORS_DIR) <= RUN_ACTORS
-        first = first and not (_spare_dir() / CONTROLLER_HERE).exists()
-        for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if first or _ticket(-1) else ())):
+        first = first and not (spare_dir() / CONTROLLER_HERE).exists()
+        torch = first or (bool(os.environ.get(STANDBY_ID_ENV)) and _ticket(-1))
+        for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if torch else ())):
             importlib.import_module(name)
         return
     warming = _spare_file(WARMING)
     warming.touch()
-    for name in WARM_MODULES:
-        importlib.import_module(name)
+    # Only a worker's process pauses (speculation): no other Ray job's actor can run in
+    # it, while a run-actor process may host Ray Train's cluster-wide actors every job uses.
+    with speculation.yielding():
+        for name in WARM_MODULES:
+            importlib.import_module(name)
     warming.rename(_spare_file(READY))
     _announce(ready=True)
 
@@ -150,7 +155,7 @@ def mark_controller() -> None:
     """In the run's controller, as it unpickles its arguments (before it creates any actor)."""
     with contextlib.suppress(Exception):  # only makes a start cheaper
         if ray_node_id() is not None:  # in Ray (not unpickled in a test, say)
-            (_spare_dir() / CONTROLLER_HERE).touch()
+            (spare_dir() / CONTROLLER_HERE).touch()
 
 
 def claim() -> None:
@@ -196,7 +201,7 @@ def top_up(controller_node: str | None = None) -> int:
     if os.environ.get(WARM_WORKER_ENV) != "1":  # the driver did not ask for spares
         return 0
     try:
-        folder = _spare_dir()
+        folder = spare_dir()
         lock = open(folder / "leader.lock", "w")  # noqa: SIM115 - held for life
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -224,9 +229,9 @@ def _run_actors_wanted() -> int:
     its next run (controller, cleaner, sync actor) less those idle already."""
     if not os.environ.get(STANDBY_ID_ENV):  # not a standby driver's Ray job
         return RUN_ACTORS_PER_GROUP
-    wanted = max(RUN_ACTORS - idle_run_actors(_spare_dir()), 0)
+    wanted = max(RUN_ACTORS - idle_run_actors(spare_dir()), 0)
     _ticket(wanted)  # they import torch: any may be the next run's controller
-    (_spare_dir() / NEXT_RUN_ASKED).touch()  # the driver asks for none again after the job
+    (spare_dir() / NEXT_RUN_ASKED).touch()  # the driver asks for none again after the job
     return wanted
 
 
@@ -247,7 +252,7 @@ def _ticket(change: int) -> bool:
     """Add ``change`` (> 0) tickets to import torch, or take one (-1): whether one was
     there to take. Never raises."""
     try:
-        with open(_spare_dir() / TORCH_TICKETS, "a+") as f:
+        with open(spare_dir() / TORCH_TICKETS, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             f.seek(0)
             held = int(f.read() or 0)
@@ -295,7 +300,7 @@ def prestart_waves(requests: list[tuple[int, str | None]], *, then=None, stop=No
     None for this process's own)), in waves the raylet takes (:func:`waves.prestart`);
     the thread that sends the later ones, or None. Never raises."""
     try:
-        started = _spare_dir() / STARTED
+        started = spare_dir() / STARTED
     except Exception as e:  # noqa: BLE001 - prestarted processes only make starts faster
         log.warning("etrain: could not prestart processes: %s: %s", type(e).__name__, e)
         return None
@@ -308,7 +313,7 @@ def _mark_started(name: str) -> int:
     """Mark this process in the node's folder ``name``; return how many it holds now
     (0 when it cannot be written)."""
     try:
-        folder = _spare_dir() / name
+        folder = spare_dir() / name
         folder.mkdir(exist_ok=True)
         (folder / str(os.getpid())).touch()
         return waves.count_files(folder)
@@ -320,10 +325,10 @@ def _mark_started(name: str) -> int:
 def started_pids() -> list[int]:
     """This job's running processes on this node that ran the setup hook (workers, spares
     and Ray Train's actors)."""
-    folder = _spare_dir() / STARTED
+    folder = spare_dir() / STARTED
     if not folder.is_dir():
         return []
-    return [int(f.name) for f in folder.iterdir() if f.name.isdigit() and _running(int(f.name))]
+    return [int(f.name) for f in folder.iterdir() if f.name.isdigit() and running(int(f.name))]
 
 
 def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:
@@ -332,7 +337,7 @@ def spares_in(folder: Path, *, states: tuple[str, ...] = (READY,)) -> list[int]:
     for state in states:
         for path in folder.rglob(f"*.{state}"):
             pid = int(path.name.split(".")[0])
-            if _running(pid):
+            if running(pid):
                 spares.append(pid)
             else:
                 path.unlink(missing_ok=True)
@@ -377,7 +382,7 @@ def _kv_key(node_id: str | None = None, pid: str = "") -> str:
     return f"{ctx.get_job_id()}/{node_id or ctx.get_node_id()}/{pid}"
 
 
-def _spare_dir() -> Path:
+def spare_dir() -> Path:
     import ray
 
     ctx = ray.get_runtime_context()
@@ -387,14 +392,4 @@ def _spare_dir() -> Path:
 
 
 def _spare_file(state: str) -> Path:
-    return _spare_dir() / f"{os.getpid()}.{state}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return spare_dir() / f"{os.getpid()}.{state}"

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.contract import WARM_WORKER_ENV
+from workers.contract import STANDBY_ID_ENV, WARM_WORKER_ENV
 from workers.elastic.callbacks import StartupTimes
 from workers.warm import spares as warm_spares
 
@@ -63,7 +63,7 @@ def test_the_hook_gives_the_run_actors_ray_train_and_the_first_of_them_torch(
     process among them) also import what unpickling the controller's arguments does (torch);
     later ones (a restarted group's sync actor) not."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     warm_spares.setup_hook()
     assert imports == [*warm_spares.RUN_ACTOR_IMPORTS, *warm_spares.CONTROLLER_IMPORTS]
     assert "workers.train_loop" not in imports
@@ -87,7 +87,7 @@ def test_once_the_controller_is_here_no_later_run_actor_imports_torch(
     controller unpickled its arguments are among the first RUN_ACTORS too: they need no
     torch."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     monkeypatch.setattr(warm_spares, "ray_node_id", lambda: "node-a")
     pickle.loads(pickle.dumps(StartupTimes()))  # as the controller gets its callbacks
     assert (tmp_path / warm_spares.CONTROLLER_HERE).exists()
@@ -99,7 +99,7 @@ def test_unpickled_outside_ray_the_callbacks_mark_nothing(monkeypatch, tmp_path)
     """No Ray connection, no mark, and no local Ray started to find one."""
     import ray
 
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     pickle.loads(pickle.dumps(StartupTimes()))
     assert not ray.is_initialized()
     assert not (tmp_path / warm_spares.CONTROLLER_HERE).exists()
@@ -131,7 +131,7 @@ def gcs(monkeypatch, tmp_path) -> set[str]:
 
     store: set[str] = set()
     monkeypatch.setenv(WARM_WORKER_ENV, "1")
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     monkeypatch.setattr(ray, "get_runtime_context", Context)
     monkeypatch.setattr(warm_spares, "kv_put", lambda key, namespace: store.add(key))
     monkeypatch.setattr(warm_spares, "kv_delete", lambda key, namespace: store.discard(key))
@@ -176,7 +176,7 @@ def _files(folder: Path) -> set[str]:
 @pytest.fixture
 def node(monkeypatch, tmp_path):
     """This process as a worker of one node, with ``asked`` recording each spare request."""
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     monkeypatch.setattr(warm_spares, "_LEADER_LOCK", None)
     monkeypatch.setattr(warm_spares, "ray_node_id", lambda: "node-a")
     asked: list[int] = []  # spares asked for with the worker's own runtime environment
@@ -231,7 +231,7 @@ def test_the_leader_on_the_controllers_node_also_readies_the_next_groups_run_act
     """Every group start creates Ray Train's sync actor, dataset manager and preemption
     watcher anew, each in a process of the controller's node."""
     monkeypatch.setenv(WARM_WORKER_ENV, "1")
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     monkeypatch.setattr(warm_spares, "_LEADER_LOCK", None)
     monkeypatch.setattr(warm_spares, "ray_node_id", lambda: here)
     monkeypatch.setattr(warm_spares, "_controller_env", lambda: "controller-env")
@@ -312,10 +312,15 @@ def test_a_standby_runs_tickets_make_later_run_actors_import_torch(monkeypatch, 
     the next run, once this run's controller is here, import torch (any of them may become
     the next controller), as many as it left tickets for; then none again."""
     monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
-    monkeypatch.setattr(warm_spares, "_spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
     (tmp_path / warm_spares.CONTROLLER_HERE).touch()
     assert warm_spares._ticket(2)
     me = os.getpid()
+    # Outside a standby's Ray job no run-actor process looks for a ticket.
+    monkeypatch.delenv(STANDBY_ID_ENV, raising=False)
+    warm_spares.setup_hook()
+    assert imports == [*warm_spares.RUN_ACTOR_IMPORTS]
+    monkeypatch.setenv(STANDBY_ID_ENV, "sb-1")
     for n, torch in ((1, True), (2, True), (3, False)):
         imports.clear()
         monkeypatch.setattr(os, "getpid", lambda n=n: me + n)
@@ -323,3 +328,30 @@ def test_a_standby_runs_tickets_make_later_run_actors_import_torch(monkeypatch, 
         expected = [*warm_spares.RUN_ACTOR_IMPORTS]
         assert imports == expected + (list(warm_spares.CONTROLLER_IMPORTS) if torch else []), n
     assert not warm_spares._ticket(-1)
+
+
+def test_only_a_workers_imports_may_pause(monkeypatch, tmp_path, imports):
+    """A worker's process pauses while another job runs (speculation); a run-actor process
+    never does: it may come to host Ray Train's cluster-wide actors, which every job's
+    controller waits for (paused, they held a job of another standby for ever)."""
+    import contextlib
+
+    monkeypatch.setattr(warm_spares, "spare_dir", lambda: tmp_path)
+    monkeypatch.setattr(warm_spares, "_announce", lambda ready: None)
+    paused_in: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def yielding():
+        paused_in.append(imports)
+        before = len(imports)
+        yield
+        paused_in[-1] = imports[before:]
+
+    monkeypatch.setattr(warm_spares.speculation, "yielding", yielding)
+    monkeypatch.delenv(WARM_WORKER_ENV, raising=False)
+    warm_spares.setup_hook()  # a run actor
+    assert paused_in == [] and imports
+    imports.clear()
+    monkeypatch.setenv(WARM_WORKER_ENV, "1")
+    warm_spares.setup_hook()  # a worker
+    assert paused_in == [list(warm_spares.WARM_MODULES)]
