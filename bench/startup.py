@@ -6,7 +6,11 @@ over REST one after the other, each waited out before the next (``--gap`` second
 later; 0: back to back, as a sweep, a CI pipeline or the test suite submits them): the
 first runs on a fresh cluster, the others on a warm one. Then, after ``--pause`` seconds
 of idle (a user's pause), it takes a census of the service's processes and submits one
-more job. Then it stops the service, starts a fresh one, takes the same census
+more job, then ``--together`` jobs of one worker each submitted at once (a sweep: the
+standby takes one, the next starts a driver of its own beside it, the rest queue).
+``--busy N`` keeps N CPU-bound processes running beside it all (a busy machine); ``--env``
+sets service settings (a pool of two standbys, say). Then it
+stops the service, starts a fresh one, takes the same census
 ``--census-at`` seconds after its start without submitting anything (what an idle
 service holds), and stops it. Then it runs torchrun on the same loop
 (``bench/step_overhead.py``'s torchrun path). The job: gpt-tiny, synthetic data,
@@ -41,9 +45,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -81,16 +87,17 @@ PARTS = (
 # it starts at once ("N PYTHON worker processes have been started on node ... which is Kx
 # the maximum expected startup concurrency").
 RAY_WARNING = "maximum expected startup concurrency"
-KINDS = ("fresh", "warm", "after pause")
+KINDS = ("fresh", "warm", "after pause", "together")
 
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value).timestamp()
 
 
-def job_spec(steps: int) -> dict:
-    """The job as the REST body: step_overhead's job, checkpoints off."""
+def job_spec(steps: int, workers: int = 2) -> dict:
+    """The job as the REST body: step_overhead's job on ``workers``, checkpoints off."""
     spec = build_spec_dict(steps=steps, seq_len=128, global_batch=16, micro=4)
+    spec["resources"]["workers"] = workers
     return {**spec, "name": "bench-startup"}
 
 
@@ -111,11 +118,11 @@ def marks_of(client, job_id: str, t_post: float, t_visible: float) -> dict[str, 
     return marks
 
 
-def run_job(served, steps: int) -> dict:
+def run_job(served, steps: int, workers: int = 2) -> dict:
     """Submit one job, wait for its first visible step, then for its end; its numbers."""
     with served.client() as c:
         t_post = time.time()
-        r = c.post("/v1/jobs", json=job_spec(steps))
+        r = c.post("/v1/jobs", json=job_spec(steps, workers))
         r.raise_for_status()
         job_id = r.json()["id"]
 
@@ -133,12 +140,15 @@ def run_job(served, steps: int) -> dict:
             what=f"job {job_id} to succeed",
         )
         marks = marks_of(c, job_id, t_post, t_visible)
-        warnings = c.get(f"/v1/jobs/{job_id}/logs").text.count(RAY_WARNING)
+        warnings = [
+            x for x in c.get(f"/v1/jobs/{job_id}/logs").text.splitlines() if RAY_WARNING in x
+        ]
     return {
         "job_id": job_id,
         "total_s": t_visible - t_post,
         "marks": marks,
-        "ray_warnings": warnings,
+        "ray_warnings": len(warnings),
+        "ray_warning_lines": warnings,  # in --json
     }
 
 
@@ -163,7 +173,7 @@ def torchrun_once(steps: int, work: Path) -> float:
 def _serve(work: Path, pythonpath: str | None):
     """A fresh ``etrain serve`` (code from ``pythonpath`` first, if given), ready."""
     interval = Settings.model_fields["reconcile_interval_s"].default
-    env = {"ETRAIN_RECONCILE_INTERVAL_S": str(interval)}
+    env = {"ETRAIN_RECONCILE_INTERVAL_S": str(interval), **SERVICE_ENV}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath  # the head passes it on to drivers and workers
     here = os.getcwd()
@@ -173,6 +183,9 @@ def _serve(work: Path, pythonpath: str | None):
         return start_serve(data_dir, ray_address=None, extra_env=env)
     finally:
         os.chdir(here)
+
+
+SERVICE_ENV: dict[str, str] = {}  # --env: the service's settings beyond its defaults
 
 
 def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> dict:
@@ -200,6 +213,10 @@ def serve_jobs(args: argparse.Namespace, work: Path, pythonpath: str | None) -> 
             time.sleep(args.pause)
             runs["census_pause"] = vars(census(served.proc.pid))
             one("after pause")
+        if args.together:  # a sweep, 1 worker each: two fit 2 CPUs at once
+            with ThreadPoolExecutor(args.together) as pool:
+                jobs = [pool.submit(run_job, served, args.steps, 1) for _ in range(args.together)]
+                runs["together"] = [job.result() for job in jobs]
         return runs
     finally:
         served.stop()
@@ -229,7 +246,21 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
         "gap": args.gap,
         "pause": args.pause,
         "census_at": args.census_at,
+        "busy": args.busy,
     }
+    burners = [  # a busy machine: other work on the cores, at the same priority
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
+    ]
+    try:
+        _repeats(args, work, variants, results)
+    finally:
+        for burner in burners:
+            burner.kill()
+    results["load"].append(os.getloadavg())
+    return results
+
+
+def _repeats(args: argparse.Namespace, work: Path, variants: dict, results: dict) -> None:
     for r in range(args.repeats):
         for name, pythonpath in variants.items():
             runs = serve_jobs(args, work, pythonpath or None)
@@ -246,8 +277,6 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
             print(f"repeat {r + 1} {name}: " + ", ".join(times), flush=True)
         results["torchrun"].append(torchrun_once(args.steps, work))
         print(f"repeat {r + 1} torchrun: {results['torchrun'][-1]:.1f} s", flush=True)
-    results["load"].append(os.getloadavg())
-    return results
 
 
 def print_table(results: dict) -> None:
@@ -268,7 +297,8 @@ def print_table(results: dict) -> None:
         "\nmedian of "
         + ", ".join(f"{len(runs)} {label}" for label, _, runs in columns)
         + f" jobs; warm: {results.get('gap', 0):g} s after the previous job's end; after "
-        + f"pause: {results.get('pause', 0):g} s after it; load average "
+        + f"pause: {results.get('pause', 0):g} s after it; together: submitted at once; "
+        + f"{results.get('busy', 0)} CPU-bound processes beside; load average "
         + " -> ".join("/".join(f"{x:.2f}" for x in load) for load in results["load"])
     )
     print(f"\n{'seconds':<40}" + "".join(f"{label[-14:]:>14}" for label, _, _ in columns))
@@ -334,6 +364,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="census of a fresh idle service this many seconds after its start (0: none)",
     )
+    p.add_argument(
+        "--together",
+        type=int,
+        default=0,
+        help="then this many 1-worker jobs submitted at once (a sweep), after the last job",
+    )
+    p.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="CPU-bound processes kept running beside the service (a busy machine)",
+    )
+    p.add_argument(
+        "--env",
+        default="",
+        help="NAME=VALUE,...: service settings for every service started (e.g. "
+        "ETRAIN_STANDBY_DRIVERS=2,ETRAIN_WARM_POOL_PROCESSES=12)",
+    )
     p.add_argument("--json", type=Path, help="also write every run here")
     p.add_argument(
         "--trace",
@@ -346,6 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     args = parse_args(argv)
+    SERVICE_ENV.update(kv.split("=", 1) for kv in args.env.split(",") if kv)
     work = Path(tempfile.mkdtemp(prefix="etrain-bench-startup-"))
     results = bench(args, work)
     if args.json:
