@@ -67,7 +67,27 @@ def start_serve(
     data_dir: Path, *, ray_address: str | None, extra_env: dict | None = None, timeout: float = 180
 ) -> Served:
     """Start `etrain serve` and wait for /readyz. Without ``ray_address`` it starts its own
-    embedded Ray head; an ``ETRAIN_ADMIN_TOKEN`` in ``extra_env`` is used, none inherited."""
+    embedded Ray head; an ``ETRAIN_ADMIN_TOKEN`` in ``extra_env`` is used, none inherited.
+
+    The port is picked free here but bound by the service seconds later, after its Ray head
+    started: another process (a Ray worker of a head starting beside it) may take it first.
+    Then it starts again on another port, at most twice more."""
+    for attempt in range(3):
+        try:
+            return _start_serve(data_dir, ray_address, extra_env, timeout)
+        except PortTaken:
+            if (extra_env or {}).get("ETRAIN_PORT") or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    """The service could not bind the port it was given."""
+
+
+def _start_serve(
+    data_dir: Path, ray_address: str | None, extra_env: dict | None, timeout: float
+) -> Served:
     port = int((extra_env or {}).get("ETRAIN_PORT") or free_port())
     env = {k: v for k, v in os.environ.items() if k != "ETRAIN_ADMIN_TOKEN"}
     env.update(
@@ -93,7 +113,11 @@ def start_serve(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"etrain serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            text = log.read_text()
+            taken = f"('127.0.0.1', {port}): address already in use" in text
+            raise (PortTaken if taken else RuntimeError)(
+                f"etrain serve exited {proc.returncode}:\n{text[-3000:]}"
+            )
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                 break

@@ -4,9 +4,9 @@ does not have yet pause while another job runs on the machine.
 A standby driver's Ray job starts processes before any job is handed to it (its warm-up)
 and between two jobs (the next run's processes): imports for a job that may never come.
 A Ray job that runs a job here says so with one file per process under ``BUSY_ROOT``,
-``<Ray job id>.<pid>``: its driver for the whole run (:func:`busy`), each training
-worker while it lives (:func:`mark_busy`). The files are per machine, not per Ray node:
-nodes on one machine share its cores.
+``<Ray session>+<Ray job id>.<pid>``: its driver for the whole run (:func:`busy`), each
+training worker while it lives (:func:`mark_busy`). The files are per machine, not per
+Ray node: nodes on one machine share its cores.
 
 A worker process importing the training stack in its setup hook (``spares.setup_hook``,
 under :func:`yielding`) stops between two module imports while its own Ray job runs no
@@ -52,10 +52,14 @@ PAUSE_MAX_S = 600.0  # a process pauses at most this long in all
 
 
 def ray_job_id() -> str | None:
-    """This process's Ray job (None outside Ray)."""
+    """This process's Ray job, with its cluster's session (two clusters on one machine
+    number their jobs alike); None outside Ray."""
     import ray
 
-    return ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    return f"{ctx.get_session_name()}+{ctx.get_job_id()}"
 
 
 def mark_busy(job_id: str | None = None, *, root: Path | None = None) -> Path | None:
@@ -102,7 +106,7 @@ def busy_jobs(root: Path | None = None) -> set[str]:
     except OSError:
         return jobs
     for marker in entries:
-        job, _, pid = marker.name.partition(".")
+        job, _, pid = marker.name.rpartition(".")
         if not job or not pid.isdigit() or not running(int(pid)):
             marker.unlink(missing_ok=True)
             continue
