@@ -17,8 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 from workers.data import IGNORE_INDEX, collate, counted_labels, shard_global_batch
+from workers.data.eval_set import collate_eval
 from workers.strategies.mesh import Coordinates, total_grad_norm
 from workers.telemetry.memory import ActivationMeter
 
@@ -127,6 +130,48 @@ class Stepper:
         reduced = self._reduce(local, votes)
         self.grad_norm = float(norm)  # after the reduce, which waits for the device anyway
         return reduced
+
+    def evaluate(self, dataset, items: list, *, count: int, seq_len: int) -> float:
+        """The mean loss over an evaluation set: ``items`` (``eval_set.eval_items``, the same
+        on every rank), this rank's contiguous share forwarded without gradients, in eval
+        mode (no dropout), each loss summed over its counted labels; one all-reduce of the
+        sums (one replica per data-parallel shard: the last stage's tp rank 0), divided by
+        ``count``. Optimizer, gradients and sampler are untouched."""
+        calls = shard_global_batch(
+            items,
+            dp_rank=self.coords.dp_rank,
+            dp_size=self.coords.dp_size,
+            micro_batch_size=self.per_call,
+        )
+        local = torch.zeros((), dtype=torch.float64, device=self.device)
+        modes = [part.training for part in self.parts]
+        for part in self.parts:
+            part.eval()
+        try:
+            with torch.no_grad(), self.autocast:
+                for call in calls:
+                    x, y = (t.to(self.device) for t in collate_eval(dataset, call, seq_len=seq_len))
+                    loss = self._eval_call(x, y)
+                    if loss is not None:
+                        local += loss
+        finally:
+            for part, mode in zip(self.parts, modes, strict=True):
+                part.train(mode)
+                if isinstance(part, FSDPModule):
+                    part.reshard()  # the root stays gathered after a forward
+        if dist.is_initialized():
+            if not (self.holds_loss and self.coords.tp_rank == 0):
+                local.zero_()
+            dist.all_reduce(local)
+        return float(local) / max(count, 1)
+
+    def _eval_call(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        if self.pipeline is not None:  # the loop does not evaluate pipelines yet
+            raise NotImplementedError("evaluation under pipeline parallelism")
+        model = self.parts[0]
+        # DDP's own forward would broadcast its buffers on every call: nothing to sync here.
+        model = model.module if isinstance(model, DistributedDataParallel) else model
+        return masked_loss_sum(model(x), y).double()
 
     def zero_grad(self) -> None:
         """Drop gradients (after any memory measurement of the step)."""

@@ -80,3 +80,29 @@ def test_micro_batch_split_does_not_change_the_step(dataset):
     for name, p in whole.state_dict().items():
         assert not torch.equal(p, before[name]) or "norm" in name
         torch.testing.assert_close(split.state_dict()[name], p, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_is_the_token_mean_over_the_whole_set_and_changes_nothing(dataset):
+    """Stepper.evaluate: the mean over every counted label of the set (padding rows count
+    nothing), the same for any call size; no gradient, no change to the weights, the
+    model's mode restored."""
+    from workers.data.eval_set import eval_count, eval_items
+
+    model = build_model(CFG, seed=0)
+    before = copy.deepcopy(model.state_dict())
+    n = len(dataset)
+    x, y = collate(dataset, [(0, i) for i in range(n)])
+    with torch.no_grad():
+        expected = float(manual_completion_ce(model(x), y))
+    count = eval_count(dataset, n, seq_len=32)
+    got = [
+        stepper(model, dataset, micro_batch_size=m).evaluate(
+            dataset, eval_items(n, dp_size=1, per_call=m), count=count, seq_len=32
+        )
+        for m in (1, 3)  # 3: the last call is one sample and two padding rows
+    ]
+    assert got[0] == pytest.approx(expected, rel=1e-6)
+    assert got[1] == pytest.approx(got[0], rel=1e-6)  # fp32 sums differ per batch shape
+    assert model.training and all(p.grad is None for p in model.parameters())
+    for name, p in model.state_dict().items():
+        assert torch.equal(p, before[name])
