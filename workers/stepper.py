@@ -105,12 +105,7 @@ class Stepper:
         """
         counted = counted_labels(self.dataset, batch)
         scale = None if counted is None else self.coords.dp_size / max(counted, 1)
-        calls = shard_global_batch(
-            batch,
-            dp_rank=self.coords.dp_rank,
-            dp_size=self.coords.dp_size,
-            micro_batch_size=self.per_call,
-        )
+        calls = self._calls(batch)
         # The step's loss stays on the device until the one reduce per step: a float() per
         # micro-batch would wait for the device each time.
         local = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -137,12 +132,7 @@ class Stepper:
         mode (no dropout), each loss summed over its counted labels; one all-reduce of the
         sums (one replica per data-parallel shard: the last stage's tp rank 0), divided by
         ``count``. Optimizer, gradients and sampler are untouched."""
-        calls = shard_global_batch(
-            items,
-            dp_rank=self.coords.dp_rank,
-            dp_size=self.coords.dp_size,
-            micro_batch_size=self.per_call,
-        )
+        calls = self._calls(items)
         local = torch.zeros((), dtype=torch.float64, device=self.device)
         modes = [part.training for part in self.parts]
         for part in self.parts:
@@ -164,6 +154,15 @@ class Stepper:
                 local.zero_()
             dist.all_reduce(local)
         return float(local) / max(count, 1)
+
+    def _calls(self, batch: list) -> list[list]:
+        """This rank's contiguous share of ``batch``, in calls of ``per_call`` items."""
+        return shard_global_batch(
+            batch,
+            dp_rank=self.coords.dp_rank,
+            dp_size=self.coords.dp_size,
+            micro_batch_size=self.per_call,
+        )
 
     def _eval_call(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         if self.pipeline is not None:  # the loop does not evaluate pipelines yet
