@@ -40,6 +40,10 @@ class Pipeline(Protocol):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip gradients by their global norm over all stages; return that norm."""
 
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None):
+        """Forward one batch without backward; the summed masked loss on the last stage
+        (float64), None elsewhere."""
+
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Token-mean cross entropy in fp32."""
@@ -165,8 +169,10 @@ class Stepper:
         )
 
     def _eval_call(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        if self.pipeline is not None:  # the loop does not evaluate pipelines yet
-            raise NotImplementedError("evaluation under pipeline parallelism")
+        if self.pipeline is not None:
+            return self.pipeline.evaluate(
+                x if self.pipeline.has_first else None, y if self.pipeline.has_last else None
+            )
         model = self.parts[0]
         # DDP's own forward would broadcast its buffers on every call: nothing to sync here.
         model = model.module if isinstance(model, DistributedDataParallel) else model

@@ -148,6 +148,7 @@ class StagePipeline:
         self.token_scale: float | None = None
         self.has_first = any(s.is_first for s in stages)
         self.has_last = any(s.is_last for s in stages)
+        self.summing = False  # set by evaluate: each loss is the plain masked sum
 
     def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
         """Forward and backward one batch in micro-batches; its mean loss on the last stage."""
@@ -161,6 +162,25 @@ class StagePipeline:
             return None
         # Each entry is ce_i / (microbatches * calls); the mean ce_i is sum * calls.
         return sum(float(x.detach()) for x in losses) * self.calls_per_step
+
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None):
+        """Forward one batch without backward (the schedule's ``eval``); the summed masked
+        loss over its micro-batches on the last stage (float64), None elsewhere."""
+        losses: list[torch.Tensor] | None = [] if self.has_last else None
+        args = (inputs,) if self.has_first else ()
+        self.summing = True
+        try:
+            self.schedule.eval(
+                *args,
+                target=targets if self.has_last else None,
+                losses=losses,
+                return_outputs=False,
+            )
+        finally:
+            self.summing = False
+        if losses is None:
+            return None
+        return sum(x.detach().double() for x in losses)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip this rank's gradients by their norm over all stages; return that norm."""
@@ -211,6 +231,8 @@ def build_pipeline(
     pipeline: StagePipeline | None = None  # bound below; read when the schedule runs
 
     def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if pipeline is not None and pipeline.summing:
+            return _masked_loss_sum(output, target)
         if pipeline is not None and pipeline.token_scale is not None:
             return _masked_loss_sum(output, target) * pipeline.token_scale
         return loss_fn(output, target) / loss_scale
