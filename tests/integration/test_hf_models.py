@@ -2,11 +2,13 @@
 
 A tiny Qwen2 (q/k/v biases, GQA, sharded safetensors with an index) trains under DDP,
 FSDP ZeRO-3 and ZeRO-2 with CPU offload, TP, PP and hybrid layouts on local gloo
-processes; the first loss equals transformers' on the same global batch and every step
-equals a single-process etrain run from the same weights, and its export loads back into
-transformers with etrain's logits. A separate ~190 MB Llama checkpoint (written with safetensors)
-measures each rank's peak host memory while loading: under FSDP and TP it stays below
-the whole model, under DDP (which replicates it) it does not.
+processes, and so do a tiny Qwen3 (per-head q/k norms), Gemma 2 (soft-capping, sliding
+window layers), Gemma 3 (q/k norms, local RoPE base) and Phi-3 (fused qkv / gate-up
+tensors, a sliding window): the first loss equals transformers' on the same global batch
+and every step equals a single-process etrain run from the same weights, and its export
+loads back into transformers with etrain's logits. A separate ~190 MB Llama checkpoint
+(written with safetensors) measures each rank's peak host memory while loading: under
+FSDP and TP it stays below the whole model, under DDP (which replicates it) it does not.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}
+# Qwen2 runs every layout with both optimizers; the other families with AdamW. The first
+# optimizer's single-process run also checkpoints its last step, for the export test.
+FAMILIES = {
+    "qwen2": ("sgd", "adamw"),
+    "qwen3": ("adamw",),
+    "gemma2": ("adamw",),
+    "gemma3": ("adamw",),
+    "phi3": ("adamw",),
+}
+RUNS = [(family, opt) for family, opts in FAMILIES.items() for opt in opts]
 LAYOUTS = {
     "ddp2": (2, {"strategy": "ddp"}),
     "fsdp2-zero3": (2, {"strategy": "fsdp", "fsdp": {"zero_stage": 3}}),
@@ -66,11 +78,13 @@ def _spec(folder: Path, workers: int, parallelism: dict, optimizer: str) -> dict
 
 
 @pytest.fixture(scope="module")
-def qwen_folder(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("qwen2")
-    make_hf_folder(folder, "qwen2", seed=5, max_shard_size="40KB")
-    assert (folder / "model.safetensors.index.json").is_file()
-    return folder
+def folders(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for family in FAMILIES:
+        out[family] = folder = tmp_path_factory.mktemp(family)
+        make_hf_folder(folder, family, seed=5, max_shard_size="40KB")
+        assert (folder / "model.safetensors.index.json").is_file()
+    return out
 
 
 def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
@@ -88,30 +102,34 @@ def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
 
 
 @pytest.fixture(scope="module")
-def reference_runs(qwen_folder, tmp_path_factory) -> dict:
-    """One process per optimizer; the SGD run also checkpoints its last step (for export)."""
-    ckpts = tmp_path_factory.mktemp("ckpts")
-    runs = {
-        opt: _single(qwen_folder, opt, str(ckpts) if opt == "sgd" else None) for opt in OPTIMIZERS
-    }
-    return {**runs, "checkpoints": f"file://{ckpts}"}
+def reference_runs(folders, tmp_path_factory) -> dict:
+    """One process per family and optimizer; each family's first also checkpoints its last
+    step (for export): {(family, optimizer): result, family: checkpoint root}."""
+    runs: dict = {}
+    for family, opts in FAMILIES.items():
+        ckpts = tmp_path_factory.mktemp(f"ckpts-{family}")
+        for opt in opts:
+            first = opt == opts[0]
+            runs[family, opt] = _single(folders[family], opt, str(ckpts) if first else None)
+        runs[family] = f"file://{ckpts}"
+    return runs
 
 
 @pytest.fixture(scope="module")
-def references(reference_runs) -> dict[str, dict[int, float]]:
-    return {opt: reference_runs[opt].losses for opt in OPTIMIZERS}
+def references(reference_runs) -> dict[tuple[str, str], dict[int, float]]:
+    return {run_: reference_runs[run_].losses for run_ in RUNS}
 
 
 @pytest.fixture(scope="module")
-def results(qwen_folder) -> dict:
+def results(folders) -> dict:
     groups = [
         (
             world,
             [
-                LocalJob(f"{name}-{opt}", _spec(qwen_folder, workers, par, opt))
+                LocalJob(f"{family}-{name}-{opt}", _spec(folders[family], workers, par, opt))
+                for family, opt in RUNS
                 for name, (workers, par) in LAYOUTS.items()
                 if workers == world
-                for opt in OPTIMIZERS
             ],
         )
         for world in (2, 4)
@@ -119,66 +137,78 @@ def results(qwen_folder) -> dict:
     return run_local_groups(groups)  # both sizes on one set of 4 processes
 
 
-def test_first_loss_equals_transformers_on_the_same_global_batch(qwen_folder, references):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_first_loss_equals_transformers_on_the_same_global_batch(folders, references, family):
     from transformers import AutoModelForCausalLM
 
     from workers.data import GlobalBatchSampler, collate
     from workers.models.hf_load import spec_model_config
     from workers.train_loop import _dataset
 
-    spec = JobSpec.model_validate(_spec(qwen_folder, 1, {"strategy": "ddp"}, "sgd"))
+    opt = FAMILIES[family][0]
+    spec = JobSpec.model_validate(_spec(folders[family], 1, {"strategy": "ddp"}, opt))
     dataset = _dataset(spec, spec_model_config(spec))
     batch = GlobalBatchSampler(len(dataset), seed=spec.train.seed).next_global_batch(8)
     inputs, targets = collate(dataset, batch)
-    ref = AutoModelForCausalLM.from_pretrained(qwen_folder, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(folders[family], dtype=torch.float32).eval()
     with torch.no_grad():
         logits = ref(inputs).logits
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
-    assert references["sgd"][1] == pytest.approx(want, abs=1e-5)
+    assert references[family, opt][1] == pytest.approx(want, abs=1e-5)
 
 
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize(("family", "optimizer"), RUNS, ids=[f"{f}-{o}" for f, o in RUNS])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_layout_trains_like_one_process(results, references, layout, optimizer):
-    got = results[f"{layout}-{optimizer}"]
+def test_every_layout_trains_like_one_process(results, references, layout, family, optimizer):
+    got = results[f"{family}-{layout}-{optimizer}"]
     assert got.error is None, got.error
-    want = references[optimizer]
+    want = references[family, optimizer]
     assert set(got.losses) == set(want) == set(range(1, STEPS + 1))
     assert want[STEPS] < want[1]  # it trains
     for step, loss in got.losses.items():
         assert loss == pytest.approx(want[step], rel=1e-4), f"{layout} {optimizer} step {step}"
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_is_a_hugging_face_folder_of_the_source_architecture(
-    qwen_folder, reference_runs, tmp_path
+    folders, reference_runs, tmp_path, family
 ):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.support.hf_fixtures import ARCHITECTURES
     from workers.checkpoint.export import export_checkpoint
     from workers.checkpoint.manager import CheckpointManager
     from workers.storage.location import resolve_storage
 
-    run_, root = reference_runs["sgd"], reference_runs["checkpoints"]
+    source_dir = folders[family]
+    run_, root = reference_runs[family, FAMILIES[family][0]], reference_runs[family]
     (ckpt,) = CheckpointManager(resolve_storage(root), keep_last=None, rank=0).committed()
-    result = export_checkpoint(ckpt.uri, tmp_path / "out", hf=str(qwen_folder), naming="etrain")
+    result = export_checkpoint(ckpt.uri, tmp_path / "out", hf=str(source_dir), naming="etrain")
     assert (result.step, result.naming) == (STEPS, "hf")  # a HF folder whatever naming says
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    source = json.loads((qwen_folder / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    source = json.loads((source_dir / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURES[family]]
     assert config["rope_parameters"] == source["rope_parameters"]
     assert config["rms_norm_eps"] == source["rms_norm_eps"]
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        assert (tmp_path / "out" / name).read_bytes() == (qwen_folder / name).read_bytes()
+        assert (tmp_path / "out" / name).read_bytes() == (source_dir / name).read_bytes()
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")
-    tokens = torch.tensor([tok("Fine-tuning a pretrained model").input_ids])
+    tokens = torch.tensor([tok("Fine-tuning a pretrained model with many more words").input_ids])
+    assert tokens.shape[1] > 10  # past the tiny sliding windows
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
-    assert type(hf).__name__ == "Qwen2ForCausalLM"
+    assert type(hf).__name__ == ARCHITECTURES[family]
     with torch.no_grad():
         torch.testing.assert_close(
             hf(tokens).logits, run_.model.eval()(tokens), atol=1e-5, rtol=1e-5
         )
-        before = AutoModelForCausalLM.from_pretrained(qwen_folder, dtype=torch.float32)(tokens)
+        before = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float32)(tokens)
     assert not torch.allclose(before.logits, hf(tokens).logits, atol=1e-3)  # it did train
+    # One tensor per read batch (fused pieces streamed apart) writes the same file.
+    export_checkpoint(ckpt.uri, tmp_path / "small", hf=str(source_dir), batch_bytes=1)
+    model_file = "model.safetensors"
+    assert (tmp_path / "small" / model_file).read_bytes() == (
+        tmp_path / "out" / model_file
+    ).read_bytes()
 
 
 # --- peak host memory per rank while loading -------------------------------------------

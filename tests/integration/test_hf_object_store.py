@@ -110,9 +110,10 @@ def test_fsdp_and_tp_train_from_s3_like_from_the_local_folder(store):
 def _fetch_worker(rank: int, world: int, port: int, specs: dict, out: str) -> None:
     import torch.distributed as dist
 
+    from workers.build import load_hf, new_model, split_and_apply
     from workers.models import hf_remote
     from workers.strategies.mesh import build_mesh
-    from workers.train_loop import RunEnv, _load_hf, _new_model, _split_and_apply
+    from workers.train_loop import RunEnv
 
     fetched = [0]
     original = hf_remote.RemoteWeights._fetch
@@ -130,13 +131,13 @@ def _fetch_worker(rank: int, world: int, port: int, specs: dict, out: str) -> No
     for name, data in specs.items():
         spec = JobSpec.model_validate(data)
         fetched[0] = 0
-        model, cfg = _new_model(spec, env)
+        model, cfg = new_model(spec, env)
         mesh = build_mesh(spec, world_size=world, device=env.device)
         if spec.parallelism.strategy == "ddp":
             parts = [model]
         else:
-            parts, _ = _split_and_apply(spec, env, model, mesh)
-        _load_hf(spec, env, parts, cfg)
+            parts, _ = split_and_apply(spec, env, model, mesh)
+        load_hf(spec, env, parts, cfg)
         record[name] = fetched[0]
         dist.barrier()
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))

@@ -1,7 +1,8 @@
 """Tiny Hugging Face model folders and tokenizers built in the test (no hub access).
 
-``make_hf_model`` writes a random-weight ``LlamaForCausalLM`` / ``MistralForCausalLM``
-/ ``Qwen2ForCausalLM`` with ``save_pretrained`` (optionally sharded with an index);
+``make_hf_model`` writes a random-weight model of one of :data:`ARCHITECTURES` (Llama,
+Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text, Phi-3) with ``save_pretrained`` (optionally
+sharded with an index);
 ``make_tokenizer`` trains a byte-level BPE with ``tokenizers`` and saves it through
 ``PreTrainedTokenizerFast`` (tokenizer.json, tokenizer_config.json, chat template);
 ``make_hf_folder`` puts both in one folder, as people download them.
@@ -15,6 +16,36 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+# What each family needs to be tiny and to show what it changes: a head width other than
+# hidden / heads, a sliding window shorter than the tests' sequences on alternating layers,
+# soft-capping thresholds low enough to bite, a score scale other than the head width's.
+FAMILY_DEFAULTS = {
+    "qwen3": {"head_dim": 32},
+    "gemma2": {
+        "head_dim": 32,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 6,
+        "attn_logit_softcapping": 1.5,
+        "final_logit_softcapping": 2.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "gemma3": {
+        "head_dim": 32,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 6,
+        "sliding_window_pattern": 2,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 50000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+        },
+    },
+    "phi3": {"sliding_window": 10},
 }
 # A template in the usual shape: role markers, EOS after each turn.
 CHAT_TEMPLATE = (
@@ -44,13 +75,18 @@ def hf_config(
     tied: bool = False,
     **extra,
 ):
-    """A transformers config object of a tiny model of family ``arch`` (llama|mistral|qwen2)."""
+    """A transformers config object of a tiny model of family ``arch`` (a key of
+    :data:`ARCHITECTURES`; :data:`FAMILY_DEFAULTS` adds what the family needs)."""
     import transformers
 
     cls = {
         "llama": transformers.LlamaConfig,
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
     }[arch]
     kwargs = dict(
         vocab_size=vocab_size,
@@ -70,6 +106,7 @@ def hf_config(
     )
     if arch == "mistral":
         kwargs["sliding_window"] = max_position_embeddings
+    kwargs.update(FAMILY_DEFAULTS.get(arch, {}))
     kwargs.update(extra)
     return cls(**kwargs)
 

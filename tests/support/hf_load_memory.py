@@ -4,7 +4,7 @@
 shards and an index; large enough that the signal beats allocator noise) and
 :func:`measure_load` loads it on ``world_size`` local gloo processes under each
 named layout, sampling each rank's RSS every millisecond while its part is
-materialised and filled (``workers.train_loop._load_hf``). Used by
+materialised and filled (``workers.build.load_hf``). Used by
 ``tests/integration/test_hf_models.py`` (asserts) and benchmarks (tables).
 """
 
@@ -95,8 +95,8 @@ def rss_peak_during(fn) -> tuple[int, float]:
 
 def _measure(parallelism: dict, world: int, env: RunEnv, folder: str) -> dict:
     """Peak RSS growth and time of materialising and loading this rank's part."""
+    from workers.build import load_hf, new_model, split_and_apply
     from workers.strategies.mesh import build_mesh
-    from workers.train_loop import _load_hf, _new_model, _split_and_apply
 
     spec = JobSpec.model_validate(
         {
@@ -108,13 +108,13 @@ def _measure(parallelism: dict, world: int, env: RunEnv, folder: str) -> dict:
             "train": {"global_batch_size": 2, "micro_batch_size": 1},
         }
     )
-    model, cfg = _new_model(spec, env)
+    model, cfg = new_model(spec, env)
     mesh = build_mesh(spec, world_size=world, device=env.device)
     if parallelism["strategy"] == "ddp":  # the layout replicates: whole model, then wrap
         parts = [model]
     else:
-        parts, _ = _split_and_apply(spec, env, model, mesh)
-    grew, took = rss_peak_during(lambda: _load_hf(spec, env, parts, cfg))
+        parts, _ = split_and_apply(spec, env, model, mesh)
+    grew, took = rss_peak_during(lambda: load_hf(spec, env, parts, cfg))
     return {"peak_bytes": grew, "seconds": took}
 
 

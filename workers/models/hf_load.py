@@ -42,7 +42,13 @@ from workers.models.hf_config import (
     read_hf_config_text,
 )
 from workers.models.hf_index import INDEX, MAX_INDEX_BYTES, SINGLE, weight_map
-from workers.models.hf_naming import from_hf_tensor, is_rope_permuted, to_hf_name
+from workers.models.hf_naming import (
+    from_hf_tensor,
+    hf_rows,
+    hf_shape,
+    is_rope_permuted,
+    to_hf_name,
+)
 from workers.models.hf_remote import (
     RemoteWeights,
     Stores,
@@ -218,7 +224,7 @@ def materialize(part: nn.Module, *, device: torch.device | str) -> None:
     with torch.no_grad():
         for module in part.modules():
             if isinstance(module, Transformer):
-                module.freqs_cis = module._freqs_cis(device=module.freqs_cis.device)
+                module.reset_rope()
 
 
 def _local_box(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -232,22 +238,23 @@ def _local_box(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tupl
 
 
 def _read_block(weights, hf_name: str, fqn: str, shape, offset, cfg: ModelConfig) -> torch.Tensor:
-    """Rows/cols ``offset : offset + shape`` of ``hf_name`` in etrain layout."""
+    """Rows/cols ``offset : offset + shape`` of ``fqn`` (in ``hf_name``) in etrain layout."""
     start, stop = offset[0], offset[0] + shape[0]
     permute = is_rope_permuted(fqn)
     if permute:  # read the whole heads covering the rows, permute, cut
         hd = cfg.head_dim
         start, stop = start // hd * hd, math.ceil(stop / hd) * hd
     cols = [slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True)]
-    block = weights.read(hf_name, (slice(start, stop), *cols))
+    base = hf_rows(fqn, cfg)  # a piece of a fused tensor (Phi-3) starts further down
+    block = weights.read(hf_name, (slice(base + start, base + stop), *cols))
     if permute:
         block = from_hf_tensor(fqn, block, cfg)
         block = block[offset[0] - start : offset[0] - start + shape[0]]
     return block
 
 
-def _source(fqn: str, names, root: str) -> str:
-    hf_name = to_hf_name(fqn)
+def _source(fqn: str, names, root: str, cfg: ModelConfig) -> str:
+    hf_name = to_hf_name(fqn, cfg)
     if hf_name == "lm_head.weight" and hf_name not in names:
         hf_name = "model.embed_tokens.weight"  # tied embeddings load untied
     if hf_name not in names:
@@ -279,12 +286,11 @@ def load_pretrained(
             fqn = _plain_name(name)
             if "lora_" in fqn:
                 continue
-            hf_name = _source(fqn, names, root)
-            stored = weights.shape(hf_name)
-            if stored != list(param.shape):
+            hf_name = _source(fqn, names, root, cfg)
+            stored, want = weights.shape(hf_name), hf_shape(fqn, list(param.shape), cfg)
+            if stored != want:
                 raise ValueError(
-                    f"model.hf: tensor {hf_name!r} has shape {stored}, "
-                    f"config.json says {list(param.shape)}"
+                    f"model.hf: tensor {hf_name!r} has shape {stored}, config.json says {want}"
                 )
             local, shape, offset = _local_box(param)
             if local.numel():

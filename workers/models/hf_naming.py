@@ -1,10 +1,16 @@
-"""Map etrain's Llama parameter names and layout to Hugging Face ``LlamaForCausalLM``'s.
+"""Map etrain's parameter names and layout to a Hugging Face family's (Llama's by default).
 
 etrain (like Meta's reference Llama and torchtitan) rotates adjacent pairs of
 each head's query/key features; Hugging Face rotates the first half of a head
 against the second half. The two agree once the rows of ``wq`` and ``wk`` are
 permuted within each head (what ``transformers``' ``convert_llama_weights_to_hf``
-does), so export permutes them and import undoes it.
+does), so export permutes them and import undoes it; Qwen3's and Gemma 3's per-head
+q/k norm weights are permuted the same way, as one head.
+
+Names follow ``cfg.architecture``'s family (:mod:`workers.models.families`): Gemma's
+norms are named differently, and Phi-3 stacks ``wq``/``wk``/``wv`` into ``qkv_proj`` and
+``w1``/``w3`` into ``gate_up_proj``: :func:`hf_rows` says where in the fused tensor a
+piece's rows start, and :func:`to_hf_state_dict` fuses them.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import re
 import torch
 
 from workers.models.config import ModelConfig
+from workers.models.families import family_of
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _TOP = {
@@ -30,18 +37,30 @@ _IN_LAYER = {
     "attention.wk.bias": "self_attn.k_proj.bias",
     "attention.wv.bias": "self_attn.v_proj.bias",
     "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "feed_forward.w1.weight": "mlp.gate_proj.weight",
     "feed_forward.w3.weight": "mlp.up_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
-_TOP_BACK = {v: k for k, v in _TOP.items()}
-_IN_LAYER_BACK = {v: k for k, v in _IN_LAYER.items()}
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def to_hf_name(fqn: str) -> str:
-    """The Hugging Face Llama name of etrain parameter ``fqn`` (``KeyError`` if unknown).
+def _in_layer(cfg: ModelConfig | None) -> dict[str, str]:
+    """etrain in-layer name -> the family's (one fused name for each piece of it)."""
+    if cfg is None:
+        return _IN_LAYER
+    family = family_of(cfg.architecture)
+    table = _IN_LAYER | dict(family.renames)
+    for fused, pieces in family.fused.items():
+        table |= dict.fromkeys(pieces, fused)
+    return table
+
+
+def to_hf_name(fqn: str, cfg: ModelConfig | None = None) -> str:
+    """The Hugging Face name of etrain parameter ``fqn`` in ``cfg``'s family (Llama's when
+    ``cfg`` is None); ``KeyError`` if unknown. A fused piece names the fused tensor.
 
     A peft-wrapped projection's frozen ``.base_layer`` maps to the plain projection.
     """
@@ -49,19 +68,49 @@ def to_hf_name(fqn: str) -> str:
     if fqn in _TOP:
         return _TOP[fqn]
     m = _LAYER.match(fqn)
-    if m is None or m.group(2) not in _IN_LAYER:
-        raise KeyError(f"no Hugging Face Llama name for etrain parameter {fqn!r}")
-    return f"model.layers.{m.group(1)}.{_IN_LAYER[m.group(2)]}"
+    table = _in_layer(cfg)
+    if m is None or m.group(2) not in table:
+        raise KeyError(f"no Hugging Face name for etrain parameter {fqn!r}")
+    return f"model.layers.{m.group(1)}.{table[m.group(2)]}"
 
 
-def from_hf_name(name: str) -> str:
-    """The etrain parameter name of Hugging Face Llama parameter ``name``."""
-    if name in _TOP_BACK:
-        return _TOP_BACK[name]
+def from_hf_name(name: str, cfg: ModelConfig | None = None) -> str:
+    """The etrain parameter name of Hugging Face parameter ``name`` (not a fused one)."""
+    back = {v: k for k, v in _TOP.items()}
+    if name in back:
+        return back[name]
     m = _HF_LAYER.match(name)
-    if m is None or m.group(2) not in _IN_LAYER_BACK:
-        raise KeyError(f"no etrain parameter for Hugging Face Llama name {name!r}")
-    return f"layers.{m.group(1)}.{_IN_LAYER_BACK[m.group(2)]}"
+    table = {v: k for k, v in _in_layer(cfg).items()}
+    if m is None or m.group(2) not in table:
+        raise KeyError(f"no etrain parameter for Hugging Face name {name!r}")
+    return f"layers.{m.group(1)}.{table[m.group(2)]}"
+
+
+def _piece_rows(piece: str, cfg: ModelConfig) -> int:
+    """Rows of fused piece ``piece`` (an in-layer name)."""
+    kv = cfg.n_kv_heads * cfg.head_dim
+    rows = {"attention.wq.weight": cfg.n_heads * cfg.head_dim}
+    rows |= {"attention.wk.weight": kv, "attention.wv.weight": kv}
+    return rows.get(piece, cfg.ffn_hidden)
+
+
+def hf_shape(fqn: str, shape: list[int], cfg: ModelConfig) -> list[int]:
+    """The shape of ``fqn``'s Hugging Face tensor, ``shape`` unless it is fused."""
+    m = _LAYER.match(fqn.replace(".base_layer.", "."))
+    for pieces in family_of(cfg.architecture).fused.values():
+        if m is not None and m.group(2) in pieces:
+            return [sum(_piece_rows(p, cfg) for p in pieces), *shape[1:]]
+    return list(shape)
+
+
+def hf_rows(fqn: str, cfg: ModelConfig) -> int:
+    """The first row of ``fqn`` in its Hugging Face tensor: 0 unless a piece of a fused one."""
+    m = _LAYER.match(fqn.replace(".base_layer.", "."))
+    for pieces in family_of(cfg.architecture).fused.values():
+        if m is not None and m.group(2) in pieces:
+            before = pieces[: pieces.index(m.group(2))]
+            return sum(_piece_rows(p, cfg) for p in before)
+    return 0
 
 
 _ROPE_ROWS = (
@@ -69,6 +118,8 @@ _ROPE_ROWS = (
     "attention.wq.bias",
     "attention.wk.weight",
     "attention.wk.bias",
+    "attention.q_norm.weight",
+    "attention.k_norm.weight",
 )
 
 
@@ -98,9 +149,29 @@ def from_hf_tensor(fqn: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Te
 
 
 def from_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A Hugging Face Llama state dict (as exported with ``naming="hf"``) in etrain names."""
+    """A Hugging Face state dict of ``cfg``'s family in etrain names and layout (fused
+    tensors split)."""
     out = {}
+    fused = family_of(cfg.architecture).fused
     for name, tensor in state.items():
-        fqn = from_hf_name(name)
-        out[fqn] = from_hf_tensor(fqn, tensor, cfg)
+        m = _HF_LAYER.match(name)
+        pieces = fused.get(m.group(2), ()) if m else ()
+        for piece in pieces:
+            fqn = f"layers.{m.group(1)}.{piece}"
+            start, rows = hf_rows(fqn, cfg), _piece_rows(piece, cfg)
+            out[fqn] = from_hf_tensor(fqn, tensor[start : start + rows], cfg)
+        if not pieces:
+            fqn = from_hf_name(name, cfg)
+            out[fqn] = from_hf_tensor(fqn, tensor, cfg)
     return out
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """An etrain state dict in ``cfg``'s family's names and layout (fused pieces stacked)."""
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for fqn, tensor in state.items():
+        name = to_hf_name(fqn, cfg)
+        parts.setdefault(name, []).append((hf_rows(fqn, cfg), to_hf_tensor(fqn, tensor, cfg)))
+    return {
+        name: torch.cat([t for _, t in sorted(p, key=lambda x: x[0])]) for name, p in parts.items()
+    }

@@ -3,25 +3,45 @@ numbers, fewer saved tensors, and as many saved as the planner counts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from service.planner import plan_job
-from workers.models.config import get_model_config
+from workers.models.config import RopeScaling, get_model_config
 from workers.models.llama import build_model
 from workers.spec import parse_spec
 
 CFG = get_model_config("gpt-tiny")
 BATCH, SEQ = 2, 32
+# Everything the families add to the block (docs/model-families.md): a Gemma 3-like block
+# with Gemma 2's soft-capping, a sliding layer with its own RoPE base, and yarn RoPE.
+FAMILY_CFG = dataclasses.replace(
+    CFG,
+    explicit_head_dim=32,
+    qk_norm=True,
+    norm_offset=1.0,
+    embed_scale=True,
+    activation="gelu_tanh",
+    sandwich_norm=True,
+    attn_scale=0.2,
+    attn_softcap=1.5,
+    final_softcap=2.0,
+    layer_types=("sliding", "full"),
+    sliding_window=6,
+    local_rope_theta=500.0,
+    rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=16, rope_type="yarn"),
+)
 
 
-def _loss_and_saved(checkpointed: bool | str) -> tuple[torch.Tensor, dict, int]:
+def _loss_and_saved(checkpointed: bool | str, cfg=CFG) -> tuple[torch.Tensor, dict, int]:
     """Loss, parameter gradients and the bytes autograd saved during the forward."""
-    model = build_model(CFG, seed=0)
+    model = build_model(cfg, seed=0)
     model.checkpoint_blocks = checkpointed
     tokens = torch.randint(
-        0, CFG.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)
+        0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)
     )
     saved: dict[int, int] = {}
 
@@ -33,17 +53,18 @@ def _loss_and_saved(checkpointed: bool | str) -> tuple[torch.Tensor, dict, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = model(tokens)
         loss = F.cross_entropy(
-            logits[:, :-1].reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1)
+            logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1)
         )
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     return loss.detach(), grads, sum(saved.values())
 
 
+@pytest.mark.parametrize("cfg", [CFG, FAMILY_CFG], ids=["llama", "family-features"])
 @pytest.mark.parametrize("mode", [True, "full", "selective"])
-def test_checkpointing_changes_no_number(mode):
-    loss, grads, _ = _loss_and_saved(False)
-    loss_ckpt, grads_ckpt, _ = _loss_and_saved(mode)
+def test_checkpointing_changes_no_number(mode, cfg):
+    loss, grads, _ = _loss_and_saved(False, cfg)
+    loss_ckpt, grads_ckpt, _ = _loss_and_saved(mode, cfg)
     assert torch.equal(loss, loss_ckpt)
     assert grads.keys() == grads_ckpt.keys()
     for name in grads:

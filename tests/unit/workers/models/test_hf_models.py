@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.support.hf_fixtures import hf_config, make_hf_model
+from tests.support.hf_fixtures import ARCHITECTURES, hf_config, make_hf_model
 from workers.models.config import count_params
 from workers.models.hf_config import SUPPORTED_ARCHITECTURES, config_from_hf
 from workers.models.hf_load import (
@@ -20,10 +20,30 @@ from workers.models.hf_load import (
     materialize,
     weight_files,
 )
-from workers.models.hf_naming import from_hf_tensor, to_hf_name
+from workers.models.hf_naming import (
+    from_hf_state_dict,
+    from_hf_tensor,
+    to_hf_name,
+    to_hf_state_dict,
+)
 from workers.models.llama import build_model
 from workers.stepper import loss_fn
 
+YARN = {"rope_type": "yarn", "rope_theta": 5e4, "factor": 4.0}
+YARN |= {"original_max_position_embeddings": 32}
+YARN_MSCALE = YARN | {"beta_fast": 8, "beta_slow": 2, "mscale": 1.2, "mscale_all_dim": 0.8}
+YARN_MSCALE |= {"truncate": False}
+GEMMA3_LINEAR = {
+    "full_attention": {"rope_type": "linear", "rope_theta": 5e4, "factor": 8.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+}
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 5e4,
+    "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 4.0, 5.0],
+    "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+    "original_max_position_embeddings": 16,
+}
 CASES = [
     ("llama", {}),
     ("llama", {"tied": True}),
@@ -44,6 +64,26 @@ CASES = [
     ),
     ("qwen2", {}),
     ("qwen2", {"tied": True}),
+    ("llama", {"head_dim": 32}),  # wider heads than hidden / heads
+    ("qwen3", {}),
+    ("qwen3", {"tied": True}),
+    ("qwen3", {"rope_parameters": YARN}),
+    ("gemma2", {}),
+    ("gemma3", {}),
+    ("gemma3", {"rope_parameters": GEMMA3_LINEAR}),
+    ("phi3", {}),
+    # Phi-3's longrope: 24 tokens are past the original 16, so the long factors rotate.
+    ("phi3", {"original_max_position_embeddings": 16, "rope_parameters": LONGROPE}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e4, "factor": 4.0}}),
+    # Dynamic NTK raises the base past max_position_embeddings (16 < 24 tokens).
+    (
+        "llama",
+        {
+            "max_position_embeddings": 16,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 5e4, "factor": 2.0},
+        },
+    ),
+    ("mistral", {"rope_parameters": YARN_MSCALE}),
 ]
 
 
@@ -60,22 +100,99 @@ def _etrain_from(folder):
 )
 def test_logits_and_first_loss_equal_transformers(tmp_path, arch, extra):
     # Sharded and in bf16 on disk for one case each: the index and the cast are read too.
-    shard = {"max_shard_size": "40KB"} if arch == "qwen2" and not extra else {}
+    shard = {"max_shard_size": "40KB"} if arch in ("qwen2", "phi3") and not extra else {}
     ref = make_hf_model(tmp_path, arch, seed=3, **extra, **shard)
     model, cfg = _etrain_from(tmp_path)
     assert cfg.qkv_bias is (arch == "qwen2")
     assert (cfg.rope_scaling is not None) is ("rope_parameters" in extra)
     assert count_params(cfg) == sum(p.numel() for p in model.parameters())
+    assert count_params(cfg) == sum(p.numel() for p in ref.parameters()) + (
+        cfg.vocab_size * cfg.dim if ref.config.tie_word_embeddings else 0
+    )
     tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = ref(tokens).logits
         got = model(tokens)
+    print(f"{arch} {sorted(extra)}: max |logit difference| {(got - expected).abs().max():.2e}")
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad():
         ref_loss = ref(tokens, labels=tokens).loss  # transformers shifts the labels itself
         loss = loss_fn(model(inputs), targets)
     assert abs(loss.item() - ref_loss.item()) < 1e-5
+
+
+FEATURES = [
+    ("gemma2", {}, {"attn_softcap": None}),
+    ("gemma2", {}, {"final_softcap": None}),
+    ("gemma2", {}, {"attn_scale": None}),
+    ("gemma2", {}, {"layer_types": (), "sliding_window": None}),
+    ("gemma2", {}, {"embed_scale": False}),
+    ("gemma2", {}, {"activation": "silu"}),
+    ("gemma3", {}, {"local_rope_theta": 5e4}),
+    ("gemma3", {"rope_parameters": GEMMA3_LINEAR}, {"rope_scaling": None}),
+    ("phi3", {}, {"layer_types": (), "sliding_window": None}),
+    ("qwen3", {"rope_parameters": YARN}, {"rope_scaling": None}),
+    ("mistral", {"rope_parameters": YARN_MSCALE}, {"rope_scaling": None}),
+    (
+        "phi3",
+        {"original_max_position_embeddings": 16, "rope_parameters": LONGROPE},
+        {"rope_scaling": None},
+    ),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0}}, {"rope_scaling": None}),
+    (
+        "llama",
+        {"max_position_embeddings": 16, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+        {"rope_scaling": None, "max_seq_len": 32},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra", "without"), FEATURES, ids=[f"{a}-{'-'.join(w)}" for a, _, w in FEATURES]
+)
+def test_each_family_feature_changes_the_logits(tmp_path, arch, extra, without):
+    """The tiny models are built so that every feature matters: leaving one out of the
+    config (same weights) moves the logits far beyond the exactness tolerance."""
+    import dataclasses
+
+    make_hf_model(tmp_path, arch, seed=3, **extra)
+    model, cfg = _etrain_from(tmp_path)
+    other = dataclasses.replace(cfg, **without)
+    plain = build_model(other, seed=0, device="meta")
+    materialize(plain, device="cpu")
+    load_pretrained([plain], str(tmp_path), other)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(tokens) - plain.eval()(tokens)).abs().max() > 1e-3
+
+
+def test_longrope_uses_the_short_factors_within_the_original_context(tmp_path):
+    extra = {"original_max_position_embeddings": 16, "rope_parameters": LONGROPE}
+    ref = make_hf_model(tmp_path, "phi3", seed=3, **extra)
+    model, cfg = _etrain_from(tmp_path)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for length in (16, 24, 12):  # short, long, short again: no state is kept
+            want = ref(tokens[:, :length]).logits
+            torch.testing.assert_close(model(tokens[:, :length]), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_state_dict_names_and_layout_round_trip_with_the_checkpoint(tmp_path, arch):
+    """etrain's state dict in the family's names (Gemma's norms, Phi-3's fused tensors)
+    is the checkpoint transformers wrote, tensor for tensor, and back."""
+    from safetensors.torch import load_file
+
+    make_hf_model(tmp_path, arch, seed=3)
+    model, cfg = _etrain_from(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    ours = to_hf_state_dict(model.state_dict(), cfg)
+    assert ours.keys() == saved.keys()
+    assert all(torch.equal(ours[k], saved[k]) for k in saved)
+    back = from_hf_state_dict(saved, cfg)
+    assert back.keys() == model.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
 
 def test_bf16_weights_load_cast(tmp_path):
@@ -94,16 +211,26 @@ def test_unsupported_architecture_names_model_hf_and_the_supported_list():
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("arch", "change", "message"),
     [
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling 'yarn'"),
-        ({"head_dim": 32}, "head_dim"),
-        ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"num_attention_heads": 5, "head_dim": None}, "divisible"),
+        ("llama", {"rope_parameters": {"rope_type": "proportional"}}, "'proportional'"),
+        ("llama", {"rope_parameters": {"partial_rotary_factor": 0.5}}, "partial rotary"),
+        ("llama", {"head_dim": 7}, "even for RoPE"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+        ("llama", {"num_attention_heads": 5, "head_dim": None}, "divisible"),
+        ("qwen3", {"attention_bias": True}, "attention_bias"),
+        ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma2", {"layer_types": ["local", "global"]}, "layer_types"),
+        (
+            "phi3",
+            {"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0]}},
+            "short_factor",
+        ),
     ],
 )
-def test_config_it_cannot_reproduce_is_refused(change, message):
-    config = json.loads(json.dumps(hf_config("llama").to_dict())) | change
+def test_config_it_cannot_reproduce_is_refused(arch, change, message):
+    config = json.loads(json.dumps(hf_config(arch).to_dict())) | change
     with pytest.raises(ValueError, match=message):
         config_from_hf(config)
 

@@ -19,9 +19,9 @@ from workers.models.lora import (
     lora_config,
     trainable_count,
 )
+from workers.optim import build_optimizer
 from workers.spec import JobSpec
 from workers.spec.model import LORA_TARGETS, LoraSpec, ModelSpec
-from workers.train_loop import build_optimizer
 
 CFG = get_model_config("gpt-tiny")
 
@@ -139,10 +139,10 @@ def test_lora_on_fsdp_and_pp_is_accepted():
 
 
 def _bf16_lora_run(*, monkeypatch, hold: bool):
-    from workers import train_loop
+    from workers import build, train_loop
 
     if not hold:
-        monkeypatch.setattr(train_loop, "hold_frozen_linears_in", lambda model, dtype: 0)
+        monkeypatch.setattr(build, "hold_frozen_linears_in", lambda model, dtype: 0)
     spec = JobSpec.model_validate(
         {
             "name": "bf16-lora",
