@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-from workers.data.formats import jsonl_lines
+from workers.data.formats import jsonl_lines, naming
 from workers.data.prepare import ensure_prepared, local_prepared, read_index
 from workers.data.remote import cache_roots, is_remote
 from workers.data.samples import ShapeOptions
@@ -70,11 +70,11 @@ class SyntheticDataset:
 class ByteWindowDataset:
     """Non-overlapping windows of ``seq_len + 1`` bytes over a byte buffer (the tail is dropped)."""
 
-    def __init__(self, data: np.ndarray, *, seq_len: int, path: str) -> None:
+    def __init__(self, data: np.ndarray, *, seq_len: int, path: str, section: str = "data") -> None:
         window = seq_len + 1
         if len(data) < window:
             raise ValueError(
-                f"data.path {path!r} holds {len(data)} bytes, fewer than one sample needs "
+                f"{section}.path {path!r} holds {len(data)} bytes, fewer than one sample needs "
                 f"(seq_len + 1 = {window}); use a larger file or reduce seq_len"
             )
         self.data = data
@@ -98,20 +98,30 @@ class TokenDataset:
     """Samples of a prepared folder (:mod:`workers.data.prepare`), memory-mapped."""
 
     def __init__(
-        self, folder: str, *, vocab_size: int | None = None, roots: Roots | None = None
+        self,
+        folder: str,
+        *,
+        vocab_size: int | None = None,
+        roots: Roots | None = None,
+        section: str = "data",
     ) -> None:
         """The prepared ``folder``, every file of it opened beneath ``roots`` (default: the
-        job's folders; the node cache's for a copy or a tokenization made there)."""
+        job's folders; the node cache's for a copy or a tokenization made there); errors
+        name ``section``'s path field (data or data.eval)."""
         roots = Roots.from_env() if roots is None else roots
-        self.index = index = read_index(folder, roots)
+        self.index = index = read_index(folder, roots, section=section)
         self.seq_len, self.num_samples = index["seq_len"], index["num_samples"]
         self.masked = bool(index["masked"])
         if vocab_size is not None and index["max_token_id"] >= vocab_size:
             raise ValueError(
-                f"data.path {folder!r} holds token ids up to {index['max_token_id']} but the "
-                f"model's vocab_size is {vocab_size}; prepare it with the model's tokenizer"
+                f"{section}.path {folder!r} holds token ids up to {index['max_token_id']} but "
+                f"the model's vocab_size is {vocab_size}; prepare it with the model's tokenizer"
             )
-        load = lambda name: _load_npy(os.path.join(folder, name), roots)  # noqa: E731
+
+        def load(name: str) -> np.ndarray:
+            with naming(section):
+                return _load_npy(os.path.join(folder, name), roots)
+
         self.tokens = load("tokens.npy")
         self.targets = load("targets.npy") if self.masked else None
         self.counts = np.asarray(load("counts.npy"), dtype=np.int64)
@@ -152,31 +162,34 @@ def _check_index(index: int, length: int) -> int:
     return index
 
 
-def _require_file(path: str | None, source: str) -> str:
+def _require_file(path: str | None, source: str, section: str) -> str:
     if not path:
-        raise ValueError(f"data.path is required when data.source is {source!r}")
-    if not is_file(path, Roots.from_env()):
+        raise ValueError(f"{section}.path is required when {section}.source is {source!r}")
+    with naming(section):
+        found = is_file(path, Roots.from_env())
+    if not found:
         raise ValueError(
-            f"data.path {path!r} does not exist or is not a file; set data.path to a readable file"
+            f"{section}.path {path!r} does not exist or is not a file; set {section}.path to "
+            "a readable file"
         )
     return path
 
 
-def _read_text(path: str) -> np.ndarray:
-    with opened(path, Roots.from_env()) as f:
+def _read_text(path: str, section: str) -> np.ndarray:
+    with naming(section), opened(path, Roots.from_env()) as f:
         if os.fstat(f.fileno()).st_size == 0:
             # np.memmap refuses empty files; an empty array gives the "too short" error instead.
             return np.zeros(0, dtype=np.uint8)
         return np.memmap(f, dtype=np.uint8, mode="r")
 
 
-def _read_jsonl(path: str) -> np.ndarray:
+def _read_jsonl(path: str, section: str) -> np.ndarray:
     texts: list[bytes] = []
-    with opened(path, Roots.from_env()) as f:
-        for lineno, record in jsonl_lines(path, f):
+    with naming(section), opened(path, Roots.from_env()) as f:
+        for lineno, record in jsonl_lines(path, f, section=section):
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(
-                    f"data.path {path!r} line {lineno}: expected an object with a string "
+                    f"{section}.path {path!r} line {lineno}: expected an object with a string "
                     "'text' field"
                 )
             texts.append(record["text"].encode("utf-8"))
@@ -184,19 +197,27 @@ def _read_jsonl(path: str) -> np.ndarray:
 
 
 def build_dataset(
-    *, source: str, path: str | None, seq_len: int, num_samples: int, vocab_size: int, seed: int
+    *,
+    source: str,
+    path: str | None,
+    seq_len: int,
+    num_samples: int,
+    vocab_size: int,
+    seed: int,
+    section: str = "data",
 ) -> SyntheticDataset | ByteWindowDataset:
     """Build the dataset for ``source`` ("synthetic", "text" or "jsonl").
 
     ``num_samples`` is used by "synthetic" only; file sources yield as many
     windows as the file holds. File sources are byte-level and need
-    ``vocab_size >= 256``.
+    ``vocab_size >= 256``. Errors name the fields of the spec's ``section`` (data or
+    data.eval).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     if source == "synthetic":
         if num_samples < 1:
-            raise ValueError(f"data.num_samples must be >= 1, got {num_samples}")
+            raise ValueError(f"{section}.num_samples must be >= 1, got {num_samples}")
         if vocab_size < 2:
             raise ValueError(f"model vocab_size must be >= 2 for synthetic data, got {vocab_size}")
         return SyntheticDataset(
@@ -204,65 +225,78 @@ def build_dataset(
         )
     if source not in _BYTE_SOURCES:
         raise ValueError(
-            f"data.source {source!r} is not read byte-level; set one of: "
+            f"{section}.source {source!r} is not read byte-level; set one of: "
             f"synthetic, {', '.join(_BYTE_SOURCES)} (or use dataset_for with a tokenizer)"
         )
     if vocab_size < 256:
         raise ValueError(
-            f"data.source {source!r} is byte-level and needs a model vocab_size >= 256, "
+            f"{section}.source {source!r} is byte-level and needs a model vocab_size >= 256, "
             f"got {vocab_size}"
         )
-    path = _require_file(path, source)
-    data = _read_text(path) if source == "text" else _read_jsonl(path)
-    return ByteWindowDataset(data, seq_len=seq_len, path=path)
+    path = _require_file(path, source, section)
+    data = _read_text(path, section) if source == "text" else _read_jsonl(path, section)
+    return ByteWindowDataset(data, seq_len=seq_len, path=path, section=section)
 
 
 def dataset_for(
     data, *, tokenizer: str | None, vocab_size: int, seed: int, stores=None
 ) -> SyntheticDataset | ByteWindowDataset | TokenDataset:
-    """The dataset of a job's ``data`` spec section.
+    """The dataset of a job's data section ``data``: ``data`` or ``data.eval`` (its
+    ``section``, which every error names: ``data.eval.path`` for the evaluation source).
 
     ``prepared`` reads a folder written by ``etrain data prepare``. With a
     ``tokenizer`` folder, file sources are tokenized once per node (a cached
     prepared folder); without one, text and jsonl are read as bytes. Object-store
     paths are reached with ``stores`` (a URL -> its StorageLocation, from the spec).
     """
+    section = getattr(data, "section", "data")
     if data.source == "prepared":
         roots = cache_roots() if is_remote(data.path) else None  # a copy in the node cache
-        ds = TokenDataset(local_prepared(data.path, stores), vocab_size=vocab_size, roots=roots)
+        folder = local_prepared(data.path, stores, section=section)
+        ds = TokenDataset(folder, vocab_size=vocab_size, roots=roots, section=section)
         if ds.seq_len != data.seq_len:
             raise ValueError(
-                f"data.path {data.path!r} was prepared with seq_len {ds.seq_len}, the spec says "
-                f"data.seq_len {data.seq_len}; set data.seq_len: {ds.seq_len}"
+                f"{section}.path {data.path!r} was prepared with seq_len {ds.seq_len}, the spec "
+                f"says data.seq_len {data.seq_len}; set data.seq_len: {ds.seq_len}"
             )
         return ds
     if data.source == "synthetic" or tokenizer is None:
-        if data.shape != "text" or data.source == "parquet":
-            what = f"data.shape {data.shape!r}" if data.shape != "text" else "data.source parquet"
-            raise ValueError(
-                f"{what} needs a tokenizer: set model.tokenizer (or model.hf) to a folder "
-                "with tokenizer.json"
-            )
-        if is_remote(data.path):
-            raise ValueError(
-                f"data.path {data.path!r}: object-store data is tokenized; set model.tokenizer "
-                "(or model.hf) to a folder with tokenizer.json, or copy the file to a local path"
-            )
-        return build_dataset(
-            source=data.source,
-            path=data.path,
-            seq_len=data.seq_len,
-            num_samples=data.num_samples,
-            vocab_size=vocab_size,
-            seed=seed,
-        )
-    opts = ShapeOptions.of(data)
+        return _untokenized(data, section, vocab_size=vocab_size, seed=seed)
     folder = ensure_prepared(
         source=data.source,
         path=data.path,
         tokenizer=tokenizer,
-        opts=opts,
+        opts=ShapeOptions.of(data),
         vocab_size=vocab_size,
         stores=stores,
+        section=section,
     )
-    return TokenDataset(folder, vocab_size=vocab_size, roots=cache_roots())
+    return TokenDataset(folder, vocab_size=vocab_size, roots=cache_roots(), section=section)
+
+
+def _untokenized(
+    data, section: str, *, vocab_size: int, seed: int
+) -> SyntheticDataset | ByteWindowDataset:
+    """The dataset of a section read without a tokenizer: synthetic, or bytes of a local
+    text or jsonl file (a shape that reads fields, parquet and object stores need one)."""
+    if data.shape != "text" or data.source == "parquet":
+        shape = data.shape != "text"
+        what = f"{section}.shape {data.shape!r}" if shape else f"{section}.source parquet"
+        raise ValueError(
+            f"{what} needs a tokenizer: set model.tokenizer (or model.hf) to a folder "
+            "with tokenizer.json"
+        )
+    if is_remote(data.path):
+        raise ValueError(
+            f"{section}.path {data.path!r}: object-store data is tokenized; set model.tokenizer "
+            "(or model.hf) to a folder with tokenizer.json, or copy the file to a local path"
+        )
+    return build_dataset(
+        source=data.source,
+        path=data.path,
+        seq_len=data.seq_len,
+        num_samples=data.num_samples,
+        vocab_size=vocab_size,
+        seed=seed,
+        section=section,
+    )

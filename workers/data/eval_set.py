@@ -50,6 +50,7 @@ class IndexView:
             raise ValueError("an index view needs at least one index")
         self.dataset, self.indices = dataset, list(indices)
         self.masked = getattr(dataset, "masked", False)
+        self.seq_len = getattr(dataset, "seq_len", None)
 
     def __len__(self) -> int:
         return len(self.indices)

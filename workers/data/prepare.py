@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from workers.data.formats import read_rows, require_file
+from workers.data.formats import naming, read_rows, require_file
 from workers.data.remote import (
     Stores,
     cache_root,
@@ -47,14 +47,14 @@ FORMAT_VERSION = 1
 MAX_INDEX_BYTES = 16 << 20
 
 
-def file_identity(path: str, stores: Stores | None = None) -> dict:
+def file_identity(path: str, stores: Stores | None = None, *, section: str = "data") -> dict:
     """Name, size, mtime and SHA-256 of the source file (what the samples came from; opened
     beneath the job's folders); of an object, its URL, name, size, ETag and mtime as the
-    store tells them (no second read)."""
+    store tells them (no second read). Errors name ``section``'s path field."""
     if is_remote(path):
-        return remote_identity(path, remote_file_info(path, stores))
+        return remote_identity(path, remote_file_info(path, stores, field=f"{section}.path"))
     h = hashlib.sha256()
-    with opened(path, Roots.from_env()) as f:
+    with naming(section), opened(path, Roots.from_env()) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
         st = os.fstat(f.fileno())
@@ -75,17 +75,20 @@ def prepare(
     out: str,
     vocab_size: int | None,
     stores: Stores | None = None,
+    section: str = "data",
 ) -> dict:
     """Tokenize ``path`` (read as ``source``) with the tokenizer folder ``tokenizer`` into
     folder ``out``; return the index written there. Either may be on an object store
-    (``stores``: a URL -> its StorageLocation, as the spec maps it)."""
-    path = require_file(path, source, stores)
-    identity = file_identity(path, stores)
+    (``stores``: a URL -> its StorageLocation, as the spec maps it). Errors name the fields
+    of the spec's ``section`` that named the file (data or data.eval)."""
+    path = require_file(path, source, stores, section=section)
+    identity = file_identity(path, stores, section=section)
     tokenizer = local_tokenizer(tokenizer, stores)
     tok = load_tokenizer(tokenizer)
     if vocab_size is not None:
         check_vocab(tok, vocab_size, tokenizer)
-    samples = tokenize_rows(tok, read_rows(path, source, stores), opts, path)
+    rows = read_rows(path, source, stores, section=section)
+    samples = tokenize_rows(tok, rows, opts, path, section=section)
     index = {
         "format_version": FORMAT_VERSION,
         **asdict(opts),
@@ -128,64 +131,66 @@ def _write(out: str, samples: Samples, index: dict) -> None:
     replace_folder(out, fill, prefix=".prepare-")
 
 
-def read_index(folder: str, roots: Roots | None = None) -> dict:
+def read_index(folder: str, roots: Roots | None = None, *, section: str = "data") -> dict:
     """The index of a prepared folder, a regular file beneath ``roots`` (default: the job's)
-    read bounded; a ValueError naming data.path when it is not one."""
+    read bounded; a ValueError naming ``section``'s path field when it is not one."""
     roots = Roots.from_env() if roots is None else roots
+    where = f"{section}.path {folder!r}"
     try:
         raw = read_bounded(os.path.join(folder, INDEX), roots, MAX_INDEX_BYTES, what=INDEX)
         index = json.loads(raw)
     except ConfinementError as e:
-        raise ValueError(f"data.path {folder!r}: {e}") from None
+        raise ValueError(f"{where}: {e}") from None
     except (OSError, ValueError, RecursionError) as e:
         raise ValueError(
-            f"data.path {folder!r} is not a prepared folder (no readable {INDEX}); write one "
+            f"{where} is not a prepared folder (no readable {INDEX}); write one "
             "with `etrain data prepare`"
         ) from e
     if not isinstance(index, dict):
-        raise ValueError(f"data.path {folder!r}: {INDEX} is not an object; prepare it again")
+        raise ValueError(f"{where}: {INDEX} is not an object; prepare it again")
     if index.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"data.path {folder!r} was prepared in format {index.get('format_version')}, this "
+            f"{where} was prepared in format {index.get('format_version')}, this "
             f"version reads {FORMAT_VERSION}; run `etrain data prepare` again"
         )
     return index
 
 
-def local_prepared(path: str, stores: Stores | None = None) -> str:
+def local_prepared(path: str, stores: Stores | None = None, *, section: str = "data") -> str:
     """A local prepared folder for ``path``: itself, or for an object-store folder a copy
-    in this node's cache keyed by its index's hash (fetched once, under a file lock)."""
+    in this node's cache keyed by its index's hash (fetched once, under a file lock).
+    Errors name ``section``'s path field."""
     if not is_remote(path):
         return path.removeprefix("file://")
-    url = path.rstrip("/")
+    url, field = path.rstrip("/"), f"{section}.path"
     try:
-        raw = read_small(f"{url}/{INDEX}", stores, MAX_INDEX_BYTES, field="data.path")
+        raw = read_small(f"{url}/{INDEX}", stores, MAX_INDEX_BYTES, field=field)
         index = json.loads(raw)
     except ValueError as e:
         raise ValueError(
-            f"data.path {path!r} is not a prepared folder (no readable {INDEX}: {e}); write "
+            f"{field} {path!r} is not a prepared folder (no readable {INDEX}: {e}); write "
             "one with `etrain data prepare` and copy the folder there"
         ) from e
     if not isinstance(index, dict) or not isinstance(index.get("files"), dict):
-        raise ValueError(f"data.path {path!r}: {INDEX} lists no files; prepare it again")
-    fs, root = locate(url, stores)
+        raise ValueError(f"{field} {path!r}: {INDEX} lists no files; prepare it again")
+    fs, root = locate(url, stores, field=field)
 
     def fill(tmp: str) -> None:
         for name in sorted(set(index["files"].values()), key=str):
-            child_name(name, where=f"data.path {path!r}: {INDEX}")
+            child_name(name, where=f"{field} {path!r}: {INDEX}")
             if "/" in name or name.startswith("."):
-                raise ValueError(f"data.path {path!r}: {INDEX} names a bad file {name!r}")
+                raise ValueError(f"{field} {path!r}: {INDEX} names a bad file {name!r}")
             try:
                 fs.get_file(f"{root}/{name}", os.path.join(tmp, name))
             except Exception as e:
-                raise ValueError(f"data.path {url}/{name}: cannot copy it ({e})") from e
+                raise ValueError(f"{field} {url}/{name}: cannot copy it ({e})") from e
         with open(os.path.join(tmp, INDEX), "wb") as f:
             f.write(raw)  # last: its presence marks the copy complete
 
     where = json.dumps(store_identity(url, stores), sort_keys=True).encode()
     key = hashlib.sha256(where + b"\0" + raw).hexdigest()[:32]
     out = os.path.join(cache_root(), "prepared", key)
-    return cached_folder(out, fill, lambda d: bool(read_index(d, cache_roots())))
+    return cached_folder(out, fill, lambda d: bool(read_index(d, cache_roots(), section=section)))
 
 
 def ensure_prepared(
@@ -196,12 +201,14 @@ def ensure_prepared(
     opts: ShapeOptions,
     vocab_size: int | None,
     stores: Stores | None = None,
+    section: str = "data",
 ) -> str:
     """The cached prepared folder for these inputs, tokenizing them first if no process on
     this node has (the lock makes the others wait for the one that does). A local file is
-    keyed by its SHA-256, an object by its URL, size and ETag (else mtime)."""
-    path = require_file(path, source, stores)
-    ident = file_identity(path, stores)
+    keyed by its SHA-256, an object by its URL, size and ETag (else mtime). Errors name the
+    fields of the spec's ``section`` (data or data.eval)."""
+    path = require_file(path, source, stores, section=section)
+    ident = file_identity(path, stores, section=section)
     tokenizer = local_tokenizer(tokenizer, stores)
     key = hashlib.sha256(
         json.dumps(
@@ -234,5 +241,6 @@ def ensure_prepared(
             out=out,
             vocab_size=vocab_size,
             stores=stores,
+            section=section,
         )
     return out

@@ -1,7 +1,7 @@
 """Data and tokenizer files on object stores (``s3://``, ``gs://``), reached like checkpoints.
 
-A job's ``data.path``, ``model.tokenizer`` or ``model.hf`` may name an object
-store. It is reached with the same mapping from a spec to a store as the
+A job's ``data.path``, ``data.eval.path``, ``model.tokenizer`` or ``model.hf`` may
+name an object store. It is reached with the same mapping from a spec to a store as the
 checkpoints: the caller passes ``stores``, a function of a URL to its
 ``StorageLocation`` (the training loop and the CLI pass
 :func:`workers.storage.location.stores_for` over the spec's ``stores`` section,

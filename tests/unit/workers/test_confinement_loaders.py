@@ -5,7 +5,9 @@ service writes them). A prepares each trick in its own area; the real loaders (w
 and their index, config.json, tokenizer files, prepared shards, data files, the
 checkpoint folder, the node cache) must refuse it, must not block, and must not hand
 back a byte of tenant B's files. One case per trick; each passes on a loader that reads
-what it is handed only when it is confined.
+what it is handed only when it is confined. The data loaders run once per spec section
+that names a data file (``data`` and the evaluation source ``data.eval``), and their
+refusal names that section's path field.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.hf_fixtures import make_hf_model, make_word_tokenizer
+from workers.spec.data import DataSpec, EvalDataSpec
 from workers.storage.confine import ROOTS_ENV, ConfinementError, Roots
 
 B_SECRET = "tenant-b-secret-text"
+# The spec sections that name a data file, each read by the same loaders.
+SECTIONS = {"data": DataSpec, "data.eval": EvalDataSpec}
 
 
 @pytest.fixture(scope="module")
@@ -144,54 +149,69 @@ def tokenizer_link(a, b):
     return lambda: local_tokenizer(str(a / "tok"))
 
 
-def prepared_tokens_link(a, b):
+# -- data files: each case takes the section class (DataSpec or EvalDataSpec) too ----------
+
+
+def prepared_tokens_link(a, b, spec):
     _link(a / "prepared" / "tokens.npy", b / "prepared" / "tokens.npy")
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def prepared_index_link(a, b):
+def prepared_index_link(a, b, spec):
     _link(a / "prepared" / "index.json", b / "prepared" / "index.json")
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def prepared_index_fifo(a, b):
+def prepared_index_fifo(a, b, spec):
     _fifo(a / "prepared" / "index.json")
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def prepared_index_huge(a, b):
+def prepared_index_huge(a, b, spec):
     with open(a / "prepared" / "index.json", "r+b") as f:
         f.truncate(3 << 30)  # sparse: 3 GiB on no disk, read whole before the fix
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def prepared_tokens_fifo(a, b):
+def prepared_tokens_fifo(a, b, spec):
     _fifo(a / "prepared" / "tokens.npy")
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def prepared_tokens_device(a, b):
+def prepared_tokens_device(a, b, spec):
     _link(a / "prepared" / "tokens.npy", "/dev/zero")
-    return lambda: _prepared(a)
+    return lambda: _prepared(a, spec)
 
 
-def jsonl_swapped_for_link(a, b):
+def jsonl_swapped_for_link(a, b, spec):
     _link(a / "rows.jsonl", b / "rows.jsonl")  # after submit: the service saw a file
-    return lambda: _byte_data(a, "jsonl")
+    return lambda: _byte_data(a, "jsonl", spec)
 
 
-def text_relative_link_out(a, b):
+def text_relative_link_out(a, b, spec):
     _link(a / "rows.jsonl", os.path.relpath(b / "rows.jsonl", a))
-    return lambda: _byte_data(a, "text")
+    return lambda: _byte_data(a, "text", spec)
 
 
-def tokenized_jsonl_link(a, b):
+def text_fifo(a, b, spec):
+    _fifo(a / "rows.jsonl")
+    return lambda: _byte_data(a, "text", spec)
+
+
+def tokenized_jsonl_link(a, b, spec):
     _link(a / "rows.jsonl", b / "rows.jsonl")
-    from workers.data import dataset_for
-    from workers.spec.data import DataSpec
+    return lambda: _tokenized(a, "rows.jsonl", spec)
 
-    data = DataSpec(source="jsonl", path=str(a / "rows.jsonl"), shape="text", seq_len=8)
-    return lambda: dataset_for(data, tokenizer=str(a / "tok"), vocab_size=256, seed=0)
+
+def tokenized_jsonl_fifo(a, b, spec):
+    _fifo(a / "rows.jsonl")
+    return lambda: _tokenized(a, "rows.jsonl", spec)
+
+
+def tokenized_jsonl_folder(a, b, spec):
+    (a / "rows.jsonl").unlink()
+    (a / "rows.jsonl").mkdir()  # a folder where the file was
+    return lambda: _tokenized(a, "rows.jsonl", spec)
 
 
 def _load_weights(a):
@@ -201,27 +221,28 @@ def _load_weights(a):
     return [w.read(n, (slice(0, 1),)) for n in w.names()]
 
 
-def _prepared(a):
+def _prepared(a, spec=DataSpec):
     from workers.data import dataset_for
-    from workers.spec.data import DataSpec
 
-    data = DataSpec(source="prepared", path=str(a / "prepared"), seq_len=8)
+    data = spec(source="prepared", path=str(a / "prepared"), seq_len=8)
     ds = dataset_for(data, tokenizer=None, vocab_size=256, seed=0)
     return [ds[i] for i in range(len(ds))]
 
 
-def _byte_data(a, source):
-    from workers.data.datasets import build_dataset
+def _byte_data(a, source, spec=DataSpec):
+    """The file read as bytes (no tokenizer), as a section of ``spec``'s class names it."""
+    from workers.data import dataset_for
 
-    ds = build_dataset(
-        source=source,
-        path=str(a / "rows.jsonl"),
-        seq_len=8,
-        num_samples=0,
-        vocab_size=256,
-        seed=0,
-    )
+    data = spec(source=source, path=str(a / "rows.jsonl"), seq_len=8)
+    ds = dataset_for(data, tokenizer=None, vocab_size=256, seed=0)
     return [ds[i] for i in range(len(ds))]
+
+
+def _tokenized(a, name, spec=DataSpec):
+    from workers.data import dataset_for
+
+    data = spec(source="jsonl", path=str(a / name), shape="text", seq_len=8)
+    return dataset_for(data, tokenizer=str(a / "tok"), vocab_size=256, seed=0)
 
 
 CASES = [
@@ -233,6 +254,8 @@ CASES = [
     tokenizer_config_fifo,
     lora_fingerprint_link,
     tokenizer_link,
+]
+DATA_CASES = [
     prepared_tokens_link,
     prepared_index_link,
     prepared_index_fifo,
@@ -241,38 +264,60 @@ CASES = [
     prepared_tokens_device,
     jsonl_swapped_for_link,
     text_relative_link_out,
+    text_fifo,
     tokenized_jsonl_link,
+    tokenized_jsonl_fifo,
+    tokenized_jsonl_folder,
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
-def test_the_loader_refuses_the_trick_quickly_and_reveals_nothing(world, a, case):
-    load = case(a, world["b"])
+def _refused_quickly(load) -> str:
+    """The message of ``load()``'s refusal, which must come fast and hold none of B's bytes."""
     started = time.monotonic()
     with pytest.raises((ConfinementError, ValueError)) as e:
         load()
     assert time.monotonic() - started < 20  # a pipe or a 3 GiB file: refused, not read
     assert B_SECRET not in str(e.value)  # names its own file, never what is at a link's end
+    return str(e.value)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_the_loader_refuses_the_trick_quickly_and_reveals_nothing(world, a, case):
+    _refused_quickly(case(a, world["b"]))
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("case", DATA_CASES, ids=[c.__name__ for c in DATA_CASES])
+def test_a_data_loader_refuses_the_trick_naming_the_field(world, a, case, section):
+    """The same refusal for a training and an evaluation source; the message names the
+    field of the section that named the file, not the other one."""
+    msg = _refused_quickly(case(a, world["b"], SECTIONS[section]))
+    other = "data.path" if section == "data.eval" else "data.eval.path"
+    assert f"{section}.path" in msg and other not in msg, msg
 
 
 def test_the_same_loaders_read_the_tenants_own_files(world, a):
-    """The control: every loader above reads A's untouched area, links inside it included."""
+    """The control: every loader above reads A's untouched area."""
     from workers.data.tokenizer import local_tokenizer
     from workers.models.hf_load import hf_model_config
     from workers.models.lora import hf_fingerprint
 
-    _link(a / "inner.jsonl", "rows.jsonl")  # a link that stays inside is followed
     assert len(_load_weights(a)) > 4
     assert hf_model_config(str(a / "m")).n_layers >= 1
     assert hf_fingerprint(str(a / "m"))["weights"]
     assert os.path.isfile(os.path.join(local_tokenizer(str(a / "tok")), "tokenizer.json"))
-    assert len(_prepared(a)) > 0
-    assert len(_byte_data(a, "jsonl")) > 0
-    from workers.data import dataset_for
-    from workers.spec.data import DataSpec
 
-    data = DataSpec(source="jsonl", path=str(a / "inner.jsonl"), shape="text", seq_len=8)
-    assert len(dataset_for(data, tokenizer=str(a / "tok"), vocab_size=256, seed=0)) > 0
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_the_data_loaders_read_the_tenants_own_files(world, a, section):
+    """The control of the data cases, for either section: A's untouched files are read,
+    links inside A's area included."""
+    spec = SECTIONS[section]
+    _link(a / "inner.jsonl", "rows.jsonl")  # a link that stays inside is followed
+    assert len(_prepared(a, spec)) > 0
+    assert len(_byte_data(a, "jsonl", spec)) > 0
+    assert len(_byte_data(a, "text", spec)) > 0
+    assert len(_tokenized(a, "inner.jsonl", spec)) > 0
 
 
 def test_a_checkpoint_folder_swapped_for_a_link_to_another_job_is_refused(world, a, tmp_path):

@@ -31,12 +31,14 @@ def bomb(path, column: str = "text") -> str:
     return str(path)
 
 
-def spec(path: str, **data) -> JobSpec:
+def spec(path: str, section: str = "data", **data) -> JobSpec:
+    """A job reading parquet ``path`` as ``section`` (data.eval: beside synthetic data)."""
+    source = {"source": "parquet", "path": path, **data}
     return JobSpec.model_validate(
         {
             "name": "p",
             "model": {"tokenizer": "/tokenizer"},  # only its presence is checked here
-            "data": {"source": "parquet", "path": path, **data},
+            "data": source if section == "data" else {"eval": source},
         }
     )
 
@@ -89,24 +91,27 @@ def test_the_workers_read_a_decompression_bomb_in_small_batches(tmp_path):
     assert peaks.arrow < 16 * MIB, peaks.arrow  # 64 rows a batch: 4 MiB, not 256
 
 
-def test_a_bomb_without_the_column_is_refused_naming_the_option(tmp_path):
+@pytest.mark.parametrize("section", ["data", "data.eval"])
+def test_a_bomb_without_the_column_is_refused_naming_the_option(tmp_path, section):
     path = bomb(tmp_path / "bomb.parquet", column="body")
-    ((field, why),) = data_refusals(spec(path))
-    assert field == ("data", "path")
-    assert "no column 'text' (columns: body)" in why and "set data.text_field" in why
+    ((field, why),) = data_refusals(spec(path, section))
+    assert field == (*section.split("."), "path")
+    assert why.startswith(f"{section}.path {path!r}: no column 'text' (columns: body)")
+    assert f"set {section}.text_field" in why
 
 
-def test_rows_are_checked_within_the_byte_bound_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("section", ["data", "data.eval"])
+def test_rows_are_checked_within_the_byte_bound_only(tmp_path, monkeypatch, section):
     path = str(tmp_path / "rows.parquet")
     table = pa.table({"prompt": ["p", "q"], "completion": [None, "c"]})
     pq.write_table(table, path)
-    ((_, why),) = data_refusals(spec(path, shape="instruction"))
-    assert "row 1: no field 'completion'" in why
+    ((_, why),) = data_refusals(spec(path, section, shape="instruction"))
+    assert f"{section}.path {path!r} row 1: no field 'completion'" in why
     # The first row group is larger than the bound: its columns are checked, not its rows.
     monkeypatch.setattr(data_check, "MAX_PARQUET_BYTES", 16)
-    assert data_refusals(spec(path, shape="instruction")) == []
-    ((_, why),) = data_refusals(spec(path, shape="instruction", prompt_field="question"))
-    assert "no column 'question'" in why and "data.prompt_field" in why
+    assert data_refusals(spec(path, section, shape="instruction")) == []
+    ((_, why),) = data_refusals(spec(path, section, shape="instruction", prompt_field="question"))
+    assert "no column 'question'" in why and f"{section}.prompt_field" in why
 
 
 @pytest.mark.parametrize("shape", ["text", "chat"])
@@ -117,3 +122,46 @@ def test_an_empty_file_is_refused(tmp_path, shape):
     pq.write_table(pa.table({column: pa.array([], kind)}), path)
     ((_, why),) = data_refusals(spec(path, shape=shape))
     assert "holds no rows" in why
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"prompt": "p", "chosen": "a"}, "row 1: no field 'rejected'"),
+        ({"prompt": "p", "chosen": 3, "rejected": "b"}, "row 1: field 'chosen' must be a string"),
+        (
+            {"prompt": [{"role": "user"}], "chosen": {"role": "user"}, "rejected": "b"},
+            "row 1 field 'chosen': no assistant message",
+        ),
+    ],
+)
+def test_a_bad_preference_row_is_refused_at_submit_naming_file_and_row(tmp_path, row, message):
+    import json
+
+    path = tmp_path / "prefs.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    job = JobSpec.model_validate(
+        {
+            "name": "p",
+            "objective": "dpo",
+            "model": {"tokenizer": "/tokenizer"},
+            "data": {"source": "jsonl", "path": str(path), "shape": "preference"},
+        }
+    )
+    ((field, why),) = data_refusals(job)
+    assert field == ("data", "path") and why.startswith(f"data.path {str(path)!r} {message}")
+
+
+def test_a_preference_parquet_needs_its_three_columns(tmp_path):
+    path = str(tmp_path / "prefs.parquet")
+    pq.write_table(pa.table({"prompt": ["p"], "chosen": ["a"], "loser": ["b"]}), path)
+    job = JobSpec.model_validate(
+        {
+            "name": "p",
+            "objective": "dpo",
+            "model": {"tokenizer": "/tokenizer"},
+            "data": {"source": "parquet", "path": path, "shape": "preference"},
+        }
+    )
+    ((_, why),) = data_refusals(job)
+    assert "no column 'rejected'" in why and "data.rejected_field" in why

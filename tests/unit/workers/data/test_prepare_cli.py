@@ -85,53 +85,119 @@ def _job(data: dict, model: dict | None = None) -> dict:
     return {"name": "ft", "model": model or {}, "data": data, "train": {"steps": 2}}
 
 
+GOOD_ROW = json.dumps({"prompt": "p", "completion": "c"})
+# The sections that name a data file: the training source and the evaluation source.
+SECTIONS = {"data": ["data", "path"], "data.eval": ["data", "eval", "path"]}
+
+
+def _source_in(section: str, source: dict) -> dict:
+    """A job's data section with ``source`` as ``section`` (data.eval: beside synthetic
+    training data)."""
+    return source if section == "data" else {"eval": source}
+
+
+@pytest.mark.parametrize("section", SECTIONS)
 @pytest.mark.parametrize(
-    "rows, data, loc, words",
+    "rows, data, words",
     [
-        (['{"prompt": "a"', ""], {"shape": "instruction"}, ["data", "path"], "line 1: invalid"),
-        ([json.dumps({"q": "a"})], {"shape": "instruction"}, ["data", "path"], "no field 'prompt'"),
-        ([json.dumps({"body": "x"})], {}, ["data", "path"], "row 1: no field 'text'"),
+        (['{"prompt": "a"', ""], {"shape": "instruction"}, "line 1: invalid JSON"),
+        ([GOOD_ROW, GOOD_ROW, '{"prompt": '], {"shape": "instruction"}, "line 3: invalid JSON"),
+        ([json.dumps({"q": "a"})], {"shape": "instruction"}, "row 1: no field 'prompt'"),
+        ([GOOD_ROW, json.dumps({"q": "a"})], {"shape": "instruction"}, "row 2: no field 'prompt'"),
+        (
+            [json.dumps({"prompt": "a", "answer": "b"})],
+            {"shape": "instruction"},
+            "row 1: no field 'completion'",
+        ),
+        ([json.dumps({"body": "x"})], {}, "row 1: no field 'text'"),
         (
             [json.dumps({"messages": [{"role": "user", "content": "hi"}]})],
             {"shape": "chat"},
-            ["data", "path"],
             "no assistant message",
         ),
     ],
 )
-def test_submit_refuses_bad_data_with_422(client, tmp_path, bpe_tokenizer, rows, data, loc, words):
+def test_submit_refuses_bad_data_with_422(
+    client, tmp_path, bpe_tokenizer, section, rows, data, words
+):
     headers, area = _tenant(client, tmp_path)
     path = area / "rows.jsonl"
     path.write_text("\n".join(rows) + "\n")
     tok = area / "tok"
     tok.mkdir()
-    spec = _job({"source": "jsonl", "path": str(path), **data}, {"tokenizer": str(tok)})
+    source = {"source": "jsonl", "path": str(path), **data}
+    spec = _job(_source_in(section, source), {"tokenizer": str(tok)})
     r = client.post("/v1/jobs", json=spec, headers=headers)
     assert r.status_code == 422, r.text
     (err,) = r.json()["detail"]
-    assert err["loc"] == ["body", *loc] and words in err["msg"] and str(path) in err["msg"]
+    assert err["loc"] == ["body", *SECTIONS[section]]
+    assert words in err["msg"] and f"{section}.path {str(path)!r}" in err["msg"], err["msg"]
+    option = {"prompt": "prompt_field", "completion": "completion_field", "text": "text_field"}
+    for what, name in option.items():  # the fix names the section's own option
+        if f"no field '{what}'" in words:
+            assert f"set {section}.{name}" in err["msg"], err["msg"]
 
 
-def test_submit_refuses_a_shape_without_tokenizer_and_a_wrong_seq_len(client, tmp_path):
+def test_submit_checks_both_sources_and_names_each(client, tmp_path, bpe_tokenizer):
+    """Training data and evaluation data are checked alike: a problem in each is its own
+    422 item, at its own field; a good evaluation file beside bad training data (and the
+    reverse) is no item."""
     headers, area = _tenant(client, tmp_path)
+    good, bad = area / "good.jsonl", area / "bad.jsonl"
+    good.write_text(GOOD_ROW + "\n")
+    bad.write_text(GOOD_ROW + "\n" + json.dumps({"q": "a"}) + "\n")
+    tok = area / "tok"
+    tok.mkdir()
+
+    def errors(train, held_out) -> dict:
+        source = {"source": "jsonl", "shape": "instruction"}
+        data = {**source, "path": str(train), "eval": {**source, "path": str(held_out)}}
+        r = client.post("/v1/jobs", json=_job(data, {"tokenizer": str(tok)}), headers=headers)
+        if r.status_code == 201:
+            return {}
+        assert r.status_code == 422, r.text
+        return {tuple(e["loc"][1:]): e["msg"] for e in r.json()["detail"]}
+
+    both = errors(bad, bad)
+    assert sorted(both) == [("data", "eval", "path"), ("data", "path")]
+    assert both[("data", "path")].startswith(f"data.path {str(bad)!r} row 2: no field 'prompt'")
+    assert both[("data", "eval", "path")].startswith(f"data.eval.path {str(bad)!r} row 2:")
+    assert list(errors(good, bad)) == [("data", "eval", "path")]
+    assert list(errors(bad, good)) == [("data", "path")]
+    assert errors(good, good) == {}
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_submit_refuses_a_shape_without_tokenizer_and_a_wrong_seq_len(client, tmp_path, section):
+    headers, area = _tenant(client, tmp_path)
+
+    def refusal(data: dict, seq_len: int = 128) -> dict | None:
+        """The one 422 item of a job whose ``section`` is ``data`` (None: it is accepted)."""
+        job = _job({"seq_len": seq_len, **_source_in(section, data)})
+        r = client.post("/v1/jobs", json=job, headers=headers)
+        if r.status_code == 201:
+            return None
+        assert r.status_code == 422, r.text
+        (err,) = r.json()["detail"]
+        return err
+
     path = write_jsonl(area / "rows.jsonl", INSTRUCTIONS)
-    r = client.post(
-        "/v1/jobs", json=_job({"source": "jsonl", "path": path, "shape": "chat"}), headers=headers
-    )
-    assert r.status_code == 422, r.text
-    assert "model.tokenizer" in r.text and "data.shape chat needs a tokenizer" in r.text
+    err = refusal({"source": "jsonl", "path": path, "shape": "chat"})
+    assert err["loc"] == ["body", "model", "tokenizer"]
+    assert f"{section}.shape chat needs a tokenizer" in err["msg"]
     prepared = area / "prepared"
     prepared.mkdir()
     (prepared / "index.json").write_text(json.dumps({"seq_len": 64}))
-    data = {"source": "prepared", "path": str(prepared), "seq_len": 32}
-    r = client.post("/v1/jobs", json=_job(data), headers=headers)
-    assert r.status_code == 422 and "run `etrain data prepare` again" in r.text  # no format
+    data = {"source": "prepared", "path": str(prepared)}
+    err = refusal(data, seq_len=32)
+    assert err["loc"] == ["body", *SECTIONS[section]]
+    assert err["msg"].startswith(f"{section}.path ")
+    assert "run `etrain data prepare` again" in err["msg"]  # no format
     index = {"format_version": FORMAT_VERSION, "seq_len": 64}
     (prepared / "index.json").write_text(json.dumps(index))
-    r = client.post("/v1/jobs", json=_job(data), headers=headers)
-    assert r.status_code == 422 and "set data.seq_len: 64" in r.text
-    r = client.post("/v1/jobs", json=_job({**data, "seq_len": 64}), headers=headers)
-    assert r.status_code == 201, r.text
+    err = refusal(data, seq_len=32)
+    assert err["loc"] == ["body", *SECTIONS[section]] and "set data.seq_len: 64" in err["msg"]
+    assert refusal(data, seq_len=64) is None
 
 
 def test_submit_reads_a_bounded_head_of_the_file(client, tmp_path, monkeypatch):
@@ -148,3 +214,28 @@ def test_submit_reads_a_bounded_head_of_the_file(client, tmp_path, monkeypatch):
     monkeypatch.setattr(data_check, "MAX_JSONL_BYTES", 1 << 20)
     r = client.post("/v1/jobs", json=job, headers=headers)
     assert r.status_code == 422 and "line 5: invalid JSON" in r.text
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_submit_refuses_a_chat_template_that_does_not_parse(client, tmp_path, section):
+    headers, area = _tenant(client, tmp_path)
+    rows = area / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    rows.write_text(json.dumps(chat) + "\n")
+    template = area / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }")
+    tok = area / "tok"
+    tok.mkdir()
+    source = {"source": "jsonl", "path": str(rows), "shape": "chat", "chat_template": str(template)}
+    r = client.post(
+        "/v1/jobs", json=_job(_source_in(section, source), {"tokenizer": str(tok)}), headers=headers
+    )
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", *section.split("."), "chat_template"]
+    assert err["msg"].startswith(f"{section}.chat_template: the template does not parse (line 1")
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    r = client.post(
+        "/v1/jobs", json=_job(_source_in(section, source), {"tokenizer": str(tok)}), headers=headers
+    )
+    assert r.status_code == 201, r.text

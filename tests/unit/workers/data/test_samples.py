@@ -19,7 +19,7 @@ from workers.data import GlobalBatchSampler, TokenDataset, collate, dataset_for,
 from workers.data.prepare import prepare, read_index
 from workers.data.remote import cache_root
 from workers.data.samples import ShapeOptions
-from workers.spec.data import DataSpec
+from workers.spec.data import DataSpec, EvalDataSpec
 
 DOCS = ["The quick brown fox.", "Hello world!", "Elastic training resumes exactly."]
 
@@ -79,6 +79,46 @@ def test_chat_trains_on_assistant_tokens_only(tmp_path, bpe_tokenizer):
         assert tok.decode(tokens[: len(tok(rendered)["input_ids"])]) == rendered
 
 
+PREFERENCES = [
+    {"prompt": "Question: what is two plus two?", "chosen": " four.", "rejected": " five."},
+    {"prompt": "Hello world!", "chosen": " Hello!", "rejected": " The quick brown fox."},
+]
+
+
+def test_preference_rows_are_chosen_then_rejected_samples(tmp_path, bpe_tokenizer):
+    folder, tok = bpe_tokenizer
+    ds = prep(tmp_path, folder, PREFERENCES, shape="preference", seq_len=32)
+    assert len(ds) == 2 * len(PREFERENCES) and ds.masked
+    for i, row in enumerate(PREFERENCES):
+        for j, answer in enumerate((row["chosen"], row["rejected"])):
+            tokens, labels = ds[2 * i + j]
+            prompt = tok(row["prompt"])["input_ids"]
+            want = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            assert tokens[: len(prompt)].tolist() == prompt  # the same prompt, not counted
+            assert labels[labels != -100].tolist() == want
+            assert ds.counted(2 * i + j) == len(want)
+
+
+def test_chat_preference_counts_only_the_answer(tmp_path, bpe_tokenizer):
+    """A chat prompt's earlier assistant turn is context, not trained on; an answer may be a
+    string, a message or a list of messages."""
+    folder, tok = bpe_tokenizer
+    prompt = CHATS[0][:4]
+    rows = [
+        {"prompt": prompt, "chosen": CHATS[0][4], "rejected": "Hello!"},
+        {"prompt": prompt, "chosen": [CHATS[0][4]], "rejected": [CHATS[1][1]]},
+    ]
+    ds = prep(tmp_path, folder, rows, shape="preference", seq_len=96)
+    answers = [CHATS[0][4]["content"], "Hello!"]
+    for i in range(4):
+        tokens, labels = ds[i]
+        assert tok.decode(labels[labels != -100].tolist()) == answers[i % 2] + "</s>"
+        rendered = tok.apply_chat_template(
+            [*prompt, {"role": "assistant", "content": answers[i % 2]}], tokenize=False
+        )
+        assert tok.decode(tokens[: len(tok(rendered)["input_ids"])]) == rendered
+
+
 def test_parquet_reads_like_jsonl(tmp_path, bpe_tokenizer):
     folder, _ = bpe_tokenizer
     path = tmp_path / "rows.parquet"
@@ -109,6 +149,22 @@ def test_index_names_source_and_tokenizer(tmp_path, bpe_tokenizer):
         ([{"prompt": "p"}], {"shape": "instruction"}, "row 1: no field 'completion'"),
         ([{"messages": [{"role": "user", "content": "hi"}]}], {"shape": "chat"}, "no assistant"),
         (INSTRUCTIONS, {"shape": "instruction", "seq_len": 8}, "row 1: the sample is"),
+        ([{"prompt": "p", "chosen": "a"}], {"shape": "preference"}, "row 1: no field 'rejected'"),
+        (
+            [{"prompt": "p", "chosen": "a", "rejected": ["b"]}],
+            {"shape": "preference"},
+            "row 1: field 'rejected' must be a string",
+        ),
+        (
+            [{"prompt": [{"role": "user", "content": "hi"}], "chosen": "a", "rejected": []}],
+            {"shape": "preference"},
+            "row 1 field 'rejected': no assistant message",
+        ),
+        (
+            [{"prompt": [{"content": "hi"}], "chosen": "a", "rejected": "b"}],
+            {"shape": "preference"},
+            "row 1 field 'prompt': each message needs a string 'role'",
+        ),
     ],
 )
 def test_bad_rows_name_the_file_and_row(tmp_path, bpe_tokenizer, rows, opts, message):
@@ -128,8 +184,12 @@ def test_missing_file_and_truncation(tmp_path, bpe_tokenizer):
     assert len(ds) == 4 and ds[0][0].shape == (9,) and ds[0][1].shape == (8,)
 
 
-def spec(**data) -> DataSpec:
-    return DataSpec.model_validate(data)
+SECTIONS = {"data": DataSpec, "data.eval": EvalDataSpec}
+
+
+def spec(section: str = "data", **data) -> DataSpec | EvalDataSpec:
+    """The spec section ``section`` (data, or the evaluation source data.eval) of ``data``."""
+    return SECTIONS[section].model_validate(data)
 
 
 def test_dataset_for_prepares_once_and_reuses_the_cache(tmp_path, bpe_tokenizer, monkeypatch):
@@ -151,32 +211,53 @@ def test_dataset_for_prepares_once_and_reuses_the_cache(tmp_path, bpe_tokenizer,
     assert other.seq_len == 48 and len([p for p in cache.iterdir() if p.is_dir()]) == 2
 
 
-def test_dataset_for_refusals(tmp_path, bpe_tokenizer):
+@pytest.mark.parametrize("section", SECTIONS)
+def test_dataset_for_refusals(tmp_path, bpe_tokenizer, section):
+    """Each refusal names the fields of the section it was given (data.eval's for the
+    evaluation source)."""
     folder, _ = bpe_tokenizer
     path = write_jsonl(tmp_path / "rows.jsonl", INSTRUCTIONS)
-    with pytest.raises(ValueError, match=re.escape("data.shape 'instruction' needs a tokenizer")):
-        dataset_for(
-            spec(source="jsonl", path=path, shape="instruction"),
-            tokenizer=None,
-            vocab_size=256,
-            seed=0,
-        )
+    shaped = spec(section, source="jsonl", path=path, shape="instruction")
+    with pytest.raises(ValueError, match=re.escape(f"{section}.shape 'instruction' needs a")):
+        dataset_for(shaped, tokenizer=None, vocab_size=256, seed=0)
     with pytest.raises(ValueError, match="vocab_size is 256"):
-        dataset_for(
-            spec(source="jsonl", path=path, shape="instruction"),
-            tokenizer=folder,
-            vocab_size=256,
-            seed=0,
-        )
+        dataset_for(shaped, tokenizer=folder, vocab_size=256, seed=0)
     prep(tmp_path, folder, INSTRUCTIONS, shape="instruction", seq_len=32)
-    prepared = spec(source="prepared", path=str(tmp_path / "prepared"), seq_len=32)
+    prepared = spec(section, source="prepared", path=str(tmp_path / "prepared"), seq_len=32)
     assert len(dataset_for(prepared, tokenizer=None, vocab_size=512, seed=0)) == 4
-    with pytest.raises(ValueError, match=re.escape("set data.seq_len: 32")):
+    with pytest.raises(ValueError, match=re.escape(f"{section}.path ")) as e:
         dataset_for(
             prepared.model_copy(update={"seq_len": 48}), tokenizer=None, vocab_size=512, seed=0
         )
-    with pytest.raises(ValueError, match="token ids up to"):
+    assert "set data.seq_len: 32" in str(e.value)
+    with pytest.raises(ValueError, match=re.escape(f"{section}.path ") + ".* token ids up to"):
         dataset_for(prepared, tokenizer=None, vocab_size=300, seed=0)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ([*INSTRUCTIONS[:2], {"prompt": "p"}], "row 3: no field 'completion'"),
+        ([*INSTRUCTIONS[:2], "{not json"], "line 3: invalid JSON"),
+    ],
+    ids=["missing-field", "bad-json"],
+)
+def test_bad_rows_are_refused_at_use_naming_the_section(
+    tmp_path, bpe_tokenizer, monkeypatch, section, rows, words
+):
+    """A file that changed after submit (or that the service could not see) is refused by
+    the workers when they tokenize it, naming the field and row, and the option to set."""
+    folder, _ = bpe_tokenizer
+    monkeypatch.setenv("ETRAIN_DATA_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    data = spec(section, source="jsonl", path=str(path), shape="instruction", seq_len=32)
+    with pytest.raises(ValueError) as e:
+        dataset_for(data, tokenizer=folder, vocab_size=512, seed=0)
+    assert str(e.value).startswith(f"{section}.path {str(path)!r} {words}"), str(e.value)
+    if "no field" in words:
+        assert f"set {section}.completion_field" in str(e.value)
 
 
 def test_sampler_on_prepared_data_resumes_exactly_and_survives_resizes(tmp_path, word_tokenizer):
