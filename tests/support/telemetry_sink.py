@@ -69,6 +69,12 @@ class TelemetrySink:
         """Loss per step; a recomputed step keeps its latest value (as the store does)."""
         return {m["step"]: m["loss"] for m in self.items("metrics", job_id)}
 
+    def eval_losses(self, job_id: str) -> dict[int, float]:
+        """Held-out loss per step that evaluated (the newest value of a recomputed step)."""
+        return {
+            m["step"]: m["eval_loss"] for m in self.items("metrics", job_id) if "eval_loss" in m
+        }
+
     def close(self) -> None:
         """Stop serving."""
         self.server.shutdown()

@@ -6,6 +6,9 @@ from them (by name only in every message; values never leave ``options``).
   ``ETRAIN_SECRET_<NAME>_ACCESS_KEY_ID`` / ``..._SECRET_ACCESS_KEY`` instead.
 - ``gs://``: ``GOOGLE_APPLICATION_CREDENTIALS``, else Google's default chain; an
   ``http://`` endpoint (an emulator) is reached anonymously.
+- Experiment trackers (``metrics.mlflow``, ``metrics.wandb``) with a ``credentials_secret``
+  NAME: ``ETRAIN_SECRET_<NAME>_MLFLOW_TRACKING_TOKEN`` (or ``..._USERNAME`` /
+  ``..._PASSWORD``), ``ETRAIN_SECRET_<NAME>_WANDB_API_KEY``.
 
 :mod:`workers.storage.location` turns a URI and these options into a store.
 """
@@ -24,16 +27,32 @@ GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 GCSFS_GRPC_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 _SECRET_PARTS = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN")
 S3_OPTIONS = ("key", "secret", "token")  # s3fs's names for the three variables
+# Experiment trackers (metrics.mlflow / metrics.wandb ``credentials_secret``): the variables
+# each one's client reads, as the secret's variables end (all optional: a tracker that
+# refuses the run costs the job its curves, never the job).
+TRACKING_VARIABLES = {
+    "mlflow": ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
+    "wandb": ("WANDB_API_KEY",),
+}
 
 
 class StorageError(ValueError):
     """A checkpoint store that cannot be used as configured; the message names the fix."""
 
 
+def _stem(name: str) -> str:
+    return f"{SECRET_ENV_PREFIX}{name.upper().replace('-', '_')}_"
+
+
 def secret_env_names(name: str) -> tuple[str, str, str]:
     """Variables holding credentials secret ``name``: access key id, secret key, session token."""
-    stem = f"{SECRET_ENV_PREFIX}{name.upper().replace('-', '_')}_"
-    return tuple(stem + part for part in _SECRET_PARTS)  # type: ignore[return-value]
+    return tuple(_stem(name) + part for part in _SECRET_PARTS)  # type: ignore[return-value]
+
+
+def tracking_env_names(tracker: str, name: str) -> tuple[str, ...]:
+    """Variables holding experiment-tracker secret ``name`` for ``tracker`` (a key of
+    :data:`TRACKING_VARIABLES`): ``ETRAIN_SECRET_<NAME>_<the tracker's own variable>``."""
+    return tuple(_stem(name) + var for var in TRACKING_VARIABLES[tracker])
 
 
 def s3_options(

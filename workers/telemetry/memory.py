@@ -205,9 +205,15 @@ class ActivationMeter:
         return False
 
 
-def memory_report(parts, optimizers, meter: ActivationMeter | None, device: torch.device) -> dict:
-    """This rank's measured memory (call after backward, before zero_grad)."""
+def memory_report(
+    parts, optimizers, meter: ActivationMeter | None, device: torch.device, frozen=()
+) -> dict:
+    """This rank's measured memory (call after backward, before zero_grad); ``frozen``: the
+    objective's frozen modules beside the trained ones (a DPO reference model), whose
+    parameters this rank holds are ``reference_bytes``."""
     report = state_bytes(parts, optimizers)
+    if frozen:
+        report["reference_bytes"] = sum(_nbytes(p) for m in frozen for p in m.parameters())
     report["activations_bytes"] = meter.peak if meter else 0
     # Gathered copies held from forward to backward on top of this rank's shards.
     report["gathered_params_bytes"] = max(

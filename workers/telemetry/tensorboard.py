@@ -1,9 +1,11 @@
 """TensorBoard event files for a job, written by rank 0 off the training thread.
 
-:func:`with_tensorboard` puts a :class:`TensorBoardTee` in front of the run's reporter:
-each metric, event and checkpoint record still goes to the reporter, and is also put on
-a queue that one daemon thread writes as event files under ``<checkpoint root>/tensorboard``:
-the step's scalars ``train/*`` (one event per step), each job event as text and a marker
+:func:`with_tensorboard` puts a tee (:class:`workers.telemetry.sink.ReporterTee`) in front
+of the run's reporter: each metric, event and checkpoint record still goes to the reporter,
+and is also put on a queue that one daemon thread writes as event files under
+``<checkpoint root>/tensorboard``:
+the step's scalars ``train/*`` (one event per step; ``eval/loss`` and ``eval/perplexity``
+in it on the steps that evaluate), each job event as text and a marker
 scalar ``events/<kind>`` at the step it happened (a restore whose group size changed is
 also marked ``events/resized``), and TensorBoard's restart record (SessionLog START) at
 the first step the run computes, so the points a restarted run computes again replace
@@ -19,25 +21,25 @@ file. The step never waits on a file or on the store.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 
-from workers.contract import CheckpointRecord, EventKind, MetricPoint
 from workers.storage.confine import Roots, check_folder
 from workers.storage.location import StorageLocation
+from workers.telemetry.sink import ReporterTee, Sink, attach
 
 log = logging.getLogger(__name__)
 
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "world_size", "step_time_s")
-_STOP = object()
-_BATCH_S = 1.0  # seconds between writes
+EVAL_SCALARS = {"eval_loss": "eval/loss", "eval_perplexity": "eval/perplexity"}
+# An objective's own metrics (objective dpo's rewards), under their own heading.
+OBJECTIVE_SCALARS = {
+    f"rewards_{name}": f"rewards/{name}" for name in ("chosen", "rejected", "margin", "accuracy")
+}
 _FLUSH_S = 5.0  # local files are flushed this often
 _UPLOAD_S = 10.0  # object-store copies are brought up to date this often
 _ROTATE_BYTES = 8 << 20  # a new event file past this size
@@ -123,71 +125,37 @@ class Upload:
         return True
 
 
-class TensorBoardLog:
-    """Queues scalars and text events; a background thread writes (and uploads) them."""
+class TensorBoardLog(Sink):
+    """Scalars and text events, written (and uploaded) by the sink's background thread."""
+
+    name = "tensorboard"
+    close_wait_s = _CLOSE_WAIT_S
+    waits_on_flush = True  # a checkpoint's flush brings the files up to date
 
     def __init__(self, files: EventFiles, *, start: int = 0, upload: Upload | None = None):
+        super().__init__(maxsize=100_000)
         self.files, self.upload = files, upload
         self.logdir = files.folder
-        self._every = _UPLOAD_S if upload is not None else _FLUSH_S
+        self.idle_s = _UPLOAD_S if upload is not None else _FLUSH_S
         self._last = time.monotonic()
-        self._queue: queue.Queue = queue.Queue(maxsize=100_000)
-        self._wake = threading.Event()
-        self._queue.put(("start", start + 1, None))
-        self._thread = threading.Thread(target=self._run, name="etrain-tensorboard", daemon=True)
-        self._thread.start()
+        self.put(("start", start + 1, None))
+        self.start()
 
-    def put(self, item: tuple) -> None:
-        """Queue a record (never blocks the step; dropped when the queue is full)."""
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            log.warning("tensorboard queue full; a record was dropped")
+    def write(self, items: list[tuple]) -> None:
+        for item in items:
+            try:
+                self._write(*item)
+            except Exception:  # a bad record must not stop the others
+                log.exception("tensorboard write failed")
 
-    def _take(self) -> list:
-        """What queued up: waits for the first record up to the flush interval."""
-        try:
-            items = [self._queue.get(timeout=self._every)]
-        except queue.Empty:
-            return []
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
-        return items
+    def tick(self, *, forced: bool) -> None:
+        if forced or time.monotonic() - self._last >= self.idle_s:
+            self._last = time.monotonic()
+            self.files.flush()
+            if self.upload is not None:
+                self.upload.sync(current=self.files.suffix)
 
-    def _run(self) -> None:
-        # Wakes at most once a second (unless a checkpoint waits) and writes what queued
-        # up since: few thread switches against the training thread, whatever the step rate.
-        while True:
-            items = self._take()
-            waiting = [item[2] for item in items if item is not _STOP and item[0] == "sync"]
-            for item in items:
-                if item is _STOP:
-                    self._finish()
-                    return
-                try:
-                    if item[0] != "sync":
-                        self._write(*item)
-                except Exception:  # a bad record must not stop the others
-                    log.exception("tensorboard write failed")
-            if waiting or time.monotonic() - self._last >= self._every:
-                self._last = time.monotonic()
-                self.files.flush()
-                if self.upload is not None:
-                    self.upload.sync(current=self.files.suffix)
-            for done in waiting:
-                done.set()
-            self._wake.wait(_BATCH_S)
-            self._wake.clear()
-
-    def request_sync(self) -> threading.Event:
-        """Ask the background thread to write what is queued now and copy the files to the
-        object store (when it answers); the event is set once it has."""
-        done = threading.Event()
-        self.put(("sync", 0, done))
-        self._wake.set()
-        return done
-
-    def _finish(self) -> None:
+    def finish(self) -> None:
         self.files.close()
         if self.upload is None:
             return
@@ -204,9 +172,10 @@ class TensorBoardLog:
         from tensorboardX.summary import text
 
         if what == "metric":  # one event per step holding every scalar: cheapest to write
+            tags = {name: f"train/{name}" for name in SCALARS} | EVAL_SCALARS | OBJECTIVE_SCALARS
             values = [
-                Summary.Value(tag=f"train/{name}", simple_value=float(value))
-                for name in SCALARS
+                Summary.Value(tag=tag, simple_value=float(value))
+                for name, tag in tags.items()
                 if (value := getattr(payload, name, None)) is not None
             ]
             wall = payload.ts or time.time()
@@ -214,68 +183,19 @@ class TensorBoardLog:
         elif what == "start":  # TensorBoard drops what an earlier run wrote from here on
             start = SessionLog(status=SessionLog.START)
             self.files.write(Event(wall_time=time.time(), step=step, session_log=start))
-        else:
+        elif what == "event":  # a checkpoint is marked by its checkpoint_saved event
             kind, message = payload
             marker = Summary.Value(tag=f"events/{kind}", simple_value=1.0)
             summary = Summary(value=[*text(f"events/{kind}", message).value, marker])
             self.files.write(Event(wall_time=time.time(), step=step, summary=summary))
 
-    def close(self) -> None:
-        """Write what is queued, close the file and (object stores) upload it."""
-        self._queue.put(_STOP)
-        self._wake.set()
-        self._thread.join(timeout=_CLOSE_WAIT_S)
-        if self._thread.is_alive():
-            log.warning("tensorboard: event files still being written after %.0f s", _CLOSE_WAIT_S)
 
-
-class TensorBoardTee:
+class TensorBoardTee(ReporterTee):
     """The run's reporter (or none) plus the TensorBoard log: what one gets, both get."""
 
     def __init__(self, inner, log_: TensorBoardLog, *, step: int):
-        # Events before the first metric are marked at the step the run starts from.
-        self.inner, self.log, self.step = inner, log_, step
-
-    def metric(self, point: MetricPoint) -> None:
-        self.step = point.step
-        self.log.put(("metric", point.step, point))
-        if self.inner is not None:
-            self.inner.metric(point)
-
-    def event(self, kind, message: str, **kwargs) -> None:
-        data = kwargs.get("data") or {}
-        step = data.get("step", self.step)
-        kind_name = getattr(kind, "value", kind)
-        self.log.put(("event", step, (kind_name, message)))
-        saved = data.get("saved_world_size")
-        if kind_name == EventKind.RESTORED.value and saved not in (None, data.get("world_size")):
-            self.log.put(("event", step, ("resized", message)))
-        if self.inner is not None:
-            self.inner.event(kind, message, **kwargs)
-
-    def checkpoint(self, record: CheckpointRecord) -> None:
-        # Marked by its checkpoint_saved event; the record itself is the reporter's.
-        if self.inner is not None:
-            self.inner.checkpoint(record)
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        """The reporter's flush, and the event files brought up to date in the same time
-        (a checkpoint waits for both, so a run restored from it finds the steps it covers
-        in TensorBoard as well). The reporter's answer: the event files are best effort."""
-        deadline = time.monotonic() + timeout
-        done = self.log.request_sync()
-        sent = True if self.inner is None else self.inner.flush(timeout=timeout)
-        done.wait(max(0.0, deadline - time.monotonic()))
-        return sent
-
-    def close(self) -> None:
-        """Close the TensorBoard log (the reporter is its owner's to close)."""
-        self.log.close()
-
-
-class _Off:
-    def close(self) -> None:
-        """Nothing to close."""
+        super().__init__(inner, [log_], step=step)
+        self.log = log_
 
 
 def open_log(checkpoints: StorageLocation, *, start: int) -> TensorBoardLog:
@@ -291,16 +211,19 @@ def open_log(checkpoints: StorageLocation, *, start: int) -> TensorBoardLog:
     return TensorBoardLog(EventFiles(spool), start=start, upload=Upload(where, spool))
 
 
-def with_tensorboard(enabled: bool | None, env, *, start: int):
-    """``(env, closer)``: on rank 0 of a job that asks for TensorBoard and keeps
-    checkpoints (``env.checkpoints``), ``env`` with its reporter behind a
-    :class:`TensorBoardTee`."""
+def open_tensorboard(enabled: bool | None, env, *, start: int) -> TensorBoardLog | None:
+    """The log of rank 0 of a job that asks for TensorBoard and keeps checkpoints
+    (``env.checkpoints``); None for any other rank or job, or when it cannot be opened."""
     if not enabled or env.rank != 0 or env.checkpoints is None:
-        return env, _Off()
+        return None
     try:
-        tb_log = open_log(env.checkpoints, start=start)
+        return open_log(env.checkpoints, start=start)
     except Exception as e:  # noqa: BLE001 - curves are not worth failing the job over
         log.warning("tensorboard: no event files for this run (%s: %s)", type(e).__name__, e)
-        return env, _Off()
-    tee = TensorBoardTee(env.reporter, tb_log, step=start)
-    return dataclasses.replace(env, reporter=tee), tee
+        return None
+
+
+def with_tensorboard(enabled: bool | None, env, *, start: int):
+    """``(env, closer)``: on rank 0 of a job that asks for TensorBoard and keeps
+    checkpoints, ``env`` with its reporter behind a tee to the TensorBoard log."""
+    return attach(env, [open_tensorboard(enabled, env, start=start)], step=start)

@@ -16,6 +16,7 @@ from workers.contract import EventKind, MetricPoint
 from workers.storage.confine import ROOTS_ENV
 from workers.storage.location import locate, resolve_storage
 from workers.telemetry import tensorboard as tb
+from workers.telemetry.sink import Off
 
 
 def _read(folder) -> event_accumulator.EventAccumulator:
@@ -125,7 +126,7 @@ def test_a_folder_it_may_not_make_leaves_the_run_without_event_files(caplog, tmp
 
     with caplog.at_level(logging.WARNING, logger=tb.__name__):
         env, closer = tb.with_tensorboard(True, Env(), start=0)
-    assert env.reporter is None and isinstance(closer, tb._Off)
+    assert env.reporter is None and isinstance(closer, Off)
     assert "no event files for this run (ConfinementError:" in caplog.text
     assert not (tmp_path / "other").exists()
 
@@ -143,3 +144,27 @@ def test_a_checkpoints_flush_returns_once_the_store_holds_the_steps(tmp_path):
     assert tee.flush(timeout=30.0)
     assert _losses(_read(remote)) == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
     tee.close()
+
+
+def test_the_steps_that_evaluate_also_get_eval_scalars(tmp_path):
+    """eval/loss and eval/perplexity at the steps whose point has them (an overflowed
+    perplexity is left out); train/* at every step as before."""
+    folder = tmp_path / "tensorboard"
+    tee = tb.TensorBoardTee(None, tb.TensorBoardLog(tb.EventFiles(str(folder))), step=0)
+    evals = {3: {"eval_loss": 3.5, "eval_perplexity": 33.12}, 6: {"eval_loss": 3.25}}
+    for step in range(1, 8):
+        extra = {**evals[step], "eval_s": 0.5, "eval_samples": 16} if step in evals else {}
+        tee.metric(MetricPoint(step=step, world_size=2, loss=10.0 - step, ts=1e9, **extra))
+    tee.close()
+    acc = _read(folder)
+    assert _losses(acc) == {s: 10.0 - s for s in range(1, 8)}
+    assert {e.step: e.value for e in acc.Scalars("eval/loss")} == {
+        s: pytest.approx(e["eval_loss"]) for s, e in evals.items()
+    }
+    assert {e.step: e.value for e in acc.Scalars("eval/perplexity")} == {
+        3: pytest.approx(evals[3]["eval_perplexity"])
+    }
+    assert {t for t in acc.Tags()["scalars"] if t.startswith("eval/")} == {
+        "eval/loss",
+        "eval/perplexity",
+    }
