@@ -50,16 +50,29 @@ class ExportRefused(Exception):
     """The export cannot run as asked; the message says what to change."""
 
 
+# ``step`` of an export that takes the job's best checkpoint (``--best``).
+BEST = "best"
+
+
 def pick_checkpoint(
-    checkpoints: list[dict[str, Any]], *, job_id: str, step: int | None
+    checkpoints: list[dict[str, Any]], *, job_id: str, step: int | str | None
 ) -> dict[str, Any]:
-    """The checkpoint at ``step``, or the newest one when ``step`` is None."""
+    """The checkpoint at ``step``, the newest one when ``step`` is None, or the one the API
+    marks best (the lowest held-out loss) when ``step`` is :data:`BEST`."""
     if not checkpoints:
         raise ExportRefused(
             f"job {job_id} has no committed checkpoints yet; export after "
             "its first checkpoint (checkpoint.every_steps) is saved"
         )
     by_step = {int(c["step"]): c for c in checkpoints}
+    if step == BEST:
+        best = [c for c in checkpoints if c.get("best")]
+        if not best:
+            raise ExportRefused(
+                f"job {job_id} has no evaluated checkpoint to call best (it needs "
+                "train.eval_every_steps and an evaluation set); pass --step instead"
+            )
+        return best[0]
     if step is None:
         return by_step[max(by_step)]
     if step not in by_step:
@@ -102,7 +115,7 @@ def export_job(
     api: EtrainClient,
     job_id: str,
     *,
-    step: int | None,
+    step: int | str | None,
     out: Path | None,
     dtype: ExportDtype | None,
     naming: ExportNaming,
@@ -149,7 +162,7 @@ def export_job(
 
 
 def export_lora_job(
-    api: EtrainClient, job_id: str, *, step: int | None, out: Path | None, merge: bool
+    api: EtrainClient, job_id: str, *, step: int | str | None, out: Path | None, merge: bool
 ) -> AdapterExportResult:
     """A LoRA job's adapter in peft's format, or (``merge``) merged into its base."""
     job = api.get_job(job_id)
@@ -195,6 +208,12 @@ def export(
     ctx: typer.Context,
     job_id: JobIdArg,
     step: Annotated[int | None, typer.Option(help="Checkpoint step (default: newest).")] = None,
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best", help="The best checkpoint: the lowest held-out loss (eval_loss) kept."
+        ),
+    ] = False,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] = (
         ExportFormat.safetensors
     ),
@@ -220,6 +239,9 @@ def export(
 ) -> None:
     """Export a job's checkpoint as one model.safetensors plus config.json (reads storage
     directly); a LoRA job's adapter with --adapter, merged into its base with --merge."""
+    if best and step is not None:
+        raise session(ctx).fail("pass --step or --best, not both")
+    step = BEST if best else step
     if adapter or merge:
         return _export_lora(ctx, job_id, step=step, out=out, merge=merge)
     s = session(ctx)

@@ -1,5 +1,7 @@
 """Fine-tune a pretrained Hugging Face model through the REST API of a real `etrain serve`
-on real Ray, export it, load it with transformers: its logits equal etrain's final model's.
+on real Ray, evaluating a held-out set, keeping the best checkpoint and stopping early;
+export the best, load it with transformers: its logits equal etrain's model at that step,
+and generating from the job (REST and `etrain generate`) equals its greedy generate.
 
 The tiny Llama and its tokenizer are built in the test (tests/support/hf_fixtures.py) and
 put in the tenant's data area, as a user would; etrain's final model is the job's last
@@ -8,6 +10,7 @@ checkpoint loaded into etrain's own Transformer in this process.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -26,18 +29,29 @@ from workers.models.llama import Transformer
 pytestmark = pytest.mark.slow
 
 TENANT = "ft-e2e"
-STEPS = 4
+STEPS = 8
+# Evaluated every 2 steps; an improvement must beat the best by 100, so the second
+# evaluation (step 4) ends the job: patience 1.
+STOPS_AT = 4
+GENERATED = 5  # tokens generated from the best checkpoint
 
 
 def _spec(folder: Path, corpus: Path) -> dict:
     return {
         "name": "ft-rest",
         "model": {"hf": str(folder)},
-        "data": {"source": "text", "path": str(corpus), "seq_len": 16},
+        "data": {"source": "text", "path": str(corpus), "seq_len": 16, "eval_fraction": 0.2},
         "resources": {"workers": 2},
         "parallelism": {"strategy": "fsdp"},
-        "train": {"steps": STEPS, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2},
-        "checkpoint": {"every_steps": STEPS},
+        "train": {
+            "steps": STEPS,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "eval_every_steps": 2,
+            "early_stopping": {"patience": 1, "min_delta": 100},
+        },
+        "checkpoint": {"every_steps": 2, "keep_last": 1, "keep_best": 1},
     }
 
 
@@ -72,13 +86,24 @@ def test_finetune_export_and_load_with_transformers(served, tmp_path, waiter):
         )
         job = c.get(f"/v1/jobs/{job_id}").json()
         assert job["status"] == "SUCCEEDED", c.get(f"/v1/jobs/{job_id}/logs").text[-3000:]
-        (ckpt,) = [ck for ck in c.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]]
-        assert ckpt["step"] == STEPS
+        events = c.get(f"/v1/jobs/{job_id}/events").json()["items"]
+        assert [e["data"]["step"] for e in events if e["kind"] == "early_stopped"] == [STOPS_AT]
+        points = c.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+        assert max(p["step"] for p in points) == STOPS_AT
+        evals = {p["step"]: p["eval_loss"] for p in points if "eval_loss" in p}
+        assert sorted(evals) == [2, STOPS_AT]
+        assert job["metrics"]["eval_loss"] == evals[STOPS_AT]
+        # keep_last 1 and keep_best 1: the stop's checkpoint and the lowest evaluated.
+        best_step = min(evals, key=lambda s: (evals[s], s))
+        ckpts = c.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        assert {ck["step"] for ck in ckpts} == {STOPS_AT, best_step}
+        (ckpt,) = [ck for ck in ckpts if ck["best"]]
+        assert ckpt["step"] == best_step and ckpt["eval_loss"] == evals[best_step]
 
     out = tmp_path / "exported"
     env = {**os.environ, "ETRAIN_URL": served.url, "ETRAIN_TOKEN": token}
     done = subprocess.run(
-        [str(BIN / "etrain"), "export", job_id, "--out", str(out)],
+        [str(BIN / "etrain"), "export", job_id, "--best", "--out", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -98,3 +123,29 @@ def test_finetune_export_and_load_with_transformers(served, tmp_path, waiter):
         before = base(tokens).logits
     assert not torch.allclose(want, before, atol=1e-3), "the job did not change the model"
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+    # Generation from the best checkpoint: the service (in a child process) and `etrain
+    # generate` (in its own) both continue a prompt as transformers' greedy generate does
+    # on the exported best, token for token.
+    prompt = "The quick brown fox"
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(out)(prompt)["input_ids"]])
+    with torch.no_grad():
+        greedy = exported.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATED, do_sample=False
+        )
+    want = greedy[0, ids.shape[1] :].tolist()
+    with served.client(token) as c:
+        body = {"prompt": prompt, "max_new_tokens": GENERATED}
+        r = c.post(f"/v1/jobs/{job_id}/generate", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    assert (r.json()["step"], r.json()["tokens"]) == (best_step, want)
+    args = ["generate", job_id, "--prompt", prompt, "--max-new-tokens", str(GENERATED), "--json"]
+    done = subprocess.run(
+        [str(BIN / "etrain"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["tokens"] == want

@@ -11,11 +11,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from rich.console import Console
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -24,6 +22,7 @@ from service.api.app import create_app
 from service.auth import create_reporter_token
 from service.cli.export import job_checkpoint_section, job_stores_section
 from service.settings import Settings
+from tests.support.cli_bridge import bridge_cli
 from tests.support.fakes import FakeBackend
 from workers.checkpoint.export import ExportError, open_checkpoint_dir
 from workers.checkpoint.manager import CheckpointManager
@@ -98,20 +97,7 @@ def api(tmp_path, monkeypatch):
     )
     app = create_app(settings, backend=FakeBackend(), reconcile=False)
     with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as client:
-
-        def forward(request: httpx.Request) -> httpx.Response:
-            reply = client.request(
-                request.method,
-                request.url.path,
-                params=request.url.params,
-                content=request.content,
-                headers=dict(request.headers),
-            )
-            return httpx.Response(reply.status_code, headers=reply.headers, content=reply.content)
-
-        monkeypatch.setattr(cli, "_transport", lambda: httpx.MockTransport(forward))
-        monkeypatch.setattr(cli, "console", Console(width=300, highlight=False))
-        monkeypatch.setattr(cli, "err_console", Console(width=300, stderr=True, highlight=False))
+        bridge_cli(monkeypatch, client)
         yield client
 
 

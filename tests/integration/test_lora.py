@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.integration.test_cli_export import api  # noqa: F401 - the fixture
+from tests.support.eval_reference import evaluate_checkpoint
 from tests.support.local_launch import LocalJob, run_local
 from workers.models.config import get_model_config
 from workers.models.llama import build_model
@@ -68,6 +69,24 @@ def make_spec(name: str, workers: int, parallelism: dict, optimizer: str) -> dic
     return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
 
 
+# The resumed jobs also evaluate a held-out set every 2 steps (held-out training samples
+# under FSDP, a source of its own under DDP).
+RESUMED = {
+    "fsdp": {"eval_fraction": 0.1},
+    "ddp": {"eval": {"source": "synthetic", "num_samples": 5}},
+}
+
+
+def resume_spec(name: str) -> dict:
+    par = ROWS["fsdp-zero3"] if name == "fsdp" else ROWS["ddp"]
+    spec = make_spec(f"resume-{name}", 2, par, "adamw")
+    if name == "ddp":  # asynchronous saves, and retention keeping only the newest
+        spec["checkpoint"].update({"async": True, "keep_last": 1})
+    spec["data"].update(RESUMED[name])
+    spec["train"]["eval_every_steps"] = 2
+    return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+
+
 def single_process(optimizer: str):
     spec = make_spec("reference", 1, {"strategy": "ddp"}, optimizer)
     return run(
@@ -89,10 +108,8 @@ def lora_results(tmp_path_factory) -> dict:
         for row, par in ROWS.items()
         for opt in OPTIMIZERS
     ]
-    for name, par in (("fsdp", ROWS["fsdp-zero3"]), ("ddp", ROWS["ddp"])):
-        spec = make_spec(f"resume-{name}", 2, par, "adamw")
-        if name == "ddp":  # asynchronous saves, and retention keeping only the newest
-            spec["checkpoint"].update({"async": True, "keep_last": 1})
+    for name in RESUMED:
+        spec = resume_spec(name)
         ckpt = str(root / name)
         jobs.append(LocalJob(f"resume-{name}-full", spec, str(root / f"{name}-full")))
         jobs.append(LocalJob(f"resume-{name}-save", spec, ckpt, stop_at=2))
@@ -165,6 +182,18 @@ def test_lora_resume_is_bitwise(lora_results, name):
         assert kept == ["step_00000004"], kept
 
 
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_lora_evaluation_equals_one_process_and_a_resume_repeats_it(lora_results, name):
+    """The adapters' held-out loss equals one process's evaluation of the weights committed
+    at that step; a job killed and resumed evaluates to the same loss, bit for bit."""
+    full, resumed = lora_results[f"resume-{name}-full"], lora_results[f"resume-{name}-resume"]
+    assert sorted(full.eval_losses) == [2, 4]
+    assert resumed.eval_losses == {4: full.eval_losses[4]}
+    spec = JobSpec.model_validate(resume_spec(name))
+    want = evaluate_checkpoint(spec, Path(lora_results["root"]) / f"{name}-full", STEPS)
+    assert full.eval_losses[STEPS] == pytest.approx(want, rel=1e-6)
+
+
 def test_lora_resumes_after_an_elastic_shrink(lora_results, references):
     assert lora_results["elastic-save"].error is None, lora_results["elastic-save"].error
     spec = make_spec("elastic", 1, {"strategy": "ddp"}, "adamw")
@@ -221,9 +250,12 @@ def _hf_logits(model, tokens) -> torch.Tensor:
         return model(tokens).logits
 
 
-@pytest.mark.parametrize("base", ["preset", "hf-llama", "hf-qwen2"])
+@pytest.mark.parametrize(
+    "base", ["preset", "hf-llama", "hf-qwen2", "hf-qwen3", "hf-gemma2", "hf-gemma3", "hf-phi3"]
+)
 def test_adapter_export_loads_with_peft_and_merges(tmp_path, base):
-    """peft loads the adapter over the base and gives etrain's logits; so does the merge."""
+    """peft loads the adapter over the base and gives etrain's logits; so does the merge.
+    Phi-3's q/k/v adapters export as one (block-diagonal) adapter on its fused qkv_proj."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -237,7 +269,8 @@ def test_adapter_export_loads_with_peft_and_merges(tmp_path, base):
     trained, step_dir = _train_with_checkpoints(tmp_path, model)
     base_dir = tmp_path / "base" if model else write_preset_base("gpt-tiny", 3, tmp_path / "base")
     result = export_adapter(step_dir, tmp_path / "adapter", lora=LORA)
-    assert result.num_tensors == 2 * 5 * 2  # A and B, five targets, two layers
+    modules = 3 if base == "hf-phi3" else 5  # qkv_proj, o_proj, down_proj
+    assert result.num_tensors == 2 * modules * 2  # A and B, each module, two layers
     tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = trained(tokens)
@@ -296,12 +329,13 @@ def test_cli_exports_adapter_and_merge(api, tmp_path, tmp_path_factory):  # noqa
 
 
 def test_sigkilled_lora_job_resumes_bitwise(lora_results, run_job, telemetry_sink, tmp_path):
-    """A real Ray job, rank 1 SIGKILLed after step 3 (checkpoint at 2): its losses equal the
-    uninterrupted run of the same spec on the same layout (local gloo group) bit for bit."""
+    """A real Ray job, rank 1 SIGKILLed after step 3 (checkpoint at 2): its losses and held-out
+    losses equal the uninterrupted run of the same spec on the same layout (local gloo group)
+    bit for bit."""
     from service.backends.base import RunState
     from tests.support.faults import fault_env
 
-    spec = make_spec("resume-fsdp", 2, ROWS["fsdp-zero3"], "adamw")
+    spec = resume_spec("fsdp")
     spec["checkpoint"] = {**spec["checkpoint"], "storage": f"file://{tmp_path}"}
     job_id = f"j-lora-kill-{uuid.uuid4().hex[:6]}"
     marker = tmp_path / "killed-once"
@@ -311,3 +345,5 @@ def test_sigkilled_lora_job_resumes_bitwise(lora_results, run_job, telemetry_sin
     events = telemetry_sink.items("events", job_id)
     assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [2]
     assert telemetry_sink.losses(job_id) == lora_results["resume-fsdp-full"].losses
+    # The held-out losses too: step 2's (before the kill) and step 4's (after the resume).
+    assert telemetry_sink.eval_losses(job_id) == lora_results["resume-fsdp-full"].eval_losses

@@ -18,6 +18,7 @@ import torch
 
 from service.planner.memory_model import activation_bytes, state_bytes_by_rank
 from service.planner.planning import layout_of, workload_of
+from tests.support.eval_reference import evaluate_checkpoint
 from tests.support.local_launch import LocalJob, run_local_groups
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -129,6 +130,31 @@ RESUMES = {
 }
 
 
+# Held-out evaluation after training steps, on the weights each layout trained: its own
+# source (11 samples: padding rows on some ranks) or held-out training samples.
+EVALUATED = {
+    "ddp2": {"eval_fraction": 0.05},
+    "fsdp2-zero3": {"eval": {"source": "synthetic", "num_samples": 11}},
+    "tp2": {"eval": {"source": "synthetic", "num_samples": 11}},
+    "pp2-gpipe": {"eval_fraction": 0.05},
+    "pp2-1f1b": {"eval": {"source": "synthetic", "num_samples": 11}},
+    "pp2-interleaved": {"eval": {"source": "synthetic", "num_samples": 11}},
+    "hybrid-pp2-dp2": {"eval": {"source": "synthetic", "num_samples": 11}},
+    "hybrid-pp2-tp2": {"eval_fraction": 0.05},
+}
+EVAL_SOURCE = {"eval": {"source": "synthetic", "num_samples": 11}}
+EVAL_EVERY = 3
+
+
+def with_eval(spec: dict, data: dict) -> dict:
+    """``spec`` evaluating ``data``'s set every EVAL_EVERY steps, saving on the same steps."""
+    spec = copy.deepcopy(spec)
+    spec["data"].update(data)
+    spec["train"]["eval_every_steps"] = EVAL_EVERY
+    spec["checkpoint"].update(every_steps=EVAL_EVERY, keep_last=10)
+    return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+
+
 @pytest.fixture(scope="module")
 def matrix_results(tmp_path_factory) -> dict:
     """Run every row (both optimizers) and every save, grouped by world size; the resumes
@@ -152,14 +178,22 @@ def matrix_results(tmp_path_factory) -> dict:
         workers, par = MATRIX[name]
         spec = make_spec(name, workers, par, "sgd", grad_clip=CLIP)
         by_world[workers].append(LocalJob(f"{name}-sgd-clipped", spec, measure_memory=False))
+    for name, data in EVALUATED.items():
+        workers, par = MATRIX[name]
+        spec = with_eval(make_spec(name, workers, par, "adamw"), data)
+        job = LocalJob(f"{name}-eval", spec, str(root / f"{name}-eval"), measure_memory=False)
+        by_world[workers].append(job)
     for name, ((w1, par1), (w2, par2)) in RESUMES.items():
         ckpt = str(root / name)
         save, resume = (
-            make_spec(name, w, par, "adamw", steps=6) for w, par in ((w1, par1), (w2, par2))
+            with_eval(make_spec(name, w, par, "adamw", steps=6), EVAL_SOURCE)
+            for w, par in ((w1, par1), (w2, par2))
         )
         by_world[w1].append(LocalJob(f"{name}-save", save, ckpt, stop_at=3, measure_memory=False))
         resumes[w2].append(LocalJob(f"{name}-resume", resume, ckpt, measure_memory=False))
-    return run_local_groups([(2, by_world[2]), (4, by_world[4] + resumes[4]), (2, resumes[2])])
+    results = run_local_groups([(2, by_world[2]), (4, by_world[4] + resumes[4]), (2, resumes[2])])
+    results["root"] = root
+    return results
 
 
 def assert_matches(res, want: dict[int, float], label: str) -> None:
@@ -212,6 +246,35 @@ def test_checkpoint_moves_between_strategies(matrix_results, references, name):
     want = references[("adamw", 6)]
     for step in (4, 5, 6):
         assert resumed.losses[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+@pytest.mark.parametrize("row", list(EVALUATED))
+def test_evaluation_equals_one_process_on_the_same_weights(matrix_results, row):
+    """The loss every layout reports for its held-out set, after training steps, is what one
+    process computes with the weights that layout committed at that step."""
+    res = matrix_results[f"{row}-eval"]
+    assert res.error is None, res.error
+    assert sorted(res.eval_losses) == [EVAL_EVERY, STEPS]
+    workers, par = MATRIX[row]
+    spec = JobSpec.model_validate(with_eval(make_spec(row, workers, par, "adamw"), EVALUATED[row]))
+    got = res.eval_losses[STEPS]
+    want = evaluate_checkpoint(spec, matrix_results["root"] / f"{row}-eval", STEPS)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert got < res.eval_losses[EVAL_EVERY]
+
+
+@pytest.mark.parametrize("name", ["pp2-grows-to-pp2-dp2", "tp2-dp2-shrinks-to-tp2"])
+def test_evaluation_is_unchanged_across_an_elastic_resize(matrix_results, name):
+    """Evaluated by 2 (or 4) workers before the resize and by 4 (or 2) after it: each
+    equals one process's evaluation of the weights committed at that step."""
+    saved, resumed = matrix_results[f"{name}-save"], matrix_results[f"{name}-resume"]
+    assert saved.eval_losses.keys() == {3} and resumed.eval_losses.keys() == {6}
+    (w1, par1), (w2, par2) = RESUMES[name]
+    for res, workers, par, step in ((saved, w1, par1, 3), (resumed, w2, par2, 6)):
+        spec = make_spec(name, workers, par, "adamw", steps=6)
+        spec = JobSpec.model_validate(with_eval(spec, EVAL_SOURCE))
+        want = evaluate_checkpoint(spec, matrix_results["root"] / name, step)
+        assert res.eval_losses[step] == pytest.approx(want, rel=1e-6), step
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))

@@ -33,13 +33,14 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from workers.checkpoint.export_hf import (
     copy_tokenizer_files,
+    hf_config,
     source_hf_config,
     source_model_config,
 )
 from workers.checkpoint.safe_load import SafeLoadPlanner
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir, read_error
 from workers.models.config import ModelConfig, get_model_config
-from workers.models.hf_naming import to_hf_name, to_hf_tensor
+from workers.models.hf_naming import hf_rows, to_hf_name, to_hf_tensor
 from workers.models.llama import build_model
 
 __all__ = [
@@ -123,15 +124,29 @@ def _plan_entries(src: ExportSource, cfg: ModelConfig, *, preset: str, naming: s
             f"checkpoint {src.uri} does not hold a {preset!r} model ({detail}); "
             "set preset to the job's model.preset (or hf to its model.hf)"
         )
-    return [
+    entries = [
         _Entry(
             fqn=k,
-            name=to_hf_name(k) if naming == "hf" else k,
+            name=to_hf_name(k, cfg) if naming == "hf" else k,
             shape=tuple(t.shape),
             stored_dtype=stored[k].properties.dtype,
         )
         for k, t in expected.items()
     ]
+    # The pieces of a fused tensor (Phi-3's qkv_proj, gate_up_proj) go together, in row order.
+    first = {e.name: i for i, e in reversed(list(enumerate(entries)))}
+    return sorted(
+        entries, key=lambda e: (first[e.name], hf_rows(e.fqn, cfg) if naming == "hf" else 0)
+    )
+
+
+def _tensors(entries: list[_Entry]) -> dict[str, tuple[int, ...]]:
+    """Exported tensor name -> shape: consecutive pieces of one name stack by rows."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for e in entries:
+        rows = shapes[e.name][0] if e.name in shapes else 0
+        shapes[e.name] = (rows + e.shape[0], *e.shape[1:])
+    return shapes
 
 
 def _resolve_dtype(dtype: str | None, entries: list[_Entry]) -> torch.dtype:
@@ -177,11 +192,11 @@ def _safetensors_header(entries: list[_Entry], dtype: torch.dtype, metadata: dic
     """The length-prefixed JSON header of a safetensors file holding ``entries`` in order."""
     header: dict = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
     offset = 0
-    for e in entries:
-        n = math.prod(e.shape) * dtype.itemsize
-        header[e.name] = {
+    for name, shape in _tensors(entries).items():
+        n = math.prod(shape) * dtype.itemsize
+        header[name] = {
             "dtype": _SAFETENSORS_DTYPE[dtype],
-            "shape": list(e.shape),
+            "shape": list(shape),
             "data_offsets": [offset, offset + n],
         }
         offset += n
@@ -238,29 +253,6 @@ def _check_model_file(path: Path, entries: list[_Entry]) -> None:
         names = set(f.keys())
     if names != {e.name for e in entries}:
         raise ExportError(f"{path} does not list the exported tensors; delete it and export again")
-
-
-def hf_config(cfg: ModelConfig, *, dtype: torch.dtype) -> dict:
-    """A Hugging Face ``LlamaConfig``-shaped dict for ``cfg``."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": cfg.dim,
-        "intermediate_size": cfg.ffn_hidden,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "num_hidden_layers": cfg.n_layers,
-        "head_dim": cfg.head_dim,
-        "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": cfg.max_seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": _HF_DTYPE[dtype],
-    }
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -388,7 +380,7 @@ def export_checkpoint(
         preset=preset,
         dtype=_HF_DTYPE[out_dtype],
         naming=naming,
-        num_tensors=len(entries),
+        num_tensors=len(_tensors(entries)),
         num_params=sum(math.prod(e.shape) for e in entries),
         bytes=(out / MODEL_FILE).stat().st_size,
     )

@@ -94,3 +94,26 @@ def copy_tokenizer_files(folder: str, out: Path, stores=None) -> list[str]:
             shutil.copyfile(src / name, out / name)
             copied.append(name)
     return copied
+
+
+def hf_config(cfg: ModelConfig, *, dtype: torch.dtype) -> dict:
+    """A Hugging Face ``LlamaConfig``-shaped dict for ``cfg``."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "num_hidden_layers": cfg.n_layers,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": _HF_DTYPE[dtype],
+    }

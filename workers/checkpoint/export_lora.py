@@ -34,6 +34,7 @@ from workers.checkpoint.export import (
     _stored_model_tensors,
     hf_config,
 )
+from workers.checkpoint.export_fused import fuse_adapters, fused_targets
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
 from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
@@ -95,17 +96,11 @@ def base_config(base: dict, store=None) -> ModelConfig:
         raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
 
 
-def peft_name(fqn: str) -> str:
-    """``layers.0.attention.wq.lora_A.default.weight`` -> peft's saved Hugging Face name."""
-    m = _ADAPTER_KEY.match(fqn)
-    if m is None:
-        raise ExportError(f"checkpoint tensor {fqn!r} is not a LoRA adapter")
-    hf_module = to_hf_name(f"{m.group(1)}.weight").removesuffix(".weight")
-    return f"{PEFT_PREFIX}{hf_module}.{m.group(2)}.weight"
-
-
-def adapter_tensors(src: ExportSource, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every adapter of the checkpoint in peft's names and Hugging Face's row layout."""
+def adapter_tensors(
+    src: ExportSource, cfg: ModelConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Every adapter of the checkpoint in peft's names and Hugging Face's row layout, and
+    how many adapters each fused module stacks (:mod:`workers.checkpoint.export_fused`)."""
     stored = _stored_model_tensors(src)
     keys = [k for k in stored if _ADAPTER_KEY.match(k)]
     if not keys or len(keys) != len(stored):
@@ -115,14 +110,19 @@ def adapter_tensors(src: ExportSource, cfg: ModelConfig) -> dict[str, torch.Tens
         for k in keys
     ]
     loaded = _load_model_tensors(src, src.reader(), entries)
-    out = {}
+    adapters = {}
     for fqn in sorted(loaded):
         t = loaded[fqn]
         m = _ADAPTER_KEY.match(fqn)
         if m.group(2) == "lora_B":  # output rows follow the base's RoPE layout
             t = to_hf_tensor(f"{m.group(1)}.weight", t, cfg)
-        out[peft_name(fqn)] = t.contiguous()
-    return out
+        adapters[(m.group(1), m.group(2))] = t
+    adapters, stacked = fuse_adapters(adapters, cfg)
+    out = {}
+    for (module, kind), t in adapters.items():
+        name = module if module.startswith("model.") else to_hf_name(f"{module}.weight", cfg)
+        out[f"{PEFT_PREFIX}{name.removesuffix('.weight')}.{kind}.weight"] = t.contiguous()
+    return out, stacked
 
 
 def export_adapter(
@@ -142,10 +142,14 @@ def export_adapter(
     src = _source(checkpoint)
     spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)
     base = base_of(src)
-    tensors = adapter_tensors(src, base_config(base, store))
+    cfg = base_config(base, store)
+    tensors, stacked = adapter_tensors(src, cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = lora_config(spec, hf_names=True)
+    config.target_modules = set(fused_targets(spec.target_modules, cfg))
+    config.rank_pattern = {name: k * spec.rank for name, k in stacked.items()}
+    config.alpha_pattern = {name: k * spec.alpha for name, k in stacked.items()}
     config.base_model_name_or_path = base_model_name_or_path or base.get("hf")
     config.save_pretrained(str(out))
     save_file(tensors, str(out / ADAPTER_FILE), metadata={"format": "pt"})

@@ -98,15 +98,18 @@ class CheckpointManager:
         keep_last: int | None,
         rank: int,
         keep_every: int | None = None,
+        keep_best: int | None = None,
     ):
-        """``keep_last`` and ``keep_every`` are the job's retention rule; ``keep_last=None``
-        keeps every committed checkpoint (tools that only read or list them)."""
+        """``keep_last``, ``keep_every`` and ``keep_best`` are the job's retention rule
+        (:func:`retained_steps`; the held-out loss ``keep_best`` ranks by is the manifest's
+        ``extra["eval_loss"]``); ``keep_last=None`` keeps every committed checkpoint (tools
+        that only read or list them)."""
         self.loc = _as_location(root)
         self.fs, self.local = self.loc.fs, self.loc.scheme == "file"
         # A local folder is checked beneath the job's write roots at each list, save and
         # load: one swapped for a link (to another job's checkpoints) is refused then.
         self.roots = Roots.from_env()
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_last, self.keep_every, self.keep_best = keep_last, keep_every, keep_best
         self.rank = rank
         self.commit_error: str | None = None  # why rank 0's last commit failed, if it did
 
@@ -284,7 +287,11 @@ class CheckpointManager:
         names = self._names()
         done = self.committed(names)
         keep = retained_steps(
-            [c.step for c in done], keep_last=self.keep_last, keep_every=self.keep_every
+            [c.step for c in done],
+            keep_last=self.keep_last,
+            keep_every=self.keep_every,
+            keep_best=self.keep_best,
+            losses={c.step: c.extra.get("eval_loss") for c in done},
         )
         kept_paths = {c.path for c in done if c.step in keep}
         newest = done[-1].step if done else -1

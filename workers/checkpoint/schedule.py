@@ -98,15 +98,17 @@ class SaveSchedule:
         done_votes: int,
         stepper,
         extra: Callable[[], dict],
+        final: bool = False,
     ) -> None:
-        """Commit a finished async save; save if one is due now."""
+        """Commit a finished async save; save if one is due now (or ``final``: the run ends
+        with this step although the spec runs longer)."""
         if self.ckpts is None:
             return
         if self.policy is not None and self.env.rank == 0:
             self.policy.observe_steps(1, dt)
         if self.saver is not None and self.saver.inflight and done_votes == self.env.world_size:
             self._finish()
-        last = step == self.spec.train.steps
+        last = step == self.spec.train.steps or final
         if due_votes or last or (self.every_steps and step % self.every_steps == 0):
             self._save(step=step, stepper=stepper, extra=extra())
 
@@ -158,6 +160,7 @@ class SaveSchedule:
                         bytes=info.bytes,
                         save_s=out.total_s,
                         blocking_s=out.blocking_s,
+                        eval_loss=info.extra.get("eval_loss"),
                         deleted_steps=list(info.pruned),
                     )
                 )
