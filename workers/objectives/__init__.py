@@ -1,0 +1,73 @@
+"""Training objectives: what one item of the data is, how items become a batch, and how a
+batch becomes a loss (and the metrics it reports).
+
+The strategies, the sampler, checkpoints, elastic resizing, evaluation and telemetry serve
+every objective alike; an objective is one module here, named by ``objective`` in the spec
+(:data:`workers.spec.objective.OBJECTIVES`: its data shapes and strategies). The module
+gives:
+
+- ``rows(spec, dataset)``: the items the sampler walks, from the samples of a data section
+  (the identity for ``causal_lm``; pairs of samples for ``dpo``). An item is what must stay
+  in one micro-batch on one rank;
+- ``build(spec, parts, reference=...)``: an :class:`Objective` for this rank's model parts
+  (``reference(folder)`` builds a frozen copy of the starting model, laid out like them).
+
+What the :class:`~workers.stepper.Stepper` asks of it is :class:`Objective`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+
+class Objective(Protocol):
+    """One objective for one rank (see the module docstring)."""
+
+    # Metric fields it adds to each step's point (their sums over the global batch's
+    # items, reduced with the loss, divided by the items): () for none.
+    metric_fields: tuple[str, ...]
+    rows_per_item: int  # sequences per item (a DPO pair is two)
+    frozen_parts: tuple  # modules beside the trained ones, never trained (a reference model)
+    perplexity: bool  # whether exp(eval_loss) is a perplexity (reported as eval_perplexity)
+
+    def batch(self, dataset, items: list, device: torch.device) -> Any:
+        """The micro-batch of ``items`` (sampler items), on ``device``."""
+
+    def prepare(self, model: nn.Module, batch) -> Any:
+        """What the batch needs before the forward that trains, without gradients (a
+        reference model's log-probabilities); the batch that :meth:`forward` takes."""
+
+    def forward(self, model: nn.Module, batch) -> Any:
+        """The forward pass that trains (under the step's autocast)."""
+
+    def loss(self, out, batch, *, scale: float | None, n_calls: int):
+        """``(the loss to backward, its share of the step's loss: float64, detached,
+        the metric sums as a float64 tensor or None)``. ``scale``: dp_size / the items'
+        count for masked data (sum, times it), else None (mean, over ``n_calls``)."""
+
+    def eval_batch(self, dataset, items: list, *, seq_len: int, device: torch.device) -> Any:
+        """An evaluation micro-batch (``items`` may end in None: padding that counts 0)."""
+
+    def eval_sum(self, model: nn.Module, batch) -> torch.Tensor:
+        """The batch's summed loss (float64), without gradients."""
+
+
+def _module(spec):
+    return importlib.import_module(f"workers.objectives.{spec.objective}")
+
+
+def rows_of(spec, dataset):
+    """The items of ``dataset`` (a data section's samples) that the objective trains on."""
+    return _module(spec).rows(spec, dataset)
+
+
+def objective_for(
+    spec, parts: list[nn.Module], *, reference: Callable[[str | None], nn.Module]
+) -> Objective:
+    """The spec's objective for this rank's model ``parts``."""
+    return _module(spec).build(spec, parts, reference=reference)
