@@ -28,7 +28,7 @@ HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77
 HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo finetune-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
+.PHONY: demo finetune-demo dpo-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,10 @@ demo: $(STAMP)
 # to peft / transformers: examples/finetune_demo.py.
 finetune-demo: $(STAMP)
 	$(PY) examples/finetune_demo.py
+
+# Preference tuning (DPO) with LoRA of a tiny pretrained Llama on chat preference pairs.
+dpo-demo: $(STAMP)
+	$(PY) examples/dpo_demo.py
 
 # Static checks: lint, formatting, and the import contracts in pyproject.toml (the
 # control plane never imports torch, workers never import the service, layers, no cycles).

@@ -10,24 +10,42 @@ backward); the table shows the largest rank and ratios against full fine-tuning
 with DDP measured in the same run. A second table loads a ~190 MB sharded
 checkpoint under FSDP, TP and DDP (``tests.support.hf_load_memory``): seconds and
 peak host-memory growth per rank while its part is materialised and filled,
-against the whole model's size.
+against the whole model's size. A third, "tracking off / on", runs full fine-tuning in
+this process (one rank) with ``metrics.mlflow`` (a local SQLite store) and
+``metrics.wandb`` (offline) off, then on, in turns: the training thread's CPU per step
+(``time.thread_time`` between consecutive steps, taken on the training thread by a run
+hook) with the trackers' sink thread working beside it; the goal is on / off <= 1.02.
+Then the workflow tables (``bench/finetune_workflow.py``): packing off / on (padding,
+samples per step, tokens/s) and the seconds one evaluation of 64 held-out samples costs;
+and the objectives table (``bench/finetune_objectives.py``): DPO beside SFT, full and
+LoRA, DDP and FSDP, sequences/s and memory by part (the reference model's included).
 
     .venv/bin/python bench/finetune.py [--steps 8] [--dim 256] [--layers 4] [--json OUT]
+        [--no-load] [--no-tracking] [--tracking-steps 40] [--tracking-only]
+        [--no-workflow] [--workflow-steps 12] [--workflow-only]
+        [--no-objectives] [--objectives-steps 8] [--objectives-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from finetune_objectives import objectives_table
+from finetune_workflow import workflow_tables
+
 from tests.support.hf_load_memory import measure_load, write_random_llama
 from tests.support.local_launch import LocalJob, run_local
+from workers.hooks import RunHooks
 from workers.spec import JobSpec
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -143,6 +161,49 @@ def print_load_table(folder: Path) -> list[dict]:
     return rows
 
 
+class _ThreadCpu(RunHooks):
+    """The training thread's CPU time at the end of each step (after_step runs on it)."""
+
+    def __init__(self):
+        self.marks: list[float] = []
+
+    def after_step(self, *, step: int, rank: int) -> None:
+        self.marks.append(time.thread_time())
+
+
+def tracking_table(hf: Path, root: Path, *, steps: int, seq: int, warmup: int) -> dict:
+    """Training-thread CPU per step, trackers off and on (two turns each, in turns)."""
+    import torch
+
+    from workers.storage.location import locate
+    from workers.train_loop import RunEnv, run
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    per_step: dict[str, list[float]] = {"off": [], "on": []}
+    for turn in range(2):
+        for mode in ("off", "on"):
+            spec = make_spec("full ddp", hf=hf, lora=None, par=DDP, ac="none", steps=steps, seq=seq)
+            spec["resources"]["workers"] = 1
+            spec["checkpoint"] = {"every_steps": steps}  # one save, at the end
+            if mode == "on":
+                spec["metrics"] = {
+                    "mlflow": {"tracking_uri": f"file://{root}/mlflow", "experiment": "bench"},
+                    "wandb": {"project": "bench", "mode": "offline"},
+                }
+            spec["name"] = f"bench-tracking-{mode}-{turn}"
+            cpu = _ThreadCpu()
+            ckpts = locate(str(root / f"ckpt-{mode}-{turn}"))
+            env = RunEnv(0, 1, torch.device("cpu"), ckpts, hooks=cpu, measure_memory=False)
+            run(JobSpec.model_validate(spec), env)
+            per_step[mode] += [b - a for a, b in itertools.pairwise(cpu.marks)][warmup:]
+    off, on = (statistics.median(per_step[m]) for m in ("off", "on"))
+    print(f"\ntracking off / on: training-thread CPU per step, 1 rank, {steps} steps x 2 turns")
+    print(f"{'tracking':8} {'cpu ms/step':>12} {'x off':>6}")
+    for mode, value in (("off", off), ("on", on)):
+        print(f"{mode:8} {1e3 * value:12.2f} {value / off:6.3f}")
+    return {"off_cpu_s_per_step": off, "on_cpu_s_per_step": on, "ratio": on / off}
+
+
 def main() -> int:
     """Write the model, run every row in one process group, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,9 +215,42 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-load", dest="load", action="store_false", help="skip the load table")
+    ap.add_argument("--no-tracking", dest="tracking", action="store_false")
+    ap.add_argument("--tracking-steps", type=int, default=40)
+    ap.add_argument("--tracking-only", action="store_true", help="only the tracking table")
+    ap.add_argument("--no-workflow", dest="workflow", action="store_false")
+    ap.add_argument("--workflow-steps", type=int, default=12)
+    ap.add_argument(
+        "--workflow-only", action="store_true", help="only the packing and evaluation tables"
+    )
+    ap.add_argument("--no-objectives", dest="objectives", action="store_false")
+    ap.add_argument("--objectives-steps", type=int, default=8)
+    ap.add_argument("--objectives-only", action="store_true", help="only the objectives table")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="etrain-bench-finetune-") as tmp:
         hf = write_model(Path(tmp) / "model", dim=args.dim, layers=args.layers, vocab=args.vocab)
+        objectives = lambda: objectives_table(  # noqa: E731
+            hf, Path(tmp) / "objectives", steps=args.objectives_steps, seq=args.seq, warmup=2
+        )
+        if args.objectives_only:
+            print(json.dumps(objectives()))
+            return 0
+        if args.workflow_only:
+            workflow = workflow_tables(
+                hf, Path(tmp) / "workflow", steps=args.workflow_steps, seq=args.seq, warmup=2
+            )
+            print(json.dumps(workflow))
+            return 0
+        if args.tracking_only:
+            tracking = tracking_table(
+                hf,
+                Path(tmp) / "tracking",
+                steps=args.tracking_steps,
+                seq=args.seq,
+                warmup=args.warmup,
+            )
+            print(json.dumps(tracking))
+            return 0
         jobs = [
             LocalJob(
                 name,
@@ -172,8 +266,29 @@ def main() -> int:
         )
         print_table(rows)
         load_rows = print_load_table(Path(tmp) / "big") if args.load else []
+        tracking = (
+            tracking_table(
+                hf,
+                Path(tmp) / "tracking",
+                steps=args.tracking_steps,
+                seq=args.seq,
+                warmup=args.warmup,
+            )
+            if args.tracking
+            else {}
+        )
+        workflow = (
+            workflow_tables(
+                hf, Path(tmp) / "workflow", steps=args.workflow_steps, seq=args.seq, warmup=2
+            )
+            if args.workflow
+            else {}
+        )
+        objective_rows = objectives() if args.objectives else []
     if args.json:
-        args.json.write_text(json.dumps({"train": rows, "load": load_rows}, indent=2))
+        out = {"train": rows, "load": load_rows, "tracking": tracking, "workflow": workflow}
+        out["objectives"] = objective_rows
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

@@ -51,13 +51,14 @@ from workers.data import GlobalBatchSampler
 from workers.models.config import count_params, get_model_config
 from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
+from workers.optim import build_optimizer
 from workers.spec import JobSpec
 from workers.stepper import Stepper
 from workers.strategies import StrategyConfig
 from workers.strategies.fsdp import decoder_blocks, fully_shard_options, reshard_after_forward
 from workers.strategies.mesh import Coordinates
 from workers.telemetry.memory import ActivationMeter, memory_report
-from workers.train_loop import RunEnv, _dataset, build_optimizer, run
+from workers.train_loop import RunEnv, _dataset, run
 
 GIB = 2**30
 H200_TFLOPS = GPUS["h200"].bf16_tflops  # dense bf16 peak, the planner's table (H200 SXM: 989)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "gpt-tiny-ddp.yaml"
@@ -99,6 +100,25 @@ def serving(data_dir: Path, port: int, *, dashboard_port: str, gcs_port: str):
             serve.wait(60)
         except subprocess.TimeoutExpired:
             serve.kill()
+
+
+def submit_and_follow(spec: dict, name: str, data_dir: Path, url: str, serve, env: dict):
+    """Wait for the service, submit ``spec`` (written to ``data_dir/name``) with `etrain
+    submit --follow` as the admin; ``(job id, job, its metric points, the CLI's env)``."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        wait_ready(client, serve)
+        token = (data_dir / "admin_token").read_text().strip()
+        client.headers["Authorization"] = f"Bearer {token}"
+        env = {**env, "ETRAIN_URL": url, "ETRAIN_TOKEN": token}
+        filled = data_dir / name
+        filled.write_text(yaml.safe_dump(spec))
+        rc = subprocess.call([str(BIN / "etrain"), "submit", str(filled), "--follow"], env=env)
+        if rc != 0:
+            print(f"demo: etrain submit --follow exited with {rc}", file=sys.stderr)
+        job_id = client.get("/v1/jobs", params={"limit": 1}).json()["items"][0]["id"]
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        points = client.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+    return job_id, job, points, env
 
 
 def main() -> int:

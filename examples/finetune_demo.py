@@ -25,12 +25,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from examples.demo import BIN, serving, wait_ready  # noqa: E402
+from examples.demo import BIN, serving, submit_and_follow  # noqa: E402
 from tests.support.hf_fixtures import make_hf_model, make_tokenizer  # noqa: E402
 
 SPEC = ROOT / "examples" / "tiny-llama-lora-chat.yaml"
@@ -61,15 +60,23 @@ def conversations(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_inputs() -> tuple[Path, Path]:
-    """The model folder (tiny Llama + tokenizer) and the chat file, in the tenant's area."""
-    folder, chats = AREA / "tiny-llama", AREA / "arithmetic.jsonl"
-    rows = conversations(512)
-    corpus = [m["content"] for r in rows[:64] for m in r["messages"]]
+def write_model_and_rows(
+    area: Path, name: str, rows: list[dict], corpus: list[str]
+) -> tuple[Path, Path]:
+    """A tiny Llama folder with a BPE tokenizer trained on ``corpus``, and ``rows`` as the
+    JSON Lines file ``name``, in the tenant's ``area``; their paths."""
+    folder, data = area / "tiny-llama", area / name
     make_hf_model(folder, "llama", vocab_size=384, max_position_embeddings=128)
     make_tokenizer(folder, vocab_size=384, corpus=corpus * 4)
-    chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return folder, chats
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, data
+
+
+def write_inputs() -> tuple[Path, Path]:
+    """The model folder (tiny Llama + tokenizer) and the chat file, in the tenant's area."""
+    rows = conversations(512)
+    corpus = [m["content"] for r in rows[:64] for m in r["messages"]]
+    return write_model_and_rows(AREA, "arithmetic.jsonl", rows, corpus)
 
 
 def main() -> int:
@@ -85,19 +92,7 @@ def run(serve: subprocess.Popen, env: dict, folder: Path, chats: Path) -> int:
     """Submit the spec, follow it, export and compare."""
     spec = yaml.safe_load(SPEC.read_text())
     spec["model"]["hf"], spec["data"]["path"] = str(folder), str(chats)
-    with httpx.Client(base_url=URL, timeout=60) as client:
-        wait_ready(client, serve)
-        token = (DATA_DIR / "admin_token").read_text().strip()
-        client.headers["Authorization"] = f"Bearer {token}"
-        env = {**env, "ETRAIN_URL": URL, "ETRAIN_TOKEN": token}
-        filled = DATA_DIR / SPEC.name
-        filled.write_text(yaml.safe_dump(spec))
-        rc = subprocess.call([str(BIN / "etrain"), "submit", str(filled), "--follow"], env=env)
-        if rc != 0:
-            print(f"demo: etrain submit --follow exited with {rc}", file=sys.stderr)
-        job_id = client.get("/v1/jobs", params={"limit": 1}).json()["items"][0]["id"]
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        points = client.get(f"/v1/jobs/{job_id}/metrics").json()["items"]
+    job_id, job, points, env = submit_and_follow(spec, SPEC.name, DATA_DIR, URL, serve, env)
     out = DATA_DIR / "export"
     for flag in ("--adapter", "--merge"):
         subprocess.run(

@@ -115,6 +115,8 @@ class EventKind(str, enum.Enum):
     RESIZED = "resized"
     LAYOUT_UNUSED = "layout_unused"
     WAITING = "waiting"
+    EARLY_STOPPED = "early_stopped"
+    TRACKING_FAILED = "tracking_failed"  # MLflow / W&B did not take what rank 0 sent
     # From the service (submission, scheduler, reconciler).
     SUBMITTED = "submitted"
     ADMITTED = "admitted"
@@ -149,6 +151,37 @@ class MetricPoint(BaseModel):
     epoch: int | None = Field(None, description="Epoch of the sampler's cursor after the step.")
     epoch_position: int | None = Field(None, description="Samples of that epoch consumed.")
     epoch_size: int | None = Field(None, description="Samples per epoch.")
+    eval_loss: float | None = Field(
+        None,
+        description="Mean loss over the held-out evaluation set's counted tokens, after "
+        "this step (only on the steps that evaluate).",
+    )
+    eval_perplexity: float | None = Field(
+        None, description="exp(eval_loss); unset when that overflows."
+    )
+    eval_s: float | None = Field(
+        None, description="Wall time of the evaluation (not part of step_time_s)."
+    )
+    eval_samples: int | None = Field(None, description="Samples the evaluation read.")
+    rewards_chosen: float | None = Field(
+        None,
+        description="objective dpo: mean over the step's pairs of beta x the chosen "
+        "answer's log-probability ratio to the reference model.",
+    )
+    rewards_rejected: float | None = Field(
+        None, description="objective dpo: the same for the rejected answer."
+    )
+    rewards_margin: float | None = Field(
+        None, description="objective dpo: mean of rewards_chosen - rewards_rejected."
+    )
+    rewards_accuracy: float | None = Field(
+        None, description="objective dpo: share of the step's pairs whose chosen reward is higher."
+    )
+    eval_step: int | None = Field(
+        None,
+        description="Set by the service on a job's latest metrics: the step eval_loss and "
+        "eval_perplexity are from (the newest evaluation, kept past later steps).",
+    )
 
     @model_serializer(mode="wrap")
     def _as_measured(self, handler: SerializerFunctionWrapHandler):
@@ -177,10 +210,13 @@ class CheckpointRecord(BaseModel):
     bytes: int = Field(description="Size of all its files.")
     save_s: float = Field(description="Seconds from the start of the save to its commit.")
     blocking_s: float | None = Field(None, description="Seconds training was held by the save.")
+    eval_loss: float | None = Field(
+        None, description="The held-out loss of its weights, when its step evaluated."
+    )
     deleted_steps: list[int] = Field(
         default_factory=list,
         description="Committed checkpoints the retention rule deleted "
-        "after this one committed (checkpoint.keep_last, checkpoint.keep_every).",
+        "after this one committed (checkpoint.keep_last, keep_every, keep_best).",
     )
 
 

@@ -15,13 +15,13 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.data import IGNORE_INDEX, collate, counted_labels, shard_global_batch
-from workers.data.eval_set import collate_eval
+from workers.data import counted_labels, shard_global_batch
+from workers.objectives import Objective
+from workers.objectives.causal_lm import CausalLM, loss_fn, masked_loss_sum
 from workers.strategies.mesh import Coordinates, total_grad_norm
 from workers.telemetry.memory import ActivationMeter
 
@@ -45,19 +45,7 @@ class Pipeline(Protocol):
         (float64), None elsewhere."""
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Token-mean cross entropy in fp32."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
-def masked_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross entropy in fp32 summed over the positions whose target is not -100."""
-    return F.cross_entropy(
-        logits.float().flatten(0, 1),
-        targets.flatten(),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+__all__ = ["Pipeline", "Stepper", "loss_fn", "masked_loss_sum"]
 
 
 class Stepper:
@@ -82,8 +70,10 @@ class Stepper:
         precision: str,
         grad_clip: float,
         pipeline: Pipeline | None = None,
+        objective: Objective | None = None,
     ):
         self.parts, self.optimizers, self.dataset = parts, optimizers, dataset
+        self.objective = objective or CausalLM()
         self.coords, self.device, self.pipeline = coords, device, pipeline
         self.micro_batch_size, self.grad_clip = micro_batch_size, grad_clip
         # A pipeline call takes `microbatches` micro-batches at once.
@@ -96,6 +86,8 @@ class Stepper:
         self.meter: ActivationMeter | None = None
         # The global gradient norm of the last step, before any clipping (its metric point).
         self.grad_norm: float | None = None
+        # The objective's metrics of the last step (its metric_fields: means over the items).
+        self.metrics: dict[str, float] = {}
 
     def step(self, batch: list, *, votes: tuple[bool, ...] = ()) -> tuple[float, tuple[int, ...]]:
         """One optimizer step on this rank's share of ``batch``.
@@ -110,25 +102,28 @@ class Stepper:
         counted = counted_labels(self.dataset, batch)
         scale = None if counted is None else self.coords.dp_size / max(counted, 1)
         calls = self._calls(batch)
-        # The step's loss stays on the device until the one reduce per step: a float() per
-        # micro-batch would wait for the device each time.
+        # The step's loss (and the objective's metric sums) stay on the device until the one
+        # reduce per step: a float() per micro-batch would wait for the device each time.
         local = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums = torch.zeros(len(self.objective.metric_fields), dtype=torch.float64)
+        sums = sums.to(self.device)
         for i, items in enumerate(calls):
-            x, y = (t.to(self.device, non_blocking=True) for t in collate(self.dataset, items))
+            batch_i = self.objective.batch(self.dataset, items, self.device)
             last = i == len(calls) - 1
-            loss = (
-                self._pipeline_call(x, y, len(calls), scale)
-                if self.pipeline is not None
-                else self._micro_step(x, y, len(calls), sync=last, scale=scale)
-            )
+            if self.pipeline is not None:
+                loss = self._pipeline_call(batch_i[0], batch_i[1], len(calls), scale)
+            else:
+                loss, metric_sums = self._micro_step(batch_i, len(calls), sync=last, scale=scale)
+                if metric_sums is not None:
+                    sums += metric_sums
             if loss is not None:
                 local += loss
         norm = self._clip()
         for opt in self.optimizers:
             opt.step()
-        reduced = self._reduce(local, votes)
+        mean, counts = self._reduce(local, votes, sums, items=len(batch))
         self.grad_norm = float(norm)  # after the reduce, which waits for the device anyway
-        return reduced
+        return mean, counts
 
     def evaluate(self, dataset, items: list, *, count: int, seq_len: int) -> float:
         """The mean loss over an evaluation set: ``items`` (``eval_set.eval_items``, the same
@@ -144,8 +139,10 @@ class Stepper:
         try:
             with torch.no_grad(), self.autocast:
                 for call in calls:
-                    x, y = (t.to(self.device) for t in collate_eval(dataset, call, seq_len=seq_len))
-                    loss = self._eval_call(x, y)
+                    batch = self.objective.eval_batch(
+                        dataset, call, seq_len=seq_len, device=self.device
+                    )
+                    loss = self._eval_call(batch)
                     if loss is not None:
                         local += loss
         finally:
@@ -168,37 +165,36 @@ class Stepper:
             micro_batch_size=self.per_call,
         )
 
-    def _eval_call(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    def _eval_call(self, batch) -> torch.Tensor | None:
         if self.pipeline is not None:
+            x, y = batch[0], batch[1]
             return self.pipeline.evaluate(
                 x if self.pipeline.has_first else None, y if self.pipeline.has_last else None
             )
         model = self.parts[0]
         # DDP's own forward would broadcast its buffers on every call: nothing to sync here.
         model = model.module if isinstance(model, DistributedDataParallel) else model
-        return masked_loss_sum(model(x), y).double()
+        return self.objective.eval_sum(model, batch)
 
     def zero_grad(self) -> None:
         """Drop gradients (after any memory measurement of the step)."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
-    def _micro_step(self, x, y, n_calls: int, *, sync: bool, scale: float | None) -> torch.Tensor:
-        """Forward and backward one micro-batch; its share of the step's loss (float64, on
-        the device)."""
+    def _micro_step(self, batch, n_calls: int, *, sync: bool, scale: float | None):
+        """Forward and backward one micro-batch; ``(its share of the step's loss: float64,
+        on the device, the objective's metric sums or None)``."""
         model = self.parts[0]
+        with self.autocast:  # outside the meter, which follows one forward per step
+            batch = self.objective.prepare(model, batch)
         with _grad_sync(model, sync), self.meter or contextlib.nullcontext():
             with self.autocast:
-                logits = model(x)
+                out = self.objective.forward(model, batch)
             if self.meter is not None:
                 self.meter.note_resident_params(self.parts)
-            if scale is not None:
-                loss = masked_loss_sum(logits, y) * scale
-                loss.backward()
-                return loss.detach().double()
-            loss = loss_fn(logits, y)
-            (loss / n_calls).backward()
-        return loss.detach().double() / n_calls
+            loss, share, metric_sums = self.objective.loss(out, batch, scale=scale, n_calls=n_calls)
+            loss.backward()
+        return share, metric_sums
 
     def _pipeline_call(self, x, y, n_calls: int, scale: float | None) -> float | None:
         # The pipeline's loss function divides by the number of calls per step
@@ -224,15 +220,22 @@ class Stepper:
         return norm
 
     def _reduce(
-        self, local: torch.Tensor, votes: tuple[bool, ...]
+        self, local: torch.Tensor, votes: tuple[bool, ...], sums: torch.Tensor, *, items: int
     ) -> tuple[float, tuple[int, ...]]:
-        if not dist.is_initialized():
-            return float(local), tuple(int(v) for v in votes)
-        share = local / self.holders if self.holds_loss else torch.zeros_like(local)
+        """The global loss and vote counts; the objective's metrics (sums over the global
+        batch's items, one copy per tp group, over its items) into ``self.metrics``."""
         flags = torch.tensor([float(v) for v in votes], dtype=torch.float64, device=local.device)
-        buf = torch.cat([share.reshape(1), flags])
-        dist.all_reduce(buf)
-        return float(buf[0]), tuple(round(float(v)) for v in buf[1:])
+        if dist.is_initialized():
+            share = local / self.holders if self.holds_loss else torch.zeros_like(local)
+            buf = torch.cat([share.reshape(1), flags, sums / self.coords.tp_size])
+            dist.all_reduce(buf)
+        else:
+            buf = torch.cat([local.reshape(1), flags, sums])
+        fields = self.objective.metric_fields
+        if fields:
+            values = buf[1 + len(votes) :].tolist()
+            self.metrics = {f: v / items for f, v in zip(fields, values, strict=True)}
+        return float(buf[0]), tuple(round(float(v)) for v in buf[1 : 1 + len(votes)])
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ spec as JSON, the job id, the driver's start-up timestamps and node).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
 
@@ -37,7 +38,10 @@ def train_fn(config: dict) -> None:
 
     entered = time.time()
     warm_spares.claim()
-    speculation.mark_busy()  # while this process lives, idle standbys' prestarts wait
+    # While this process trains, idle standbys' prestarts wait; the marker goes with the run
+    # (a pid's marker left behind would hold them back once the pid is reused).
+    busy = contextlib.ExitStack()
+    busy.enter_context(speculation.busy())
     spec = JobSpec.model_validate(config["spec"])
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
@@ -68,6 +72,7 @@ def train_fn(config: dict) -> None:
     try:
         run(spec, env)
     finally:
+        busy.close()
         if reporter is not None:
             reporter.close()
 

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from service.api import goodput_routes, routes, standby_routes, token_routes
+from service.api import generate_routes, goodput_routes, routes, standby_routes, token_routes
 from service.api.deps import Runtime
 from service.api.docs_pages import mount_docs
 from service.api.limits import BodyLimit
@@ -15,6 +15,7 @@ from service.api.openapi import document_bodies
 from service.api.prometheus import JOB_METRICS
 from service.auth import ensure_admin_token
 from service.backends.base import Backend
+from service.domain.generation import Generation
 from service.domain.ingest import TelemetryIngest
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
@@ -48,13 +49,14 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         embedded_box.append(embedded)
     # Each service gets its slice of the settings (service/settings/slices.py), not all of them.
     reconciler = Reconciler(stores, backend, settings.reconciler)
+    queries = JobQueries(stores, backend, token_hint=token_hint(settings.ray))
     return Runtime(
         api=settings.api,
         stores=stores,
         backend=backend,
         # A stored job wakes the reconciler: admitted now, not at the next poll.
         submission=Submission(stores.jobs, backend, settings.submission, on_stored=reconciler.wake),
-        queries=JobQueries(stores, backend, token_hint=token_hint(settings.ray)),
+        queries=queries,
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
         monitoring=Monitoring(stores, backend, JOB_METRICS),
@@ -64,6 +66,7 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         # next job now, not at the next poll.
         standby=StandbyJobs(backend, on_done=reconciler.wake),
         cluster=ClusterView(backend, stores.jobs, settings.quotas),
+        generation=Generation(stores, queries, settings.generation),
         admin_token_file=str(token_file) if token_file else None,
     )
 
@@ -114,7 +117,10 @@ def create_app(
     app.include_router(goodput_routes.v1)
     app.include_router(token_routes.v1)
     app.include_router(standby_routes.v1)
+    app.include_router(generate_routes.v1)
     mount_docs(app)
     mount_ui(app)  # the web pages under /ui/ (not in the OpenAPI schema)
-    document_bodies(app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS))
+    document_bodies(
+        app, (*routes.BODY_MODELS, *token_routes.BODY_MODELS, *generate_routes.BODY_MODELS)
+    )
     return app

@@ -10,6 +10,7 @@ from fastapi import Depends, Header, Request
 
 from service.auth import Principal, require_user
 from service.backends.base import Backend
+from service.domain.generation import Generation
 from service.domain.ingest import TelemetryIngest
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
@@ -40,6 +41,7 @@ class Runtime:
     tokens: Tokens
     standby: StandbyJobs
     cluster: ClusterView
+    generation: Generation
     admin_token_file: str | None
 
 
@@ -117,6 +119,11 @@ async def get_cluster(request: Request) -> ClusterView:
     return _runtime(request).cluster
 
 
+async def get_generation(request: Request) -> Generation:
+    """Generating text from finished jobs."""
+    return _runtime(request).generation
+
+
 Caller = Annotated[Principal, Depends(get_principal)]
 User = Annotated[Principal, Depends(get_user)]
 Submissions = Annotated[Submission, Depends(get_submission)]
@@ -127,3 +134,4 @@ Monitor = Annotated[Monitoring, Depends(get_monitoring)]
 Standbys = Annotated[StandbyJobs, Depends(get_standby)]
 Cluster = Annotated[ClusterView, Depends(get_cluster)]
 JobSeries = Annotated[bool, Depends(scrape_with_jobs)]
+Generations = Annotated[Generation, Depends(get_generation)]

@@ -157,6 +157,14 @@ class CheckpointPublic(BaseModel):
     blocking_s: float | None = Field(description="Seconds the training loop was held.")
     created_at: datetime
     total_s: float = Field(description="Seconds from the start of the save to its commit.")
+    eval_loss: float | None = Field(
+        None, description="The held-out loss of its weights, when its step evaluated."
+    )
+    best: bool = Field(
+        False,
+        description="The job's best checkpoint: the lowest eval_loss of those stored (a tie: "
+        "the earlier step); what `etrain export --best` exports.",
+    )
 
 
 class CheckpointPage(BaseModel):
@@ -195,6 +203,7 @@ class GoodputBreakdown(BaseModel):
     startup_s: float
     waiting_s: float
     checkpoint_blocking_s: float
+    eval_s: float = Field(description="Held-out evaluations (outside every step's time).")
     restart_restore_s: float
     recomputed_s: float
     other_s: float

@@ -12,7 +12,8 @@ Tenants: a per-job cluster's pods get the job's storage credentials from its
 tenant's Secret only (``<prefix>-<tenant>``, one ``secretKeyRef`` per variable
 the job's storage reads) and mount only the tenant's folder of the checkpoint
 claim (``subPath: <tenant>``). A shared cluster's pods hold no tenant's keys,
-so a job that names ``stores.s3.credentials_secret`` is refused there.
+so a job that names a ``credentials_secret`` (``stores.s3``, ``metrics.mlflow``,
+``metrics.wandb``) is refused there.
 
 The control plane's RBAC needs: rayjobs create/get/list/watch/delete and
 rayclusters get/list/watch, in its namespace (``deploy/base/rbac.yaml``).
@@ -151,10 +152,17 @@ class KubeRayBackend(Backend):
 
     def _check_fits_shared_cluster(self, req: LaunchRequest) -> None:
         """Refuse a job that needs a tenant's keys: the shared cluster's pods hold none."""
-        s3 = _spec(req).stores.s3
-        if s3 is not None and s3.credentials_secret:
+        spec = _spec(req)
+        sections = {
+            "stores.s3": spec.stores.s3,
+            **{f"metrics.{name}": getattr(spec.metrics, name) for name in ("mlflow", "wandb")},
+        }
+        named = [
+            f"{k}.credentials_secret" for k, v in sections.items() if v and v.credentials_secret
+        ]
+        if named:
             raise BackendError(
-                "stores.s3.credentials_secret needs a RayCluster per job: the shared "
+                f"{' and '.join(named)} needs a RayCluster per job: the shared "
                 f"RayCluster {self.cluster_name} holds no tenant's storage keys (unset "
                 "ETRAIN_RAYCLUSTER_NAME, Helm controlPlane.sharedCluster=false)"
             )

@@ -2,12 +2,13 @@
 
 Only httpx, typer, rich and yaml are imported at start-up so that ``etrain
 --help`` stays fast; ``etrain serve`` imports the server (and with it Ray) and
-``etrain export`` the exporter (and with it torch) only when they run.
+``etrain export`` the exporter and ``etrain generate`` the generator (and with them
+torch) only when they run.
 
 This module is the CLI's composition root: it holds the process-wide knobs
 (consoles, the HTTP transport, the pause between polls), turns them into each
 invocation's :class:`~service.cli.common.Session`, and registers the commands
-of :mod:`.jobs`, :mod:`.plan`, :mod:`.export`, :mod:`.data`, :mod:`.manifests`,
+of :mod:`.jobs`, :mod:`.plan`, :mod:`.export`, :mod:`.generate`, :mod:`.data`, :mod:`.manifests`,
 :mod:`.tokens` and :mod:`.report`.
 """
 
@@ -20,7 +21,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from service.cli import data, export, jobs, manifests, plan, report, tokens
+from service.cli import data, export, generate, jobs, manifests, plan, report, tokens
 from service.cli.common import EXIT_API_ERROR, EXIT_INTERRUPTED, Session
 from service.client import DEFAULT_URL
 
@@ -66,6 +67,7 @@ manifests.register(app)
 jobs.register(app)
 plan.register(app)
 export.register(app)
+generate.register(app)
 data.register(app)
 tokens.register(app)
 report.register(app)

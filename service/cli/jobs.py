@@ -28,12 +28,40 @@ from service.status import TERMINAL
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 
 
+def eval_text(metrics: dict[str, Any] | None) -> str | None:
+    """``X (ppl Y) at step S``: the newest evaluation a job's metrics keep; None without one."""
+    metrics = metrics or {}
+    if metrics.get("eval_loss") is None:
+        return None
+    text = fmt(metrics["eval_loss"])
+    if metrics.get("eval_perplexity") is not None:
+        text += f" (ppl {fmt(metrics['eval_perplexity'])})"
+    if metrics.get("eval_step") is not None:
+        text += f" at step {metrics['eval_step']}"
+    return text
+
+
+def rewards_text(metrics: dict[str, Any] | None) -> str | None:
+    """``reward accuracy A, margin M``: objective dpo's newest step; None for others."""
+    metrics = metrics or {}
+    if metrics.get("rewards_accuracy") is None:
+        return None
+    return (
+        f"reward accuracy {fmt(metrics['rewards_accuracy'])}, "
+        f"margin {fmt(metrics.get('rewards_margin'))}"
+    )
+
+
 def _print_final(s: Session, job: dict[str, Any]) -> int:
     """Print the outcome of a finished job and return its exit code."""
     metrics = job.get("metrics") or {}
+    evaluated = eval_text(metrics)
+    rewards = rewards_text(metrics)
     s.console.print(
         f"job {job['id']} {job['status']} at step {job.get('step')}, "
-        f"loss {fmt(metrics.get('loss'))}",
+        f"loss {fmt(metrics.get('loss'))}"
+        + (f", eval loss {evaluated}" if evaluated else "")
+        + (f", {rewards}" if rewards else ""),
         markup=False,
     )
     if job.get("error"):
@@ -44,10 +72,12 @@ def _print_final(s: Session, job: dict[str, Any]) -> int:
 def _progress_fields(job: dict[str, Any]) -> dict[str, Any]:
     """The columns of the follow progress bar for one job snapshot."""
     metrics = job.get("metrics") or {}
+    evaluated = metrics.get("eval_loss")
     return {
         "completed": job.get("step") or 0,
         "description": job.get("status", "?"),
-        "loss": fmt(metrics.get("loss")),
+        "loss": fmt(metrics.get("loss"))
+        + (f" eval {fmt(evaluated)}" if evaluated is not None else ""),
         "tps": fmt(metrics.get("tokens_per_s"), ",.0f"),
         "ws": fmt(job.get("world_size") or metrics.get("world_size")),
     }
@@ -154,22 +184,27 @@ def jobs(
     s = session(ctx)
     with s.api_errors():
         page = client(ctx).list_jobs(status=status.upper() if status else None, limit=limit)
-    table = Table("name", "status", "step", "loss", "world", "created")
+    items = page.get("items", [])
+    # An eval loss column only when a listed job has evaluated.
+    evals = any((job.get("metrics") or {}).get("eval_loss") is not None for job in items)
+    headers = ["name", "status", "step", "loss", *(["eval loss"] if evals else []), "world"]
+    table = Table(*headers, "created")
     # Ids must stay copyable whole, so they get a column rich may not fold or cut.
     table.columns.insert(0, Column("id", no_wrap=True, min_width=14))
-    for job in page.get("items", []):
-        total = total_steps(job)
+    for job in items:
+        total, metrics = total_steps(job), job.get("metrics") or {}
         table.add_row(
             job["id"],
             job.get("name") or "",
             job.get("status") or "",
             f"{job.get('step') or 0}/{total if total is not None else '?'}",
-            fmt((job.get("metrics") or {}).get("loss")),
+            fmt(metrics.get("loss")),
+            *([fmt(metrics.get("eval_loss"))] if evals else []),
             fmt(job.get("world_size")),
             str(job.get("created_at") or "")[:19].replace("T", " "),
         )
     s.console.print(table)
-    s.console.print(f"{len(page.get('items', []))} of {page.get('total', '?')} jobs", markup=False)
+    s.console.print(f"{len(items)} of {page.get('total', '?')} jobs", markup=False)
 
 
 def tensorboard_line(job: dict[str, Any]) -> str | None:
@@ -200,13 +235,15 @@ def ray_dashboard_line(job: dict[str, Any]) -> str | None:
 
 def _print_summary(s: Session, job: dict[str, Any]) -> None:
     """The human view of one job object."""
-    total = total_steps(job)
+    total, evaluated = total_steps(job), eval_text(job.get("metrics"))
     rows = [
         ("id", job.get("id")),
         ("name", job.get("name")),
         ("status", job.get("status")),
         ("step", f"{job.get('step') or 0}/{total if total is not None else '?'}"),
         ("world size", job.get("world_size")),
+        *([("eval loss", evaluated)] if evaluated else []),
+        *([("rewards", rewards)] if (rewards := rewards_text(job.get("metrics"))) else []),
         ("restarts", job.get("restarts")),
         ("curves", tensorboard_line(job)),
         ("created", job.get("created_at")),

@@ -281,7 +281,7 @@ def accumulation(
 
 @report_app.command()
 def job(ctx: typer.Context, job_id: JobIdArg, out: OutOpt = None) -> None:
-    """One job's curves (loss, lr, tokens/s) with event markers, and its goodput.
+    """One job's curves (loss, eval loss, lr, tokens/s) with event markers, and its goodput.
 
     Restarts, resizes, failures and checkpoints are marked on the curves.
     """
@@ -296,9 +296,15 @@ def job(ctx: typer.Context, job_id: JobIdArg, out: OutOpt = None) -> None:
     marks = tables.markers(events, points)
     from service.reports import plots
 
+    curves = (
+        ("loss", "loss"),
+        ("eval_loss", "eval loss"),  # the steps that evaluated; none for a job that never did
+        ("lr", "learning rate"),
+        ("tokens_per_s", "tokens/s"),
+    )
     images = [
         plots.curves_png({title: tables.series(points, key)}, marks, out_dir / f"{key}.png")
-        for key, title in (("loss", "loss"), ("lr", "learning rate"), ("tokens_per_s", "tokens/s"))
+        for key, title in curves
         if tables.series(points, key)[0]
     ]
     images.append(

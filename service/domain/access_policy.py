@@ -4,16 +4,18 @@ Every field of a spec that names a place is checked here against the ``ETRAIN_PO
 settings, for the tenant that sends it:
 
 - ``checkpoint.storage`` ``file://``: inside the tenant's checkpoint area,
-  ``<policy_checkpoint_root>/<tenant>`` (its default storage). ``data.path``: inside
-  its data area, ``<policy_data_root>/<tenant>``, or a shared data root. Both are
+  ``<policy_checkpoint_root>/<tenant>`` (its default storage). ``data.path`` and
+  ``data.eval.path`` (the evaluation source, held to exactly the same rules): inside
+  its data area, ``<policy_data_root>/<tenant>``, or a shared data root. All are
   resolved first (``..`` and symlinks, as the service sees the file system). Admin
   tokens may also name places under ``policy_admin_roots``. Refused for everyone: the
   service's data dir (database, admin and Ray tokens), other tenants' areas and the
-  system folders (``/etc``, ``/proc``, ...). ``model.hf`` and ``model.tokenizer`` follow
-  the ``data.path`` rule. All three may instead name ``s3://`` / ``gs://`` objects under
-  the object-store prefixes below (on ``s3://`` only with the job's own secret, else only
-  for tenants allowed the service's keys). Each path's scheme selects its store options:
-  ``stores.s3`` for ``s3://``, ``stores.gcs`` for ``gs://``.
+  system folders (``/etc``, ``/proc``, ...). ``model.hf``, ``model.tokenizer`` and a
+  ``dpo.reference`` folder follow the ``data.path`` rule. All of them may instead name
+  ``s3://`` / ``gs://`` objects under the object-store prefixes below (on ``s3://`` only
+  with the job's own secret, else only for tenants allowed the service's keys). Each
+  path's scheme selects its store options: ``stores.s3`` for ``s3://``, ``stores.gcs``
+  for ``gs://``.
 - ``checkpoint.storage`` ``s3://`` / ``gs://``: only prefixes the operator lists for the
   tenant (``policy_object_stores``).
 - ``stores.s3.endpoint_url`` / ``stores.gcs.endpoint_url``: only endpoints the
@@ -22,6 +24,11 @@ settings, for the tenant that sends it:
 - ``stores.s3.credentials_secret``: only the tenant's own names (by default, the
   secret named after the tenant); without one, a job with an ``s3://`` path would run
   with the service's own keys, which only tenants in ``policy_ambient_credentials`` may.
+- ``metrics.mlflow`` / ``metrics.wandb``: ``credentials_secret`` only the tenant's own
+  names, as for ``stores.s3``; ``metrics.mlflow.tracking_uri`` only servers the operator
+  lists for the tenant (``policy_tracking_uris``; unset = any http(s) server), or a
+  ``file:`` store inside the tenant's checkpoint area (the spec refuses other schemes and
+  URIs with credentials).
 
 What holds is the check at use: :meth:`AccessPolicy.roots` gives the folders a tenant's
 job may open, and every local open (the service's at submit, the workers' at run time)
@@ -38,12 +45,32 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from service.errors import InvalidSpec
 from service.settings.slices import PolicySettings
 from workers.spec import JobSpec
+from workers.spec.base import field_loc
 from workers.storage.confine import Roots
 from workers.storage.location import is_remote
+
+# The fields naming data files or objects, held to the same rule.
+
+
+def _under_any(place: str, prefixes: list[str]) -> bool:
+    """Whether ``place`` is one of ``prefixes`` or lies beneath one (a whole path segment)."""
+    return any(place == p or place.startswith(p + "/") for p in prefixes)
+
+
+def template_files(spec: JobSpec) -> dict[str, str]:
+    """The chat template files a spec names (data.chat_template, data.eval.chat_template
+    given as absolute paths): field -> path. They follow the data file rule."""
+    return {
+        f"{d.section}.chat_template": d.chat_template
+        for d in spec.data.sections()
+        if d.chat_template is not None and d.chat_template.startswith("/")
+    }
+
 
 # Never named by any spec, admin's included.
 SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run")
@@ -110,17 +137,23 @@ class AccessPolicy:
     def refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
         """(field path, why and what to do) for each field the policy refuses."""
         out: list[tuple[tuple, str]] = []
-        if spec.data.path is not None:
-            why = self._data_refusal(tenant, spec)
+        for data in spec.data.sections():
+            field = f"{data.section}.path"
+            if data.path is not None:
+                why = self._data_refusal(tenant, spec, data.path, field=field)
+                if why:
+                    out.append((field_loc(field), why))
+        for field, path in template_files(spec).items():
+            why = self._file_refusal(tenant, path, field=field, data=True)
             if why:
-                out.append((("data", "path"), why))
-        for name in ("hf", "tokenizer"):
-            place, field = getattr(spec.model, name), f"model.{name}"
+                out.append((field_loc(field), why))
+        for loc, place in spec.model_folders().items():
+            field = ".".join(loc)
             why = self._model_refusal(tenant, place, field=field) or self._service_keys_refusal(
                 tenant, spec, place, field=field
             )
             if why:
-                out.append((("model", name), why))
+                out.append((loc, why))
         ck = spec.checkpoint
         storage = ck.storage or ""
         if storage.startswith("file://"):
@@ -132,6 +165,7 @@ class AccessPolicy:
         elif storage:
             out.extend(self._object_store_refusals(tenant, spec))
         out.extend(self._store_option_refusals(tenant, spec))
+        out.extend(self._tracking_refusals(tenant, spec))
         return out
 
     # -- files ------------------------------------------------------------------------------
@@ -171,23 +205,23 @@ class AccessPolicy:
             return None
         return f"{field} {path} is outside tenant {tenant.name!r}'s area (resolved: {real}); {fix}"
 
-    def _data_refusal(self, tenant: Tenant, spec: JobSpec) -> str | None:
-        """Why ``data.path`` may not be used: an absolute path follows the file rule, an
-        ``s3://`` / ``gs://`` object the object-store prefixes (like model.hf) and
-        :meth:`_service_keys_refusal`."""
-        path = spec.data.path or ""
+    def _data_refusal(self, tenant: Tenant, spec: JobSpec, path: str, *, field: str) -> str | None:
+        """Why ``path`` may not be ``field`` (data.path, data.eval.path): an absolute path
+        follows the file rule, an ``s3://`` / ``gs://`` object the object-store prefixes
+        (like model.hf) and :meth:`_service_keys_refusal`."""
         if not is_remote(path):
-            return self._file_refusal(tenant, path, field="data.path", data=True)
-        return self._model_refusal(tenant, path, field="data.path") or self._service_keys_refusal(
-            tenant, spec, path, field="data.path"
+            return self._file_refusal(tenant, path, field=field, data=True)
+        return self._model_refusal(tenant, path, field=field) or self._service_keys_refusal(
+            tenant, spec, path, field=field
         )
 
     def _service_keys_refusal(
         self, tenant: Tenant, spec: JobSpec, place: str | None, *, field: str
     ) -> str | None:
-        """Why an ``s3://`` ``place`` (data.path, model.hf, model.tokenizer) may not be read:
-        without the job's own secret (``stores.s3.credentials_secret``) the service and the
-        workers would read it with the service's keys, which only some tenants may use."""
+        """Why an ``s3://`` ``place`` (data.path, data.eval.path, model.hf, model.tokenizer)
+        may not be read: without the job's own secret (``stores.s3.credentials_secret``) the
+        service and the workers would read it with the service's keys, which only some
+        tenants may use."""
         if not (place or "").startswith("s3://"):
             return None
         if spec.stores.s3 is not None and spec.stores.s3.credentials_secret:
@@ -218,7 +252,7 @@ class AccessPolicy:
             if tenant.admin and self.settings.admin_any_store:
                 return None
             prefixes = [p.rstrip("/") for p in self._listed(self.settings.object_stores, tenant)]
-            if any(place == p or place.startswith(p + "/") for p in prefixes):
+            if _under_any(place, prefixes):
                 return None
             return (
                 f"{field} {place} is not in an object-store prefix tenant {tenant.name!r} may "
@@ -251,7 +285,7 @@ class AccessPolicy:
             return []
         out = []
         prefixes = [p.rstrip("/") for p in self._listed(self.settings.object_stores, tenant)]
-        if not any(storage == p or storage.startswith(p + "/") for p in prefixes):
+        if not _under_any(storage, prefixes):
             allowed = ", ".join(prefixes) or "none"
             out.append(
                 (
@@ -315,3 +349,51 @@ class AccessPolicy:
                 )
             ]
         return []
+
+    # -- experiment trackers -----------------------------------------------------------------
+
+    def _tracking_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:
+        """``metrics.mlflow`` / ``metrics.wandb``: a credentials secret that is not the
+        tenant's, an MLflow server the operator does not list (when it lists any), a
+        ``file:`` store outside the tenant's checkpoint area."""
+        out = []
+        mlflow = spec.metrics.mlflow
+        if mlflow is not None and mlflow.tracking_uri.startswith("file:"):
+            path = urlsplit(mlflow.tracking_uri).path
+            why = self._file_refusal(tenant, path, field="metrics.mlflow.tracking_uri", data=False)
+            if why:
+                out.append((("metrics", "mlflow", "tracking_uri"), why))
+        if tenant.admin and self.settings.admin_any_store:
+            return out
+        if mlflow is not None and not mlflow.tracking_uri.startswith("file:"):
+            why = self._tracking_uri_refusal(tenant, mlflow.tracking_uri)
+            if why:
+                out.append((("metrics", "mlflow", "tracking_uri"), why))
+        allowed = self.allowed_secrets(tenant)
+        for name in ("mlflow", "wandb"):
+            secret = getattr(getattr(spec.metrics, name), "credentials_secret", None)
+            if secret is not None and secret not in allowed:
+                out.append(
+                    (
+                        ("metrics", name, "credentials_secret"),
+                        f"metrics.{name}.credentials_secret {secret!r} is not a secret tenant "
+                        f"{tenant.name!r} may use; use one of: {', '.join(allowed)} "
+                        "(ETRAIN_POLICY_SECRETS)",
+                    )
+                )
+        return out
+
+    def _tracking_uri_refusal(self, tenant: Tenant, uri: str) -> str | None:
+        """Why the MLflow server ``uri`` may not be used: the operator lists servers
+        (``policy_tracking_uris``) and none of the tenant's holds it."""
+        if not self.settings.tracking_uris:
+            return None
+        listed = [u.rstrip("/") for u in self._listed(self.settings.tracking_uris, tenant)]
+        if _under_any(uri, listed):
+            return None
+        return (
+            f"metrics.mlflow.tracking_uri {uri} is not a tracking server tenant "
+            f"{tenant.name!r} may use (allowed: {', '.join(listed) or 'none'}); use one of them "
+            "(ETRAIN_POLICY_TRACKING_URIS) or a file: folder inside "
+            f"{self.checkpoint_area(tenant)}"
+        )

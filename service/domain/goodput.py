@@ -27,15 +27,20 @@ stored timestamps as follows (times are clipped to the wall window):
   ``checkpoint_saved`` event: the event's ``blocking_s``, else the stored
   checkpoint's, else the median of the known ones (retention deletes old rows),
   plus stored checkpoints no event mentions.
+- **eval_s**: held-out evaluations, the sum of the stored points' ``eval_s``
+  (each step once, its newest point). The train loop evaluates after it has timed
+  the step, so this time is in no ``step_time_s``; a step's ``ts`` is its end,
+  before the evaluation. Evaluations of steps whose point a restore has since
+  replaced are no longer stored: their time stays in ``other_s``.
 - **productive_s**: the sum of ``step_time_s`` over stored steps (each step once,
-  recomputed ones by their latest run), less steps of an interrupted run that a
-  restore has since rolled back. The train loop times a step before it saves a
-  checkpoint, so blocking is not inside step times.
+  by its newest point: recomputed ones by their latest run), less steps of an
+  interrupted run that a restore has since rolled back. The train loop times a
+  step before it evaluates or saves a checkpoint, so neither is inside step times.
 - **other_s**: the remainder (teardown, telemetry lag, time between steps).
 
 If clock skew or estimates make the parts exceed the wall time, each is cut to
 what is left in this order: productive, waiting, startup, restart/restore,
-checkpoint blocking, recomputed; ``other_s`` is what remains, never negative.
+checkpoint blocking, eval, recomputed; ``other_s`` is what remains, never negative.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ BREAKDOWN_KEYS = (
     "startup_s",
     "waiting_s",
     "checkpoint_blocking_s",
+    "eval_s",
     "restart_restore_s",
     "recomputed_s",
     "other_s",
@@ -62,6 +68,7 @@ _CUT_ORDER = (
     "startup_s",
     "restart_restore_s",
     "checkpoint_blocking_s",
+    "eval_s",
     "recomputed_s",
 )
 
@@ -242,6 +249,17 @@ def _rollbacks(
     return thrown, lost
 
 
+def _one_per_step(metrics: Iterable[dict]) -> list[dict]:
+    """The newest point (by ``ts``) of each step, so a replayed point counts once."""
+    newest: dict[int, dict] = {}
+    for m in metrics:
+        step = int(m["step"])
+        known = newest.get(step)
+        if known is None or _epoch(m.get("ts") or 0) >= _epoch(known.get("ts") or 0):
+            newest[step] = m
+    return list(newest.values())
+
+
 def _blocking(events: list[_Event], checkpoints: Sequence[dict], notes: list[str]) -> float:
     """Seconds checkpoint saves blocked training (see the module docstring)."""
     stored = {
@@ -290,6 +308,7 @@ def compute_goodput(
     start = _epoch(job.created_at)
     end = max(start, _epoch(job.finished_at if job.finished_at is not None else now))
     evs = [e._replace(ts=min(max(e.ts, start), end)) for e in _events(events)]
+    metrics = _one_per_step(metrics)
     steps, median = _steps(metrics, notes)
     starts = [s.start for s in steps] + [e.ts for e in evs if e.kind == EventKind.WORKERS_STARTED]
     first = min(starts) if starts else None
@@ -305,6 +324,7 @@ def compute_goodput(
         "startup_s": _only(startup, queued),
         "restart_restore_s": _only(windows, queued + startup),
         "checkpoint_blocking_s": _blocking(evs, checkpoints, notes),
+        "eval_s": sum(float(m.get("eval_s") or 0.0) for m in metrics),
         "recomputed_s": thrown * median,
     }
     productive = sum(s.end - s.start for s in steps if s not in lost)

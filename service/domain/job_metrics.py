@@ -45,7 +45,23 @@ _POINT_GAUGES = _point_gauges(
     tokens_per_s=("etrain_job_tokens_per_second", "Training throughput in tokens"),
     world_size=("etrain_job_world_size", "Train workers in the newest reported step"),
     loss=("etrain_job_loss", "Training loss of the newest reported step"),
+    eval_loss=("etrain_job_eval_loss", "Held-out loss of the newest evaluation"),
+    eval_perplexity=(
+        "etrain_job_eval_perplexity",
+        "Held-out perplexity (exp of the loss) of the newest evaluation",
+    ),
+    rewards_accuracy=(
+        "etrain_job_rewards_accuracy",
+        "Objective dpo: share of the newest step's pairs whose chosen answer has the higher reward",
+    ),
+    rewards_margin=(
+        "etrain_job_rewards_margin",
+        "Objective dpo: mean chosen - rejected reward of the newest step's pairs",
+    ),
 )
+# The store keeps these on a job's newest point until a restore goes back before the
+# evaluation; a point without them means there is none, so their series go.
+_EVAL_GAUGES = frozenset({"eval_loss", "eval_perplexity"})
 # Event kind -> counter name (exported with the _total suffix) and help.
 _EVENT_COUNTERS = {
     EventKind.WORKER_FAILED.value: (
@@ -104,12 +120,15 @@ class JobMetrics:
             counter.labels(job_id)  # export 0 from the start, so increase() sees the first one
 
     def observe_point(self, job_id: str, point: Mapping) -> None:
-        """Set the gauges from the job's newest stored metric point (missing keys are left)."""
+        """Set the gauges from the job's newest stored metric point. A missing key leaves
+        its gauge as it was, but for the evaluation's, whose series are removed."""
         self._track(job_id)
         for key, gauge in self._gauges.items():
             value = point.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 gauge.labels(job_id).set(value)
+            elif key in _EVAL_GAUGES and value is None:
+                gauge.remove(job_id)
 
     def count_event(self, job_id: str, kind: str) -> None:
         """Count one newly stored event (only the kinds that have a counter)."""

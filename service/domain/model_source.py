@@ -29,7 +29,7 @@ import os
 
 from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
-from workers.models.config import ModelConfig
+from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_config import (
     MAX_CONFIG_BYTES,
     check_layout,
@@ -38,6 +38,7 @@ from workers.models.hf_config import (
 )
 from workers.models.hf_index import INDEX, MAX_INDEX_BYTES, SINGLE, weight_map
 from workers.spec import JobSpec
+from workers.spec.objective import reference_vocabulary_error
 from workers.storage.confine import (
     UNCONFINED,
     ConfinementError,
@@ -62,40 +63,40 @@ class ModelRefused(ValueError):
     """``model.hf`` cannot be trained as the spec asks; the message says what to change."""
 
 
-def _folder(uri: str, roots: Roots) -> str:
+def _folder(uri: str, roots: Roots, field: str = "model.hf") -> str:
     folder = uri.removeprefix("file://")
     try:
         if "://" in folder:
             raise NotADirectoryError(folder)
         os.close(open_fd(folder, roots, directory=True))
     except ConfinementError as e:
-        raise ModelRefused(f"model.hf: {e}; name a folder inside your data area") from None
+        raise ModelRefused(f"{field}: {e}; name a folder inside your data area") from None
     except (FileNotFoundError, NotADirectoryError):
         raise ModelRefused(
-            f"model.hf {uri} is not a folder the service can see; name a Hugging Face model "
+            f"{field} {uri} is not a folder the service can see; name a Hugging Face model "
             "folder (config.json + model.safetensors) inside your data area, or an s3:// / "
             "gs:// prefix holding one"
         ) from None
     return folder
 
 
-def _read_config(folder: str, uri: str, roots: Roots) -> dict:
+def _read_config(folder: str, uri: str, roots: Roots, field: str = "model.hf") -> dict:
     config = f"{folder}/config.json"
     # Opened beneath the tenant's folders, a regular file only (a FIFO cannot stall a
     # request), at most MAX_CONFIG_BYTES read.
     if not is_file(config, roots):
         raise ModelRefused(
-            f"model.hf {uri} has no config.json; name the folder transformers' save_pretrained "
+            f"{field} {uri} has no config.json; name the folder transformers' save_pretrained "
             "wrote (config.json + model.safetensors)"
         )
-    text = read_bounded(config, roots, MAX_CONFIG_BYTES, what="model.hf config.json")
-    return read_hf_config_text(text, where="model.hf")
+    text = read_bounded(config, roots, MAX_CONFIG_BYTES, what=f"{field} config.json")
+    return read_hf_config_text(text, where=field)
 
 
-def _check_index(folder: str, roots: Roots) -> None:
+def _check_index(folder: str, roots: Roots, field: str = "model.hf") -> None:
     """Every file a sharded model's weight map names is a relative name inside the folder,
     and there (as the workers will open it): a 422 now instead of a failed job."""
-    raw = read_bounded(f"{folder}/{INDEX}", roots, MAX_INDEX_BYTES, what=f"model.hf {INDEX}")
+    raw = read_bounded(f"{folder}/{INDEX}", roots, MAX_INDEX_BYTES, what=f"{field} {INDEX}")
     try:
         files = set(weight_map(raw).values())
     except (ValueError, ConfinementError) as e:
@@ -103,7 +104,7 @@ def _check_index(folder: str, roots: Roots) -> None:
     for name in sorted(files):
         if not is_file(f"{folder}/{name}", roots):
             raise ModelRefused(
-                f"model.hf {INDEX} weight_map names {name!r}, which is not a file in the folder"
+                f"{field} {INDEX} weight_map names {name!r}, which is not a file in the folder"
             )
 
 
@@ -167,11 +168,11 @@ def _remote_config(spec: JobSpec, probes: StorageProbes | None, tenant: str) -> 
     return read_hf_config_text(text, where="model.hf"), weights
 
 
-def _local_config(uri: str, roots: Roots) -> tuple[dict, bool]:
-    folder = _folder(uri, roots)
-    config = _read_config(folder, uri, roots)
+def _local_config(uri: str, roots: Roots, field: str = "model.hf") -> tuple[dict, bool]:
+    folder = _folder(uri, roots, field)
+    config = _read_config(folder, uri, roots, field)
     if is_file(f"{folder}/{WEIGHTS[1]}", roots):
-        _check_index(folder, roots)
+        _check_index(folder, roots, field)
         return config, True
     return config, is_file(f"{folder}/{WEIGHTS[0]}", roots)
 
@@ -233,4 +234,32 @@ def check_model(
         raise InvalidSpec(
             "the job's model cannot be trained",
             [{"loc": [*loc, *LOC], "msg": str(e), "type": "model"}],
+        ) from e
+
+
+def check_reference(
+    spec: JobSpec, cfg: ModelConfig | None, *, loc: tuple = ("body",), roots: Roots = UNCONFINED
+) -> None:
+    """A 422 (loc ``dpo.reference``) when a local ``dpo.reference`` folder cannot be the
+    reference of ``spec``'s model (shape ``cfg``; None: its preset): no folder, no
+    config.json or weights, an architecture etrain cannot build, another vocabulary. An
+    object-store folder is read, and checked the same way, where the workers load it."""
+    folder = spec.dpo.reference_folder if spec.dpo is not None else None
+    if folder is None or is_remote(folder):
+        return
+    field = "dpo.reference"
+    try:
+        hf, weights = _local_config(folder, roots, field)
+        ref = config_from_hf(hf, where=field)
+        if not weights:
+            raise ModelRefused(f"{field} {folder} has no weights ({' or '.join(WEIGHTS)})")
+        vocab = (cfg or get_model_config(spec.model.preset)).vocab_size
+        error = reference_vocabulary_error(ref.vocab_size, vocab, folder)
+        if error:
+            raise ModelRefused(error)
+    except (OSError, ValueError) as e:
+        msg = str(e) if isinstance(e, ValueError) else f"{field} {folder}: {e}"
+        raise InvalidSpec(
+            "the job's reference model cannot be used",
+            [{"loc": [*loc, "dpo", "reference"], "msg": msg, "type": "model"}],
         ) from e

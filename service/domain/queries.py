@@ -16,6 +16,7 @@ from service.domain.goodput import Goodput, compute_goodput
 from service.domain.planned_memory import PlannedMemory
 from service.status import JobStatus
 from service.store import EventRecord, JobRecord, JobStore, Stores
+from workers.checkpoint.retention import best_steps
 from workers.contract import EventKind
 
 
@@ -90,9 +91,14 @@ class JobQueries:
 
     def checkpoints(self, principal: Principal, job_id: str) -> list[dict]:
         """Committed checkpoints: step, uri, bytes, ``blocking_s`` (the training loop was
-        held) and ``total_s`` (start to commit; ``save_s``, its older name, kept)."""
+        held), ``total_s`` (start to commit; ``save_s``, its older name, kept), ``eval_loss``
+        (its step's held-out loss, if it evaluated) and ``best``: the one with the lowest
+        eval_loss (the retention rule's ranking; a tie goes to the earlier step)."""
         self.get(principal, job_id)
-        return [{**c, "total_s": c["save_s"]} for c in self.stores.metrics.list_checkpoints(job_id)]
+        stored = self.stores.metrics.list_checkpoints(job_id)
+        losses = {c["step"]: c.get("eval_loss") for c in stored}
+        best = best_steps(losses, losses, 1)
+        return [{**c, "total_s": c["save_s"], "best": c["step"] in best} for c in stored]
 
     def memory(self, principal: Principal, job_id: str) -> MemoryReport:
         """The newest per-rank memory report (empty ``ranks`` before the first step) and

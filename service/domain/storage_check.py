@@ -17,7 +17,8 @@ the service makes from a tenant's stores at submit (an object-store model.hf's
 config.json) go through :meth:`StorageProbes.call` under the same bounds.
 
 The credentials a launch forwards are those of every store the spec names
-(``checkpoint.storage``, ``model.hf``, ``model.tokenizer``, ``data.path``).
+(``checkpoint.storage``, ``model.hf``, ``model.tokenizer``, ``data.path``,
+``data.eval.path``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def storage_launch_env(spec: JobSpec, *, env: Mapping[str, str] | None = None) -
 
     Only the variables the job's stores read are returned: AWS_* for ``s3://``, or
     ``ETRAIN_SECRET_<NAME>_*`` for ``stores.s3.credentials_secret: NAME``, for every
-    store the spec names (checkpoint.storage, model.hf, model.tokenizer, data.path), so
-    a model in S3 is readable beside local checkpoints.
+    store the spec names (checkpoint.storage, model.hf, model.tokenizer, data.path,
+    data.eval.path), so a model in S3 is readable beside local checkpoints; and the
+    ``ETRAIN_SECRET_<NAME>_*`` of its experiment trackers' ``credentials_secret``.
     """
     return job_credential_env(spec, env=env)
 

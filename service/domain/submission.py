@@ -22,7 +22,7 @@ from service.backends.base import Backend, ClusterInfo
 from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.cluster_view import cluster_info
 from service.domain.data_check import data_refusals
-from service.domain.model_source import check_model
+from service.domain.model_source import check_model, check_reference
 from service.domain.scheduler import max_queued_jobs
 from service.domain.storage_check import StorageProbes
 from service.domain.validation import field_errors, validate_spec
@@ -108,6 +108,7 @@ class Submission:
         self.policy.check(tenant, spec)
         roots = self.policy.roots(tenant)  # what the files are opened beneath, as on the workers
         model_config = check_model(spec, probes=self.probes, tenant=tenant.name, roots=roots)
+        check_reference(spec, model_config, roots=roots)
         check_data(spec, probes=self.probes, tenant=tenant.name, roots=roots)
         shape = self.cluster_shape() if cluster is None else cluster
         plan = plan_job(spec, cluster=shape, model_config=model_config)

@@ -17,7 +17,11 @@ import re
 
 from workers.spec import JobSpec
 from workers.storage.credentials import AWS_ENV
-from workers.storage.location import job_credential_env_names
+from workers.storage.location import (
+    job_credential_env_names,
+    job_store_env_names,
+    job_tracking_env_names,
+)
 
 CHECKPOINT_MOUNT = "/var/lib/etrain/checkpoints"
 RAY_UID, RAY_GID = 1000, 100  # the `ray` user of the rayproject/ray images
@@ -84,11 +88,12 @@ def tenant_storage_secret(tenant: str, *, prefix: str = DEFAULT_STORAGE_SECRET_P
 
 def storage_env_names(spec: JobSpec) -> tuple[str, ...]:
     """The credential variables a job's stores read (names only): those of every store
-    its spec names (checkpoint.storage, model.hf, model.tokenizer, data.path).
+    its spec names (checkpoint.storage, model.hf, model.tokenizer, data.path,
+    data.eval.path; :func:`~workers.storage.location.job_store_uris`).
 
     ``s3://``: ``ETRAIN_SECRET_<NAME>_*`` of ``stores.s3.credentials_secret``,
     else ``AWS_*``. ``file://`` and ``gs://`` (Google's chain, e.g. Workload
-    Identity) read none.
+    Identity) read none. Then the experiment trackers' secrets' variables.
     """
     return job_credential_env_names(spec)
 
@@ -106,18 +111,19 @@ def tenant_storage_env(
     missing key keeps the pod from starting, with the key's name in its events);
     the ``AWS_*`` keys and every session token are optional, so a tenant without
     them falls back to the default AWS chain (e.g. the pods' service account role).
+    Experiment trackers' keys (``metrics.mlflow`` / ``metrics.wandb``
+    ``credentials_secret``) follow, all optional: without them the job runs untracked.
     """
-    names = storage_env_names(spec)
-    if not names:
+    stores, trackers = job_store_env_names(spec), job_tracking_env_names(spec)
+    if not stores and not trackers:
         return ()
     secret = tenant_storage_secret(tenant, prefix=prefix)
-    named = names != AWS_ENV
+    named = stores != AWS_ENV
+    optional = [i == 2 or not named for i in range(len(stores))] + [True] * len(trackers)
     return tuple(
         {
             "name": name,
-            "valueFrom": {
-                "secretKeyRef": {"name": secret, "key": name, "optional": i == 2 or not named},
-            },
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": name, "optional": opt}},
         }
-        for i, name in enumerate(names)
+        for name, opt in zip((*stores, *trackers), optional, strict=True)
     )

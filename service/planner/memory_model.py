@@ -59,6 +59,7 @@ __all__ = [
     "layer_activation_bytes_per_token",
     "logits_in_flight",
     "rank_memory",
+    "reference_bytes",
     "selective_layer_bytes_per_token",
     "stage_layer_counts",
     "state_bytes",
@@ -160,10 +161,7 @@ def state_bytes(
         # (workers.models.lora.hold_frozen_linears_in). Adapters shard like the rest.
         block = adapter_numel(work.cfg, work.lora)
         trained = math.ceil(part.layers * block / layout.tp / (layout.dp if layout.fsdp else 1))
-        base = FP32 * n
-        if work.precision == "bf16":
-            kw = {"tp": layout.tp, "dp": layout.dp, "dp_rank": dp_rank, "fsdp": layout.fsdp}
-            base -= 2 * _part_numel(work.cfg, part, linear_only=True, **kw)
+        base = frozen_bytes(work, layout, part, dp_rank=dp_rank)
         return StateBytes(
             base + FP32 * trained, FP32 * trained, work.optimizer_bytes_per_param * trained
         )
@@ -199,6 +197,8 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
         # every stage but the first, gradients into every stage but the last.
         receiving = 2 * part.stages - int(part.first) - int(part.last)
         out["pipeline_p2p"] = FP32 * cfg.dim * tokens * layout.microbatches * receiving
+    if work.reference_model and not (work.on_gpu and layout.fsdp and layout.cpu_offload):
+        out["dpo_reference_model"] = reference_bytes(work, layout, pp_rank=pp_rank)
     if layout.fsdp:
         root = whole - part.layers * block
         # ZeRO-3 frees each block after forward (two in flight: current and
@@ -218,11 +218,33 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
     return out
 
 
+def reference_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> int:
+    """A frozen reference model's parameters on one rank (objective dpo): sharded like the
+    trained model under FSDP, whole under DDP; its nn.Linear weights in bf16 under bf16."""
+    if not work.reference_model:
+        return 0
+    return frozen_bytes(work, layout, rank_part(work.cfg, layout, pp_rank), dp_rank=0)
+
+
+def frozen_bytes(work: Workload, layout: Layout, part: Part, *, dp_rank: int) -> int:
+    """Bytes of ``part``'s parameters held frozen on the rank at ``dp_rank``: fp32, but the
+    nn.Linear weights in bf16 under bf16 precision (workers.models.lora.hold_frozen_linears_in:
+    LoRA's base, and a DPO reference copy)."""
+    kw = {"tp": layout.tp, "dp": layout.dp, "dp_rank": dp_rank, "fsdp": layout.fsdp}
+    held = FP32 * _part_numel(work.cfg, part, **kw)
+    if work.precision == "bf16":
+        held -= 2 * _part_numel(work.cfg, part, linear_only=True, **kw)
+    return held
+
+
 def host_bytes(work: Workload, layout: Layout, state: StateBytes) -> dict[str, int]:
-    """Host memory per rank: offloaded state and async-checkpoint staging."""
+    """Host memory per rank: offloaded state (and reference model) and async-checkpoint
+    staging."""
     out = {}
     if work.on_gpu and layout.fsdp and layout.cpu_offload:
         out["cpu_offload_state"] = state.total
+        if work.reference_model:
+            out["dpo_reference_model"] = reference_bytes(work, layout)
     if work.async_checkpoint:
         out["async_checkpoint_staging"] = state.params + state.optimizer
     return out

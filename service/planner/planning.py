@@ -88,11 +88,15 @@ def workload_of(spec: JobSpec, model_config: ModelConfig | None = None) -> Workl
     config.json, read by the service); without it, the preset's.
     """
     t, lora = spec.train, spec.model.lora
+    # A DPO item is a pair: two sequences (chosen, rejected) per sample of the batch.
+    rows = 2 if spec.objective == "dpo" else 1
+    own_reference = spec.dpo is not None and spec.dpo.reference_folder is not None
     return Workload(
         cfg=model_config or get_model_config(spec.model.preset),
         seq_len=spec.data.seq_len,
-        micro_batch_size=t.micro_batch_size,
-        global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size * rows,
+        global_batch_size=t.global_batch_size * rows,
+        reference_model=spec.objective == "dpo" and (lora is None or own_reference),
         precision=t.precision,
         optimizer=t.optimizer,
         momentum=t.momentum,

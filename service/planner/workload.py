@@ -107,6 +107,9 @@ class Workload:
     activation_checkpointing: bool | str = False
     async_checkpoint: bool = False
     lora: LoraShape | None = None
+    # objective dpo without LoRA (or with its own reference folder): a frozen copy of the
+    # model beside the trained one, laid out like it.
+    reference_model: bool = False
 
     @property
     def recompute(self) -> str:

@@ -261,9 +261,13 @@ def goodput_parts(goodput: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 def job_table(job: dict[str, Any], points: list[dict[str, Any]], goodput: dict[str, Any]) -> Table:
-    """One job at a glance: steps, loss, speed, restarts and goodput with its breakdown."""
+    """One job at a glance: steps, loss (and eval loss if it evaluated; a DPO job's rewards),
+    speed, restarts and goodput with its breakdown."""
     _, losses = series(points, "loss")
+    eval_steps, eval_losses = series(points, "eval_loss")
     _, rates = series(points, "tokens_per_s")
+    _, accuracy = series(points, "rewards_accuracy")  # objective dpo
+    _, margins = series(points, "rewards_margin")
     wall = float(goodput.get("wall_s") or 0)
     rows = [
         ("job", str(job.get("id"))),
@@ -271,6 +275,19 @@ def job_table(job: dict[str, Any], points: list[dict[str, Any]], goodput: dict[s
         ("steps", str(len(steady_points(points, 0)))),
         ("first loss", f"{losses[0]:.4f}" if losses else "-"),
         ("final loss", f"{losses[-1]:.4f}" if losses else "-"),
+        *(
+            [("final eval loss", f"{eval_losses[-1]:.4f} at step {eval_steps[-1]}")]
+            if eval_losses
+            else []
+        ),
+        *(
+            [
+                ("final reward accuracy", f"{accuracy[-1]:.4f}"),
+                ("final reward margin", f"{margins[-1]:.4f}"),
+            ]
+            if accuracy and margins
+            else []
+        ),
         ("mean tokens/s", f"{sum(rates) / len(rates):.1f}" if rates else "-"),
         ("restarts", str(job.get("restarts") or 0)),
         ("goodput", f"{float(goodput.get('goodput') or 0):.3f}"),

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.settings import slices
+from service.settings import generation_docs as gen
+from service.settings import policy_docs, slices
 from service.settings import warm_pool_docs as docs
 from service.settings.slices import RAY_PORTS, TenantQuota
 
@@ -201,38 +202,33 @@ class Settings(BaseSettings):
     )
     policy_data_root: Path | None = Field(
         None,
-        description="Tenant T's data.path must lie in <this>/T (or a shared data root); "
+        description="Tenant T's data.path and data.eval.path must lie in <this>/T (or a shared "
+        "data root); "
         "unset = <data_dir>/tenants.",
     )
     policy_shared_data_roots: list[Path] = Field(
         default_factory=list,
-        description='Folders every tenant\'s data.path may read, as JSON, e.g. ["/datasets"].',
+        description="Folders every tenant's data.path and data.eval.path may read, as JSON, "
+        'e.g. ["/datasets"].',
     )
     policy_admin_roots: list[Path] = Field(
         default_factory=lambda: [Path("/")],
-        description="Where admin tokens may name file:// storage and data.path, as JSON "
-        '(default ["/"]); the '
+        description="Where admin tokens may name file:// storage, data.path and "
+        'data.eval.path, as JSON (default ["/"]); the '
         "service's data dir, other tenants' areas and /etc, /proc, /sys, /dev, /boot, /root "
         "and /run stay refused.",
     )
     policy_object_stores: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description='s3:// and gs:// prefixes each tenant (by name; "*" = every tenant) may '
-        "use as checkpoint.storage (and to read model.hf, model.tokenizer and data.path "
-        'from), as JSON, e.g. {"*": ["s3://ckpt/{tenant}"]}; '
-        "{tenant} is the tenant's name; gs:// jobs use the service's Google credentials. "
-        "Unset = none.",
+        default_factory=dict, description=policy_docs.OBJECT_STORES
     )
     policy_endpoints: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description='Object-store endpoint URLs each tenant ("*" = every tenant) may name '
-        'in stores.s3/gcs.endpoint_url, as JSON, e.g. {"*": ["http://minio:9000"]}. '
-        "Unset = none: the service sends requests only to endpoints listed here.",
+        default_factory=dict, description=policy_docs.ENDPOINTS
+    )
+    policy_tracking_uris: dict[str, list[str]] = Field(
+        default_factory=dict, description=policy_docs.TRACKING_URIS
     )
     policy_secrets: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description='stores.s3.credentials_secret names each tenant ("*" = every '
-        "tenant) may use, as JSON; a tenant not listed may use the secret named after it.",
+        default_factory=dict, description=policy_docs.SECRETS
     )
     policy_ambient_credentials: list[str] = Field(
         default_factory=list,
@@ -260,6 +256,10 @@ class Settings(BaseSettings):
         le=256,
         description="Probes one tenant may have in flight; one more is a 429.",
     )
+    generate_enabled: bool = Field(True, description=gen.GENERATE_ENABLED)
+    generate_max_new_tokens: int = Field(256, ge=1, le=65536, description=gen.GENERATE_TOKENS)
+    generate_timeout_s: float = Field(120.0, ge=5, le=3600, description=gen.GENERATE_TIMEOUT)
+    generate_concurrency: int = Field(1, ge=1, le=64, description=gen.GENERATE_CONCURRENCY)
 
     @model_validator(mode="after")
     def _safe_outside_development(self) -> Settings:
@@ -305,6 +305,7 @@ class Settings(BaseSettings):
             admin_roots=tuple(self.policy_admin_roots),
             object_stores=self.policy_object_stores,
             endpoints=self.policy_endpoints,
+            tracking_uris=self.policy_tracking_uris,
             secrets=self.policy_secrets,
             ambient_credentials=tuple(self.policy_ambient_credentials),
             admin_any_store=self.policy_admin_any_store,
@@ -378,6 +379,12 @@ class Settings(BaseSettings):
             max_cpus=self.k8s_max_cpus,
             max_gpus=self.k8s_max_gpus,
         )
+
+    @property
+    def generation(self) -> slices.GenerationSettings:
+        """POST /v1/jobs/{id}/generate's slice (``ETRAIN_GENERATE_*``) and the policy's."""
+        g = (self.generate_enabled, self.generate_max_new_tokens, self.generate_timeout_s)
+        return slices.GenerationSettings(*g, self.generate_concurrency, self.policy)
 
     @property
     def api(self) -> slices.ApiSettings:

@@ -61,6 +61,7 @@ class PolicySettings:
     secrets: Mapping[str, list[str]]
     ambient_credentials: tuple[str, ...]
     admin_any_store: bool
+    tracking_uris: Mapping[str, list[str]]  # metrics.mlflow.tracking_uri
 
 
 @dataclass(frozen=True)
@@ -188,3 +189,15 @@ class ApiSettings:
 
     max_body_bytes: int
     metrics_job_labels: bool
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What ``domain/generation.py`` reads: whether it serves, its bounds, the policy's
+    roots the generating process is confined to."""
+
+    enabled: bool
+    max_new_tokens: int
+    timeout_s: float
+    concurrency: int
+    policy: PolicySettings

@@ -182,6 +182,7 @@ class JobCheckpoint(Base):
     save_s: Mapped[float] = mapped_column(Float)
     blocking_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    eval_loss: Mapped[float | None] = mapped_column(Float)
 
 
 # -- records: what the store hands out instead of ORM objects ---------------

@@ -13,7 +13,10 @@ from service.store.tables import CHECKPOINTS, JOBS, METRICS, require_job
 
 # MetricPoint keys with a column of their own; the other keys of a point go into ``data``.
 METRIC_COLUMNS = ("world_size", "loss", "lr", "samples_per_s", "tokens_per_s")
-CHECKPOINT_UPDATES = ("uri", "bytes", "save_s", "blocking_s", "created_at")
+CHECKPOINT_UPDATES = ("uri", "bytes", "save_s", "blocking_s", "created_at", "eval_loss")
+# The newest evaluation's results, carried on a job's latest metrics past later steps
+# that do not evaluate, with ``eval_step``: the step they are from.
+EVAL_CARRIED = ("eval_loss", "eval_perplexity")
 
 
 def _to_datetime(ts: float | dt.datetime | None) -> dt.datetime:
@@ -52,6 +55,24 @@ def _metric_dict(row: dict, *, epoch: bool = False) -> dict:
     return point
 
 
+def _carry_eval(latest: dict, rows: list[dict], stored: dict | None) -> dict:
+    """``latest`` with the newest evaluation's results: from the newest row of the batch
+    that has them, else from the stored latest metrics. Left out when that evaluation is
+    of a step after ``latest``'s (a restore rolled the job back past it)."""
+    evaluated = [r for r in rows if (r["data"] or {}).get("eval_loss") is not None]
+    if evaluated:
+        row = max(evaluated, key=lambda r: (r["ts"], r["step"]))
+        source, step = row["data"], row["step"]
+    elif stored and stored.get("eval_loss") is not None:
+        source, step = stored, stored.get("eval_step", stored.get("step"))
+    else:
+        return latest
+    carried = {k: source[k] for k in EVAL_CARRIED if source.get(k) is not None}
+    if not isinstance(step, int) or step > latest["step"]:
+        return latest
+    return {**latest, **carried, "eval_step": step}
+
+
 class MetricStore:
     """The ``job_metrics`` and ``job_checkpoints`` tables. Every call is its own transaction."""
 
@@ -65,7 +86,9 @@ class MetricStore:
         Keys other than step, ts and METRIC_COLUMNS go into ``data``. The job's
         ``step`` and ``latest_metrics`` follow the newest point by time, so a
         restore that recomputes earlier steps moves progress back honestly, while a
-        replayed old batch does not.
+        replayed old batch does not. ``latest_metrics`` keeps the newest evaluation's
+        ``eval_loss`` and ``eval_perplexity`` (with ``eval_step``) past later points
+        without one, until a restore goes back before that step.
         """
         rows = _metric_rows(job_id, points)
         if not rows:
@@ -86,6 +109,7 @@ class MetricStore:
             conn.execute(query)
             stored = current.latest_metrics
             if stored is None or latest["ts"] >= float(stored.get("ts", 0.0)):
+                latest = _carry_eval(latest, rows, stored)
                 conn.execute(
                     update(JOBS)
                     .where(JOBS.c.id == job_id)
@@ -113,8 +137,10 @@ class MetricStore:
         bytes: int,
         save_s: float,
         blocking_s: float | None = None,
+        eval_loss: float | None = None,
     ) -> dict:
-        """Record a committed checkpoint; a second one at the same step replaces it."""
+        """Record a committed checkpoint (with its step's held-out loss when it has one); a
+        second one at the same step replaces it."""
         values = {
             "job_id": job_id,
             "step": step,
@@ -123,6 +149,7 @@ class MetricStore:
             "save_s": save_s,
             "blocking_s": blocking_s,
             "created_at": utcnow(),
+            "eval_loss": eval_loss,
         }
         query = self._db.insert(CHECKPOINTS).values(values)
         query = query.on_conflict_do_update(

@@ -37,7 +37,9 @@ def test_swagger_ui_renders_every_operation(served, open_tab):
         )
         assert block.count() == 1, (method, path)
     create.locator(".opblock-summary").click()  # expand: the request body's schema renders
-    create.locator(".opblock-body").wait_for(timeout=30_000)
+    # Swagger UI fills the expanded block in steps: wait for the request body itself (on a
+    # busy machine the block's frame shows well before its sections).
+    create.get_by_text("Request body", exact=True).first.wait_for(timeout=30_000)
     assert "Request body" in create.inner_text()
     tab.shot("swagger")
     tab.check()

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from service.backends.base import RunState
 from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the GCS endpoint fixture
 from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
+from tests.support.mlflow_server import mlflow_server  # noqa: F401 - a tracking server
 from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
 from tests.support.postgres import postgres_server
 from tests.support.ray_cluster import submit_job, wait_for_job

@@ -21,7 +21,8 @@ def _spec(tmp_path, optimizer: str, *, asynchronous: bool = False, **train) -> d
     return JobSpec.model_validate(
         {
             "name": f"it-{optimizer}",
-            "data": {"seq_len": 32, "num_samples": 256},
+            # A held-out set of its own (training reads the same samples as without it).
+            "data": {"seq_len": 32, "num_samples": 256, "eval": {"num_samples": 6}},
             "resources": {"workers": 2, "cpus_per_worker": 1},
             "train": {
                 "steps": 12 if asynchronous else 8,
@@ -31,6 +32,7 @@ def _spec(tmp_path, optimizer: str, *, asynchronous: bool = False, **train) -> d
                 "warmup_steps": 2,
                 "optimizer": optimizer,
                 "momentum": 0.9 if optimizer == "sgd" else 0.0,
+                "eval_every_steps": 4,
                 **train,
             },
             "checkpoint": {
@@ -42,13 +44,12 @@ def _spec(tmp_path, optimizer: str, *, asynchronous: bool = False, **train) -> d
     ).model_dump(mode="json", by_alias=True)
 
 
-def _reference_losses(spec: dict) -> dict[int, float]:
+def _reference(spec: dict):
     """The same spec in one plain process: no DDP, the whole global batch here."""
-    result = run(
+    return run(
         JobSpec.model_validate(spec),
         RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
     )
-    return result.losses
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +76,16 @@ def clean_runs(run_job, tmp_path_factory) -> Callable[..., tuple[str, dict, Path
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_ddp_loss_per_step_matches_single_process(clean_runs, telemetry_sink, optimizer):
     job_id, spec, _ = clean_runs(optimizer)
-    got, want = telemetry_sink.losses(job_id), _reference_losses(spec)
+    reference = _reference(spec)
+    got, want = telemetry_sink.losses(job_id), reference.losses
     assert sorted(got) == list(range(1, 9))
     for step, loss in want.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}"
+    # The held-out loss reaches the control plane from the steps that evaluate.
+    evaluated = telemetry_sink.eval_losses(job_id)
+    assert evaluated.keys() == reference.eval_losses.keys() == {4, 8}
+    for step, loss in reference.eval_losses.items():
+        assert evaluated[step] == pytest.approx(loss, rel=1e-5), f"eval at step {step}"
     # The loss must actually move, or equality would prove nothing about the update.
     assert got[8] < got[1]
     ws = {m["world_size"] for m in telemetry_sink.items("metrics", job_id)}
@@ -137,3 +144,6 @@ def test_kill_and_resume_equals_uninterrupted(
         assert torch.equal(optim_a[key], optim_b[key]), key
     # Per-step losses after the restore equal the uninterrupted run's too.
     assert telemetry_sink.losses(killed_id) == telemetry_sink.losses(clean_id)
+    # So are the held-out losses of the steps that evaluated after it.
+    after = {s: v for s, v in telemetry_sink.eval_losses(clean_id).items() if s > 4}
+    assert after and {s: telemetry_sink.eval_losses(killed_id)[s] for s in after} == after

@@ -46,6 +46,8 @@ class LocalResult:
     """What rank 0 saw of one job."""
 
     losses: dict[int, float] = field(default_factory=dict)
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    metrics: dict[int, dict] = field(default_factory=dict)  # the objective's, by step
     step_times: list[float] = field(default_factory=list)
     memory: list[dict] | None = None
     resumed_from: int | None = None
@@ -101,6 +103,8 @@ def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out:
             )
             record = {
                 "losses": res.losses,
+                "eval_losses": res.eval_losses,
+                "metrics": res.metrics,
                 "step_times": res.step_times,
                 "memory": res.memory,
                 "resumed_from": res.resumed_from,
@@ -156,6 +160,8 @@ def _collect(out: Path, name: str, world_size: int) -> LocalResult:
     data = json.loads((out / f"{name}.rank0.json").read_text())
     return LocalResult(
         losses={int(k): v for k, v in data["losses"].items()},
+        eval_losses={int(k): v for k, v in data["eval_losses"].items()},
+        metrics={int(k): v for k, v in data["metrics"].items()},
         step_times=data["step_times"],
         memory=data["memory"],
         resumed_from=data["resumed_from"],

@@ -9,33 +9,40 @@ API can answer 422 with a field path and a hint.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from workers.contract import STRATEGIES
 from workers.models.config import get_model_config
 from workers.models.hf_config import check_layout
-from workers.spec.base import MAX_STEPS, MAX_WORKERS, SECRET_SAFE, Spec
+from workers.spec.base import MAX_STEPS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec
-from workers.spec.data import DataSpec
+from workers.spec.data import DataSource, DataSpec, EvalDataSpec
 from workers.spec.metrics import MetricsSpec
 from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
+from workers.spec.objective import OBJECTIVES, DpoSpec, objective_error
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
+from workers.spec.resources import ResourcesSpec, WorkerRange
 from workers.spec.stores import (
-    PATH_FIELDS,
     GcsSpec,
     S3Spec,
     StoresSpec,
     move_legacy_stores,
+    spec_paths,
     unused_store_error,
 )
 
 __all__ = [
     "MODEL_PRESETS",
+    "OBJECTIVES",
     "STRATEGIES",
     "CheckpointSpec",
+    "DataSource",
     "DataSpec",
+    "DpoSpec",
+    "EarlyStoppingSpec",
+    "EvalDataSpec",
     "FailureSpec",
     "FsdpSpec",
     "GcsSpec",
@@ -57,57 +64,21 @@ __all__ = [
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-class WorkerRange(Spec):
-    """An elastic worker range: the job uses what the cluster offers between min and max."""
+class EarlyStoppingSpec(Spec):
+    """When a job stops because its held-out loss stopped improving."""
 
-    min: int = Field(ge=1, le=MAX_WORKERS, description="Fewest workers the job runs with.")
-    max: int = Field(ge=1, le=MAX_WORKERS, description="Most workers the job uses.")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> WorkerRange:
-        if self.min > self.max:
-            raise ValueError(
-                f"resources.workers.min ({self.min}) must be <= resources.workers.max ({self.max})"
-            )
-        return self
-
-
-# Tagged so a bad range reports one error at resources.workers.range, not an extra
-# "should be a valid integer" and a loc holding pydantic's validator name.
-Workers = Annotated[
-    Annotated[Annotated[int, Field(le=MAX_WORKERS)], Tag("count")]
-    | Annotated[WorkerRange, Tag("range")],
-    Discriminator(lambda v: "range" if isinstance(v, (dict, WorkerRange)) else "count"),
-]
-
-
-class ResourcesSpec(Spec):
-    """What each worker asks of the cluster."""
-
-    workers: Workers = Field(
-        2, description=f"Fixed worker count, or {{min, max}} for an elastic job; <= {MAX_WORKERS}."
+    patience: int = Field(
+        ge=1,
+        le=MAX_STEPS,
+        description="Evaluations in a row without an improvement after which the job stops.",
     )
-    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs per worker; 0 = CPU (gloo).")
-    cpus_per_worker: float = Field(
-        1.0, ge=0.01, le=1024, description="CPUs per worker; may be fractional (>= 0.01)."
+    min_delta: float = Field(
+        0.0,
+        ge=0,
+        le=1e6,
+        description="An evaluation improves when its eval_loss is below the best so far by "
+        "more than this.",
     )
-
-    @field_validator("workers")
-    @classmethod
-    def _positive(cls, v: int | WorkerRange) -> int | WorkerRange:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("resources.workers must be >= 1, or {min, max} with min >= 1")
-        return v
-
-    @property
-    def min_workers(self) -> int:
-        """Fewest workers the job may run with."""
-        return self.workers if isinstance(self.workers, int) else self.workers.min
-
-    @property
-    def max_workers(self) -> int:
-        """Most workers the job may use."""
-        return self.workers if isinstance(self.workers, int) else self.workers.max
 
 
 class TrainSpec(Spec):
@@ -138,6 +109,30 @@ class TrainSpec(Spec):
     grad_clip: float = Field(0.0, ge=0, le=1e6, description="Clip the global grad norm; 0 = off.")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 autocast.")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for init, data order and dropout.")
+    eval_every_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Evaluate the held-out set (data.eval or data.eval_fraction) after every "
+        "this many steps and after the last one: every rank runs the forward of its share "
+        "without gradients, in eval mode; the loss is the mean over the whole set's counted "
+        "tokens, the same for any world size and layout. Reported as eval_loss and "
+        "eval_perplexity; its time is goodput's eval_s, not training time. Unset with an "
+        "evaluation set: only after the last step.",
+    )
+    eval_samples: int | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="Evaluate only the first this many samples of the evaluation set (in its "
+        "fixed order); unset = all of it.",
+    )
+    early_stopping: EarlyStoppingSpec | None = Field(
+        None,
+        description="End the job (SUCCEEDED, with an early_stopped event naming the step, "
+        "and a checkpoint of that step) once the held-out loss has not improved for "
+        "patience evaluations in a row; needs train.eval_every_steps.",
+    )
 
     @model_validator(mode="after")
     def _batch_and_warmup(self) -> TrainSpec:
@@ -183,6 +178,15 @@ class JobSpec(Spec):
     model_config = SECRET_SAFE
 
     name: str = Field(description="DNS-label-like job name, <= 47 characters.")
+    objective: Literal[tuple(OBJECTIVES)] = Field(  # type: ignore[valid-type]
+        "causal_lm",
+        description="What the model is trained to do: "
+        + "; ".join(f"{name}: {o.summary}" for name, o in OBJECTIVES.items())
+        + ".",
+    )
+    dpo: DpoSpec | None = Field(
+        None, description="Options of objective dpo (defaults when it is unset)."
+    )
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
     parallelism: ParallelismSpec = Field(
@@ -198,7 +202,8 @@ class JobSpec(Spec):
     stores: StoresSpec = Field(
         default_factory=StoresSpec,
         description="How the s3:// and gs:// paths (model.hf, model.tokenizer, data.path, "
-        "checkpoint.storage) are reached: each path's scheme selects stores.s3 or stores.gcs.",
+        "data.eval.path, checkpoint.storage) are reached: each path's scheme selects "
+        "stores.s3 or stores.gcs.",
     )
 
     @model_validator(mode="before")
@@ -219,10 +224,59 @@ class JobSpec(Spec):
 
     @model_validator(mode="after")
     def _stores_are_used(self) -> JobSpec:
-        paths = {f"{a}.{b}": getattr(getattr(self, a), b) for a, b in PATH_FIELDS}
-        error = unused_store_error(self.stores, paths)
+        error = unused_store_error(self.stores, spec_paths(self))
         if error:
             raise ValueError(error)
+        return self
+
+    @model_validator(mode="after")
+    def _objective_fits(self) -> JobSpec:
+        error = objective_error(self)
+        if error:
+            raise ValueError(error)
+        return self
+
+    @model_validator(mode="after")
+    def _eval_has_a_set(self) -> JobSpec:
+        if not self.data.has_eval_set():
+            for name in ("eval_every_steps", "eval_samples", "early_stopping"):
+                if getattr(self.train, name) is not None:
+                    raise ValueError(
+                        f"train.{name} needs an evaluation set: add data.eval (a source) or "
+                        "data.eval_fraction (held-out training samples; with data.sources, a "
+                        f"source's eval_fraction), or remove train.{name}"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _packing_fits_layout(self) -> JobSpec:
+        if self.data.packing and self.parallelism.pp > 1:
+            raise ValueError(
+                "data.packing is not available with pipeline parallelism (parallelism.pp > 1): "
+                "its stages do not carry the samples' positions; use dp, fsdp, tp or hybrid "
+                "without pp, or remove data.packing"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ranked_by_evaluations(self) -> JobSpec:
+        every, ck = self.train.eval_every_steps, self.checkpoint
+        for name, value in (
+            ("train.early_stopping", self.train.early_stopping),
+            ("checkpoint.keep_best", ck.keep_best),
+        ):
+            if value is not None and every is None:
+                raise ValueError(
+                    f"{name} needs train.eval_every_steps (how often the held-out loss is "
+                    "measured) and an evaluation set (data.eval or data.eval_fraction)"
+                )
+        fixed = ck.interval is None and ck.every_seconds is None and ck.every_steps
+        if ck.keep_best is not None and fixed and ck.every_steps % every:
+            raise ValueError(
+                f"checkpoint.keep_best ranks saves by their eval_loss: checkpoint.every_steps "
+                f"({ck.every_steps}) must be a multiple of train.eval_every_steps ({every}); "
+                f"use {every * max(1, ck.every_steps // every)}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -293,6 +347,16 @@ class JobSpec(Spec):
             if error:
                 raise ValueError(error)
         return self
+
+    def model_folders(self) -> dict[tuple, str | None]:
+        """The model folders the job reads, by field: model.hf, model.tokenizer and a
+        dpo.reference folder (None where unset)."""
+        reference = self.dpo.reference_folder if self.dpo is not None else None
+        return {
+            ("model", "hf"): self.model.hf,
+            ("model", "tokenizer"): self.model.tokenizer,
+            **({("dpo", "reference"): reference} if reference else {}),
+        }
 
     def data_parallel_size(self, world_size: int) -> int:
         """Data-parallel degree at a given world size."""

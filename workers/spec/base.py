@@ -40,3 +40,9 @@ def printable(value: str | None, field: str) -> str | None:
         f"{field} must not contain control characters; character {found.start() + 1} is "
         f"U+{ord(found.group()):04X}: remove it (a path or URL is printable text)"
     )
+
+
+def field_loc(field: str) -> tuple:
+    """A dotted field name as an error location: ``data.sources.1.path`` -> ("data",
+    "sources", 1, "path"), as pydantic gives locations."""
+    return tuple(int(p) if p.isdigit() else p for p in field.split("."))

@@ -76,6 +76,16 @@ class CheckpointSpec(Spec):
         description="Also keep every checkpoint whose step is a multiple of N "
         "(e.g. 1000 keeps steps 1000, 2000, ...), on top of keep_last; unset = none.",
     )
+    keep_best: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Also keep the K checkpoints whose held-out loss (eval_loss) is lowest, "
+        "on top of keep_last and keep_every; only checkpoints of steps that evaluated are "
+        "ranked (a tie keeps the earlier step). Needs train.eval_every_steps; with a fixed "
+        "every_steps, every_steps must be a multiple of it (so every save is evaluated). "
+        "GET /v1/jobs/{id}/checkpoints marks the best; `etrain export --best` exports it.",
+    )
 
     @field_validator("storage")
     @classmethod

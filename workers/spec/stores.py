@@ -1,7 +1,7 @@
 """``stores``: how the spec's ``s3://`` and ``gs://`` paths are reached.
 
 One section for every path field that may name an object store (``model.hf``,
-``model.tokenizer``, ``data.path``, ``checkpoint.storage``, and so TensorBoard's
+``model.tokenizer``, ``data.path``, ``data.eval.path``, ``checkpoint.storage``, and so TensorBoard's
 folder beside the checkpoints): each path's scheme selects its store, ``stores.s3``
 for ``s3://`` and ``stores.gcs`` for ``gs://``. Specs written before this section
 existed carried them as ``checkpoint.s3`` / ``checkpoint.gcs``:
@@ -25,8 +25,15 @@ REGION_RE = re.compile(r"[a-z0-9][-a-z0-9]{0,62}")
 SECRET_NAME_RE = re.compile(r"[a-z0-9][-_a-z0-9]{0,62}")
 # The sections a spec written before ``stores`` named: checkpoint.<old> -> stores.<new>.
 LEGACY_SECTIONS = ("s3", "gcs")
-# The fields whose scheme selects a store, as (section, field).
-PATH_FIELDS = (("model", "hf"), ("model", "tokenizer"), ("data", "path"), ("checkpoint", "storage"))
+# The fields whose scheme selects a store, as attribute paths from the spec.
+PATH_FIELDS = (
+    ("model", "hf"),
+    ("model", "tokenizer"),
+    ("data", "path"),
+    ("data", "eval", "path"),
+    ("checkpoint", "storage"),
+    ("dpo", "reference"),  # or "base", which names no store
+)
 
 
 class S3Spec(Spec):
@@ -152,12 +159,12 @@ class StoresSpec(Spec):
     s3: S3Spec | None = Field(
         None,
         description="Endpoint, region and credentials secret name for every s3:// path of "
-        "the spec (model.hf, model.tokenizer, data.path, checkpoint.storage).",
+        "the spec (model.hf, model.tokenizer, data.path, data.eval.path, checkpoint.storage).",
     )
     gcs: GcsSpec | None = Field(
         None,
         description="Endpoint for every gs:// path of the spec (model.hf, model.tokenizer, "
-        "data.path, checkpoint.storage) that is not storage.googleapis.com.",
+        "data.path, data.eval.path, checkpoint.storage) that is not storage.googleapis.com.",
     )
 
 
@@ -211,6 +218,21 @@ def unused_store_error(stores: StoresSpec, paths: dict[str, str | None]) -> str 
                 f"one; remove stores.{name} or use a {scheme}://bucket[/prefix] path"
             )
     return None
+
+
+def spec_paths(spec: Any) -> dict[str, str | None]:
+    """Every path field of a job spec whose scheme selects a store: dotted name -> value
+    (None where the field, or the section holding it, is unset), data.sources.<i>.path
+    for each mixed source."""
+    paths: dict[str, str | None] = {}
+    for names in PATH_FIELDS:
+        value = spec
+        for name in names:
+            value = getattr(value, name, None) if value is not None else None
+        paths[".".join(names)] = value
+    for i, source in enumerate(getattr(getattr(spec, "data", None), "sources", None) or ()):
+        paths[f"data.sources.{i}.path"] = source.path
+    return paths
 
 
 def stores_section(spec: Any) -> StoresSpec:

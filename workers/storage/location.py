@@ -2,13 +2,13 @@
 
 Which store options a URI gets is decided once, here (:func:`store_options`): its scheme
 selects the spec's ``stores.s3`` (``s3://``) or ``stores.gcs`` (``gs://``), whichever
-path field (``model.hf``, ``model.tokenizer``, ``data.path``, ``checkpoint.storage``)
-it comes from. One :class:`StorageLocation` gives every consumer the same view of a store: an
-fsspec file system (DCP writers and readers, listing, pruning), the pyarrow file
-system that Ray Train's ``RunConfig(storage_path, storage_filesystem)`` takes,
-and URIs for reports. Credentials are read from the environment and live only
-in ``options``, which ``repr`` leaves out; error messages name where they come
-from, never their values:
+path field (``model.hf``, ``model.tokenizer``, ``data.path``, ``data.eval.path``,
+``checkpoint.storage``) it comes from. One :class:`StorageLocation` gives every
+consumer the same view of a store: an fsspec file system (DCP writers and readers,
+listing, pruning), the pyarrow file system that Ray Train's
+``RunConfig(storage_path, storage_filesystem)`` takes, and URIs for reports.
+Credentials are read from the environment and live only in ``options``, which
+``repr`` leaves out; error messages name where they come from, never their values:
 
 - ``s3://`` by default: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and
   optional ``AWS_SESSION_TOKEN``), else the default AWS chain (instance role,
@@ -47,10 +47,12 @@ import fsspec
 
 from workers.storage.credentials import (
     AWS_ENV,
+    TRACKING_VARIABLES,
     StorageError,
     gs_options,
     s3_options,
     secret_env_names,
+    tracking_env_names,
 )
 
 if TYPE_CHECKING:
@@ -182,9 +184,9 @@ def locate(place: str, stores: StoresSpec | None = None) -> StorageLocation:
 
 def stores_for(stores: StoresSpec | None) -> Callable[[str], StorageLocation]:
     """A URL -> its StorageLocation, with the spec's ``stores`` options where the scheme is
-    theirs: how a job reaches ``model.hf``, ``model.tokenizer``, ``data.path``, its
-    checkpoints and TensorBoard's folder as its workers do. Without a section, this
-    process's defaults."""
+    theirs: how a job reaches ``model.hf``, ``model.tokenizer``, ``data.path``,
+    ``data.eval.path``, its checkpoints and TensorBoard's folder as its workers do.
+    Without a section, this process's defaults."""
     return lambda uri: resolve_store(uri, stores)
 
 
@@ -296,19 +298,28 @@ def resolve_store(
     uri: str, stores: StoresSpec | None, *, env: Mapping[str, str] | None = None
 ) -> StorageLocation:
     """:func:`resolve_storage` of ``uri`` (any path field of a spec: ``checkpoint.storage``
-    or a folder under it, ``model.hf``, ``model.tokenizer``, ``data.path``) with the spec's
+    or a folder under it, ``model.hf``, ``model.tokenizer``, ``data.path``,
+    ``data.eval.path``) with the spec's
     ``stores`` options its scheme selects (:func:`store_options`)."""
     return resolve_storage(uri, **store_options(stores, urlsplit(uri).scheme), env=env)
 
 
 def job_store_uris(spec) -> list[str]:
     """Every store location ``spec`` names: ``checkpoint.storage``, ``model.hf``,
-    ``model.tokenizer`` and ``data.path`` (those that are set), in that order."""
-    places = (spec.checkpoint.storage, spec.model.hf, spec.model.tokenizer, spec.data.path)
+    ``model.tokenizer``, ``data.path`` (or each ``data.sources.<i>.path``) and
+    ``data.eval.path`` (those that are set), in that order."""
+    # Every section naming samples: data (or its mixed sources), then data.eval.
+    sections = spec.data.sections() if hasattr(spec.data, "sections") else [spec.data]
+    places = (
+        spec.checkpoint.storage,
+        spec.model.hf,
+        spec.model.tokenizer,
+        *(section.path for section in sections),
+    )
     return [uri for uri in places if uri]
 
 
-def job_credential_env_names(spec) -> tuple[str, ...]:
+def job_store_env_names(spec) -> tuple[str, ...]:
     """The credential variables (names only) a job's workers read for every store ``spec``
     names: per ``s3://`` location ``stores.s3.credentials_secret``'s, else AWS_*."""
     names: dict[str, None] = {}
@@ -319,10 +330,28 @@ def job_credential_env_names(spec) -> tuple[str, ...]:
     return tuple(names)
 
 
+def job_tracking_env_names(spec) -> tuple[str, ...]:
+    """The variables (names only) of the experiment trackers' secrets ``spec`` names
+    (``metrics.mlflow`` / ``metrics.wandb`` ``credentials_secret``), for rank 0."""
+    names: dict[str, None] = {}
+    for tracker in TRACKING_VARIABLES:
+        section = getattr(getattr(spec, "metrics", None), tracker, None)
+        secret = getattr(section, "credentials_secret", None)
+        if secret:
+            names.update(dict.fromkeys(tracking_env_names(tracker, secret)))
+    return tuple(names)
+
+
+def job_credential_env_names(spec) -> tuple[str, ...]:
+    """Every credential variable (names only) a job's workers read: its stores'
+    (:func:`job_store_env_names`), then its trackers' (:func:`job_tracking_env_names`)."""
+    return (*job_store_env_names(spec), *job_tracking_env_names(spec))
+
+
 def job_credential_env(spec, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The credential variables of ``env`` (default: this process's) that a job's workers
     need for every store ``spec`` names (see :func:`job_store_uris`): to read its model,
     tokenizer and data and to write its checkpoints, whichever of them is in an object
-    store."""
+    store; and the secrets of its experiment trackers."""
     env = os.environ if env is None else env
     return {name: env[name] for name in job_credential_env_names(spec) if env.get(name)}

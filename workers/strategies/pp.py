@@ -59,8 +59,9 @@ def stage_layer_ranges(cfg: ModelConfig, n_stages: int) -> list[range]:
             f"{n_stages} pipeline stages cannot split {cfg.n_layers} layers; use between 1 "
             f"and {cfg.n_layers} stages (reduce parallelism.pp, or use a deeper preset)"
         )
-    one = count_params(dataclasses.replace(cfg, n_layers=1))
-    block = count_params(dataclasses.replace(cfg, n_layers=2)) - one
+    # Every layer has the same parameters whatever its attention type: count them as full.
+    one = count_params(dataclasses.replace(cfg, n_layers=1, layer_types=()))
+    block = count_params(dataclasses.replace(cfg, n_layers=2, layer_types=())) - one
     embedding, head = cfg.vocab_size * cfg.dim, cfg.vocab_size * cfg.dim + cfg.dim
     extra = [0] * n_stages
     extra[0] += embedding

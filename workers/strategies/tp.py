@@ -11,7 +11,10 @@ with grouped-query attention each rank holds ``n_heads / tp`` query heads and
 
 Embeddings, norms and the output head stay plain replicated tensors: every TP
 rank computes them on the same whole activations, and the gradients flowing
-into them are already all-reduced by the block's input redistribution.
+into them are already all-reduced by the block's input redistribution. The
+per-head q/k norms of Qwen3 and Gemma 3 see only this rank's heads, so they are
+replicated DTensors whose gradients are summed over the TP ranks. Soft-capping,
+the softmax scale and the sliding window act per head and need nothing.
 With :data:`SEQUENCE_PARALLEL` the two norms of each block instead run on a
 sequence shard (their weights become replicated DTensors): the row-wise
 projections reduce-scatter instead of all-reducing, the attention and MLP
@@ -46,12 +49,27 @@ _COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "
 _ROWWISE = ("attention.wo", "feed_forward.w2")
 
 
-def block_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The ``parallelize_module`` plan for one decoder block's submodules."""
+def block_plan(
+    *, sequence_parallel: bool, qk_norm: bool = False, sandwich_norm: bool = False
+) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan for one decoder block's submodules.
+
+    ``qk_norm`` (Qwen3, Gemma 3): the per-head q/k norms run on this rank's heads, so
+    their weights become replicated DTensors over a head-sharded input (dim 2), whose
+    gradients are summed over the TP ranks. ``sandwich_norm`` (Gemma): the
+    post-attention / post-MLP norms run where the block's other norms do.
+    """
     plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in _COLWISE}
     plan.update({name: RowwiseParallel() for name in _ROWWISE})
+    if qk_norm:
+        heads = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan.update({"attention.q_norm": heads, "attention.k_norm": heads})
     if not sequence_parallel:
         return plan
+    if sandwich_norm:
+        plan.update(
+            {"post_attention_norm": SequenceParallel(), "post_ffn_norm": SequenceParallel()}
+        )
     seq = Shard(1)
     # Inside the block the residual stream is a sequence-sharded DTensor: the
     # row-wise projections reduce-scatter into it, the norms run on it, and the
@@ -114,7 +132,12 @@ def apply_tensor_parallel(model: nn.Module, *, tp_mesh: DeviceMesh) -> nn.Module
         return model
     for block in decoder_blocks(model):
         _check_divisible(block, tp_mesh.size())
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel=SEQUENCE_PARALLEL))
+        plan = block_plan(
+            sequence_parallel=SEQUENCE_PARALLEL,
+            qk_norm=getattr(block.attention, "q_norm", None) is not None,
+            sandwich_norm=getattr(block, "post_ffn_norm", None) is not None,
+        )
+        parallelize_module(block, tp_mesh, plan)
         if SEQUENCE_PARALLEL:
             parallelize_module(block, tp_mesh, sequence_parallel_boundary())
     return model

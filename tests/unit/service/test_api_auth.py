@@ -9,7 +9,7 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import goodput_routes, routes, standby_routes, token_routes
+from service.api import generate_routes, goodput_routes, routes, standby_routes, token_routes
 from service.api.app import create_app
 from service.auth import authenticate
 from tests.support.api import (
@@ -39,6 +39,7 @@ PROTECTED = [
     ("GET", "/v1/jobs/{job_id}/checkpoints", None),
     ("GET", "/v1/jobs/{job_id}/memory", None),
     ("GET", "/v1/jobs/{job_id}/goodput", None),
+    ("POST", "/v1/jobs/{job_id}/generate", {"prompt": "hello"}),
     ("POST", "/v1/jobs/{job_id}/telemetry", {"metrics": []}),
     ("POST", "/v1/plan", {"spec": JOB}),
     ("GET", "/v1/cluster", None),
@@ -57,6 +58,7 @@ def test_protected_table_lists_every_v1_route(tmp_path):
         *goodput_routes.v1.routes,
         *token_routes.v1.routes,
         *standby_routes.v1.routes,
+        *generate_routes.v1.routes,
     ]
     assert {(m, r.path) for r in v1_routes for m in r.methods - {"HEAD"}} == table
     app = create_app(dev_settings(tmp_path), backend=FakeBackend(), reconcile=False)

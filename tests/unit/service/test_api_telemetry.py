@@ -3,6 +3,8 @@ logs, metrics, events, checkpoints and memory routes answer with what was sent."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from service.status import JobStatus
@@ -161,6 +163,25 @@ def test_checkpoint_list_follows_what_the_cluster_deleted(client):
     assert [c["step"] for c in items] == [30, 50]
 
 
+def test_the_checkpoint_with_the_lowest_held_out_loss_is_marked_best(client):
+    job_id = submit(client)["id"]
+    sender = reporter(client, job_id)
+    losses = {2: 3.5, 4: 2.25, 6: None, 8: 2.25, 10: 2.75}  # step 6 did not evaluate
+    ckpts = [
+        {"step": s, "uri": f"file:///c/{s}", "bytes": 1, "save_s": 0.1, "eval_loss": loss}
+        for s, loss in losses.items()
+    ]
+    client.post(f"/v1/jobs/{job_id}/telemetry", headers=sender, json={"checkpoints": ckpts})
+    items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
+    assert {c["step"]: c["eval_loss"] for c in items} == losses
+    assert [c["step"] for c in items if c["best"]] == [4]  # the tie goes to the earlier step
+    # The best is deleted by the cluster's retention: the next lowest takes its place.
+    gone = {"step": 12, "uri": "file:///c/12", "bytes": 1, "save_s": 0.1, "deleted_steps": [4]}
+    client.post(f"/v1/jobs/{job_id}/telemetry", headers=sender, json={"checkpoints": [gone]})
+    items = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=ADMIN_H).json()["items"]
+    assert [c["step"] for c in items if c["best"]] == [8]
+
+
 def test_telemetry_for_a_finished_job_is_ignored(client):
     job_id = submit(client)["id"]
     make_pending(client, job_id, submission_id="etrain-x-0")
@@ -229,3 +250,27 @@ def test_stored_points_keep_the_fields_the_workers_sent(client):
     assert r.status_code == 200
     (stored,) = client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"]
     assert set(stored) == set(point) and stored["mfu"] == 0.41
+
+
+def test_a_jobs_metrics_keep_the_newest_evaluation_past_later_steps(client):
+    job_id = submit(client)["id"]
+    make_pending(client, job_id, submission_id="etrain-x-0")
+    sender = reporter(client, job_id)
+    t0 = time.time()
+    evaluated = metric_point(
+        3, ts=t0 + 3, eval_loss=3.9, eval_perplexity=49.4, eval_s=0.25, eval_samples=16
+    )
+    for batch in ([metric_point(2, ts=t0 + 2), evaluated], [metric_point(4, ts=t0 + 4)]):
+        r = client.post(f"/v1/jobs/{job_id}/telemetry", headers=sender, json={"metrics": batch})
+        assert r.status_code == 200, r.text
+
+    job = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
+    assert job["step"] == 4 and job["metrics"]["loss"] == pytest.approx(4.6)
+    assert job["metrics"]["eval_loss"] == 3.9 and job["metrics"]["eval_perplexity"] == 49.4
+    assert job["metrics"]["eval_step"] == 3
+    items = client.get(f"/v1/jobs/{job_id}/metrics", headers=ADMIN_H).json()["items"]
+    assert [("eval_loss" in p, p.get("eval_s")) for p in items] == [
+        (False, None),
+        (True, 0.25),
+        (False, None),
+    ]

@@ -66,6 +66,7 @@ class FakeServer:
         self.override: httpx.Response | None = None
         self.plan_result = {"fits": True}
         self.log_chunks = [b"step 1 loss 5.0\n", b"step 2 loss 4.0\n"]
+        self.listed = [make_job("RUNNING", 20, 3.25, 2)]
 
     def visible_events(self, after_id: int) -> list[dict]:
         shown = max(self.polls - 1, 0)
@@ -79,9 +80,7 @@ class FakeServer:
         if (method, path) == ("POST", "/v1/jobs"):
             return httpx.Response(201, json=self.snapshots[0])
         if (method, path) == ("GET", "/v1/jobs"):
-            return httpx.Response(
-                200, json={"items": [make_job("RUNNING", 20, 3.25, 2)], "total": 7}
-            )
+            return httpx.Response(200, json={"items": self.listed, "total": 7})
         if (method, path) == ("GET", "/v1/jobs/j-1"):
             job = self.snapshots[min(self.polls, len(self.snapshots) - 1)]
             self.polls += 1
@@ -221,6 +220,7 @@ def test_submit_follow_until_succeeded(server, spec_file):
     assert "worker_failed: worker 1 died [SIGKILL]" in out  # not eaten as rich markup
     assert "resized: resized 1->2" in out
     assert "SUCCEEDED" in out and "1.234" in out
+    assert "eval" not in out  # the job never evaluated
     # Each poll asks only for events after the last one it printed.
     afters = [
         r.url.params.get("after_id") for r in server.requests if r.url.path.endswith("/events")
@@ -261,6 +261,34 @@ def test_jobs_table(server):
     for cell in ("gpt-tiny-ddp", "RUNNING", "20/50", "3.25", "2026-11-29 10:00:00"):
         assert cell in row
     assert "1 of 7 jobs" in result.stdout
+    assert "eval" not in result.stdout  # no column for jobs that never evaluated
+
+
+def evaluated(job: dict, eval_loss: float, eval_step: int, **more) -> dict:
+    """``job`` with the newest evaluation in its metrics, as the service keeps it."""
+    job["metrics"] = {**job["metrics"], "eval_loss": eval_loss, "eval_step": eval_step, **more}
+    return job
+
+
+def test_jobs_table_gets_an_eval_loss_column_once_a_listed_job_evaluated(server):
+    server.listed = [
+        evaluated(make_job("RUNNING", 20, 3.25, 2), 3.375, 20),
+        make_job("RUNNING", 8, 4.5, 2, id="j-2"),
+    ]
+    result = run("jobs")
+    assert result.exit_code == 0, result.output
+
+    def cells(text: str) -> list[str]:
+        return [c.strip() for c in text.strip("┃│ ").replace("┃", "│").split("│")]
+
+    lines = result.stdout.splitlines()
+    header = cells(next(line for line in lines if "created" in line))
+    assert header == ["id", "name", "status", "step", "loss", "eval loss", "world", "created"]
+    rows = {
+        c[0]: dict(zip(header, c, strict=True)) for c in map(cells, lines) if c[0] in ("j-1", "j-2")
+    }
+    assert (rows["j-1"]["loss"], rows["j-1"]["eval loss"]) == ("3.25", "3.375")
+    assert (rows["j-2"]["loss"], rows["j-2"]["eval loss"]) == ("4.5", "-")
 
 
 def test_status_summary_and_events(server):
@@ -283,6 +311,40 @@ def test_status_summary_and_events(server):
     ):
         assert text in out
     assert "saved 2\n" not in out and "saved 3" in out  # only the last 10 events
+
+
+def test_status_and_the_final_line_show_the_newest_evaluation(server, spec_file):
+    server.snapshots = [
+        evaluated(make_job("RUNNING", 25, 3.9, 2), 3.625, 20, eval_perplexity=37.54)
+    ]
+    out = run("status", "j-1").stdout
+    assert "eval loss  3.625 (ppl 37.54) at step 20\n" in out
+    # Without an evaluation there is no such line.
+    server.snapshots, server.polls = [make_job("RUNNING", 25, 3.9, 2)], 0
+    assert "eval loss" not in run("status", "j-1").stdout
+
+    # A perplexity that overflowed is left out; the progress bar shows the eval loss too.
+    _follow_script(server, evaluated(make_job("SUCCEEDED", 50, 1.234, 2), 1.5, 50))
+    result = run("submit", str(spec_file), "--follow")
+    assert result.exit_code == 0, result.output
+    assert "job j-1 SUCCEEDED at step 50, loss 1.234, eval loss 1.5 at step 50\n" in result.stdout
+    assert " 50/50 loss 1.234 eval 1.5 12,345 tok/s" in result.stdout
+
+
+def test_a_dpo_job_shows_its_rewards(server, spec_file):
+    rewards = {"rewards_accuracy": 0.8125, "rewards_margin": 0.25}
+    job = make_job("RUNNING", 25, 0.6, 2)
+    job["metrics"] = {**job["metrics"], **rewards}
+    server.snapshots = [job]
+    assert "rewards    reward accuracy 0.8125, margin 0.25\n" in run("status", "j-1").stdout
+    done = make_job("SUCCEEDED", 50, 0.5, 2)
+    done["metrics"] = {**done["metrics"], **rewards}
+    _follow_script(server, done)
+    result = run("submit", str(spec_file), "--follow")
+    assert "loss 0.5, reward accuracy 0.8125, margin 0.25\n" in result.stdout
+    # A job of another objective has no such line.
+    server.snapshots, server.polls = [make_job("RUNNING", 25, 3.9, 2)], 0
+    assert "rewards" not in run("status", "j-1").stdout
 
 
 def test_status_json(server):

@@ -3,7 +3,6 @@ edge cases, and GET /v1/jobs/{id}/goodput with tenant isolation."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -41,13 +40,20 @@ def run(
     step_s: float = 0.5,
     every: int = 20,
     block_s: float = 1.0,
+    evaluate: int = 0,
+    eval_s: float = 0.0,
 ) -> tuple[dict[int, dict], list[EventRecord], float]:
-    """Steps first..last from ``start``, a checkpoint blocking ``block_s`` after every
-    ``every``-th step. Returns metrics by step, checkpoint_saved events, and the end time."""
+    """Steps first..last from ``start``, an evaluation of ``eval_s`` after every
+    ``evaluate``-th step (it ends after the step's ``ts``), then a checkpoint blocking
+    ``block_s`` after every ``every``-th step. Returns metrics by step, checkpoint_saved
+    events, and the end time."""
     metrics, saves, t = {}, [], start
     for step in range(first, last + 1):
         t += step_s
         metrics[step] = {"step": step, "ts": at(t), "step_time_s": step_s, "world_size": 2}
+        if evaluate and step % evaluate == 0:
+            t += eval_s
+            metrics[step].update(eval_loss=4.0 - step / 100, eval_s=eval_s, eval_samples=32)
         if every and step % every == 0:
             t += block_s
             saves.append(ev(t, "checkpoint_saved", step=step, bytes=10, save_s=2.0))
@@ -102,6 +108,7 @@ def test_a_finished_job_with_one_failure(interruption):
             "waiting_s": 10.0,
             "startup_s": 20.0,
             "checkpoint_blocking_s": 5.0,  # five saves, two no longer stored
+            "eval_s": 0.0,
             "restart_restore_s": 15.0,
             "recomputed_s": 7.5,  # steps 41..55 twice
             "other_s": 2.5,
@@ -134,6 +141,7 @@ def test_a_running_job_is_measured_to_now_and_unredone_steps_are_not_productive(
             "waiting_s": 10.0,
             "startup_s": 20.0,
             "checkpoint_blocking_s": 2.0,
+            "eval_s": 0.0,
             "restart_restore_s": 15.0,
             "recomputed_s": 7.5,
             "other_s": 0.5,
@@ -183,6 +191,7 @@ def test_a_restart_before_the_first_checkpoint_recomputes_from_scratch():
             "waiting_s": 0.0,
             "startup_s": 5.0,
             "checkpoint_blocking_s": 0.0,
+            "eval_s": 0.0,
             "restart_restore_s": 9.8,
             "recomputed_s": 5.0,
             "other_s": 0.2,
@@ -213,12 +222,41 @@ def test_a_job_that_fails_for_good_keeps_its_last_steps_and_recomputes_nothing()
             "waiting_s": 10.0,
             "startup_s": 20.0,
             "checkpoint_blocking_s": 2.0,
+            "eval_s": 0.0,
             "restart_restore_s": 5.3,
             "recomputed_s": 0.0,
             "other_s": 0.2,
         }
     )
     check_sums(g)
+
+
+def test_evaluations_are_their_own_part_counted_once_per_step():
+    """The same job with and without an evaluation every 5 steps: the evaluations' time
+    is its own part, neither productive nor other; a point stored twice counts once."""
+
+    def goodput(evaluate: int, eval_s: float, *, replays: tuple[int, ...] = ()):
+        metrics, saves, end = run(1, 20, 30.0, every=10, evaluate=evaluate, eval_s=eval_s)
+        events = [ev(10, "admitted"), ev(29.0, "workers_started"), *saves, ev(end, "succeeded")]
+        points = [*metrics.values(), *(dict(metrics[s]) for s in replays)]
+        g = compute_goodput(
+            job=job(finished=end + 1.5), events=events, metrics=points, checkpoints=[], now=at(999)
+        )
+        return g, metrics, end
+
+    plain, _, plain_end = goodput(0, 0.0)
+    evaluated, metrics, end = goodput(5, 2.5, replays=(5, 10))
+    evals = [m["eval_s"] for m in metrics.values() if "eval_s" in m]
+    assert len(evals) == 4 and end == pytest.approx(plain_end + sum(evals))
+    assert evaluated.breakdown["eval_s"] == pytest.approx(sum(evals))
+    assert plain.breakdown["eval_s"] == 0.0
+    assert evaluated.productive_s == pytest.approx(plain.productive_s)
+    assert evaluated.productive_s == pytest.approx(sum(m["step_time_s"] for m in metrics.values()))
+    assert evaluated.steps == plain.steps == 20
+    assert evaluated.wall_s == pytest.approx(plain.wall_s + sum(evals))
+    for key in set(BREAKDOWN_KEYS) - {"eval_s"}:
+        assert evaluated.breakdown[key] == pytest.approx(plain.breakdown[key]), key
+    check_sums(evaluated)
 
 
 def test_no_metrics_yet():
@@ -258,6 +296,7 @@ def test_requeued_time_is_waiting_not_startup():
             "waiting_s": 18.0,
             "startup_s": 7.0,
             "checkpoint_blocking_s": 0.0,
+            "eval_s": 0.0,
             "restart_restore_s": 0.0,
             "recomputed_s": 0.0,
             "other_s": 3.0,
@@ -309,7 +348,9 @@ def test_goodput_route_reports_a_tenants_own_job_only(client):
     stores.jobs.update_job(job_id, status=JobStatus.PENDING)
     job = stores.jobs.get_job(job_id)
     sender = reporter(client, job_id)
-    points = [{"step": s, "ts": time.time(), "world_size": 2, "step_time_s": 0.5} for s in (1, 2)]
+    t0 = job.created_at.timestamp() + 10  # queued 10 s (never admitted), then 2 steps
+    points = [{"step": s, "ts": t0 + s / 2, "world_size": 2, "step_time_s": 0.5} for s in (1, 2)]
+    points[1].update(eval_loss=3.5, eval_s=0.75)
     assert (
         client.post(
             f"/v1/jobs/{job_id}/telemetry", json={"metrics": points}, headers=sender
@@ -324,6 +365,8 @@ def test_goodput_route_reports_a_tenants_own_job_only(client):
     assert body["wall_s"] == pytest.approx(100) and body["steps"] == 2
     assert body["productive_s"] == pytest.approx(1.0) and body["goodput"] == pytest.approx(0.01)
     assert set(body["breakdown"]) == set(BREAKDOWN_KEYS)
+    assert body["breakdown"]["waiting_s"] == pytest.approx(10.0)
+    assert body["breakdown"]["eval_s"] == pytest.approx(points[1]["eval_s"])
     assert body["productive_s"] + sum(body["breakdown"].values()) == pytest.approx(100)
 
     assert client.get(f"/v1/jobs/{job_id}/goodput", headers=b).status_code == 404

@@ -98,6 +98,27 @@ def test_metric_points_set_the_gauges_from_the_newest_point(client):
     assert series["etrain_job_step_time_seconds"] == 0.5
 
 
+def test_the_eval_gauges_follow_the_newest_evaluation_until_a_restore_goes_back(client):
+    job_id, rep = _running_job(client)
+    now = time.time()
+    _post(client, job_id, rep, metrics=[_point(1, now - 10)])
+    assert not {"etrain_job_eval_loss", "etrain_job_eval_perplexity"} & set(_series(client, job_id))
+    evaluated = _point(2, now - 9, eval_loss=3.25, eval_perplexity=25.8, eval_s=0.5)
+    _post(client, job_id, rep, metrics=[evaluated, _point(3, now - 8)])
+    _post(client, job_id, rep, metrics=[_point(4, now - 7)])  # no evaluation: it stays
+    series = _series(client, job_id)
+    assert series["etrain_job_step"] == 4 and series["etrain_job_eval_loss"] == 3.25
+    assert series["etrain_job_eval_perplexity"] == 25.8
+    _post(client, job_id, rep, metrics=[_point(5, now - 6, eval_loss=3.125)])  # overflowed
+    series = _series(client, job_id)
+    assert series["etrain_job_eval_loss"] == 3.125
+    assert "etrain_job_eval_perplexity" not in series
+    # Restored from step 1: step 2 is recomputed, the evaluation of step 5 is gone.
+    _post(client, job_id, rep, metrics=[_point(2, now)])
+    series = _series(client, job_id)
+    assert series["etrain_job_step"] == 2 and "etrain_job_eval_loss" not in series
+
+
 def test_restarts_and_resizes_count_new_events_only(client):
     job_id, rep = _running_job(client)
     batch = [
@@ -175,12 +196,16 @@ def test_names_follow_prometheus_conventions():
     families = {f.name: f.type for f in registry.collect()}
     assert families["etrain_job_restarts"] == families["etrain_job_resizes"] == "counter"
     assert {n for n, t in families.items() if t == "gauge"} == {
+        "etrain_job_rewards_accuracy",
+        "etrain_job_rewards_margin",
         "etrain_job_step",
         "etrain_job_step_time_seconds",
         "etrain_job_samples_per_second",
         "etrain_job_tokens_per_second",
         "etrain_job_world_size",
         "etrain_job_loss",
+        "etrain_job_eval_loss",
+        "etrain_job_eval_perplexity",
         "etrain_job_checkpoint_blocking_seconds",
     }
     samples = {

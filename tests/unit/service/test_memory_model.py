@@ -170,3 +170,37 @@ def test_worst_rank_measures_few_ranks_and_finds_the_one_a_full_scan_finds(sched
         every = [rank_memory(work, lay, pp_rank=r) for r in range(pp)]
         scan = max(every, key=lambda m: (m.device_total, m.host))
         assert worst_rank_memory(work, lay) == scan, (pp, microbatches)
+
+
+def _dpo_spec(**over):
+    from workers.spec import JobSpec
+
+    spec = {
+        "name": "dpo",
+        "objective": "dpo",
+        "model": {"preset": "gpt-small"},
+        "data": {"source": "jsonl", "path": "/d/p.jsonl", "shape": "preference", "seq_len": 32},
+        "resources": {"workers": 4},
+        "train": {"global_batch_size": 8, "micro_batch_size": 2},
+        **over,
+    }
+    return JobSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "share"),
+    [({"strategy": "ddp"}, 1), ({"strategy": "fsdp", "fsdp": {"zero_stage": 3}}, 4)],
+)
+def test_dpo_counts_its_reference_model_and_both_answers(parallelism, share):
+    """A frozen copy beside the trained model (whole under DDP, sharded like it under FSDP);
+    each pair is two sequences in the micro-batch; with LoRA the base is the reference."""
+    from service.planner.planning import layout_of, workload_of
+
+    spec = _dpo_spec(parallelism=parallelism)
+    work, layout = workload_of(spec), layout_of(spec, 4)
+    sft = dataclasses.replace(work, micro_batch_size=2, global_batch_size=8, reference_model=False)
+    buffers = buffer_bytes(work, layout)
+    assert buffers["dpo_reference_model"] == pytest.approx(4 * N / share, rel=0.01)
+    assert activation_bytes(work, layout) == 2 * activation_bytes(sft, layout)
+    lora = _dpo_spec(parallelism=parallelism, model={"preset": "gpt-small", "lora": {"rank": 8}})
+    assert "dpo_reference_model" not in buffer_bytes(workload_of(lora), layout)

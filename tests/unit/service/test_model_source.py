@@ -76,6 +76,28 @@ def test_data_path_and_tokenizer_count_too():
     assert storage_env_names(spec) == AWS_ENV
 
 
+@pytest.mark.parametrize(
+    ("stores", "expected"),
+    [(None, AWS), ({"s3": {"credentials_secret": "minio"}}, NAMED)],
+    ids=["aws", "named-secret"],
+)
+def test_the_evaluation_source_counts_too(stores, expected):
+    """An s3:// data.eval.path beside local training data and checkpoints: its store's
+    credentials reach the workers and the pods like data.path's."""
+    held_out = {"source": "jsonl", "path": "s3://data/eval.jsonl"}
+    spec = _spec(None, None, stores, eval=held_out)
+    assert job_store_uris(spec) == ["file:///shared/ckpt", "s3://data/eval.jsonl"]
+    assert job_credential_env(spec, env=ENV) == expected
+    assert storage_launch_env(spec, env=ENV) == expected
+    names = storage_env_names(spec)
+    assert set(expected) <= set(names) and not set(names) & (set(ENV) - set(expected))
+    assert [e["name"] for e in tenant_storage_env("acme", spec)] == list(names)
+    both = _spec(None, None, stores, path="s3://data/rows.jsonl", source="jsonl", eval=held_out)
+    assert job_store_uris(both)[1:] == ["s3://data/rows.jsonl", "s3://data/eval.jsonl"]
+    local = _spec(None, None, None, eval={"source": "jsonl", "path": "/data/eval.jsonl"})
+    assert storage_env_names(local) == () and job_credential_env(local, env=ENV) == {}
+
+
 def test_the_reconciler_forwards_them_for_a_model_in_s3(tmp_path, monkeypatch):
     from service.domain.reconciler import Reconciler
     from service.settings import Settings
@@ -143,3 +165,43 @@ def test_the_config_read_maps_and_checks_the_layout(monkeypatch):
         update={"data": too_long.data.model_copy(update={"seq_len": 1 << 20})}
     )
     assert "model.hf (llama)" in _refusal(too_long, probes)
+
+
+def _reference_folder(path, **config) -> str:
+    """A model folder as the submit check reads it: config.json and a weights file."""
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config("llama", **config).to_json_file(str(path / "config.json"))
+    (path / "model.safetensors").write_bytes(b"{}")
+    return str(path)
+
+
+def test_a_dpo_reference_folder_is_checked_at_submit(tmp_path):
+    from service.domain.model_source import check_reference
+    from workers.models.config import get_model_config
+
+    vocab = get_model_config("gpt-tiny").vocab_size
+
+    def spec(reference: str) -> JobSpec:
+        return JobSpec.model_validate(
+            {
+                "name": "j",
+                "objective": "dpo",
+                "dpo": {"reference": reference},
+                "model": {"preset": "gpt-tiny"},
+                "data": {"source": "jsonl", "path": "/d/p.jsonl", "shape": "preference"},
+            }
+        )
+
+    check_reference(spec(_reference_folder(tmp_path / "same", vocab_size=vocab)), None)
+    check_reference(spec("s3://bucket/ref"), None)  # the workers read an object-store one
+    other = _reference_folder(tmp_path / "other", vocab_size=vocab + 128)
+    for folder, said in (
+        (other, f"a vocabulary of {vocab + 128} tokens, the trained model {vocab}"),
+        (str(tmp_path / "missing"), "is not a folder the service can see"),
+        (str(tmp_path), "has no config.json"),
+    ):
+        with pytest.raises(InvalidSpec) as e:
+            check_reference(spec(folder), None)
+        (error,) = e.value.errors
+        assert error["loc"] == ["body", "dpo", "reference"]
+        assert error["msg"].startswith(f"dpo.reference {folder}") and said in error["msg"]

@@ -47,6 +47,7 @@ class Server:
         self.plan = PLAN
         self.final = "SUCCEEDED"
         self.data_parallel = {"min": 2, "max": 2, "current": 2}  # SPEC's 2 workers
+        self.evals: dict[int, float] = {}  # eval_loss by step, on the steps that evaluated
 
     def job(self, job_id: str) -> dict:
         n = int(job_id.split("-")[1])
@@ -88,6 +89,7 @@ class Server:
                         "loss": 5.0 - s / 2,
                         "lr": 1e-3,
                         "ts": f"2026-12-01T00:00:{s:02d}Z",
+                        **({"eval_loss": self.evals[s]} if s in self.evals else {}),
                     }
                     for s in range(1, 7)
                 ]
@@ -222,6 +224,19 @@ def test_job_report_writes_each_curve_and_the_goodput(server, spec_file, tmp_pat
     for name in ("loss", "lr", "tokens_per_s", "goodput"):
         assert (tmp_path / "j" / f"{name}.png").stat().st_size > 5000
     assert "![loss](loss.png)" in (tmp_path / "j" / "report.md").read_text()
+    # A job that never evaluated has no eval curve and no eval row.
+    assert not (tmp_path / "j" / "eval_loss.png").exists()
+    assert not [row for row in printed_rows(result.stdout) if "eval" in row[0]]
+
+
+def test_job_report_draws_the_eval_loss_of_the_steps_that_evaluated(server, tmp_path):
+    server.submitted.append(SPEC)
+    server.evals = {3: 3.75, 6: 3.5}
+    result = run("job", "j-1", "--out", str(tmp_path / "j"))
+    assert result.exit_code == 0, result.output
+    assert ["final eval loss", "3.5000 at step 6"] in printed_rows(result.stdout)
+    assert (tmp_path / "j" / "eval_loss.png").stat().st_size > 5000
+    assert "![eval_loss](eval_loss.png)" in (tmp_path / "j" / "report.md").read_text()
 
 
 def test_planner_errors_stop_before_any_job(server, spec_file, tmp_path):

@@ -149,18 +149,29 @@ def test_goodput_parts_and_job_table():
         "wall_s": 10.0,
         "productive_s": 6.0,
         "goodput": 0.6,
-        "breakdown": {"startup_s": 3.0, "checkpoint_blocking_s": 1.0},
+        "breakdown": {"startup_s": 3.0, "checkpoint_blocking_s": 1.0, "eval_s": 0.5},
     }
     assert tables.goodput_parts(goodput) == [
         ("productive", 6.0),
         ("startup", 3.0),
         ("checkpoint blocking", 1.0),
+        ("eval", 0.5),
     ]
     points = [point(1, 100, loss=5.0), point(2, 300, loss=4.0)]
     rows = dict(tables.job_table({"id": "j-1", "status": "SUCCEEDED"}, points, goodput).rows)
     assert rows["first loss"] == "5.0000" and rows["final loss"] == "4.0000"
     assert rows["mean tokens/s"] == "200.0" and rows["goodput"] == "0.600"
     assert rows["startup s"] == "3.00" and rows["steps"] == "2"
+    assert "final eval loss" not in rows  # it never evaluated
+    points += [point(3, 300, loss=3.9, eval_loss=4.25), point(4, 300, loss=3.8)]
+    rows = dict(tables.job_table({"id": "j-1"}, points, goodput).rows)
+    assert rows["final eval loss"] == "4.2500 at step 3" and rows["final loss"] == "3.8000"
+    assert tables.series(points, "eval_loss") == ([3], [4.25])
+    assert "final reward accuracy" not in rows  # not a DPO job
+    dpo = [point(1, 100, loss=0.69, rewards_accuracy=0.5, rewards_margin=0.0)]
+    dpo.append(point(2, 100, loss=0.6, rewards_accuracy=0.875, rewards_margin=0.25))
+    rows = dict(tables.job_table({"id": "j-2"}, dpo, goodput).rows)
+    assert (rows["final reward accuracy"], rows["final reward margin"]) == ("0.8750", "0.2500")
 
 
 def test_scaling_variants_fix_the_size_and_keep_the_global_batch():

@@ -92,8 +92,18 @@ S3 = {
         ({"checkpoint": {"storage": "file:///shared/ckpt"}}, {}, {}),
         ({"checkpoint": {"storage": "gs://bucket-a/jobs"}}, {}, {}),
         (S3, {"backend": "kuberay"}, {}),  # pods read the etrain-storage Secret themselves
+        # Only the evaluation source is on S3: its store's keys go, as data.path's would.
+        (
+            {
+                "data": {"eval": {"source": "jsonl", "path": "s3://bucket-a/eval.jsonl"}},
+                "stores": {"s3": {"credentials_secret": "minio"}},
+            },
+            {},
+            NAMED,
+        ),
+        ({"data": {"eval": {"source": "jsonl", "path": "s3://bucket-a/eval.jsonl"}}}, {}, AWS),
     ],
-    ids=["aws-env", "named-secret", "file", "gs", "kuberay"],
+    ids=["aws-env", "named-secret", "file", "gs", "kuberay", "eval-named-secret", "eval-aws"],
 )
 def test_launch_env_carries_only_the_credentials_the_storage_needs(
     tmp_path, monkeypatch, sections, settings, expected

@@ -374,6 +374,51 @@ def test_metrics_upsert_replaces_recomputed_step(stores, tenant):
         stores.metrics.upsert_metrics("j-000000000000", [_point(1, t0, 1.0)])
 
 
+def test_latest_metrics_keep_the_newest_evaluation_until_a_restore_goes_back_past_it(
+    stores, tenant
+):
+    job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
+    t0 = 1_700_000_000.0
+
+    def latest():
+        return stores.jobs.get_job(job.id).latest_metrics
+
+    evals = {4: {"eval_loss": 3.5, "eval_perplexity": 33.1, "eval_s": 0.4, "eval_samples": 8}}
+    batch = [_point(s, t0 + s, 5.0 - s / 10, **evals.get(s, {})) for s in range(1, 6)]
+    stores.metrics.upsert_metrics(job.id, batch)
+    got = latest()
+    assert got["step"] == 5 and got["loss"] == pytest.approx(4.5)
+    assert (got["eval_loss"], got["eval_perplexity"], got["eval_step"]) == (3.5, 33.1, 4)
+    assert "eval_s" not in got and "eval_samples" not in got  # they describe step 4 only
+
+    # Later batches without an evaluation carry it on; one with an evaluation replaces it,
+    # and a perplexity that overflowed is not taken from the older one.
+    stores.metrics.upsert_metrics(job.id, [_point(6, t0 + 6, 4.4), _point(7, t0 + 7, 4.3)])
+    assert (latest()["step"], latest()["eval_loss"], latest()["eval_step"]) == (7, 3.5, 4)
+    stores.metrics.upsert_metrics(
+        job.id, [_point(8, t0 + 8, 4.2, eval_loss=800.0), _point(9, t0 + 9, 4.1)]
+    )
+    got = latest()
+    assert (got["step"], got["eval_loss"], got["eval_step"]) == (9, 800.0, 8)
+    assert "eval_perplexity" not in got
+    stores.metrics.upsert_metrics(job.id, [_point(10, t0 + 10, 4.0, eval_loss=3.2)])
+    assert (latest()["eval_loss"], latest()["eval_step"]) == (3.2, 10)
+    # The stored point of the step that evaluated is left as it was sent.
+    assert "eval_step" not in stores.metrics.list_metrics(job.id, after_step=9)[0]
+
+    # A replayed old batch moves nothing.
+    stores.metrics.upsert_metrics(job.id, [_point(4, t0 + 4, 4.6, **evals[4])])
+    assert (latest()["step"], latest()["eval_loss"], latest()["eval_step"]) == (10, 3.2, 10)
+
+    # Restored from step 6: step 7 recomputed later; the evaluation of step 10 is gone.
+    stores.metrics.upsert_metrics(job.id, [_point(7, t0 + 100, 4.35)])
+    got = latest()
+    assert got["step"] == 7 and not {"eval_loss", "eval_perplexity", "eval_step"} & set(got)
+    stores.metrics.upsert_metrics(job.id, [_point(8, t0 + 101, 4.25, eval_loss=3.3)])
+    stores.metrics.upsert_metrics(job.id, [_point(9, t0 + 102, 4.15)])
+    assert (latest()["step"], latest()["eval_loss"], latest()["eval_step"]) == (9, 3.3, 8)
+
+
 def test_checkpoints(stores, tenant):
     job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
     stores.metrics.upsert_checkpoint(job.id, step=20, uri="file:///c/20", bytes=2_000, save_s=0.5)

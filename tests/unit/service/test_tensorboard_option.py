@@ -32,7 +32,8 @@ def test_spec_leaves_tensorboard_unset():
 )
 def test_submit_fills_the_service_default(tmp_path, default, metrics, want):
     settings = {} if default is None else {"tensorboard_default": default}
-    assert _submitted(tmp_path, metrics, **settings) == {"tensorboard": want}
+    trackers = {"mlflow": None, "wandb": None}  # the other metrics outputs, unset
+    assert _submitted(tmp_path, metrics, **settings) == {"tensorboard": want, **trackers}
 
 
 def test_tensorboard_line_for_any_storage_with_tensorboard_on():

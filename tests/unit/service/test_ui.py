@@ -116,3 +116,16 @@ def test_every_asset_ships_in_the_package():
     assert len(templates) == len(set(PAGES.values())) + 2  # the pages, the base, the nav
     for path in [f"ui/static/{asset}" for asset in ASSETS] + templates:
         assert any(fnmatch(path, g) and path.count("/") == g.count("/") for g in globs), path
+
+
+def test_the_job_page_reads_every_goodput_part_and_the_evaluation():
+    """Static: the goodput bar has a part for each key of the API's breakdown, the
+    summary shows the newest evaluation, and the loss chart draws it as a second series."""
+    from service.domain.goodput import BREAKDOWN_KEYS
+
+    panels = (STATIC_DIR / "js" / "job_panels.js").read_text()
+    assert set(re.findall(r"g\.breakdown\.(\w+)", panels)) == set(BREAKDOWN_KEYS)
+    assert {"eval_loss", "eval_perplexity", "eval_step"} <= set(re.findall(r"\bm\.(\w+)", panels))
+    page = (STATIC_DIR / "js" / "job.js").read_text()
+    assert re.search(r'id: "chart-loss", series: \["train", "eval"\]', page)
+    assert re.search(r"eval: evals\.map\(\(m\) => \(\{ x: m\.step, y: m\.eval_loss \}\)\)", page)

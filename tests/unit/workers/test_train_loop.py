@@ -11,9 +11,10 @@ import torch
 
 from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import MANIFEST, CheckpointManager
+from workers.optim import lr_factor
 from workers.spec import JobSpec
 from workers.storage.location import locate
-from workers.train_loop import RunEnv, lr_factor, run
+from workers.train_loop import RunEnv, run
 
 
 def spec(**train) -> JobSpec:

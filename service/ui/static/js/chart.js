@@ -1,5 +1,6 @@
 // etrain's charts, drawn as inline SVG: a line chart against step (axes, ticks, the value
-// under the pointer, vertical markers on the step axis) and stacked horizontal bars.
+// under the pointer, vertical markers on the step axis, more series with a legend) and
+// stacked horizontal bars.
 import { h } from "./dom.js";
 
 const NS = "http://www.w3.org/2000/svg";
@@ -57,47 +58,75 @@ function nearest(points, x) {
   return Math.abs(points[lo].x - x) <= Math.abs(points[hi].x - x) ? lo : hi;
 }
 
+// Add `p` ({x, y}) to `points`, ascending x; null or non-finite y is skipped. A point at or
+// before the last one means a restart re-ran steps: it replaces those from there on.
+function addPoint(points, p) {
+  if (p.y === null || p.y === undefined || !Number.isFinite(p.y)) return points;
+  const last = points[points.length - 1];
+  const kept = last && p.x <= last.x ? points.filter((q) => q.x < p.x) : points;
+  kept.push(p);
+  return kept;
+}
+
 export class LineChart {
-  constructor(container, { title, id, format = label }) {
+  // `series` names the lines (the first is the main one). The others get a dot at each
+  // point (they may be sparse), and a legend shows once one of them has a point.
+  constructor(container, { title, id, format = label, series = [title] }) {
     this.format = format;
-    this.points = [];
     this.markers = [];
     this.svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", id });
     this.svg.append(s("title", {}, title));
     this.grid = s("g", { class: "grid" });
     this.markerLayer = s("g", { class: "markers" });
-    this.line = s("polyline", { class: "series", points: "" });
+    this.series = series.map((name, i) => ({
+      name,
+      points: [],
+      line: s("polyline", { class: `series series-${i}`, points: "", "data-series": name }),
+      dots: s("g", { class: `dots series-${i}`, "data-series": name }),
+    }));
     this.hover = s("g", { class: "hover", visibility: "hidden" });
     this.hoverLine = s("line", { y1: PAD.top, y2: H - PAD.bottom });
     this.hoverDot = s("circle", { r: 3 });
     this.hoverText = s("text", { y: PAD.top + 10 });
     this.hover.append(this.hoverLine, this.hoverDot, this.hoverText);
-    this.svg.append(this.grid, this.markerLayer, this.line, this.hover);
+    this.svg.append(this.grid, this.markerLayer, ...this.series.flatMap((se) => [se.line, se.dots]), this.hover);
     this.empty = s("text", { x: W / 2, y: H / 2, class: "chart-empty" }, "no data yet");
     this.svg.append(this.empty);
     this.svg.addEventListener("mousemove", (e) => this.onMove(e));
     this.svg.addEventListener("mouseleave", () => this.hover.setAttribute("visibility", "hidden"));
-    container.append(h("figure", { class: "chart-box" }, h("figcaption", {}, title), this.svg));
+    this.legend = h("div", { class: "legend chart-legend", hidden: true },
+      this.series.map((se, i) => h("span", {}, h("i", { class: `swatch line-${i}` }), se.name)));
+    container.append(h("figure", { class: "chart-box" }, h("figcaption", {}, title), this.svg, this.legend));
   }
 
-  // Add points ({x, y}, ascending x after the ones already drawn) and set the markers.
-  update(newPoints, markers) {
+  // The main series' points.
+  get points() {
+    return this.series[0].points;
+  }
+
+  // Add points ({x, y}, ascending x after the ones already drawn) to the main series, and
+  // `more[name]` to the series of that name; set the markers. A restart that re-ran steps
+  // (a main point at or before the last) drops every series' points from there on.
+  update(newPoints, markers, more = {}) {
+    const [main, ...others] = this.series;
     for (const p of newPoints) {
-      if (p.y === null || p.y === undefined || !Number.isFinite(p.y)) continue;
-      const last = this.points[this.points.length - 1];
-      if (last && p.x <= last.x) {
-        // A restart re-ran steps: the newer value replaces the older ones from there on.
-        this.points = this.points.filter((q) => q.x < p.x);
+      const last = main.points[main.points.length - 1];
+      if (last && p.x <= last.x && Number.isFinite(p.y)) {
+        for (const se of others) se.points = se.points.filter((q) => q.x < p.x);
       }
-      this.points.push(p);
+      main.points = addPoint(main.points, p);
+    }
+    for (const se of others) {
+      for (const p of more[se.name] || []) se.points = addPoint(se.points, p);
     }
     if (markers) this.markers = markers;
     this.draw();
   }
 
   scales() {
-    const xs = this.points.map((p) => p.x).concat(this.markers.map((m) => m.x));
-    const ys = this.points.map((p) => p.y);
+    const all = this.series.flatMap((se) => se.points);
+    const xs = all.map((p) => p.x).concat(this.markers.map((m) => m.x));
+    const ys = all.map((p) => p.y);
     let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
     let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
     if (x1 === x0) [x0, x1] = [x0 - 1, x1 + 1];
@@ -112,9 +141,12 @@ export class LineChart {
   draw() {
     this.grid.replaceChildren();
     this.markerLayer.replaceChildren();
-    this.empty.setAttribute("visibility", this.points.length ? "hidden" : "visible");
-    if (!this.points.length) {
-      this.line.setAttribute("points", "");
+    for (const se of this.series) se.dots.replaceChildren();
+    const any = this.series.some((se) => se.points.length);
+    this.legend.hidden = !this.series.slice(1).some((se) => se.points.length);
+    this.empty.setAttribute("visibility", any ? "hidden" : "visible");
+    if (!any) {
+      for (const se of this.series) se.line.setAttribute("points", "");
       return;
     }
     const sc = (this.sc = this.scales());
@@ -126,10 +158,11 @@ export class LineChart {
       g.append(s("line", { x1: x, x2: x, y1: PAD.top, y2: H - PAD.bottom }));
       this.markerLayer.append(g);
     }
-    this.line.setAttribute(
-      "points",
-      this.points.map((p) => `${sc.sx(p.x).toFixed(1)},${sc.sy(p.y).toFixed(1)}`).join(" "),
-    );
+    this.series.forEach((se, i) => {
+      const xy = se.points.map((p) => [sc.sx(p.x).toFixed(1), sc.sy(p.y).toFixed(1)]);
+      se.line.setAttribute("points", xy.map(([x, y]) => `${x},${y}`).join(" "));
+      if (i > 0) for (const [cx, cy] of xy) se.dots.append(s("circle", { cx, cy, r: 2.5 }));
+    });
   }
 
   drawAxes(sc) {
@@ -151,13 +184,24 @@ export class LineChart {
     this.grid.append(s("text", { x: W - PAD.right, y: H - 2, class: "xname" }, "step"));
   }
 
+  // The point nearest to step `x` over all series, and each series' value at its step.
+  pointAt(x) {
+    const drawn = this.series.filter((se) => se.points.length);
+    const near = drawn.map((se) => se.points[nearest(se.points, x)]);
+    const p = near.reduce((a, b) => (Math.abs(b.x - x) < Math.abs(a.x - x) ? b : a));
+    const values = drawn
+      .map((se) => [se.name, se.points[nearest(se.points, p.x)]])
+      .filter(([, q]) => q.x === p.x);
+    return { p, values };
+  }
+
   onMove(event) {
-    if (!this.points.length || !this.sc) return;
+    if (!this.series.some((se) => se.points.length) || !this.sc) return;
     const box = this.svg.getBoundingClientRect();
     const px = ((event.clientX - box.left) / box.width) * W;
     const sc = this.sc;
     const x = sc.x0 + ((px - PAD.left) / (W - PAD.left - PAD.right)) * (sc.x1 - sc.x0);
-    const p = this.points[nearest(this.points, x)];
+    const { p, values } = this.pointAt(x);
     const cx = sc.sx(p.x);
     const cy = sc.sy(p.y);
     this.hoverLine.setAttribute("x1", cx);
@@ -167,7 +211,10 @@ export class LineChart {
     const right = cx > W / 2;
     this.hoverText.setAttribute("x", right ? cx - 6 : cx + 6);
     this.hoverText.setAttribute("text-anchor", right ? "end" : "start");
-    this.hoverText.textContent = `step ${p.x}: ${this.format(p.y)}`;
+    this.hoverText.textContent =
+      this.series.length > 1
+        ? `step ${p.x}: ` + values.map(([name, q]) => `${name} ${this.format(q.y)}`).join(", ")
+        : `step ${p.x}: ${this.format(p.y)}`;
     this.hover.setAttribute("visibility", "visible");
   }
 }

@@ -43,7 +43,8 @@ function markers() {
 function makeCharts() {
   const box = $("charts");
   return {
-    loss: new LineChart(box, { title: "loss", id: "chart-loss" }),
+    // Training loss at every step; the held-out loss at the steps that evaluate.
+    loss: new LineChart(box, { title: "loss", id: "chart-loss", series: ["train", "eval"] }),
     lr: new LineChart(box, { title: "learning rate", id: "chart-lr" }),
     tokens: new LineChart(box, { title: "tokens/s", id: "chart-tokens" }),
   };
@@ -70,7 +71,10 @@ async function fetchSeries() {
 
 function drawSeries(charts, fresh) {
   const marks = markers();
-  charts.loss.update(fresh.map((m) => ({ x: m.step, y: m.loss })), marks);
+  const evals = fresh.filter((m) => m.eval_loss !== undefined && m.eval_loss !== null);
+  charts.loss.update(fresh.map((m) => ({ x: m.step, y: m.loss })), marks, {
+    eval: evals.map((m) => ({ x: m.step, y: m.eval_loss })),
+  });
   charts.lr.update(fresh.map((m) => ({ x: m.step, y: m.lr })), marks);
   charts.tokens.update(fresh.map((m) => ({ x: m.step, y: m.tokens_per_s })), marks);
 }

@@ -1,22 +1,32 @@
 // The job page's panels: summary, goodput, memory, checkpoints, events and dashboard links.
 import { stackedBars } from "./chart.js";
-import { age, clear, fmtBytes, fmtNum, fmtSeconds, h, statusBadge, table } from "./dom.js";
+import { age, append, clear, fmtBytes, fmtNum, fmtSeconds, h, statusBadge, table } from "./dom.js";
 import { layoutOf } from "./layout.js";
 
 export function renderSummary(el, job) {
   const m = job.metrics || {};
   const { strategy, text } = layoutOf(job);
+  const objective = job.spec?.objective ?? "causal_lm";
   const item = (k, v) => h("div", { class: "kv" }, h("span", { class: "k" }, k), h("span", { class: "v" }, v));
-  clear(el).append(
+  // The newest evaluation (the service keeps it past later steps), for jobs that evaluate.
+  const evaluated = m.eval_loss !== undefined && m.eval_loss !== null;
+  append(clear(el), [
     item("step", `${job.step ?? 0} / ${job.spec?.train?.steps ?? "?"}`),
     item("loss", fmtNum(m.loss, 4)),
+    evaluated && item("eval loss", `${fmtNum(m.eval_loss, 4)} at step ${m.eval_step ?? "?"}`),
+    evaluated && item("eval perplexity", fmtNum(m.eval_perplexity, 4)),
+    // Objective dpo: how often, and by how much, the chosen answer wins.
+    m.rewards_accuracy != null && item("reward accuracy", fmtNum(m.rewards_accuracy, 4)),
+    m.rewards_margin != null &&
+      item("reward margin", `${fmtNum(m.rewards_margin, 4)} (chosen ${fmtNum(m.rewards_chosen, 4)}, rejected ${fmtNum(m.rewards_rejected, 4)})`),
     item("tokens/s", fmtNum(m.tokens_per_s, 4)),
     item("world size", String(job.world_size ?? "–")),
     item("strategy", `${strategy} ${text}`),
+    objective !== "causal_lm" && item("objective", objective),
     item("restarts", String(job.restarts ?? 0)),
     item("resubmits", String(job.resubmits ?? 0)),
     item("created", age(job.created_at) + " ago"),
-  );
+  ]);
   if (job.error) el.append(h("div", { class: "error wide" }, job.error));
   for (const w of job.warnings || []) el.append(h("div", { class: "warning wide" }, w));
 }
@@ -26,6 +36,7 @@ const GOODPUT_PARTS = [
   ["startup", (g) => g.breakdown.startup_s],
   ["waiting", (g) => g.breakdown.waiting_s],
   ["checkpoint blocking", (g) => g.breakdown.checkpoint_blocking_s],
+  ["eval", (g) => g.breakdown.eval_s],
   ["restart/restore", (g) => g.breakdown.restart_restore_s],
   ["recomputed", (g) => g.breakdown.recomputed_s],
   ["other", (g) => g.breakdown.other_s],
@@ -74,18 +85,22 @@ export function renderMemory(el, mem) {
 }
 
 export function renderCheckpoints(el, items) {
+  // The eval loss column (and the best mark) only for jobs that evaluate.
+  const evaluated = items.some((c) => c.eval_loss !== null && c.eval_loss !== undefined);
   const rows = items
     .slice()
     .reverse()
     .map((c) => [
-      String(c.step),
+      c.best ? `${c.step} (best)` : String(c.step),
+      ...(evaluated ? [c.eval_loss === null || c.eval_loss === undefined ? "–" : c.eval_loss.toFixed(4)] : []),
       fmtBytes(c.bytes),
       c.blocking_s === null || c.blocking_s === undefined ? "–" : fmtSeconds(c.blocking_s),
       fmtSeconds(c.total_s ?? c.save_s),
       h("span", { class: "mono" }, c.uri),
       age(c.created_at),
     ]);
-  clear(el).append(table(["step", "size", "blocking", "total", "where", "age"], rows,
+  const head = ["step", ...(evaluated ? ["eval loss"] : []), "size", "blocking", "total", "where", "age"];
+  clear(el).append(table(head, rows,
     { id: "checkpoints-table", empty: "no checkpoint yet" }));
 }
 

@@ -119,3 +119,61 @@ def test_the_roadmap_verdicts():
     ]
     assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[-1] < per_gpu[0]
     assert re.search(r"\d", DOC.read_text())
+
+
+# Llama 3 8B's config.json (the fields etrain reads), for the DPO example's model.hf.
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
+DPO_EXAMPLE = Path(__file__).parents[4] / "examples" / "llama-3-8b-dpo-lora-8gpu.yaml"
+# Row name in docs/planner.md's DPO table -> (changes to the example, cluster).
+DPO_SCENARIOS = {
+    "8B DPO LoRA, 8x24GB, DDP, reference = base without adapters": ({}, NODE_24GB),
+    "8B DPO full, 8xH100, ZeRO-3, frozen reference sharded": (
+        {"model": {"lora": None}, "parallelism": _fsdp(3)},
+        NODE_H100,
+    ),
+}
+
+
+def dpo_answer(name: str) -> tuple[str, str, str, str]:
+    """(verdict, GiB per GPU, reference GiB per GPU, host GiB per rank) of a DPO row."""
+    import yaml
+
+    from workers.models.hf_config import config_from_hf
+
+    changes, cluster = DPO_SCENARIOS[name]
+    spec = yaml.safe_load(DPO_EXAMPLE.read_text())
+    spec["model"].update(changes.get("model", {}))
+    spec["parallelism"] = changes.get("parallelism", spec["parallelism"])
+    plan = plan_job(parse_spec(spec), cluster=cluster, model_config=config_from_hf(LLAMA3_8B))
+    reference = plan.breakdown.buffers.get("dpo_reference_model", 0)
+    return (
+        plan.verdict,
+        f"{plan.per_rank.total_bytes / GIB:.1f}",
+        f"{reference / GIB:.1f}",
+        f"{plan.breakdown.host_bytes / GIB:.1f}",
+    )
+
+
+@pytest.mark.parametrize("name", list(DPO_SCENARIOS))
+def test_the_docs_state_the_planners_dpo_answer(name):
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0] in DPO_SCENARIOS:
+            rows[cells[0]] = tuple(cells[1:5])
+    assert rows.get(name) == dpo_answer(name), name
+    lora = dpo_answer("8B DPO LoRA, 8x24GB, DDP, reference = base without adapters")
+    assert lora[0] == "fits" and lora[2] == "0.0"  # no second copy of the weights

@@ -2,7 +2,8 @@
 s3:// only with the job's own secret (stores.s3.credentials_secret, whatever
 checkpoint.storage is) unless the tenant may use the service's keys; through
 submit and plan, against the real app on a fake backend (the probes record, send nothing;
-tests/integration/test_data_object_store.py reads a real store at submit).
+tests/integration/test_data_object_store.py reads a real store at submit). Every case
+runs for data.path and for the evaluation source's data.eval.path alike.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.unit.service.security.test_spec_access import (
     refused_with,
 )
 
-DATA = ["data", "path"]
+SECTIONS = {"data": ["data", "path"], "data.eval": ["data", "eval", "path"]}
 TINY = {
     "name": "tiny",
     "resources": {"workers": 1},
@@ -32,6 +33,20 @@ OWN_STORE = {"checkpoint": {"storage": "s3://ckpt/team-b/run"}, **OWN_SECRET}
 def _spec(path: str, sections: dict | None = None, source: str = "jsonl") -> dict:
     data = {"source": source, "path": path, "seq_len": 16}
     return {**TINY, "data": data, **(sections or {})}
+
+
+def _in(section: str, spec: dict) -> dict:
+    """``spec`` with its data source given as ``section`` (data.eval: beside synthetic
+    training data of the same seq_len)."""
+    if section == "data":
+        return spec
+    source = {k: v for k, v in spec["data"].items() if k != "seq_len"}
+    return {**spec, "data": {"seq_len": spec["data"]["seq_len"], "eval": source}}
+
+
+def _path_of(section: str, spec: dict):
+    data = spec["data"]
+    return data["path"] if section == "data" else data["eval"]["path"]
 
 
 # (id, tenant, spec, words the data.path refusal must hold)
@@ -69,9 +84,11 @@ ALLOWED = [
 
 @pytest.mark.parametrize(("case", "tenant", "spec", "words"), REFUSED, ids=[r[0] for r in REFUSED])
 @pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+@pytest.mark.parametrize("section", SECTIONS)
 def test_object_store_data_path_refused(
     env,  # noqa: F811
     monkeypatch,
+    section,
     route,
     case,
     tenant,
@@ -81,18 +98,20 @@ def test_object_store_data_path_refused(
     c, tokens, probed, _ = env
     read = []
     monkeypatch.setattr(data_check, "_check_remote", lambda *a: read.append(a))
-    refused_with(c, route, spec, _headers(tokens, tenant), DATA, words)
+    refused_with(c, route, _in(section, spec), _headers(tokens, tenant), SECTIONS[section], words)
     assert probed == [] and read == []  # nothing was sent to a store it refused
 
 
 @pytest.mark.parametrize(("case", "tenant", "spec"), ALLOWED, ids=[a[0] for a in ALLOWED])
-def test_object_store_data_path_allowed(env, monkeypatch, case, tenant, spec):  # noqa: F811
+@pytest.mark.parametrize("section", SECTIONS)
+def test_object_store_data_path_allowed(env, monkeypatch, section, case, tenant, spec):  # noqa: F811
     c, tokens, _, _ = env
     read = []
     monkeypatch.setattr(data_check, "_check_remote", lambda url, *_: read.append(url))
+    spec = _in(section, spec)
     r = c.post("/v1/jobs", json=spec, headers=_headers(tokens, tenant))
     assert r.status_code == 201, r.text
-    assert read == [spec["data"]["path"]]  # its head was checked (in a probe thread)
-    assert r.json()["spec"]["data"]["path"] == spec["data"]["path"]
+    assert read == [_path_of(section, spec)]  # its head was checked (in a probe thread)
+    assert _path_of(section, r.json()["spec"]) == _path_of(section, spec)
     plan = c.post("/v1/plan", json={"spec": spec}, headers=_headers(tokens, tenant))
     assert plan.status_code == 200, plan.text

@@ -104,8 +104,7 @@ def test_item08_hanging_probes_do_not_stall_the_api(tmp_path, monkeypatch, black
         a_job = c.post("/v1/jobs", json={"name": "a-job"}, headers=tokens["team-a"])
         assert a_job.status_code == 201, a_job.text
         hanging = [pool.submit(_plan, c, tokens["team-b"], "team-b", black_hole) for _ in range(20)]
-        time.sleep(0.3)  # every probe has connected and waits for an answer
-        assert not any(f.done() for f in hanging)
+        time.sleep(0.3)  # the probes connect and wait for an answer that never comes
         for _ in range(5):
             t0 = time.monotonic()
             assert c.get("/healthz").status_code == 200
@@ -118,7 +117,9 @@ def test_item08_hanging_probes_do_not_stall_the_api(tmp_path, monkeypatch, black
             r, elapsed = f.result()
             assert r.status_code == 422, r.text
             assert r.json()["detail"][0]["loc"] == ["body", "checkpoint", "storage"]
-            assert elapsed < TIMEOUT_S + 3, elapsed  # before: 10 s x retries
+            # Each one hung until the probe's timeout (none was answered early, whatever the
+            # load on the host), and no longer (before: 10 s x retries).
+            assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + 3, elapsed
 
 
 def test_item08_a_tenant_past_its_probe_bound_gets_a_429(tmp_path, monkeypatch, black_hole):

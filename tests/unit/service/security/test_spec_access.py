@@ -1,5 +1,6 @@
 """What a tenant's job spec may touch (items 1, 2, 4, 5): every field that names a place,
-through submit and plan, against the real app on a fake backend.
+through submit and plan, against the real app on a fake backend. The data file cases run
+for data.path and for the evaluation source's data.eval.path alike.
 
 Each refused case is a 422 whose loc names the field and whose msg names the rule and
 the fix, and no probe request leaves the service for it; the allowed cases are 201
@@ -76,16 +77,55 @@ def _data(v):
     return {"data": {"source": "text", "path": v, "seq_len": 16}}
 
 
+def _eval(v):
+    """An evaluation source at ``v`` beside synthetic training data (its seq_len is data's)."""
+    return {"data": {"eval": {"source": "text", "path": v}}}
+
+
+def _mixed(v):
+    """``v`` as the second of two mixed sources (the first is synthetic)."""
+    sources = [{"weight": 1}, {"source": "text", "path": v, "weight": 1}]
+    return {"data": {"sources": sources, "seq_len": 16}}
+
+
+def _template(v, *, section="data"):
+    """A chat source of the tenant's rendered with the template file at ``v``."""
+    chat = {"source": "jsonl", "path": f"{D}/tenants/team-b/chat.jsonl", "shape": "chat"}
+    if section == "data":
+        return {"data": {**chat, "chat_template": v, "seq_len": 16}}
+    return {"data": {"eval": {**chat, "chat_template": v}}}
+
+
 def _s3(storage="s3://ckpt/team-b/run", **s3):
     return {"checkpoint": {"storage": storage}, **({"stores": {"s3": s3}} if s3 else {})}
 
 
 STORAGE = ["checkpoint", "storage"]
 DATA = ["data", "path"]
+EVAL = ["data", "eval", "path"]
+# (section builder, loc of its path) for each spec field that names a data file.
+DATA_FIELDS = {
+    "data": (_data, DATA),
+    "eval": (_eval, EVAL),
+    "sources": (_mixed, ["data", "sources", 1, "path"]),
+}
 ENDPOINT_LOC = ["stores", "s3", "endpoint_url"]
 SECRET_LOC = ["stores", "s3", "credentials_secret"]
 D = "{data}"  # the service's data dir, filled in per test
 
+# (id, tenant, path, words the msg must hold): each a data.path and a data.eval.path case.
+DATA_REFUSED = [
+    ("item02-data-etc-shadow", B, "/etc/shadow", "system folder"),
+    ("item02-data-admin-token", B, f"{D}/admin_token", "data dir"),
+    ("item02-data-ray-token", B, f"{D}/ray_auth_token", "data dir"),
+    ("item02-data-database", B, f"{D}/etrain.db", "data dir"),
+    ("item02-data-proc-environ", B, "/proc/self/environ", "system folder"),
+    ("item02-data-other-tenant", B, f"{D}/tenants/team-a/corpus.txt", "another"),
+    ("item02-data-symlink-escape", B, f"{D}/tenants/team-b/passwd", "system"),
+    ("item02-data-relative", B, "corpus.txt", "absolute path"),
+    ("item02-data-outside", B, "/tmp/corpus.txt", "outside tenant 'team-b'"),
+    ("item02-data-admin-too", "admin", f"{D}/admin_token", "data dir"),
+]
 # (id, tenant, spec section, loc of the refusal, words its msg must hold)
 REFUSED = [
     ("item01-storage-etc", B, _storage("file:///etc"), STORAGE, "system folder"),
@@ -116,15 +156,22 @@ REFUSED = [
         "another tenant's checkpoint area",
     ),
     ("item01-storage-elsewhere", B, _storage("file:///tmp/ckpt"), STORAGE, "outside tenant"),
-    ("item02-data-etc-shadow", B, _data("/etc/shadow"), DATA, "system folder"),
-    ("item02-data-admin-token", B, _data(f"{D}/admin_token"), DATA, "data dir"),
-    ("item02-data-ray-token", B, _data(f"{D}/ray_auth_token"), DATA, "data dir"),
-    ("item02-data-database", B, _data(f"{D}/etrain.db"), DATA, "data dir"),
-    ("item02-data-proc-environ", B, _data("/proc/self/environ"), DATA, "system folder"),
-    ("item02-data-other-tenant", B, _data(f"{D}/tenants/team-a/corpus.txt"), DATA, "another"),
-    ("item02-data-symlink-escape", B, _data(f"{D}/tenants/team-b/passwd"), DATA, "system"),
-    ("item02-data-relative", B, _data("corpus.txt"), DATA, "absolute path"),
-    ("item02-data-admin-too", "admin", _data(f"{D}/admin_token"), DATA, "data dir"),
+    *(
+        (case if name == "data" else f"{case}-eval", tenant, section(path), loc, words)
+        for case, tenant, path, words in DATA_REFUSED
+        for name, (section, loc) in DATA_FIELDS.items()
+    ),
+    # A chat template file follows the data file rule, as data.chat_template and as
+    # data.eval.chat_template (a relative value is a template's name, not a file).
+    *(
+        (f"{case}-{where}-template", tenant, _template(path, section=where), loc, words)
+        for case, tenant, path, words in DATA_REFUSED
+        if path.startswith(("/", D))
+        for where, loc in (
+            ("data", ["data", "chat_template"]),
+            ("eval", ["data", "eval", "chat_template"]),
+        )
+    ),
     (
         "item04-tenant-endpoint",
         B,
@@ -179,6 +226,7 @@ ALLOWED = [
     ("item01-default-storage-is-the-tenant-area", B, {}, f"file://{D}/checkpoints/team-b"),
     ("item01-own-area", B, _storage(f"file://{D}/checkpoints/team-b/exp"), None),
     ("item02-own-data", B, _data(f"{D}/tenants/team-b/corpus.txt"), None),
+    ("item02-own-eval-data", B, _eval(f"{D}/tenants/team-b/corpus.txt"), None),
     (
         "item04-listed-store-with-own-secret",
         B,
@@ -193,6 +241,8 @@ def _fill(value, data_dir):
     """``value`` with every "{data}" replaced by the data dir."""
     if isinstance(value, dict):
         return {k: _fill(v, data_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, data_dir) for v in value]
     return value.replace(D, str(data_dir)) if isinstance(value, str) else value
 
 
@@ -202,18 +252,23 @@ def _headers(tokens, tenant):
 
 def _body(section, data_dir):
     section = _fill(section, data_dir)
-    return {**TINY, **section, "data": {**TINY["data"], **section.get("data", {})}}
+    data = {**TINY["data"], **section.get("data", {})}
+    if "sources" in data:  # the sources replace data's own source fields
+        data.pop("num_samples")
+    return {**TINY, **section, "data": data}
 
 
 def refused_with(c, route: str, spec: dict, headers: dict, loc: list, words: str) -> None:
     """``spec`` posted to ``route`` (a job, or a plan of it) is a 422 whose error at ``loc``
-    says ``words``, and the answer holds no secret."""
+    names that field and says ``words``, and the answer holds no secret."""
     r = c.post(route, json=spec if route == "/v1/jobs" else {"spec": spec}, headers=headers)
     assert r.status_code == 422, r.text
     errors = r.json()["detail"]
     mine = [e for e in errors if e["loc"] == ["body", *loc]]
     assert mine, errors
     assert words in mine[0]["msg"], mine[0]["msg"]
+    field = ".".join(str(part) for part in loc)
+    assert f"{field} " in mine[0]["msg"], mine[0]["msg"]  # the field, by its name
     assert not any(v in r.text for v in SECRET_ENV.values())
 
 

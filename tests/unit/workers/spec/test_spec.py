@@ -84,6 +84,61 @@ GOOD = {
     "keep-every": spec(checkpoint={"keep_every": 1000}),
     "keep-every-with-every-seconds": spec(checkpoint={"every_seconds": 60, "keep_every": 7}),
     "interval-auto": spec(checkpoint={"interval": "auto"}),
+    # held-out evaluation
+    "eval-fraction": spec(data={"eval_fraction": 0.1}, train={"eval_every_steps": 5}),
+    "eval-fraction-at-the-end": spec(data={"eval_fraction": 0.5}),
+    "eval-source": spec(
+        data={
+            "source": "jsonl",
+            "path": "/d/train.jsonl",
+            "shape": "instruction",
+            "eval": {"source": "jsonl", "path": "/d/eval.jsonl", "shape": "instruction"},
+        },
+        train={"eval_every_steps": 1, "eval_samples": 64},
+    ),
+    "chat-template-file": spec(
+        data={
+            "source": "jsonl",
+            "path": "/d/c.jsonl",
+            "shape": "chat",
+            "chat_template": "/d/t.jinja",
+        }
+    ),
+    "chat-template-name": spec(
+        data={"source": "jsonl", "path": "/d/c.jsonl", "shape": "chat", "chat_template": "tool_use"}
+    ),
+    "mixed-sources": spec(
+        data={
+            "seq_len": 64,
+            "sources": [
+                {"source": "jsonl", "path": "/d/a.jsonl", "shape": "instruction", "weight": 3},
+                {"source": "text", "path": "/d/b.txt", "weight": 1},
+            ],
+            "eval": {"source": "jsonl", "path": "/d/e.jsonl", "shape": "instruction"},
+        }
+    ),
+    "sources-each-held-out": spec(
+        data={"sources": [{"weight": 1, "eval_fraction": 0.1}, {"weight": 2}]},
+        train={"eval_every_steps": 10},
+    ),
+    "packed-instructions": spec(
+        data={"source": "jsonl", "path": "/d/a.jsonl", "shape": "instruction", "packing": True}
+    ),
+    "packed-prepared": spec(data={"source": "prepared", "path": "/d/p", "packing": True}),
+    "keep-best-and-early-stopping": spec(
+        data={"eval_fraction": 0.1},
+        train={"eval_every_steps": 5, "early_stopping": {"patience": 3, "min_delta": 0.01}},
+        checkpoint={"every_steps": 10, "keep_best": 2},
+    ),
+    "keep-best-with-a-time-interval": spec(
+        data={"eval_fraction": 0.1},
+        train={"eval_every_steps": 5},
+        checkpoint={"every_seconds": 60, "keep_best": 1},
+    ),
+    "eval-from-an-object-store": spec(
+        data={"eval": {"source": "jsonl", "path": "s3://rows/eval.jsonl"}},
+        stores={"s3": {"credentials_secret": "acme"}},
+    ),
     "interval-auto-initial-steps": spec(
         checkpoint={"interval": "auto", "every_steps": 50, "mtbf_prior_s": 3600, "keep_every": 7}
     ),
@@ -404,6 +459,125 @@ BAD = {
     # warmup
     "warmup-equals-steps": (spec(train={"steps": 10, "warmup_steps": 10}), "train.warmup_steps"),
     "warmup-above-steps": (spec(train={"steps": 10, "warmup_steps": 20}), "train.warmup_steps"),
+    # held-out evaluation
+    "eval-every-without-a-set": (spec(train={"eval_every_steps": 5}), "data.eval_fraction"),
+    "eval-samples-without-a-set": (spec(train={"eval_samples": 5}), "train.eval_samples"),
+    "eval-set-twice": (
+        spec(data={"eval_fraction": 0.1, "eval": {"source": "synthetic"}}),
+        "data.eval and data.eval_fraction",
+    ),
+    "eval-fraction-above-half": (spec(data={"eval_fraction": 0.6}), "data.eval_fraction"),
+    "eval-fraction-zero": (spec(data={"eval_fraction": 0}), "data.eval_fraction"),
+    "eval-source-without-path": (spec(data={"eval": {"source": "jsonl"}}), "data.eval.path"),
+    "eval-seq-len-differs": (spec(data={"eval": {"seq_len": 64}}), "data.eval.seq_len"),
+    "eval-path-nul": (
+        spec(data={"eval": {"source": "jsonl", "path": "/d/a\x00.jsonl"}}),
+        "data.eval.path must not",
+    ),
+    "eval-shape-needs-rows": (
+        spec(data={"eval": {"source": "text", "path": "/d/a.txt", "shape": "chat"}}),
+        "data.eval.shape chat",
+    ),
+    "chat-template-not-a-name": (
+        spec(
+            data={"source": "jsonl", "path": "/d/c.jsonl", "shape": "chat", "chat_template": "a b"}
+        ),
+        "data.chat_template must be a template name",
+    ),
+    "chat-template-for-instructions": (
+        spec(
+            data={
+                "source": "jsonl",
+                "path": "/d/c.jsonl",
+                "shape": "instruction",
+                "chat_template": "/d/t.jinja",
+            }
+        ),
+        "data.chat_template renders chat messages",
+    ),
+    "chat-template-nul": (
+        spec(
+            data={
+                "source": "jsonl",
+                "path": "/d/c.jsonl",
+                "shape": "chat",
+                "chat_template": "/d/\x00",
+            }
+        ),
+        "data.chat_template must not contain control",
+    ),
+    "sources-beside-a-source": (
+        spec(data={"source": "jsonl", "path": "/d/a", "sources": [{"weight": 1}, {"weight": 2}]}),
+        "move data.path, data.source into the sources",
+    ),
+    "one-source": (spec(data={"sources": [{"weight": 1}]}), "data.sources"),
+    "source-weight-zero": (
+        spec(data={"sources": [{"weight": 0}, {"weight": 1}]}),
+        "data.sources.0.weight",
+    ),
+    "source-without-path": (
+        spec(data={"sources": [{"weight": 1}, {"weight": 1, "source": "jsonl"}]}),
+        "data.sources.path is required",
+    ),
+    "sources-with-a-held-out-share": (
+        spec(data={"eval_fraction": 0.1, "sources": [{"weight": 1}, {"weight": 1}]}),
+        "give each source its eval_fraction",
+    ),
+    "sources-held-out-twice": (
+        spec(
+            data={
+                "sources": [{"weight": 1, "eval_fraction": 0.1}, {"weight": 1}],
+                "eval": {"source": "synthetic"},
+            }
+        ),
+        "data.eval and data.sources.<i>.eval_fraction",
+    ),
+    "source-seq-len-differs": (
+        spec(data={"sources": [{"weight": 1, "seq_len": 64}, {"weight": 1}]}),
+        "data.sources.0.seq_len (64) must equal data.seq_len",
+    ),
+    "packed-text": (
+        spec(data={"source": "text", "path": "/d/a.txt", "packing": True}),
+        "data.packing packs instruction or chat samples",
+    ),
+    "packed-pipeline": (
+        spec(
+            data={"source": "jsonl", "path": "/d/a", "shape": "chat", "packing": True},
+            parallelism={"strategy": "pp", "pp": 2},
+        ),
+        "data.packing is not available with pipeline parallelism",
+    ),
+    "keep-best-without-evaluations": (
+        spec(data={"eval_fraction": 0.1}, checkpoint={"keep_best": 2}),
+        "checkpoint.keep_best needs train.eval_every_steps",
+    ),
+    "keep-best-on-saves-not-evaluated": (
+        spec(
+            data={"eval_fraction": 0.1},
+            train={"eval_every_steps": 4},
+            checkpoint={"every_steps": 10, "keep_best": 2},
+        ),
+        "must be a multiple of train.eval_every_steps (4); use 8",
+    ),
+    "early-stopping-without-a-set": (
+        spec(train={"early_stopping": {"patience": 2}}),
+        "train.early_stopping needs an evaluation set",
+    ),
+    "early-stopping-without-evaluations": (
+        spec(data={"eval_fraction": 0.1}, train={"early_stopping": {"patience": 2}}),
+        "train.early_stopping needs train.eval_every_steps",
+    ),
+    "early-stopping-patience-zero": (
+        spec(
+            data={"eval_fraction": 0.1},
+            train={"eval_every_steps": 1, "early_stopping": {"patience": 0}},
+        ),
+        "train.early_stopping.patience",
+    ),
+    "eval-every-zero": (
+        spec(data={"eval_fraction": 0.1}, train={"eval_every_steps": 0}),
+        "train.eval_every_steps",
+    ),
     # control characters in the places a spec names (the OS refuses a NUL in a path)
     "data-path-nul": (spec(data={"source": "jsonl", "path": "/d/a\x00.jsonl"}), "data.path"),
     "model-hf-newline": (spec(model={"hf": "/m\n"}), "model.hf must not contain control"),
@@ -633,6 +807,21 @@ def test_stores_serve_every_path_of_their_scheme():
         )
     )
     assert parsed.stores.s3.credentials_secret == "acme" and parsed.checkpoint.storage is None
+
+
+def test_an_evaluation_source_reads_samples_of_the_training_length():
+    parsed = parse_spec(spec(data={"seq_len": 32, "eval": {"source": "synthetic"}}))
+    assert parsed.data.eval.seq_len == 32
+    again = JobSpec.model_validate_json(parsed.model_dump_json())
+    assert again == parsed
+
+
+def test_an_unused_store_is_refused_unless_the_evaluation_source_uses_it():
+    eval_s3 = {"eval": {"source": "jsonl", "path": "s3://rows/eval.jsonl"}}
+    stores = {"s3": {"credentials_secret": "acme"}}
+    assert parse_spec(spec(data=eval_s3, stores=stores)).stores.s3 is not None
+    with pytest.raises(ValidationError, match=r"data\.eval\.path"):
+        parse_spec(spec(data={"eval_fraction": 0.1}, stores=stores))
 
 
 @pytest.mark.parametrize("name", ["s3", "gcs"])

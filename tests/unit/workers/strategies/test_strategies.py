@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -103,11 +104,17 @@ def test_decoder_blocks_of_a_pipeline_part():
     assert decoder_blocks(torch.nn.Linear(2, 2)) == []
 
 
+@pytest.mark.parametrize("gemma", [False, True])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_tp_plan_names_exist_in_a_block(sequence_parallel):
-    block = build_model(get_model_config("gpt-tiny"), seed=0).layers["0"]
-    for name in block_plan(sequence_parallel=sequence_parallel):
-        block.get_submodule(name)  # raises AttributeError for a stale name
+def test_tp_plan_names_exist_in_a_block(sequence_parallel, gemma):
+    # Gemma 3's block adds per-head q/k norms and post-attention / post-MLP norms.
+    extra = {"qk_norm": True, "sandwich_norm": True, "norm_offset": 1.0} if gemma else {}
+    cfg = dataclasses.replace(get_model_config("gpt-tiny"), **extra)
+    block = build_model(cfg, seed=0).layers["0"]
+    plan = block_plan(sequence_parallel=sequence_parallel, qk_norm=gemma, sandwich_norm=gemma)
+    assert ("attention.q_norm" in plan) is gemma
+    for name in plan:
+        assert block.get_submodule(name) is not None  # AttributeError for a stale name
 
 
 def test_tp_refuses_to_split_a_head():
