@@ -20,7 +20,7 @@ from workers.models.hf_load import (
 )
 from workers.models.llama import build_model
 from workers.models.lora import hold_frozen_linears_in, init_lora, inject_lora
-from workers.objectives import objective_for
+from workers.objectives import objective_for, place, places_model
 from workers.optim import build_optimizer, lr_factor
 from workers.spec import JobSpec
 from workers.spec.objective import reference_vocabulary_error
@@ -146,10 +146,14 @@ def _same_vocabulary(ref: ModelConfig, cfg: ModelConfig, folder: str) -> ModelCo
     return ref
 
 
-def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig) -> tuple[Stepper, list]:
-    """This rank's stepper (model parts, optimizers, objective) and LR schedulers."""
+def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig | None) -> tuple[Stepper, list]:
+    """This rank's stepper (model parts, optimizers, objective) and LR schedulers; ``cfg``
+    None: the objective places its own model (:func:`places_model`)."""
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
-    parts, pipeline = placed_model(spec, env, mesh, cfg)
+    if places_model(spec):
+        parts, pipeline = place(spec, env, mesh), None
+    else:
+        parts, pipeline = placed_model(spec, env, mesh, cfg)
     objective = objective_for(
         spec, parts, reference=lambda f: frozen_model(spec, env, mesh, cfg, f)
     )

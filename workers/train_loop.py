@@ -28,7 +28,7 @@ from workers.evaluation import split_for_eval
 from workers.hooks import RunHooks
 from workers.models.config import ModelConfig
 from workers.models.hf_load import spec_model_config
-from workers.objectives import rows_of
+from workers.objectives import dataset_of, places_model, rows_of
 from workers.spec import JobSpec
 from workers.stepper import Stepper
 from workers.storage.location import StorageLocation
@@ -107,7 +107,7 @@ def _restore(
     return info.step, extra
 
 
-def _dataset(spec: JobSpec, cfg: ModelConfig, section=None, *, seed: int | None = None):
+def _dataset(spec: JobSpec, cfg: ModelConfig | None, section=None, *, seed: int | None = None):
     """The job's dataset (data.sources: their mixture, a synthetic source's chain seeded by
     its place), or that of another data ``section``; its items depend on the spec alone,
     never on the world size. File sources are tokenized with model.tokenizer (else
@@ -118,17 +118,20 @@ def _dataset(spec: JobSpec, cfg: ModelConfig, section=None, *, seed: int | None 
             for i, src in enumerate(spec.data.sources)
         ]
         return MixedDataset(parts, [src.weight for src in spec.data.sources])
+    seed = spec.train.seed if seed is None else seed
+    if cfg is None:  # the objective reads its own data (images with captions)
+        return dataset_of(spec, section or spec.data, seed=seed)
     rows = dataset_for(
         section or spec.data,
         tokenizer=spec.model.tokenizer or spec.model.hf,
         vocab_size=cfg.vocab_size,
-        seed=spec.train.seed if seed is None else seed,
+        seed=seed,
         stores=stores_of(spec),
     )
     return rows_of(spec, rows)  # the objective's items: a DPO pair is two samples
 
 
-def _datasets(spec: JobSpec, cfg: ModelConfig):
+def _datasets(spec: JobSpec, cfg: ModelConfig | None):
     """``(the samples training walks, the held-out evaluation or None)``
     (:func:`workers.evaluation.split_for_eval`); with data.packing training walks packed
     rows of its samples (the evaluation set stays unpacked)."""
@@ -154,7 +157,9 @@ def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    cfg = spec_model_config(spec, stores_of(spec))  # read once: model.hf may be remote
+    # The decoder's shape, read once (model.hf may be remote); None when the objective
+    # builds its own model (a diffusers UNet).
+    cfg = None if places_model(spec) else spec_model_config(spec, stores_of(spec))
     dataset, evaluation = _datasets(spec, cfg)
     stepper, schedulers = build_stepper(spec, env, dataset, cfg)
     sampler = sampler_for(dataset, seed=spec.train.seed)

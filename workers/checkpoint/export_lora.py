@@ -28,12 +28,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from workers.checkpoint import export_diffusion
 from workers.checkpoint.export import (
     _Entry,
     _load_model_tensors,
     _stored_model_tensors,
     hf_config,
 )
+from workers.checkpoint.export_diffusion import is_diffusion_base
 from workers.checkpoint.export_fused import fuse_adapters, fused_targets
 from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
 from workers.models.config import ModelConfig, get_model_config
@@ -96,11 +98,9 @@ def base_config(base: dict, store=None) -> ModelConfig:
         raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
 
 
-def adapter_tensors(
-    src: ExportSource, cfg: ModelConfig
-) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Every adapter of the checkpoint in peft's names and Hugging Face's row layout, and
-    how many adapters each fused module stacks (:mod:`workers.checkpoint.export_fused`)."""
+def stored_adapters(src: ExportSource) -> dict[str, torch.Tensor]:
+    """The checkpoint's adapters as it stores them (FQN -> tensor); ExportError when it
+    holds anything else."""
     stored = _stored_model_tensors(src)
     keys = [k for k in stored if _ADAPTER_KEY.match(k)]
     if not keys or len(keys) != len(stored):
@@ -109,7 +109,15 @@ def adapter_tensors(
         _Entry(fqn=k, name=k, shape=tuple(stored[k].size), stored_dtype=stored[k].properties.dtype)
         for k in keys
     ]
-    loaded = _load_model_tensors(src, src.reader(), entries)
+    return _load_model_tensors(src, src.reader(), entries)
+
+
+def adapter_tensors(
+    src: ExportSource, cfg: ModelConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Every adapter of the checkpoint in peft's names and Hugging Face's row layout, and
+    how many adapters each fused module stacks (:mod:`workers.checkpoint.export_fused`)."""
+    loaded = stored_adapters(src)
     adapters = {}
     for fqn in sorted(loaded):
         t = loaded[fqn]
@@ -142,6 +150,8 @@ def export_adapter(
     src = _source(checkpoint)
     spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)
     base = base_of(src)
+    if is_diffusion_base(base):  # a diffusers UNet's adapters, in diffusers' format
+        return _diffusion_export(src, out_dir, spec, base, merged=False)
     cfg = base_config(base, store)
     tensors, stacked = adapter_tensors(src, cfg)
     out = Path(out_dir)
@@ -225,6 +235,9 @@ def export_merged(
 
     src = _source(checkpoint)
     base = base_of(src)
+    if is_diffusion_base(base):
+        spec = lora if isinstance(lora, LoraSpec) else LoraSpec.model_validate(lora)
+        return _diffusion_export(src, out_dir, spec, base, merged=True)
     out = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = _local_base_dir(base, tmp, store)
@@ -256,4 +269,24 @@ def export_merged(
         num_params=sum(p.numel() for p in merged.parameters()),
         bytes=sum(f.stat().st_size for f in files),
         merged=True,
+    )
+
+
+def _diffusion_export(
+    src: ExportSource, out_dir, lora: LoraSpec, base: dict, *, merged: bool
+) -> AdapterExportResult:
+    """:mod:`workers.checkpoint.export_diffusion`'s adapter file, or its merged pipeline."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    adapters = stored_adapters(src)
+    write = export_diffusion.export_merged if merged else export_diffusion.export_adapter
+    count = write(src, out, base=base, lora=lora, adapters=adapters)
+    files = list(out.rglob("*.safetensors"))
+    return AdapterExportResult(
+        out_dir=str(out),
+        step=src.info.step,
+        num_tensors=0 if merged else count,
+        num_params=count if merged else sum(t.numel() for t in adapters.values()),
+        bytes=sum(f.stat().st_size for f in files),
+        merged=merged,
     )

@@ -33,6 +33,7 @@ def lora_base(spec: JobSpec, restored_extra: dict | None) -> dict | None:
         spec.model,
         seed=spec.train.seed,
         stores=stores_for(spec.stores),
+        part="unet" if spec.objective == "diffusion" else "",
     )
     if restored_extra is not None:
         check_base(restored_extra.get("lora_base"), current)

@@ -135,3 +135,47 @@ def to_pixels(image, resolution: int) -> np.ndarray:
     image = image.crop((left, top, left + resolution, top + resolution))
     array = np.asarray(image, dtype=np.float32) / 127.5 - 1.0
     return np.ascontiguousarray(array.transpose(2, 0, 1))
+
+
+def caption_ids(rows: list[ImageRow], tokenizer, max_length: int, *, section: str = "data"):
+    """The token ids of each row's caption, padded to ``max_length`` (the text encoder's
+    positions) as int64 ``[rows, max_length]``; a caption longer than that is a ValueError
+    naming its file and row (it would be cut silently otherwise)."""
+    ids = tokenizer([row.caption for row in rows], padding="max_length", max_length=max_length)
+    out = np.zeros((len(rows), max_length), dtype=np.int64)
+    for i, (row, seq) in enumerate(zip(rows, ids["input_ids"], strict=True)):
+        if len(seq) > max_length:
+            raise ValueError(
+                f"{section}.path {row.where}: the caption is {len(seq)} tokens, over the text "
+                f"encoder's {max_length}; shorten it"
+            )
+        out[i] = seq
+    return out
+
+
+class ImageCaptions:
+    """A training (or evaluation) set of images with captions: item ``i`` is ``(pixels
+    [3, R, R] float32 in [-1, 1], caption ids [L] int64)`` as numpy arrays, its image read
+    (bounded, beneath ``roots``) and decoded when it is asked for.
+
+    Every image counts once (``masked``, ``counted``): a step's loss is the mean over its
+    global batch's images, whatever the world size and micro-batching."""
+
+    masked = True
+
+    def __init__(self, rows: list[ImageRow], ids, *, resolution: int, roots: Roots, section: str):
+        self.rows, self.ids, self.resolution = rows, ids, resolution
+        self.roots, self.section = roots, section
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def counted(self, index: int) -> int:
+        del index
+        return 1
+
+    def __getitem__(self, index: int):
+        row = self.rows[index]
+        data = image_bytes(row, self.roots, section=self.section)
+        image = decode(data, where=f"{self.section}.path {row.where}")
+        return to_pixels(image, self.resolution), self.ids[index]

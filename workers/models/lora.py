@@ -149,14 +149,19 @@ def trainable_count(parts: Iterable[nn.Module]) -> int:
     return sum(p.numel() for part in parts for p in part.parameters() if p.requires_grad)
 
 
-def base_reference(model_spec, *, seed: int, stores=None) -> dict:
+def base_reference(model_spec, *, seed: int, stores=None, part: str = "") -> dict:
     """What a LoRA checkpoint's adapters were trained on: preset + seed, or model.hf + fingerprint.
 
     The fingerprint of a Hugging Face folder is its ``config.json``'s hash and
-    the sizes of its weight files (cheap to read anywhere, changes with the weights).
+    the sizes of its weight files (cheap to read anywhere, changes with the weights);
+    ``part``: the subfolder of the adapted model (a diffusers folder's ``unet``).
     """
     if model_spec.hf is None:
         return {"preset": model_spec.preset, "seed": seed}
+    if part:
+        folder = model_spec.hf.removeprefix("file://").rstrip("/")
+        fingerprint = _local_fingerprint(f"{folder}/{part}", Roots.from_env())
+        return {"hf": model_spec.hf, "part": part, "fingerprint": fingerprint}
     return {"hf": model_spec.hf, "fingerprint": hf_fingerprint(model_spec.hf, stores)}
 
 

@@ -12,6 +12,11 @@ gives:
 - ``build(spec, parts, reference=...)``: an :class:`Objective` for this rank's model parts
   (``reference(folder)`` builds a frozen copy of the starting model, laid out like them).
 
+An objective that trains a model other than etrain's decoder (``diffusion``: a diffusers
+UNet) also gives ``place(spec, env, mesh)``, this rank's trained parts in the strategy's
+layout, and ``dataset(spec, section, seed=...)``, the items of a data section; the loop
+then asks it, not the decoder's builders (:func:`places_model`).
+
 What the :class:`~workers.stepper.Stepper` asks of it is :class:`Objective`.
 """
 
@@ -64,6 +69,22 @@ def _module(spec):
 def rows_of(spec, dataset):
     """The items of ``dataset`` (a data section's samples) that the objective trains on."""
     return _module(spec).rows(spec, dataset)
+
+
+def places_model(spec) -> bool:
+    """Whether the spec's objective builds its own model and data (see the module
+    docstring)."""
+    return hasattr(_module(spec), "place")
+
+
+def place(spec, env, mesh) -> list[nn.Module]:
+    """This rank's trained parts, from an objective that :func:`places_model`."""
+    return _module(spec).place(spec, env, mesh)
+
+
+def dataset_of(spec, section, *, seed: int):
+    """The items of data ``section``, from an objective that :func:`places_model`."""
+    return _module(spec).dataset(spec, section, seed=seed)
 
 
 def objective_for(

@@ -14,15 +14,27 @@ the noise and ``t`` the timestep:
 - the item's loss is the mean squared error over the latent's elements, in fp32; a step's
   loss is the mean over its global batch's items.
 
-The VAE and the text encoder run without gradients (:class:`Frozen`).
+The VAE and the text encoder run without gradients (:class:`Frozen`). The trained part is
+the UNet with LoRA adapters (peft, through diffusers' ``add_adapter``) on its attention
+projections, laid out by the job's data-parallel strategy (:func:`place`); the data are
+images with captions (:func:`dataset`, :class:`workers.data.images.ImageCaptions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from workers.data.formats import read_rows
+from workers.data.images import ImageCaptions, caption_ids, image_rows
+from workers.models.diffusers_folder import load_frozen, load_tokenizer, load_unet, read_json
+from workers.spec.objective import DIFFUSION_LORA_TARGETS, DiffusionSpec
+from workers.storage.confine import Roots
+from workers.storage.location import stores_for
+from workers.strategies import StrategyConfig, get_strategy
 
 # Mixes seed, epoch and index into one generator seed (63 bits).
 _STRIDE = 1_000_003
@@ -104,3 +116,123 @@ def item_losses(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Each item's mean squared error over its latent's elements, in fp32."""
     error = F.mse_loss(prediction.float(), target.float(), reduction="none")
     return error.flatten(1).mean(1)
+
+
+def options(spec) -> DiffusionSpec:
+    return spec.diffusion or DiffusionSpec()
+
+
+def rows(spec, dataset):
+    """Every image is an item."""
+    del spec
+    return dataset
+
+
+def dataset(spec, section, *, seed: int) -> ImageCaptions:
+    """The images with captions of data ``section``, their captions tokenized with the
+    model folder's tokenizer to its text encoder's length."""
+    del seed  # the order is the sampler's; the draws are seeded per item
+    folder, roots = spec.model.hf, Roots.from_env()
+    where = section.section
+    length = read_json(folder, "text_encoder/config.json", roots).get("max_position_embeddings")
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"model.hf {folder!r}: text_encoder/config.json has no positions")
+    found = image_rows(
+        read_rows(section.path, section.source, stores_for(spec.stores), section=where),
+        section.path,
+        image_field=section.image_field,
+        caption_field=section.caption_field,
+        section=where,
+    )
+    ids = caption_ids(found, load_tokenizer(folder, roots), length, section=where)
+    return ImageCaptions(
+        found, ids, resolution=options(spec).resolution, roots=roots, section=where
+    )
+
+
+def place(spec, env, mesh) -> list[torch.nn.Module]:
+    """This rank's UNet: the folder's weights, frozen, with LoRA adapters (seeded, the same
+    on every rank) on the attention projections model.lora names, in the strategy's
+    layout."""
+    from peft import LoraConfig
+
+    unet = load_unet(spec.model.hf).to(env.device)
+    unet.requires_grad_(False)
+    lora = spec.model.lora
+    torch.manual_seed(spec.train.seed)  # peft's gaussian init draws from the global RNG
+    unet.add_adapter(
+        LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            init_lora_weights="gaussian",
+            target_modules=[DIFFUSION_LORA_TARGETS[t] for t in lora.target_modules],
+        )
+    )
+    if spec.model.activation_checkpointing:
+        unet.enable_gradient_checkpointing()
+    unet.train()
+    if mesh is None:
+        return [unet]
+    cfg = StrategyConfig(parallelism=spec.parallelism, precision=spec.train.precision)
+    return [get_strategy(spec.parallelism.strategy)(unet, mesh=mesh, cfg=cfg)]
+
+
+def build(spec, parts, *, reference) -> Diffusion:
+    """The frozen parts (VAE, text encoder, scheduler) on the trained UNet's device."""
+    del reference
+    device = next(parts[0].parameters()).device
+    loaded = load_frozen(spec.model.hf)
+    frozen = Frozen(loaded.vae.to(device), loaded.text_encoder.to(device), loaded.scheduler)
+    return Diffusion(frozen, seed=spec.train.seed)
+
+
+class Diffusion:
+    """The denoising loss (:class:`workers.objectives.Objective`): a step's loss is the mean
+    of its global batch's images' losses (each image counts once: the dataset is
+    ``masked`` with one label per item, so ``scale`` is dp_size / the batch's images)."""
+
+    metric_fields: tuple[str, ...] = ()
+    rows_per_item = 0  # no token sequences: tokens/s reads 0, samples/s is images/s
+    perplexity = False
+
+    def __init__(self, frozen: Frozen, *, seed: int):
+        self.frozen, self.seed = frozen, seed
+        self.frozen_parts = (frozen.vae, frozen.text_encoder)
+
+    def batch(self, dataset, items: list, device: torch.device):
+        """``(pixels, caption ids, items)`` on ``device``."""
+        pixels, ids = zip(*(dataset[index] for _epoch, index in items), strict=True)
+        return (
+            torch.from_numpy(np.stack(pixels)).to(device),
+            torch.from_numpy(np.stack(ids)).to(device),
+            list(items),
+        )
+
+    def prepare(self, model, batch):
+        del model
+        pixels, ids, items = batch
+        return self.frozen.inputs(pixels, ids, items, seed=self.seed)
+
+    def forward(self, model, batch):
+        noisy, t, states, _ = batch
+        return model(noisy, t, encoder_hidden_states=states, return_dict=False)[0]
+
+    def loss(self, out, batch, *, scale: float | None, n_calls: int):
+        del n_calls  # images are always counted: scale is dp_size / the global batch's images
+        loss = item_losses(out, batch[3]).sum() * scale
+        return loss, loss.detach().double(), None
+
+    def eval_batch(self, dataset, items: list, *, seq_len: int, device: torch.device):
+        """A batch whose padding items (None) are image 0 weighted 0: every rank forwards
+        the same number of rows (a sharded UNet gathers its weights in each forward)."""
+        del seq_len
+        real = [item if item is not None else (0, 0) for item in items]
+        weights = torch.tensor([float(item is not None) for item in items], device=device)
+        return (*self.batch(dataset, real, device), weights)
+
+    def eval_sum(self, model, batch) -> torch.Tensor:
+        pixels, ids, items, weights = batch
+        inputs = self.frozen.inputs(pixels, ids, items, seed=self.seed)
+        out = self.forward(model, inputs)
+        return (item_losses(out, inputs[3]) * weights).sum().double()

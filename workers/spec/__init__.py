@@ -21,7 +21,7 @@ from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSource, DataSpec, EvalDataSpec
 from workers.spec.metrics import MetricsSpec
 from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
-from workers.spec.objective import OBJECTIVES, DpoSpec, objective_error
+from workers.spec.objective import OBJECTIVES, DiffusionSpec, DpoSpec, objective_error
 from workers.spec.parallelism import FsdpSpec, ParallelismSpec, PipelineSpec
 from workers.spec.resources import ResourcesSpec, WorkerRange
 from workers.spec.stores import (
@@ -186,6 +186,9 @@ class JobSpec(Spec):
     )
     dpo: DpoSpec | None = Field(
         None, description="Options of objective dpo (defaults when it is unset)."
+    )
+    diffusion: DiffusionSpec | None = Field(
+        None, description="Options of objective diffusion (defaults when it is unset)."
     )
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data.")

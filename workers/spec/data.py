@@ -55,7 +55,7 @@ class DataSource(Spec):
         "first row group within 4 MiB decoded, or only its columns when that row group's "
         "columns are larger uncompressed) and a problem is a 422 naming the file and row.",
     )
-    shape: Literal["text", "instruction", "chat", "preference"] = Field(
+    shape: Literal["text", "instruction", "chat", "preference", "image"] = Field(
         "text",
         description="text: documents packed into one stream with EOS between them, cut into "
         "non-overlapping samples of seq_len + 1 tokens (the tail dropped); instruction: one "
@@ -67,7 +67,12 @@ class DataSource(Spec):
         "chosen and prompt + rejected, only the answers' tokens counted; the prompt is a "
         "string (the answers strings) or a list of chat messages (the answers an assistant "
         "message, or a list of messages, rendered with the chat template). instruction, "
-        "chat and preference need a tokenizer and jsonl or parquet rows.",
+        "chat and preference need a tokenizer and jsonl or parquet rows. image (objective "
+        "diffusion): one image with its caption per row, from jsonl (image_field: a path "
+        "relative to the jsonl file's folder, read beneath the tenant's roots, at most 32 MiB "
+        "and 64 megapixels) or parquet (the image's bytes, or a struct with a bytes field as "
+        "Hugging Face datasets writes an Image column); the caption is tokenized with the "
+        "model folder's tokenizer and must fit its text encoder.",
     )
     text_field: str = Field("text", max_length=256, description="Row field for shape text.")
     prompt_field: str = Field("prompt", max_length=256, description="Prompt field (instruction).")
@@ -81,6 +86,10 @@ class DataSource(Spec):
     rejected_field: str = Field(
         "rejected", max_length=256, description="Rejected answer field (preference)."
     )
+    image_field: str = Field(
+        "image", max_length=256, description="Image field (image): a relative path or bytes."
+    )
+    caption_field: str = Field("caption", max_length=256, description="Caption field (image).")
     chat_template: str | None = Field(
         None,
         max_length=4096,
@@ -142,9 +151,9 @@ class DataSource(Spec):
                 f"{at}.chat_template renders chat messages; {at}.shape is {self.shape}: "
                 f"remove {at}.chat_template or use shape chat"
             )
-        if self.shape == "preference" and self.source == "prepared":
+        if self.shape in ("preference", "image") and self.source == "prepared":
             raise ValueError(
-                f"{at}.shape preference reads jsonl or parquet rows (each node tokenizes "
+                f"{at}.shape {self.shape} reads jsonl or parquet rows (each node tokenizes "
                 f"them into its cache); set {at}.source jsonl or parquet"
             )
         if self.shape != "text" and self.source in ("synthetic", "text"):

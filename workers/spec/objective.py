@@ -39,6 +39,11 @@ _DPO_TP = (
     "process on data-parallel layouts only"
 )
 
+_DIFFUSION_LAYOUT = (
+    "objective diffusion trains a UNet with LoRA; its layouts are data-parallel (the "
+    "UNet replicated or sharded, the VAE and text encoder frozen beside it on every rank)"
+)
+
 OBJECTIVES: dict[str, Objective] = {
     "causal_lm": Objective(
         summary="next-token cross entropy (pre-training, full or LoRA fine-tuning)",
@@ -52,6 +57,23 @@ OBJECTIVES: dict[str, Objective] = {
         section="dpo",
         packing=False,
     ),
+    "diffusion": Objective(
+        summary="the denoising loss of a Stable Diffusion-style UNet, with LoRA on its "
+        "attention, on images with captions (data.shape image; model.hf a diffusers folder; "
+        "options: diffusion)",
+        shapes=("image",),
+        refused={"tp": _DIFFUSION_LAYOUT, "pp": _DIFFUSION_LAYOUT, "hybrid": _DIFFUSION_LAYOUT},
+        section="diffusion",
+        packing=False,
+    ),
+}
+
+# model.lora.target_modules of a language model -> the UNet's attention projections.
+DIFFUSION_LORA_TARGETS = {
+    "q_proj": "to_q",
+    "k_proj": "to_k",
+    "v_proj": "to_v",
+    "o_proj": "to_out.0",
 }
 
 
@@ -97,6 +119,53 @@ class DpoSpec(Spec):
         return None if self.reference == "base" else self.reference
 
 
+class DiffusionSpec(Spec):
+    """Options of ``objective: diffusion``."""
+
+    resolution: int = Field(
+        512,
+        ge=8,
+        le=2048,
+        multiple_of=8,
+        description="Side of the square the images are trained at: each is made RGB, resized "
+        "so its shorter side is this (bicubic), centre-cropped and scaled to [-1, 1]; a "
+        "multiple of the VAE's downsampling factor (8 for Stable Diffusion).",
+    )
+
+
+def diffusion_error(spec: Any) -> str | None:
+    """Why ``spec``'s model section cannot train ``objective: diffusion``, or None."""
+    model = spec.model
+    if model.hf is None:
+        return (
+            "objective diffusion trains a diffusers folder: set model.hf to it (model_index.json, "
+            "unet/, vae/, text_encoder/, tokenizer/, scheduler/)"
+        )
+    if model.hf.startswith(("s3://", "gs://")):
+        return (
+            "objective diffusion reads a diffusers folder on the workers' disks: set model.hf "
+            "to its absolute path (copy it from the object store first)"
+        )
+    if model.tokenizer is not None:
+        return (
+            "objective diffusion uses the tokenizer of model.hf's tokenizer/ folder (it must "
+            "match the text encoder): remove model.tokenizer"
+        )
+    if model.lora is None:
+        return (
+            "objective diffusion trains LoRA adapters on the UNet's attention: add model.lora "
+            "(e.g. {rank: 4, alpha: 4})"
+        )
+    others = [t for t in model.lora.target_modules if t not in DIFFUSION_LORA_TARGETS]
+    if others:
+        return (
+            f"model.lora.target_modules {', '.join(others)} are not in a UNet; with objective "
+            "diffusion the targets are q_proj, k_proj, v_proj, o_proj (the attention's "
+            "to_q, to_k, to_v, to_out.0)"
+        )
+    return None
+
+
 def reference_vocabulary_error(ref_vocab: int, vocab: int, folder: str) -> str | None:
     """Why ``folder`` (dpo.reference) cannot be the reference of a model of ``vocab`` tokens,
     or None: the log-probabilities of one token sequence must mean the same tokens."""
@@ -136,7 +205,7 @@ def objective_error(spec: Any) -> str | None:
             )
     if spec.data.packing and not obj.packing:
         return f"data.packing does not apply to objective {name}: remove data.packing"
-    return None
+    return diffusion_error(spec) if name == "diffusion" else None
 
 
 def _data_sections(spec: Any) -> list:

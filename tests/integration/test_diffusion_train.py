@@ -1,0 +1,191 @@
+"""Objective diffusion on a tiny Stable Diffusion folder built here, trained with LoRA on
+images with captions: the first step's loss equals a hand-written single process that calls
+diffusers and peft themselves (1e-6); each step on 2 ranks (DDP, FSDP ZeRO-2 / ZeRO-3; SGD
+and AdamW) equals one process's (1e-5); a job resumed from its checkpoint on another world
+size repeats the uninterrupted run bit for bit (the per-image noise is the same)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.support.diffusion_fixtures import make_tiny_sd
+from tests.support.local_launch import LocalJob, run_local
+from workers.data.images import decode, to_pixels
+from workers.data.sampler import GlobalBatchSampler
+from workers.objectives.diffusion import item_losses, item_seed
+from workers.spec import JobSpec
+from workers.train_loop import RunEnv, run
+
+pytestmark = pytest.mark.slow
+
+STEPS, RESOLUTION, IMAGES, SEED = 4, 32, 12, 3
+OPTIMIZERS = {"sgd": {"optimizer": "sgd", "lr": 0.5}, "adamw": {"optimizer": "adamw", "lr": 1e-2}}
+ROWS = {  # name: (parallelism, optimizer)
+    "ddp-sgd": ({"strategy": "ddp"}, "sgd"),
+    "ddp-adamw": ({"strategy": "ddp"}, "adamw"),
+    "fsdp2-adamw": ({"strategy": "fsdp", "fsdp": {"zero_stage": 2}}, "adamw"),
+    "fsdp3-sgd": ({"strategy": "fsdp", "fsdp": {"zero_stage": 3}}, "sgd"),
+}
+CAPTIONS = ["a red fox", "a lazy dog", "hello world", "the quick brown fox"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The tiny pipeline and 12 images (odd sizes, so resize and crop both act) with
+    captions in a jsonl file beside them."""
+    root = tmp_path_factory.mktemp("sd-train")
+    make_tiny_sd(root / "sd")
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir()
+    with open(root / "images.jsonl", "w") as f:
+        for i in range(IMAGES):
+            pixels = rng.integers(0, 256, (40 + 3 * i, 36, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "images" / f"{i}.png")
+            f.write(json.dumps({"image": f"images/{i}.png", "caption": CAPTIONS[i % 4]}) + "\n")
+    return root
+
+
+def make_spec(root, row: str, workers: int) -> dict:
+    par, opt = ROWS[row]
+    spec = {
+        "name": f"sd-{row}",
+        "objective": "diffusion",
+        "diffusion": {"resolution": RESOLUTION},
+        "model": {"hf": str(root / "sd"), "lora": {"rank": 4, "alpha": 4}},
+        "data": {"source": "jsonl", "path": str(root / "images.jsonl"), "shape": "image"},
+        "resources": {"workers": workers, "cpus_per_worker": 1},
+        "parallelism": par if workers > 1 else {"strategy": "ddp"},
+        "train": {"steps": STEPS, "global_batch_size": 4, "micro_batch_size": 1, "seed": SEED}
+        | OPTIMIZERS[opt],
+        "checkpoint": {"every_steps": 2, "keep_last": 2},
+    }
+    return JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+
+
+@pytest.fixture(scope="module")
+def references(root) -> dict:
+    out = {}
+    for opt in OPTIMIZERS:
+        row = next(r for r, (_, o) in ROWS.items() if o == opt)
+        spec = JobSpec.model_validate(make_spec(root, row, 1))
+        out[opt] = run(spec, RunEnv(0, 1, torch.device("cpu"), measure_memory=False))
+    return out
+
+
+def test_first_step_equals_diffusers_and_peft_by_hand(root, references):
+    """The sampler's first global batch, each image through Pillow, the folder's own
+    pipeline (diffusers' from_pretrained), peft's gaussian LoRA init under the job's seed,
+    the VAE's posterior sample, the noise and the timestep from the image's generator."""
+    from diffusers import DDPMScheduler, StableDiffusionPipeline
+    from peft import LoraConfig
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(root / "sd"), safety_checker=None)
+    sched = DDPMScheduler.from_config(pipe.scheduler.config)
+    torch.manual_seed(SEED)
+    pipe.unet.add_adapter(
+        LoraConfig(
+            r=4,
+            lora_alpha=4,
+            init_lora_weights="gaussian",
+            target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+        )
+    )
+    items = GlobalBatchSampler(IMAGES, seed=SEED).next_global_batch(4)
+    rows = [json.loads(line) for line in (root / "images.jsonl").read_text().splitlines()]
+    losses = []
+    for epoch, index in items:
+        data = (root / rows[index]["image"]).read_bytes()
+        pixels = torch.from_numpy(to_pixels(decode(data, where="test"), RESOLUTION))[None]
+        ids = pipe.tokenizer(
+            rows[index]["caption"], padding="max_length", max_length=32, return_tensors="pt"
+        ).input_ids
+        gen = torch.Generator().manual_seed(item_seed(SEED, epoch, index))
+        with torch.no_grad():
+            latents = pipe.vae.encode(pixels).latent_dist.sample(generator=gen)
+            latents = latents * pipe.vae.config.scaling_factor
+            noise = torch.randn(latents.shape[1:], generator=gen)[None]
+            t = torch.randint(0, sched.config.num_train_timesteps, (1,), generator=gen)
+            states = pipe.text_encoder(ids)[0]
+            prediction = pipe.unet(sched.add_noise(latents, noise, t), t, states).sample
+        losses.append(item_losses(prediction, noise))
+    want = float(torch.cat(losses).mean())
+    for result in references.values():
+        assert result.losses[1] == pytest.approx(want, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def results(root):
+    jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=False) for row in ROWS]
+    spec, ckpt = make_spec(root, "ddp-adamw", 2), str(root / "ckpt")
+    jobs.append(LocalJob("save", spec, ckpt, stop_at=2, measure_memory=False))
+    return run_local(jobs, world_size=2)
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_two_ranks_equal_one_process(results, references, row):
+    got, want = results[row], references[ROWS[row][1]]
+    assert sorted(got.losses) == list(range(1, STEPS + 1))
+    for step, loss in want.losses.items():
+        assert got.losses[step] == pytest.approx(loss, abs=1e-5), step
+    assert len({round(v, 4) for v in want.losses.values()}) == STEPS  # it trains
+
+
+@pytest.fixture(scope="module")
+def resumed(root, results):
+    """The two-rank job saved at step 2, resumed by one process to step 4."""
+    from workers.storage.location import locate
+
+    spec = JobSpec.model_validate(make_spec(root, "ddp-adamw", 1))
+    env = RunEnv(0, 1, torch.device("cpu"), checkpoints=locate(str(root / "ckpt")))
+    return run(spec, env)
+
+
+def test_resumed_on_one_process_repeats_the_two_rank_run(resumed, results):
+    """Steps 3 and 4 after a resize from 2 ranks to 1 are the uninterrupted two-rank run's:
+    the same images with the same noise, timesteps and posterior samples."""
+    assert resumed.resumed_from == 2
+    uninterrupted = results["ddp-adamw"]
+    for step in (3, 4):
+        assert resumed.losses[step] == pytest.approx(uninterrupted.losses[step], abs=1e-6)
+
+
+def _unet_inputs(unet):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, RESOLUTION // 2, RESOLUTION // 2, generator=gen)
+    states = torch.randn(2, 32, 32, generator=gen)
+    return x, torch.tensor([10, 700]), states
+
+
+def test_exported_adapter_and_merged_pipeline_load_in_diffusers(root, resumed, tmp_path):
+    """The last checkpoint's adapters, exported, load with load_lora_weights (and merged,
+    with from_pretrained), and the UNet computes what etrain's trained UNet computes."""
+    from diffusers import StableDiffusionPipeline
+
+    from workers.checkpoint.export_lora import export_adapter, export_merged
+
+    lora = make_spec(root, "ddp-adamw", 1)["model"]["lora"]
+    ckpt = max((root / "ckpt").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
+    assert ckpt.name.endswith("4")
+    trained = resumed.model.eval()
+    x, t, states = _unet_inputs(trained)
+    with torch.no_grad():
+        want = trained(x, t, encoder_hidden_states=states).sample
+    export_adapter(ckpt, tmp_path / "adapter", lora=lora)
+    pipe = StableDiffusionPipeline.from_pretrained(str(root / "sd"), safety_checker=None)
+    with torch.no_grad():
+        base = pipe.unet(x, t, encoder_hidden_states=states).sample
+        pipe.load_lora_weights(str(tmp_path / "adapter"))
+        got = pipe.unet(x, t, encoder_hidden_states=states).sample
+    assert (base - want).abs().max() > 1e-3  # the adapters changed the UNet
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    result = export_merged(ckpt, tmp_path / "merged", lora=lora)
+    assert result.merged and result.step == 4
+    merged = StableDiffusionPipeline.from_pretrained(str(tmp_path / "merged"))
+    with torch.no_grad():
+        fused = merged.unet(x, t, encoder_hidden_states=states).sample
+    torch.testing.assert_close(fused, want, atol=1e-5, rtol=0)
