@@ -28,7 +28,7 @@ HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77
 HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo finetune-demo dpo-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
+.PHONY: demo finetune-demo dpo-demo sd-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,11 @@ finetune-demo: $(STAMP)
 dpo-demo: $(STAMP)
 	$(PY) examples/dpo_demo.py
 
+# LoRA fine-tuning of a tiny Stable Diffusion-style pipeline on captioned pictures, the
+# adapter exported in diffusers' format and an image rendered with it: examples/sd_demo.py.
+sd-demo: $(STAMP)
+	$(PY) examples/sd_demo.py
+
 # Static checks: lint, formatting, and the import contracts in pyproject.toml (the
 # control plane never imports torch, workers never import the service, layers, no cycles).
 check: $(STAMP)
@@ -114,4 +119,4 @@ docs: $(STAMP)
 	$(PY) -m service.reference docs
 
 clean:
-	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .etrain-finetune-demo .etrain-finetune-demo.log .pytest_cache
+	rm -rf $(VENV) .tools .etrain-demo .etrain-demo.log .etrain-finetune-demo .etrain-finetune-demo.log .etrain-dpo-demo .etrain-sd-demo .pytest_cache

@@ -141,6 +141,12 @@ def _datasets(spec: JobSpec, cfg: ModelConfig | None):
     return (PackedDataset(train) if spec.data.packing else train), evaluation
 
 
+def _model_config(spec: JobSpec) -> ModelConfig | None:
+    """The decoder's shape, read once (model.hf may be remote); None when the objective
+    builds its own model (a diffusers UNet)."""
+    return None if places_model(spec) else spec_model_config(spec, stores_of(spec))
+
+
 def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
     """This rank's manager of the run's checkpoints, with the job's retention rule."""
     if env.checkpoints is None:
@@ -157,9 +163,7 @@ def _checkpoints(spec: JobSpec, env: RunEnv) -> CheckpointManager | None:
 def run(spec: JobSpec, env: RunEnv) -> RunResult:
     """Train ``spec`` from its newest committed checkpoint (or from scratch) to the end."""
     torch.set_num_threads(max(1, int(spec.resources.cpus_per_worker)))
-    # The decoder's shape, read once (model.hf may be remote); None when the objective
-    # builds its own model (a diffusers UNet).
-    cfg = None if places_model(spec) else spec_model_config(spec, stores_of(spec))
+    cfg = _model_config(spec)
     dataset, evaluation = _datasets(spec, cfg)
     stepper, schedulers = build_stepper(spec, env, dataset, cfg)
     sampler = sampler_for(dataset, seed=spec.train.seed)

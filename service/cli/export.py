@@ -196,9 +196,8 @@ def _export_lora(ctx: typer.Context, job_id: str, *, step, out, merge: bool) -> 
             r = export_lora_job(client(ctx), job_id, step=step, out=out, merge=merge)
         except ExportRefused as e:
             raise s.fail(str(e)) from None
-    what = "merged model (Hugging Face folder)" if r.merged else "LoRA adapter (peft format)"
     s.console.print(
-        f"exported job {job_id} step {r.step} {what}, {r.num_params:,} parameters, "
+        f"exported job {job_id} step {r.step} {r.what}, {r.num_params:,} parameters, "
         f"{r.bytes:,} bytes, to {r.out_dir}",
         markup=False,
     )

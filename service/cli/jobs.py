@@ -69,6 +69,13 @@ def _print_final(s: Session, job: dict[str, Any]) -> int:
     return 0 if job["status"] == "SUCCEEDED" else 1
 
 
+def _rate(job: dict[str, Any], metrics: dict) -> str:
+    """Tokens per second, or images per second for an image model's job."""
+    if ((job.get("spec") or {}).get("objective")) == "diffusion":
+        return f"{fmt(metrics.get('samples_per_s'), ',.1f')} images/s"
+    return f"{fmt(metrics.get('tokens_per_s'), ',.0f')} tok/s"
+
+
 def _progress_fields(job: dict[str, Any]) -> dict[str, Any]:
     """The columns of the follow progress bar for one job snapshot."""
     metrics = job.get("metrics") or {}
@@ -78,7 +85,7 @@ def _progress_fields(job: dict[str, Any]) -> dict[str, Any]:
         "description": job.get("status", "?"),
         "loss": fmt(metrics.get("loss"))
         + (f" eval {fmt(evaluated)}" if evaluated is not None else ""),
-        "tps": fmt(metrics.get("tokens_per_s"), ",.0f"),
+        "tps": _rate(job, metrics),
         "ws": fmt(job.get("world_size") or metrics.get("world_size")),
     }
 
@@ -92,7 +99,7 @@ def watch(s: Session, api: EtrainClient, job: dict[str, Any]) -> dict[str, Any]:
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("{task.fields[tps]}"),
         TextColumn("world {task.fields[ws]}"),
         TextColumn("ETA"),
         TimeRemainingColumn(),

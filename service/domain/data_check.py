@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 
+from service.domain.image_check import check_image_rows
 from workers.data.chat_template import is_template_file, read_template
 from workers.data.formats import (
     check_columns,
@@ -39,6 +40,7 @@ from workers.data.formats import (
     parquet_head,
     preference_row,
 )
+from workers.data.images import image_rows
 from workers.data.prepare import read_index
 from workers.spec import DataSource, JobSpec
 from workers.spec.base import field_loc
@@ -125,6 +127,10 @@ def _rows_refusals(
         return []  # not visible here: the workers read it (and name it if it is missing)
     try:
         _check(path, data, roots)
+        if data.shape == "image":  # the images and captions themselves
+            rows = _parquet_rows(path, data, roots) if data.source == "parquet" else None
+            rows = rows or _head_rows(path, roots, data.section)
+            check_image_rows(path, rows, data, spec=spec, roots=roots)
     except (ValueError, OSError) as e:
         return [(path_loc(data), str(e))]
     return []
@@ -142,18 +148,22 @@ def _check(path: str, data: DataSource, roots: Roots) -> None:
             _check_text_head(path, f.read(MAX_TEXT_BYTES), at)
         return
     if data.source == "parquet":
-        rows = parquet_head(
-            path,
-            _wanted_columns(data),
-            max_rows=MAX_ROWS,
-            max_bytes=MAX_PARQUET_BYTES,
-            roots=roots,
-            section=at,
-        )
-        for row, record in rows:
+        for row, record in _parquet_rows(path, data, roots):
             _check_row(path, row, record, data)
         return
     _check_rows(path, _head_rows(path, roots, at), data)
+
+
+def _parquet_rows(path: str, data: DataSource, roots: Roots):
+    """The rows of a parquet file's head (:func:`parquet_head`'s bounds)."""
+    return parquet_head(
+        path,
+        _wanted_columns(data),
+        max_rows=MAX_ROWS,
+        max_bytes=MAX_PARQUET_BYTES,
+        roots=roots,
+        section=data.section,
+    )
 
 
 def _check_rows(path: str, rows, data: DataSource) -> None:
@@ -191,6 +201,9 @@ def _check_row(path: str, row: int, record: object, data: DataSource) -> None:
         field(path, row, record, data.completion_field, str, "completion", section=at)
     elif data.shape == "preference":
         preference_row(path, row, record, data, section=at)
+    elif data.shape == "image":
+        fields = {"image_field": data.image_field, "caption_field": data.caption_field}
+        image_rows([(row, record)], path, section=at, **fields)
     else:
         messages = field(path, row, record, data.messages_field, list, "messages", section=at)
         check_messages(messages, f"{at}.path {path!r} row {row}")
@@ -287,6 +300,7 @@ def _wanted_columns(data: DataSource) -> list[tuple[str, str]]:
             (data.chosen_field, "chosen_field"),
             (data.rejected_field, "rejected_field"),
         ],
+        "image": [(data.image_field, "image_field"), (data.caption_field, "caption_field")],
     }[data.shape]
 
 

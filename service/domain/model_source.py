@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 
+from service.domain.image_check import folder_error
 from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
 from workers.models.config import ModelConfig, get_model_config
@@ -192,6 +193,11 @@ def model_config_of(
     """
     uri = spec.model.hf
     if uri is None:
+        return None
+    if spec.objective == "diffusion":  # a diffusers folder, not a decoder's config.json
+        error = folder_error(spec, roots)
+        if error:
+            raise ModelRefused(error)
         return None
     try:
         if is_remote(uri):

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from workers.checkpoint.source import ExportError, ExportSource
-from workers.models.diffusers_folder import load_unet
+from workers.models.diffusers_load import load_unet
 from workers.spec.model import LoraSpec
 from workers.spec.objective import DIFFUSION_LORA_TARGETS
 

@@ -68,6 +68,16 @@ class AdapterExportResult:
     num_params: int
     bytes: int
     merged: bool
+    what: str = ""  # what was written, for people: "LoRA adapter (peft format)" ...
+
+    def __post_init__(self):
+        if not self.what:
+            what = (
+                "merged model (Hugging Face folder)"
+                if self.merged
+                else "LoRA adapter (peft format)"
+            )
+            object.__setattr__(self, "what", what)
 
 
 def _source(checkpoint: ExportSource | str | os.PathLike) -> ExportSource:
@@ -289,4 +299,7 @@ def _diffusion_export(
         num_params=count if merged else sum(t.numel() for t in adapters.values()),
         bytes=sum(f.stat().st_size for f in files),
         merged=merged,
+        what="merged pipeline (diffusers folder)"
+        if merged
+        else "UNet LoRA adapter (diffusers format: load_lora_weights)",
     )

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from workers.data.formats import read_rows
 from workers.data.images import ImageCaptions, caption_ids, image_rows
-from workers.models.diffusers_folder import load_frozen, load_tokenizer, load_unet, read_json
+from workers.models.diffusers_folder import read_json
+from workers.models.diffusers_load import load_frozen, load_tokenizer, load_unet
 from workers.spec.objective import DIFFUSION_LORA_TARGETS, DiffusionSpec
 from workers.storage.confine import Roots
 from workers.storage.location import stores_for

@@ -1,0 +1,75 @@
+"""Submit-time checks of ``objective: diffusion``: the diffusers folder ``model.hf`` and the
+head of its images with captions, torch-free and bounded.
+
+The folder must hold every part the workers build (``model_index.json``, ``unet/``,
+``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``; safetensors weights; the SD
+1.x/2.x classes), read the way the workers read it
+(:func:`workers.models.diffusers_folder.layout_error`). Of the data, the first
+:data:`MAX_IMAGE_ROWS` rows are read: the fields, each image (beside a jsonl file, opened
+beneath the tenant's roots, at most 32 MiB, no more than :data:`MAX_CHECKED_BYTES` in all)
+decoded with Pillow, and each caption counted in tokens against the text encoder's
+positions when the folder's tokenizer has a ``tokenizer.json`` (read with ``tokenizers``;
+a folder with only ``vocab.json`` and ``merges.txt`` has its captions counted by the
+workers, whose error names the file and row). Each problem names the file and row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from workers.data.images import ImageRow, decode, image_bytes, image_rows
+from workers.models.diffusers_folder import layout_error, read_json, tokenizer_files
+from workers.storage.confine import Roots
+
+MAX_IMAGE_ROWS = 64
+MAX_CHECKED_BYTES = 64 << 20
+
+
+def folder_error(spec, roots: Roots) -> str | None:
+    """Why ``model.hf`` is not a diffusers folder the workers train, or None (a folder the
+    service cannot see is left to them)."""
+    folder = spec.model.hf.removeprefix("file://")
+    if not os.path.exists(folder):
+        return None
+    return layout_error(folder, roots)
+
+
+def check_image_rows(path: str, rows, data, *, spec, roots: Roots) -> None:
+    """ValueError naming ``path`` and the row when one of the first rows of ``rows``
+    (``(row, record)`` pairs) lacks a field, holds no image Pillow reads, or has a caption
+    longer than the text encoder takes."""
+    at = data.section
+    head = list(itertools.islice(rows, MAX_IMAGE_ROWS))
+    found = image_rows(
+        head, path, image_field=data.image_field, caption_field=data.caption_field, section=at
+    )
+    checked = 0
+    for row in found:
+        if checked > MAX_CHECKED_BYTES:
+            break
+        encoded = image_bytes(row, roots, section=at)
+        checked += len(encoded)
+        decode(encoded, where=f"{at}.path {row.where}")
+    _check_captions(found, spec.model.hf.removeprefix("file://"), roots, at)
+
+
+def _check_captions(found: list[ImageRow], folder: str, roots: Roots, at: str) -> None:
+    if not os.path.exists(folder) or layout_error(folder, roots):
+        return  # the folder's own refusal says why
+    files = tokenizer_files(folder, roots)
+    if "tokenizer.json" not in files:
+        return
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+    length = read_json(folder, "text_encoder/config.json", roots).get("max_position_embeddings")
+    if not isinstance(length, int):
+        return
+    for row in found:
+        count = len(tokenizer.encode(row.caption).ids)
+        if count > length:
+            raise ValueError(
+                f"{at}.path {row.where}: the caption is {count} tokens, over the text "
+                f"encoder's {length}; shorten it"
+            )

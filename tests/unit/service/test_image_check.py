@@ -1,0 +1,173 @@
+"""Submit-time checks of objective diffusion: a diffusers folder missing a part (or with
+pickled weights, or another family's classes) and images with captions whose row is bad
+(no field, not an image, a path out of the folder, a caption over the text encoder's
+length) are refused naming the file or row; a good head passes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from service.domain.data_check import data_refusals
+from service.domain.model_source import ModelRefused, model_config_of
+from tests.support.hf_fixtures import make_tokenizer
+from workers.spec import JobSpec
+
+INDEX = {
+    "_class_name": "StableDiffusionPipeline",
+    "unet": ["diffusers", "UNet2DConditionModel"],
+    "vae": ["diffusers", "AutoencoderKL"],
+    "text_encoder": ["transformers", "CLIPTextModel"],
+    "tokenizer": ["transformers", "CLIPTokenizer"],
+    "scheduler": ["diffusers", "DDPMScheduler"],
+}
+
+
+def png(colour=(255, 0, 0)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (12, 10), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    make_tokenizer(path)
+    return path
+
+
+@pytest.fixture
+def folder(tmp_path, tokenizer_dir):
+    """The layout of a diffusers folder (configs, weight files' names, tokenizer)."""
+    root = tmp_path / "sd"
+    (root / "tokenizer").mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps(INDEX))
+    for part, weights in [
+        ("unet", "diffusion_pytorch_model.safetensors"),
+        ("vae", "diffusion_pytorch_model.safetensors"),
+        ("text_encoder", "model.safetensors"),
+    ]:
+        (root / part).mkdir()
+        (root / part / "config.json").write_text(json.dumps({"max_position_embeddings": 8}))
+        (root / part / weights).write_bytes(b"weights")
+    (root / "scheduler").mkdir()
+    (root / "scheduler" / "scheduler_config.json").write_text("{}")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / "tokenizer" / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return root
+
+
+def spec_of(folder, data: dict) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "sd",
+            "objective": "diffusion",
+            "model": {"hf": str(folder), "lora": {}},
+            "data": {"shape": "image", **data},
+        }
+    )
+
+
+def jsonl(tmp_path, rows: list[dict], images: dict[str, bytes]) -> dict:
+    for name, data in images.items():
+        (tmp_path / name).write_bytes(data)
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"source": "jsonl", "path": str(path)}
+
+
+def refusals(spec) -> list[str]:
+    return [msg for _, msg in data_refusals(spec)]
+
+
+def test_a_good_folder_and_head_pass(folder, tmp_path):
+    data = jsonl(tmp_path, [{"image": "a.png", "caption": "a red fox"}], {"a.png": png()})
+    spec = spec_of(folder, data)
+    assert model_config_of(spec) is None  # no decoder shape: the folder is checked
+    assert refusals(spec) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda f: (f / "vae" / "config.json").unlink(), "vae/config.json is missing"),
+        (
+            lambda f: (f / "unet" / "diffusion_pytorch_model.safetensors").rename(
+                f / "unet" / "diffusion_pytorch_model.bin"
+            ),
+            "never pickled .bin files",
+        ),
+        (
+            lambda f: (f / "model_index.json").write_text(
+                json.dumps({**INDEX, "unet": ["diffusers", "SD3Transformer2DModel"]})
+            ),
+            "names unet 'SD3Transformer2DModel'",
+        ),
+        (lambda f: (f / "tokenizer" / "tokenizer.json").unlink(), "holds neither tokenizer.json"),
+        (lambda f: (f / "model_index.json").write_text("[1]"), "is not a JSON object"),
+    ],
+)
+def test_a_folder_missing_a_part_is_refused_naming_it(folder, tmp_path, change, said):
+    change(folder)
+    data = jsonl(tmp_path, [{"image": "a.png", "caption": "a fox"}], {"a.png": png()})
+    with pytest.raises(ModelRefused, match=r"model\.hf") as e:
+        model_config_of(spec_of(folder, data))
+    assert said in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("rows", "images", "said"),
+    [
+        ([{"image": "a.png"}], {"a.png": png()}, "row 1: no field 'caption'"),
+        (
+            [{"image": "a.png", "caption": "ok"}, {"image": "b.png", "caption": "ok"}],
+            {"a.png": png(), "b.png": b"this is text"},
+            "row 2: not an image Pillow can read",
+        ),
+        ([{"image": "../x.png", "caption": "ok"}], {}, "without '..'"),
+        ([{"image": "gone.png", "caption": "ok"}], {}, "does not exist beside the data file"),
+        (
+            [{"image": "a.png", "caption": "the quick brown fox jumps over the lazy dog " * 3}],
+            {"a.png": png()},
+            "row 1: the caption is",
+        ),
+    ],
+)
+def test_a_bad_row_is_refused_naming_file_and_row(folder, tmp_path, rows, images, said):
+    found = refusals(spec_of(folder, jsonl(tmp_path, rows, images)))
+    assert len(found) == 1 and said in found[0], found
+    assert "rows.jsonl" in found[0]
+
+
+def test_parquet_image_bytes_that_are_no_image_are_refused(folder, tmp_path):
+    path = tmp_path / "rows.parquet"
+    table = pa.table({"image": [png(), b"\x89PNG broken"], "caption": ["a", "b"]})
+    pq.write_table(table, path)
+    found = refusals(spec_of(folder, {"source": "parquet", "path": str(path)}))
+    assert len(found) == 1 and "row 2: not an image" in found[0], found
+
+
+def test_the_spec_refuses_what_diffusion_cannot_train(folder):
+    base = {"name": "sd", "objective": "diffusion", "data": {"shape": "image"}}
+    cases = {
+        "set model.hf": {"model": {}},
+        "add model.lora": {"model": {"hf": str(folder)}},
+        "remove model.tokenizer": {"model": {"hf": str(folder), "lora": {}, "tokenizer": "/t"}},
+        "copy it from the object store": {"model": {"hf": "s3://b/sd", "lora": {}}},
+        "parallelism.strategy tp is not available": {
+            "model": {"hf": str(folder), "lora": {}},
+            "parallelism": {"strategy": "tp", "tp": 2},
+            "resources": {"workers": 2},
+        },
+        "data.shape image is not trained by objective causal_lm": {"objective": "causal_lm"},
+    }
+    for said, change in cases.items():
+        raw = {**base, **change}
+        raw["data"] = {"source": "jsonl", "path": "/d/r.jsonl", "shape": "image"}
+        with pytest.raises(ValueError, match=said.replace(".", r"\.")):
+            JobSpec.model_validate(raw)

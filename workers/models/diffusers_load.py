@@ -1,0 +1,90 @@
+"""The parts of a diffusers folder (:mod:`workers.models.diffusers_folder`), built with
+diffusers' and transformers' own classes from their configs and given the folder's
+safetensors weights, mapped through the descriptor opened beneath the job's roots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from workers.models.diffusers_folder import PARTS, part_where, read_json, tokenizer_files
+from workers.storage.confine import Roots, open_fd, proc_path
+
+
+@dataclass
+class Loaded:
+    """The parts of a folder, built and filled: ``unet``, ``vae``, ``text_encoder`` (both in
+    eval mode, frozen), ``tokenizer`` and ``scheduler`` (a ``DDPMScheduler``)."""
+
+    unet: object
+    vae: object
+    text_encoder: object
+    tokenizer: object
+    scheduler: object
+
+
+def _weights(folder: str, part: str, roots: Roots) -> dict:
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, part, PARTS[part][1])
+    fd = open_fd(path, roots)
+    try:
+        return load_file(proc_path(fd))
+    finally:
+        os.close(fd)
+
+
+def _filled(model, folder: str, part: str, roots: Roots):
+    missing, unexpected = model.load_state_dict(_weights(folder, part, roots), strict=False)
+    if missing or unexpected:
+        names = (missing or unexpected)[:3]
+        raise ValueError(
+            f"{part_where(folder, part + '/' + PARTS[part][1])} does not fit {part}/config.json "
+            f"({'missing' if missing else 'unexpected'} tensors, e.g. {', '.join(names)})"
+        )
+    return model
+
+
+def load_unet(folder: str, roots: Roots | None = None):
+    """The UNet of ``folder``, in fp32, trainable as it stands."""
+    from diffusers import UNet2DConditionModel
+
+    roots = Roots.from_env() if roots is None else roots
+    config = read_json(folder, "unet/config.json", roots)
+    return _filled(UNet2DConditionModel.from_config(config), folder, "unet", roots)
+
+
+def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
+    """Every part but a trained UNet (``unet`` is None): the VAE and text encoder frozen in
+    eval mode, the tokenizer and the training scheduler."""
+    from diffusers import AutoencoderKL, DDPMScheduler
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    roots = Roots.from_env() if roots is None else roots
+    vae = AutoencoderKL.from_config(read_json(folder, "vae/config.json", roots))
+    vae = _filled(vae, folder, "vae", roots)
+    text_config = CLIPTextConfig.from_dict(read_json(folder, "text_encoder/config.json", roots))
+    text_encoder = _filled(CLIPTextModel(text_config), folder, "text_encoder", roots)
+    for model in (vae, text_encoder):
+        model.requires_grad_(False)
+        model.eval()
+    schedule = read_json(folder, "scheduler/scheduler_config.json", roots)
+    scheduler = DDPMScheduler.from_config(schedule)
+    return Loaded(None, vae, text_encoder, load_tokenizer(folder, roots), scheduler)
+
+
+def load_tokenizer(folder: str, roots: Roots | None = None):
+    """The tokenizer of ``folder`` (fast), from a private copy of its bounded files."""
+    from transformers import AutoTokenizer
+
+    files = tokenizer_files(folder, Roots.from_env() if roots is None else roots)
+    staged = tempfile.mkdtemp(prefix="etrain-sd-tokenizer-")
+    try:
+        for name, data in files.items():
+            with open(os.path.join(staged, name), "wb") as f:
+                f.write(data)
+        return AutoTokenizer.from_pretrained(staged, local_files_only=True, use_fast=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
