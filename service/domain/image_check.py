@@ -19,20 +19,33 @@ import itertools
 import os
 
 from workers.data.images import ImageRow, decode, image_bytes, image_rows
-from workers.models.diffusers_folder import layout_error, read_json, tokenizer_files
+from workers.models.diffusers_folder import (
+    DiffusionShape,
+    diffusion_shape,
+    layout_error,
+    read_json,
+    tokenizer_files,
+)
 from workers.storage.confine import Roots
 
 MAX_IMAGE_ROWS = 64
 MAX_CHECKED_BYTES = 64 << 20
 
 
-def folder_error(spec, roots: Roots) -> str | None:
-    """Why ``model.hf`` is not a diffusers folder the workers train, or None (a folder the
-    service cannot see is left to them)."""
+def diffusion_shape_of(spec, roots: Roots) -> DiffusionShape | None:
+    """The shape of ``model.hf``, a diffusers folder the workers train (None when the
+    service cannot see it: the workers read it, and name what is missing); a ValueError
+    says why it cannot be trained."""
     folder = spec.model.hf.removeprefix("file://")
     if not os.path.exists(folder):
         return None
-    return layout_error(folder, roots)
+    error = layout_error(folder, roots)
+    if error:
+        raise ValueError(error)
+    try:
+        return diffusion_shape(folder, roots)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model.hf {folder!r}: {e}") from None
 
 
 def check_image_rows(path: str, rows, data, *, spec, roots: Roots) -> None:

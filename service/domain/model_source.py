@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import os
 
-from service.domain.image_check import folder_error
+from service.domain.image_check import diffusion_shape_of
 from service.domain.storage_check import StorageProbes
 from service.errors import InvalidSpec
 from workers.models.config import ModelConfig, get_model_config
+from workers.models.diffusers_folder import DiffusionShape
 from workers.models.hf_config import (
     MAX_CONFIG_BYTES,
     check_layout,
@@ -184,8 +185,9 @@ def model_config_of(
     probes: StorageProbes | None = None,
     tenant: str = "",
     roots: Roots = UNCONFINED,
-) -> ModelConfig | None:
-    """The shape of ``spec``'s ``model.hf`` checked against its layout (None for a preset).
+) -> ModelConfig | DiffusionShape | None:
+    """The shape of ``spec``'s ``model.hf`` checked against its layout (None for a preset;
+    of objective diffusion's folder, its :class:`DiffusionShape`, None when not visible).
 
     An object-store folder is read through ``probes`` (bounds per ``tenant``); a local one
     beneath ``roots`` (the tenant's, :meth:`AccessPolicy.roots`).
@@ -195,10 +197,10 @@ def model_config_of(
     if uri is None:
         return None
     if spec.objective == "diffusion":  # a diffusers folder, not a decoder's config.json
-        error = folder_error(spec, roots)
-        if error:
-            raise ModelRefused(error)
-        return None
+        try:
+            return diffusion_shape_of(spec, roots)
+        except ValueError as e:
+            raise ModelRefused(str(e)) from None
     try:
         if is_remote(uri):
             hf, weights = _remote_config(spec, probes, tenant)

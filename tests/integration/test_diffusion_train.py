@@ -25,11 +25,11 @@ pytestmark = pytest.mark.slow
 
 STEPS, RESOLUTION, IMAGES, SEED = 4, 32, 12, 3
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "lr": 0.5}, "adamw": {"optimizer": "adamw", "lr": 1e-2}}
-ROWS = {  # name: (parallelism, optimizer)
+ROWS = {  # name: (parallelism, optimizer); ddp with AdamW is the resumed job's
     "ddp-sgd": ({"strategy": "ddp"}, "sgd"),
-    "ddp-adamw": ({"strategy": "ddp"}, "adamw"),
     "fsdp2-adamw": ({"strategy": "fsdp", "fsdp": {"zero_stage": 2}}, "adamw"),
     "fsdp3-sgd": ({"strategy": "fsdp", "fsdp": {"zero_stage": 3}}, "sgd"),
+    "ddp-adamw": ({"strategy": "ddp"}, "adamw"),
 }
 CAPTIONS = ["a red fox", "a lazy dog", "hello world", "the quick brown fox"]
 
@@ -120,13 +120,14 @@ def test_first_step_equals_diffusers_and_peft_by_hand(root, references):
 
 @pytest.fixture(scope="module")
 def results(root):
-    jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=False) for row in ROWS]
+    rows = [row for row in ROWS if row != "ddp-adamw"]
+    jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=False) for row in rows]
     spec, ckpt = make_spec(root, "ddp-adamw", 2), str(root / "ckpt")
     jobs.append(LocalJob("save", spec, ckpt, stop_at=2, measure_memory=False))
     return run_local(jobs, world_size=2)
 
 
-@pytest.mark.parametrize("row", list(ROWS))
+@pytest.mark.parametrize("row", [row for row in ROWS if row != "ddp-adamw"])
 def test_two_ranks_equal_one_process(results, references, row):
     got, want = results[row], references[ROWS[row][1]]
     assert sorted(got.losses) == list(range(1, STEPS + 1))
@@ -145,13 +146,17 @@ def resumed(root, results):
     return run(spec, env)
 
 
-def test_resumed_on_one_process_repeats_the_two_rank_run(resumed, results):
-    """Steps 3 and 4 after a resize from 2 ranks to 1 are the uninterrupted two-rank run's:
-    the same images with the same noise, timesteps and posterior samples."""
+def test_resumed_on_one_process_repeats_the_uninterrupted_run(resumed, results, references):
+    """A job saved at step 2 by 2 ranks (DDP, AdamW) and resumed by one process: steps 1-2
+    and 3-4 are the uninterrupted run's (the same images with the same noise, timesteps
+    and posterior samples, whatever the world size)."""
     assert resumed.resumed_from == 2
-    uninterrupted = results["ddp-adamw"]
+    uninterrupted = references["adamw"]
+    saved = results["save"]
+    for step in (1, 2):
+        assert saved.losses[step] == pytest.approx(uninterrupted.losses[step], abs=1e-5)
     for step in (3, 4):
-        assert resumed.losses[step] == pytest.approx(uninterrupted.losses[step], abs=1e-6)
+        assert resumed.losses[step] == pytest.approx(uninterrupted.losses[step], abs=1e-5)
 
 
 def _unet_inputs(unet):

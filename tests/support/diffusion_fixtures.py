@@ -5,6 +5,7 @@ tests' BPE tokenizer, saved as a diffusers folder (``unet/``, ``vae/``, ``text_e
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tests.support.hf_fixtures import make_tokenizer
@@ -84,3 +85,68 @@ def make_tiny_sd(path: str | Path, *, prediction: str = "epsilon", seed: int = 0
     )
     pipe.save_pretrained(path)
     return pipe
+
+
+# Stable Diffusion 1.5's parts, by their configs (the fields that size them).
+SD15_UNET = {
+    "sample_size": 64,
+    "in_channels": 4,
+    "out_channels": 4,
+    "layers_per_block": 2,
+    "block_out_channels": (320, 640, 1280, 1280),
+    "down_block_types": ("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    "up_block_types": ("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    "cross_attention_dim": 768,
+    "attention_head_dim": 8,
+    "norm_num_groups": 32,
+}
+SD15_VAE = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 512,
+}
+SD15_TEXT = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "vocab_size": 49408,
+    "max_position_embeddings": 77,
+}
+
+
+@functools.cache
+def sd15_shape():
+    """The planner's :class:`DiffusionShape` of Stable Diffusion 1.5, from its parts built
+    on the meta device (no weights)."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from workers.models.diffusers_folder import LORA_PROJECTIONS, DiffusionShape
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD15_UNET)
+        vae = AutoencoderKL(**SD15_VAE)
+        text = CLIPTextModel(CLIPTextConfig(**SD15_TEXT))
+    projections = {
+        kind: tuple(
+            (p.shape[1], p.shape[0])
+            for name, p in unet.named_parameters()
+            if name.endswith(f".{kind}.weight")
+        )
+        for kind in LORA_PROJECTIONS
+    }
+    return DiffusionShape(
+        unet_params=sum(p.numel() for p in unet.parameters()),
+        vae_params=sum(p.numel() for p in vae.parameters()),
+        text_encoder_params=sum(p.numel() for p in text.parameters()),
+        projections=projections,
+        unet_width=SD15_UNET["block_out_channels"][0],
+    )

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
-from workers.storage.confine import Roots, is_file, read_bounded
+from workers.storage.confine import Roots, is_file, opened, read_bounded
 
 MAX_JSON_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -114,3 +115,66 @@ def tokenizer_files(folder: str, roots: Roots) -> dict[str, bytes]:
             "merges.txt"
         )
     return files
+
+
+MAX_HEADER_BYTES = 16 << 20
+LORA_PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+@dataclass(frozen=True)
+class DiffusionShape:
+    """What the planner sizes of a diffusers folder: each part's parameters, the UNet's
+    attention projections (``(in, out)`` features of each, by kind: to_q ... to_out.0) and
+    its first block's width."""
+
+    unet_params: int
+    vae_params: int
+    text_encoder_params: int
+    projections: dict[str, tuple[tuple[int, int], ...]]
+    unet_width: int
+
+    def adapter_params(self, rank: int, targets: list[str]) -> int:
+        """LoRA parameters of rank ``rank`` on the projection kinds ``targets`` (to_q ...)."""
+        return sum(rank * (i + o) for t in targets for i, o in self.projections.get(t, ()))
+
+
+def safetensors_header(path: str, roots: Roots) -> dict:
+    """The JSON header of a safetensors file (its tensors' names, dtypes and shapes),
+    read bounded beneath ``roots``: the weights themselves are not read."""
+    with opened(path, roots) as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 2 <= size <= MAX_HEADER_BYTES:
+            raise ValueError(f"{path}: not a safetensors file (header of {size} bytes)")
+        header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file (its header is no object)")
+    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def _numel(entry: dict) -> int:
+    n = 1
+    for d in entry.get("shape", ()):
+        n *= int(d)
+    return n
+
+
+def diffusion_shape(folder: str, roots: Roots) -> DiffusionShape:
+    """The :class:`DiffusionShape` of ``folder``, from its weights' headers and configs."""
+    headers = {
+        part: safetensors_header(os.path.join(folder, part, PARTS[part][1]), roots)
+        for part in ("unet", "vae", "text_encoder")
+    }
+    projections: dict[str, list[tuple[int, int]]] = {p: [] for p in LORA_PROJECTIONS}
+    for name, entry in headers["unet"].items():
+        for kind in LORA_PROJECTIONS:
+            if name.endswith(f".{kind}.weight") and len(entry.get("shape", ())) == 2:
+                out_features, in_features = entry["shape"]
+                projections[kind].append((int(in_features), int(out_features)))
+    widths = read_json(folder, "unet/config.json", roots).get("block_out_channels") or [320]
+    return DiffusionShape(
+        unet_params=sum(map(_numel, headers["unet"].values())),
+        vae_params=sum(map(_numel, headers["vae"].values())),
+        text_encoder_params=sum(map(_numel, headers["text_encoder"].values())),
+        projections={k: tuple(v) for k, v in projections.items()},
+        unet_width=int(widths[0]),
+    )

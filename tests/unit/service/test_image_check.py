@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,6 +26,31 @@ INDEX = {
     "text_encoder": ["transformers", "CLIPTextModel"],
     "tokenizer": ["transformers", "CLIPTokenizer"],
     "scheduler": ["diffusers", "DDPMScheduler"],
+}
+
+
+def safetensors(tensors: dict[str, list[int]]) -> bytes:
+    """A safetensors file of fp32 zeros of these shapes (what the header says is read)."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + bytes(offset)
+
+
+UNET = {  # one attention: self (to_k 16 -> 16) and cross (to_k 8 -> 16)
+    "conv_in.weight": [16, 4, 3, 3],
+    "blocks.0.attn1.to_q.weight": [16, 16],
+    "blocks.0.attn1.to_k.weight": [16, 16],
+    "blocks.0.attn1.to_v.weight": [16, 16],
+    "blocks.0.attn1.to_out.0.weight": [16, 16],
+    "blocks.0.attn1.to_out.0.bias": [16],
+    "blocks.0.attn2.to_q.weight": [16, 16],
+    "blocks.0.attn2.to_k.weight": [16, 8],
+    "blocks.0.attn2.to_v.weight": [16, 8],
+    "blocks.0.attn2.to_out.0.weight": [16, 16],
 }
 
 
@@ -47,14 +73,15 @@ def folder(tmp_path, tokenizer_dir):
     root = tmp_path / "sd"
     (root / "tokenizer").mkdir(parents=True)
     (root / "model_index.json").write_text(json.dumps(INDEX))
-    for part, weights in [
-        ("unet", "diffusion_pytorch_model.safetensors"),
-        ("vae", "diffusion_pytorch_model.safetensors"),
-        ("text_encoder", "model.safetensors"),
+    for part, weights, tensors in [
+        ("unet", "diffusion_pytorch_model.safetensors", UNET),
+        ("vae", "diffusion_pytorch_model.safetensors", {"w": [3, 5]}),
+        ("text_encoder", "model.safetensors", {"w": [7], "v": [2, 2]}),
     ]:
         (root / part).mkdir()
-        (root / part / "config.json").write_text(json.dumps({"max_position_embeddings": 8}))
-        (root / part / weights).write_bytes(b"weights")
+        config = {"max_position_embeddings": 8, "block_out_channels": [16, 32]}
+        (root / part / "config.json").write_text(json.dumps(config))
+        (root / part / weights).write_bytes(safetensors(tensors))
     (root / "scheduler").mkdir()
     (root / "scheduler" / "scheduler_config.json").write_text("{}")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -85,11 +112,25 @@ def refusals(spec) -> list[str]:
     return [msg for _, msg in data_refusals(spec)]
 
 
-def test_a_good_folder_and_head_pass(folder, tmp_path):
+def test_a_good_folder_and_head_pass_and_the_plan_counts_each_part(folder, tmp_path):
+    from service.planner import plan_job
+
     data = jsonl(tmp_path, [{"image": "a.png", "caption": "a red fox"}], {"a.png": png()})
     spec = spec_of(folder, data)
-    assert model_config_of(spec) is None  # no decoder shape: the folder is checked
+    shape = model_config_of(spec)  # read from the weights' headers, not the weights
+    unet = sum(math.prod(s) for s in UNET.values())
+    assert (shape.unet_params, shape.vae_params, shape.text_encoder_params) == (unet, 15, 11)
     assert refusals(spec) == []
+    plan = plan_job(spec, model_config=shape)
+    rank = spec.model.lora.rank  # q, k, v, out of both attentions: r * (in + out) each
+    adapters = rank * (6 * 32 + 2 * (8 + 16))
+    assert plan.breakdown.lora_trainable_params == adapters
+    assert plan.num_params == unet + 26 and plan.verdict == "fits"  # a CPU job
+    assert plan.breakdown.buffers == {"vae": 60, "text_encoder": 44}
+    assert plan.per_rank.params_bytes == 4 * (unet + adapters)
+    assert plan.per_rank.optimizer_bytes == 8 * adapters  # AdamW, the default
+    unseen = plan_job(spec_of(tmp_path / "elsewhere", data), model_config=None)
+    assert unseen.verdict == "unknown" and "cannot read model.hf" in unseen.unknown_reason
 
 
 @pytest.mark.parametrize(

@@ -177,3 +177,43 @@ def test_the_docs_state_the_planners_dpo_answer(name):
     assert rows.get(name) == dpo_answer(name), name
     lora = dpo_answer("8B DPO LoRA, 8x24GB, DDP, reference = base without adapters")
     assert lora[0] == "fits" and lora[2] == "0.0"  # no second copy of the weights
+
+
+SD_EXAMPLE = Path(__file__).parents[4] / "examples" / "sd15-lora-24gb.yaml"
+ONE_24GB = {"gpu": "rtx4090", "gpus_per_node": 1, "nodes": 1}
+# Row name in docs/planner.md's diffusion table -> changes to the example.
+SD_SCENARIOS = {
+    "SD 1.5 LoRA r16, 512 px, micro-batch 4, bf16, 1x24GB": {},
+    "SD 1.5 LoRA r16, 1024 px, micro-batch 4, fp32, 1x24GB": {
+        "diffusion": {"resolution": 1024},
+        "train": {"precision": "fp32"},
+    },
+}
+
+
+def sd_answer(name: str) -> tuple[str, str, str, str]:
+    """(verdict, GiB per GPU, frozen VAE + text encoder GiB, activations GiB) of a row."""
+    import yaml
+
+    from tests.support.diffusion_fixtures import sd15_shape
+
+    spec = yaml.safe_load(SD_EXAMPLE.read_text())
+    for key, change in SD_SCENARIOS[name].items():
+        spec[key] = {**spec[key], **change}
+    plan = plan_job(parse_spec(spec), cluster=ONE_24GB, model_config=sd15_shape())
+    return (
+        plan.verdict,
+        f"{plan.per_rank.total_bytes / GIB:.1f}",
+        f"{plan.per_rank.buffers_bytes / GIB:.1f}",
+        f"{plan.per_rank.activations_bytes / GIB:.1f}",
+    )
+
+
+@pytest.mark.parametrize("name", list(SD_SCENARIOS))
+def test_the_docs_state_the_planners_diffusion_answer(name):
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0] in SD_SCENARIOS:
+            rows[cells[0]] = tuple(cells[1:5])
+    assert rows.get(name) == sd_answer(name), name
