@@ -13,8 +13,9 @@ and the UNet's attention projections, read from the weights' headers):
   micro-batch, measured on a Stable Diffusion 1.5-shaped UNet with rank-8 LoRA
   (``bench/diffusion_memory.py``: 394 MiB per 256-pixel image, 0.94x the 128-pixel
   figure per pixel, so linear in the pixels), scaled by the UNet's first block width
-  against SD 1.5's 320, halved under bf16 autocast and cut to :data:`CHECKPOINTED_SHARE`
-  with gradient checkpointing.
+  against SD 1.5's 320, halved under bf16 autocast (assumed: autocast keeps most saved
+  tensors in bf16) and cut to :data:`CHECKPOINTED_SHARE` with gradient checkpointing
+  (measured the same way).
 
 An estimate for SD 1.x / 2.x-style UNets; the job's first step measures its memory.
 """
@@ -40,7 +41,8 @@ from workers.spec.objective import DIFFUSION_LORA_TARGETS
 FP32 = 4
 ACT_BYTES_PER_LATENT_PIXEL = 403_670  # fp32, one image, SD 1.5 width (bench/diffusion_memory.py)
 SD15_WIDTH = 320
-CHECKPOINTED_SHARE = 0.25  # assumed: the UNet keeps its blocks' inputs, not their insides
+# With gradient checkpointing (bench/diffusion_memory.py --checkpointing: 101 MiB of 394).
+CHECKPOINTED_SHARE = 0.26
 METHOD = (
     "diffusion: the UNet, VAE and text encoder counted from the folder's weights (fp32); "
     "LoRA state sharded under FSDP; activations per latent pixel measured on an SD 1.5 "
