@@ -34,6 +34,7 @@ from service.planner.plan import (
     StateBytesPerParam,
 )
 from service.planner.planning import cannot_tell
+from workers.contract import FSDP
 from workers.models.diffusers_folder import DiffusionShape
 from workers.spec import JobSpec
 from workers.spec.objective import DIFFUSION_LORA_TARGETS
@@ -131,7 +132,7 @@ def _optimizer_bytes_per_param(spec: JobSpec) -> int:
 
 def _per_rank(spec: JobSpec, shape: DiffusionShape, world: int) -> dict[str, int]:
     adapters = shape.adapter_params(spec.model.lora.rank, _targets(spec))
-    shards = world if spec.parallelism.strategy == "fsdp" and world > 1 else 1
+    shards = world if spec.parallelism.strategy == FSDP and world > 1 else 1
     act = _activations(spec, shape, checkpointed=spec.model.activation_checkpointing != "none")
     return {
         "params_bytes": shape.unet_params * FP32 + adapters * FP32 // shards,
