@@ -121,6 +121,24 @@ def submit_and_follow(spec: dict, name: str, data_dir: Path, url: str, serve, en
     return job_id, job, points, env
 
 
+def tune_and_export(
+    spec_path: Path, folder: Path, data: Path, data_dir: Path, url: str, serve, env
+):
+    """Submit the fine-tuning spec at ``spec_path`` with ``model.hf`` = ``folder`` and
+    ``data.path`` = ``data``, follow it to the end and export its adapter (`etrain export
+    --adapter`) to ``data_dir/export/adapter``: ``(job id, job, metric points, adapter)``."""
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["model"]["hf"], spec["data"]["path"] = str(folder), str(data)
+    job_id, job, points, env = submit_and_follow(spec, spec_path.name, data_dir, url, serve, env)
+    out = data_dir / "export" / "adapter"
+    subprocess.run(
+        [str(BIN / "etrain"), "export", job_id, "--adapter", "--out", str(out)],
+        env=env,
+        check=True,
+    )
+    return job_id, job, points, out
+
+
 def main() -> int:
     """Run the demo end to end; exit non-zero unless the job succeeded after the restart."""
     shutil.rmtree(DATA_DIR, ignore_errors=True)

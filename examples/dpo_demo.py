@@ -23,11 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from examples.demo import BIN, serving, submit_and_follow  # noqa: E402
+from examples.demo import serving, tune_and_export  # noqa: E402
 from examples.finetune_demo import write_model_and_rows  # noqa: E402
 
 SPEC = ROOT / "examples" / "dpo-tiny-llama-lora.yaml"
@@ -75,15 +73,7 @@ def main() -> int:
 
 def run(serve: subprocess.Popen, env: dict, folder: Path, prefs: Path) -> int:
     """Submit the spec, follow it, export the adapter, report the rewards."""
-    spec = yaml.safe_load(SPEC.read_text())
-    spec["model"]["hf"], spec["data"]["path"] = str(folder), str(prefs)
-    job_id, job, points, env = submit_and_follow(spec, SPEC.name, DATA_DIR, URL, serve, env)
-    out = DATA_DIR / "export" / "adapter"
-    subprocess.run(
-        [str(BIN / "etrain"), "export", job_id, "--adapter", "--out", str(out)],
-        env=env,
-        check=True,
-    )
+    job_id, job, points, out = tune_and_export(SPEC, folder, prefs, DATA_DIR, URL, serve, env)
     last = points[-10:]
     accuracy = sum(p["rewards_accuracy"] for p in last) / len(last)
     margin = sum(p["rewards_margin"] for p in last) / len(last)

@@ -24,11 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from examples.demo import BIN, serving, submit_and_follow  # noqa: E402
+from examples.demo import serving, tune_and_export  # noqa: E402
 from examples.sd_generate import render  # noqa: E402
 from tests.support.diffusion_fixtures import make_tiny_sd  # noqa: E402
 
@@ -79,15 +77,7 @@ def main() -> int:
 
 def run(serve: subprocess.Popen, env: dict, folder: Path, images: Path) -> int:
     """Submit the spec, follow it, export the adapter, render with it, report."""
-    spec = yaml.safe_load(SPEC.read_text())
-    spec["model"]["hf"], spec["data"]["path"] = str(folder), str(images)
-    job_id, job, points, env = submit_and_follow(spec, SPEC.name, DATA_DIR, URL, serve, env)
-    out = DATA_DIR / "export" / "adapter"
-    subprocess.run(
-        [str(BIN / "etrain"), "export", job_id, "--adapter", "--out", str(out)],
-        env=env,
-        check=True,
-    )
+    job_id, job, points, out = tune_and_export(SPEC, folder, images, DATA_DIR, URL, serve, env)
     picture = DATA_DIR / "export" / "a-red-disc.png"
     render(str(folder), str(out), "a red disc", steps=10, seed=0).save(picture)
     evals = [(p["step"], p["eval_loss"]) for p in points if p.get("eval_loss") is not None]
