@@ -194,3 +194,25 @@ def test_exported_adapter_and_merged_pipeline_load_in_diffusers(root, resumed, t
     with torch.no_grad():
         fused = merged.unet(x, t, encoder_hidden_states=states).sample
     torch.testing.assert_close(fused, want, atol=1e-5, rtol=0)
+
+
+def test_cached_latents_train_as_the_images_do(root, references, monkeypatch, tmp_path):
+    """diffusion.cache_latents: the node cache's posteriors and text states give the same
+    steps as encoding each micro-batch (1e-5), the workers hold no VAE or text encoder, and
+    a second job reuses the entry without encoding again."""
+    from workers.objectives.diffusion import dataset
+
+    monkeypatch.setenv("ETRAIN_DATA_CACHE", str(tmp_path))
+    raw = make_spec(root, "ddp-adamw", 1)
+    raw["diffusion"]["cache_latents"] = True
+    spec = JobSpec.model_validate(raw)
+    cached = run(spec, RunEnv(0, 1, torch.device("cpu"), measure_memory=False))
+    for step, loss in references["adamw"].losses.items():
+        assert cached.losses[step] == pytest.approx(loss, abs=1e-5), step
+    (entry,) = [p for p in tmp_path.rglob("latents-*") if p.is_dir()]
+    made = (entry / "mean.npy").stat().st_mtime_ns
+    again = dataset(spec, spec.data, seed=0)
+    assert len(again) == IMAGES and (entry / "mean.npy").stat().st_mtime_ns == made
+    kind, mean, std, states = again[0]
+    assert kind == "latent" and mean.shape == (4, RESOLUTION // 2, RESOLUTION // 2)
+    assert states.shape == (32, 32) and (std > 0).all()

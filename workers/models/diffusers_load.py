@@ -59,7 +59,7 @@ def load_unet(folder: str, roots: Roots | None = None):
 def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
     """Every part but a trained UNet (``unet`` is None): the VAE and text encoder frozen in
     eval mode, the tokenizer and the training scheduler."""
-    from diffusers import AutoencoderKL, DDPMScheduler
+    from diffusers import AutoencoderKL
     from transformers import CLIPTextConfig, CLIPTextModel
 
     roots = Roots.from_env() if roots is None else roots
@@ -70,9 +70,16 @@ def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
     for model in (vae, text_encoder):
         model.requires_grad_(False)
         model.eval()
-    schedule = read_json(folder, "scheduler/scheduler_config.json", roots)
-    scheduler = DDPMScheduler.from_config(schedule)
-    return Loaded(None, vae, text_encoder, load_tokenizer(folder, roots), scheduler)
+    tokenizer, scheduler = load_tokenizer(folder, roots), load_scheduler(folder, roots)
+    return Loaded(None, vae, text_encoder, tokenizer, scheduler)
+
+
+def load_scheduler(folder: str, roots: Roots | None = None):
+    """The training noise schedule: ``DDPMScheduler`` with the folder's scheduler config."""
+    from diffusers import DDPMScheduler
+
+    roots = Roots.from_env() if roots is None else roots
+    return DDPMScheduler.from_config(read_json(folder, "scheduler/scheduler_config.json", roots))
 
 
 def load_tokenizer(folder: str, roots: Roots | None = None):

@@ -160,7 +160,7 @@ def base_reference(model_spec, *, seed: int, stores=None, part: str = "") -> dic
         return {"preset": model_spec.preset, "seed": seed}
     if part:
         folder = model_spec.hf.removeprefix("file://").rstrip("/")
-        fingerprint = _local_fingerprint(f"{folder}/{part}", Roots.from_env())
+        fingerprint = local_fingerprint(f"{folder}/{part}", Roots.from_env())
         return {"hf": model_spec.hf, "part": part, "fingerprint": fingerprint}
     return {"hf": model_spec.hf, "fingerprint": hf_fingerprint(model_spec.hf, stores)}
 
@@ -171,7 +171,7 @@ def hf_fingerprint(path: str, stores=None) -> dict:
     from workers.models.hf_remote import is_remote, model_location
 
     if not is_remote(path):
-        return _local_fingerprint(path.removeprefix("file://"), Roots.from_env())
+        return local_fingerprint(path.removeprefix("file://"), Roots.from_env())
     loc = model_location(path, stores)
     fs, root = loc.fs, loc.root
     with fs.open(f"{root.rstrip('/')}/config.json", "rb") as f:
@@ -184,7 +184,7 @@ def hf_fingerprint(path: str, stores=None) -> dict:
     return {"config_sha256": config_sha, "weights": dict(sorted(sizes.items()))}
 
 
-def _local_fingerprint(folder: str, roots: Roots) -> dict:
+def local_fingerprint(folder: str, roots: Roots) -> dict:
     """:func:`hf_fingerprint` of a local folder, every file opened beneath ``roots``."""
     from workers.models.hf_config import MAX_CONFIG_BYTES
 

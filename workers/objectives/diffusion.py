@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from workers.data.formats import read_rows
 from workers.data.images import ImageCaptions, caption_ids, image_rows
 from workers.models.diffusers_folder import read_json
-from workers.models.diffusers_load import load_frozen, load_tokenizer, load_unet
+from workers.models.diffusers_load import load_frozen, load_scheduler, load_tokenizer, load_unet
+from workers.objectives.diffusion_cache import latent_cache
 from workers.spec.objective import DIFFUSION_LORA_TARGETS, DiffusionSpec
 from workers.storage.confine import Roots
 from workers.storage.location import stores_for
@@ -69,34 +70,46 @@ def draws(seed: int, epoch: int, index: int, latent_shape, timesteps: int) -> Dr
 
 @dataclass
 class Frozen:
-    """The parts that do not train: the VAE, the text encoder and the noise scheduler."""
+    """The parts that do not train: the VAE, the text encoder (both None when the latents
+    and text states come from the node cache) and the noise scheduler."""
 
-    vae: torch.nn.Module
-    text_encoder: torch.nn.Module
+    vae: torch.nn.Module | None
+    text_encoder: torch.nn.Module | None
     scheduler: object
+    scaling_factor: float | None = None  # the VAE's (read from it when it is here)
+
+    def __post_init__(self):
+        if self.scaling_factor is None:
+            self.scaling_factor = self.vae.config.scaling_factor
 
     @property
     def prediction(self) -> str:
         return self.scheduler.config.prediction_type
 
-    def latent_shape(self, resolution: int) -> tuple[int, int, int]:
-        """The latent of one ``resolution``-square image: channels, height, width."""
-        factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        side = resolution // factor
-        return (self.vae.config.latent_channels, side, side)
+    @torch.no_grad()
+    def encoded(self, pixels, input_ids):
+        """``(posterior mean, posterior std, text states)`` of ``pixels`` ``[B, 3, R, R]``
+        and ``input_ids`` ``[B, L]``."""
+        posterior = self.vae.encode(pixels).latent_dist
+        return posterior.mean, posterior.std, self.text_encoder(input_ids)[0]
 
     @torch.no_grad()
     def inputs(self, pixels, input_ids, items: list, *, seed: int):
         """``(noisy latents, timesteps, text states, targets)`` of a micro-batch: ``pixels``
         ``[B, 3, R, R]``, ``input_ids`` ``[B, L]``, ``items`` the sampler's ``(epoch,
         index)`` of each row."""
-        shape = self.latent_shape(pixels.shape[-1])
+        return self.noised(*self.encoded(pixels, input_ids), items, seed=seed)
+
+    @torch.no_grad()
+    def noised(self, mean, std, states, items: list, *, seed: int):
+        """:meth:`inputs` from the VAE posterior's ``mean`` and ``std`` and the text
+        ``states`` (computed now, or read from the node cache)."""
         timesteps = self.scheduler.config.num_train_timesteps
+        shape = tuple(mean.shape[1:])
         drawn = [draws(seed, epoch, index, shape, timesteps) for epoch, index in items]
-        device = pixels.device
-        posterior = self.vae.encode(pixels).latent_dist
+        device = mean.device
         eps = torch.stack([d.posterior for d in drawn]).to(device)
-        latents = (posterior.mean + posterior.std * eps) * self.vae.config.scaling_factor
+        latents = (mean + std * eps) * self.scaling_factor
         noise = torch.stack([d.noise for d in drawn]).to(device)
         t = torch.tensor([d.timestep for d in drawn], dtype=torch.long, device=device)
         noisy = self.scheduler.add_noise(latents, noise, t)
@@ -109,7 +122,6 @@ class Frozen:
                 f"the scheduler's prediction_type {self.prediction!r} is not trained here; "
                 "epsilon and v_prediction are"
             )
-        states = self.text_encoder(input_ids)[0]
         return noisy, t, states, target
 
 
@@ -146,9 +158,10 @@ def dataset(spec, section, *, seed: int) -> ImageCaptions:
         section=where,
     )
     ids = caption_ids(found, load_tokenizer(folder, roots), length, section=where)
-    return ImageCaptions(
+    images = ImageCaptions(
         found, ids, resolution=options(spec).resolution, roots=roots, section=where
     )
+    return latent_cache(spec, images, section.path) if options(spec).cache_latents else images
 
 
 def place(spec, env, mesh) -> list[torch.nn.Module]:
@@ -183,6 +196,11 @@ def build(spec, parts, *, reference) -> Diffusion:
     """The frozen parts (VAE, text encoder, scheduler) on the trained UNet's device."""
     del reference
     device = next(parts[0].parameters()).device
+    if options(spec).cache_latents:  # the node cache holds what the VAE and encoder give
+        folder = spec.model.hf
+        vae = read_json(folder, "vae/config.json", Roots.from_env())
+        frozen = Frozen(None, None, load_scheduler(folder), vae.get("scaling_factor", 0.18215))
+        return Diffusion(frozen, seed=spec.train.seed)
     loaded = load_frozen(spec.model.hf)
     frozen = Frozen(loaded.vae.to(device), loaded.text_encoder.to(device), loaded.scheduler)
     return Diffusion(frozen, seed=spec.train.seed)
@@ -199,21 +217,26 @@ class Diffusion:
 
     def __init__(self, frozen: Frozen, *, seed: int):
         self.frozen, self.seed = frozen, seed
-        self.frozen_parts = (frozen.vae, frozen.text_encoder)
+        self.frozen_parts = tuple(m for m in (frozen.vae, frozen.text_encoder) if m is not None)
 
     def batch(self, dataset, items: list, device: torch.device):
-        """``(pixels, caption ids, items)`` on ``device``."""
-        pixels, ids = zip(*(dataset[index] for _epoch, index in items), strict=True)
-        return (
-            torch.from_numpy(np.stack(pixels)).to(device),
-            torch.from_numpy(np.stack(ids)).to(device),
-            list(items),
-        )
+        """``(pixels, caption ids, items)`` on ``device``; from the node cache
+        (``diffusion.cache_latents``), ``(posterior mean, std, text states, items)``."""
+        rows = [dataset[index] for _epoch, index in items]
+        cached = isinstance(rows[0][0], str)  # ("latent", mean, std, states)
+        columns = zip(*(row[1:] if cached else row for row in rows), strict=True)
+        tensors = [torch.from_numpy(np.stack(c)).to(device) for c in columns]
+        return (*tensors, list(items))
+
+    def _inputs(self, batch):
+        *tensors, items = batch
+        if len(tensors) == 3:  # cached: the posterior and the states
+            return self.frozen.noised(*tensors, items, seed=self.seed)
+        return self.frozen.inputs(*tensors, items, seed=self.seed)
 
     def prepare(self, model, batch):
         del model
-        pixels, ids, items = batch
-        return self.frozen.inputs(pixels, ids, items, seed=self.seed)
+        return self._inputs(batch)
 
     def forward(self, model, batch):
         noisy, t, states, _ = batch
@@ -233,7 +256,7 @@ class Diffusion:
         return (*self.batch(dataset, real, device), weights)
 
     def eval_sum(self, model, batch) -> torch.Tensor:
-        pixels, ids, items, weights = batch
-        inputs = self.frozen.inputs(pixels, ids, items, seed=self.seed)
+        *batch, weights = batch
+        inputs = self._inputs(batch)
         out = self.forward(model, inputs)
         return (item_losses(out, inputs[3]) * weights).sum().double()

@@ -131,6 +131,15 @@ class DiffusionSpec(Spec):
         "so its shorter side is this (bicubic), centre-cropped and scaled to [-1, 1]; a "
         "multiple of the VAE's downsampling factor (8 for Stable Diffusion).",
     )
+    cache_latents: bool = Field(
+        False,
+        description="Encode each image with the VAE, and its caption with the text encoder, "
+        "once per node into the node cache ($ETRAIN_DATA_CACHE, keyed by the data file, the "
+        "images' names, sizes and times, the VAE, text encoder and tokenizer, and the "
+        "resolution) and read them from there: the workers then hold neither the VAE nor "
+        "the text encoder, and a step skips both. The noise, the timestep and the VAE "
+        "posterior's sample are still drawn per step, as without the cache.",
+    )
 
 
 def diffusion_error(spec: Any) -> str | None:
