@@ -17,13 +17,16 @@ this process (one rank) with ``metrics.mlflow`` (a local SQLite store) and
 hook) with the trackers' sink thread working beside it; the goal is on / off <= 1.02.
 Then the workflow tables (``bench/finetune_workflow.py``): packing off / on (padding,
 samples per step, tokens/s) and the seconds one evaluation of 64 held-out samples costs;
-and the objectives table (``bench/finetune_objectives.py``): DPO beside SFT, full and
-LoRA, DDP and FSDP, sequences/s and memory by part (the reference model's included).
+the objectives table (``bench/finetune_objectives.py``): DPO beside SFT, full and
+LoRA, DDP and FSDP, sequences/s and memory by part (the reference model's included);
+and the diffusion table (``bench/finetune_diffusion.py``): Stable Diffusion LoRA's
+images/s and memory by part with the latent cache off and on.
 
     .venv/bin/python bench/finetune.py [--steps 8] [--dim 256] [--layers 4] [--json OUT]
         [--no-load] [--no-tracking] [--tracking-steps 40] [--tracking-only]
         [--no-workflow] [--workflow-steps 12] [--workflow-only]
         [--no-objectives] [--objectives-steps 8] [--objectives-only]
+        [--no-diffusion] [--diffusion-only]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from finetune_diffusion import diffusion_table
 from finetune_objectives import objectives_table
 from finetune_workflow import workflow_tables
 
@@ -226,7 +230,12 @@ def main() -> int:
     ap.add_argument("--no-objectives", dest="objectives", action="store_false")
     ap.add_argument("--objectives-steps", type=int, default=8)
     ap.add_argument("--objectives-only", action="store_true", help="only the objectives table")
+    ap.add_argument("--no-diffusion", dest="diffusion", action="store_false")
+    ap.add_argument("--diffusion-only", action="store_true", help="only the diffusion table")
     args = ap.parse_args()
+    if args.diffusion_only:
+        print(json.dumps(diffusion_table()))
+        return 0
     with tempfile.TemporaryDirectory(prefix="etrain-bench-finetune-") as tmp:
         hf = write_model(Path(tmp) / "model", dim=args.dim, layers=args.layers, vocab=args.vocab)
         objectives = lambda: objectives_table(  # noqa: E731
@@ -285,9 +294,11 @@ def main() -> int:
             else {}
         )
         objective_rows = objectives() if args.objectives else []
+        diffusion_rows = diffusion_table() if args.diffusion else {}
     if args.json:
         out = {"train": rows, "load": load_rows, "tracking": tracking, "workflow": workflow}
         out["objectives"] = objective_rows
+        out["diffusion"] = diffusion_rows
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 

@@ -84,25 +84,27 @@ def run_row(folder: Path, data: Path, *, cache: bool, steps: int, resolution: in
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--images", type=int, default=64)
-    ap.add_argument("--resolution", type=int, default=64)
-    args = ap.parse_args()
+def diffusion_table(*, steps: int = 20, images: int = 64, resolution: int = 64) -> dict:
+    """Run both rows in this process, print the table; the rows by name."""
     with tempfile.TemporaryDirectory() as tmp:
+        before = os.environ.get("ETRAIN_DATA_CACHE")
         os.environ["ETRAIN_DATA_CACHE"] = str(Path(tmp) / "cache")
-        folder, data = write_inputs(Path(tmp), args.images)
-        rows = {}
-        for name, cache in (("cache off", False), ("cache on", True)):
-            rows[name] = run_row(
-                folder, data, cache=cache, steps=args.steps, resolution=args.resolution
-            )
+        try:
+            folder, data = write_inputs(Path(tmp), images)
+            rows = {
+                name: run_row(folder, data, cache=cache, steps=steps, resolution=resolution)
+                for name, cache in (("cache off", False), ("cache on", True))
+            }
+        finally:
+            if before is None:
+                os.environ.pop("ETRAIN_DATA_CACHE", None)
+            else:
+                os.environ["ETRAIN_DATA_CACHE"] = before
     base = rows["cache off"]["images_per_s"]
     mib = 1 << 20
     print(
-        f"tiny SD, {args.resolution} px, {args.images} images, global batch 8, micro-batch 4, "
-        f"AdamW, rank-8 LoRA, one rank; median step of steps 3..{args.steps}"
+        f"\ntiny SD, {resolution} px, {images} images, global batch 8, micro-batch 4, "
+        f"AdamW, rank-8 LoRA, one rank; median step of steps 3..{steps}"
     )
     print(
         "| row | images/s | x off | step s | run s | UNet + adapters MiB | grads | optim "
@@ -117,6 +119,16 @@ def main() -> None:
             f"| {r['reference_bytes'] / mib:.2f} | {r['activations_bytes'] / mib:.2f} "
             f"| {r['loss_1']:.5f} | {r['loss_last']:.5f} |"
         )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--resolution", type=int, default=64)
+    args = ap.parse_args()
+    diffusion_table(steps=args.steps, images=args.images, resolution=args.resolution)
 
 
 if __name__ == "__main__":
