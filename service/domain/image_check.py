@@ -7,10 +7,11 @@ The folder must hold every part the workers build (``model_index.json``, ``unet/
 (:func:`workers.models.diffusers_folder.layout_error`). Of the data, the first
 :data:`MAX_IMAGE_ROWS` rows are read: the fields, each image (beside a jsonl file, opened
 beneath the tenant's roots, at most 32 MiB, no more than :data:`MAX_CHECKED_BYTES` in all)
-decoded with Pillow, and each caption counted in tokens against the text encoder's
-positions when the folder's tokenizer has a ``tokenizer.json`` (read with ``tokenizers``;
-a folder with only ``vocab.json`` and ``merges.txt`` has its captions counted by the
-workers, whose error names the file and row). Each problem names the file and row.
+decoded with Pillow (:data:`MAX_CHECKED_PIXELS` decoded in all), and each caption counted
+in tokens against the text encoder's positions when the folder's tokenizer has a
+``tokenizer.json`` (read with ``tokenizers``; a folder with only ``vocab.json`` and
+``merges.txt`` has its captions counted by the workers, whose error names the file and
+row). Each problem names the file and row.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from workers.data.images import ImageRow, decode, image_bytes, image_rows
+from workers.data.images import ImageRow, decode, header_pixels, image_bytes, image_rows
 from workers.models.diffusers_folder import (
     DiffusionShape,
     diffusion_shape,
@@ -30,6 +31,9 @@ from workers.storage.confine import Roots
 
 MAX_IMAGE_ROWS = 64
 MAX_CHECKED_BYTES = 64 << 20
+# Pixels decoded in all: a small file may hold a 64-megapixel picture of one colour, so the
+# encoded bytes alone do not bound the memory and time of the check.
+MAX_CHECKED_PIXELS = 64 << 20
 
 
 def diffusion_shape_of(spec, roots: Roots) -> DiffusionShape | None:
@@ -57,13 +61,17 @@ def check_image_rows(path: str, rows, data, *, spec, roots: Roots) -> None:
     found = image_rows(
         head, path, image_field=data.image_field, caption_field=data.caption_field, section=at
     )
-    checked = 0
+    checked = pixels = 0
     for row in found:
         if checked > MAX_CHECKED_BYTES:
             break
         encoded = image_bytes(row, roots, section=at)
         checked += len(encoded)
-        decode(encoded, where=f"{at}.path {row.where}")
+        where = f"{at}.path {row.where}"
+        pixels += header_pixels(encoded, where=where)
+        if pixels > MAX_CHECKED_PIXELS:
+            break  # the workers decode the rest, and name a bad one
+        decode(encoded, where=where)
     _check_captions(found, spec.model.hf.removeprefix("file://"), roots, at)
 
 

@@ -101,6 +101,19 @@ def image_bytes(row: ImageRow, roots: Roots, *, section: str = "data") -> bytes:
         ) from None
 
 
+def header_pixels(data: bytes, *, where: str) -> int:
+    """The pixels ``data`` would decode to, read from its header alone (nothing decoded);
+    a ValueError naming ``where`` when Pillow does not know it as an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise ValueError(f"{where}: not an image Pillow can read ({type(e).__name__})") from None
+    return width * height
+
+
 def decode(data: bytes, *, where: str):
     """An RGB Pillow image of ``data``; a ValueError naming ``where`` when it is not an
     image Pillow reads, or is larger than :data:`MAX_IMAGE_PIXELS`."""

@@ -212,3 +212,22 @@ def test_the_spec_refuses_what_diffusion_cannot_train(folder):
         raw["data"] = {"source": "jsonl", "path": "/d/r.jsonl", "shape": "image"}
         with pytest.raises(ValueError, match=said.replace(".", r"\.")):
             JobSpec.model_validate(raw)
+
+
+def test_the_check_decodes_a_bounded_number_of_pixels(folder, tmp_path, monkeypatch):
+    """A small file may hold a huge picture of one colour: past the budget of decoded
+    pixels the check stops (the workers decode the rest) instead of decoding them all."""
+    from service.domain import image_check
+    from workers.data import images
+
+    decoded = []
+    monkeypatch.setattr(image_check, "MAX_CHECKED_PIXELS", 3 * 12 * 10)
+    monkeypatch.setattr(
+        image_check,
+        "decode",
+        lambda data, where: decoded.append(where) or images.decode(data, where=where),
+    )
+    rows = [{"image": "a.png", "caption": "ok"}] * 5 + [{"image": "bad.png", "caption": "ok"}]
+    data = jsonl(tmp_path, rows, {"a.png": png(), "bad.png": b"not an image"})
+    assert refusals(spec_of(folder, data)) == []
+    assert len(decoded) == 3
