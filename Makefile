@@ -98,12 +98,13 @@ check: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM)
-	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=30
+	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 tests/unit
+	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=30 tests/integration tests/e2e
 
 # unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
 # S3 / GCS / PostgreSQL servers, kustomize; e2e: `etrain serve` driven by the CLI and REST.
 test-unit: $(STAMP)
-	$(VENV)/bin/pytest -q tests/unit
+	$(VENV)/bin/pytest -q -n 2 tests/unit
 
 test-integration: $(STAMP) $(KUSTOMIZE_STAMP) $(HELM_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q tests/integration

@@ -86,7 +86,9 @@ def test_killed_driver_is_resubmitted_and_resumes(served, waiter):
 
 
 def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory, tmp_path, waiter):
-    """SIGKILL `etrain serve` (not Ray) mid-job; a new one picks the job up where it is."""
+    """SIGKILL `etrain serve` (not Ray) mid-job; a new one picks the job up where it is.
+    Stopped cleanly after the job ends, a third one serves the finished job and the very
+    same metrics."""
     s = serve_factory(tmp_path / "cp", ray_address=ray_backend.address)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(_spec("e2e-cp-restart", RESTART_STEPS)))
@@ -114,8 +116,8 @@ def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory
                 what="job finished",
             )
             assert done["status"] == "SUCCEEDED" and done["resubmits"] == 0
-            steps = [m["step"] for m in c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]]
-            assert steps == list(range(1, RESTART_STEPS + 1))
+            metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
+            assert [m["step"] for m in metrics] == list(range(1, RESTART_STEPS + 1))
             starts = [
                 e
                 for e in c.get(f"/v1/jobs/{job['id']}/events").json()["items"]
@@ -123,4 +125,13 @@ def test_control_plane_restart_mid_job_keeps_tracking(ray_backend, serve_factory
             ]
             assert len(starts) == 1  # the Ray job ran on; nothing restarted or duplicated
     finally:
-        s2.stop()
+        stopped = s2.stop()
+    assert stopped == 0  # a clean stop this time: the finished job and its metrics stay
+    s3 = serve_factory(tmp_path / "cp", ray_address=ray_backend.address)
+    try:
+        with s3.client() as c:
+            again = c.get(f"/v1/jobs/{job['id']}").json()
+            assert again["status"] == "SUCCEEDED" and again["step"] == RESTART_STEPS
+            assert c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"] == metrics
+    finally:
+        s3.stop()

@@ -154,29 +154,3 @@ def test_bad_specs_are_refused_with_the_field(served, tmp_path):
         assert c.get("/v1/jobs").json()["total"] == before
         assert c.get("/v1/jobs/j-doesnotexist").status_code == 404
     assert served.cli("status", "j-doesnotexist").returncode == 2
-
-
-def test_jobs_and_metrics_survive_a_control_plane_restart(ray_backend, serve_factory, tmp_path):
-    s = serve_factory(tmp_path / "restart", ray_address=ray_backend.address)
-    try:
-        assert (
-            s.cli(
-                "submit",
-                str(write(tmp_path, tiny_spec("e2e-restart", steps=6, every=6))),
-                "--follow",
-            ).returncode
-            == 0
-        )
-        with s.client() as c:
-            job = c.get("/v1/jobs").json()["items"][0]
-            metrics = c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"]
-    finally:
-        assert s.stop() == 0
-    s2 = serve_factory(tmp_path / "restart", ray_address=ray_backend.address)
-    try:
-        with s2.client() as c:
-            again = c.get(f"/v1/jobs/{job['id']}").json()
-            assert again["status"] == "SUCCEEDED" and again["step"] == 6
-            assert c.get(f"/v1/jobs/{job['id']}/metrics").json()["items"] == metrics
-    finally:
-        s2.stop()

@@ -200,7 +200,8 @@ def test_with_lora_the_reference_is_the_base_model_bit_for_bit():
 def test_sigkilled_dpo_job_resumes_bitwise(results, pairs, run_job, telemetry_sink, tmp_path):
     """A real Ray job (LoRA, FSDP ZeRO-3), rank 1 SIGKILLed after step 3 (checkpoint at 2):
     its losses and held-out losses equal the uninterrupted run of the same spec on the same
-    layout (local gloo group) bit for bit."""
+    layout (local gloo group) bit for bit. It is also the suite's kill-and-resume on Ray of
+    LoRA adapters (a checkpoint of the adapters alone, restored over the rebuilt base)."""
     import uuid
 
     from service.backends.base import RunState

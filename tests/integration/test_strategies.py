@@ -25,7 +25,7 @@ from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
 
-STEPS = 5
+STEPS = 4
 BASE = {
     "model": {"preset": "gpt-small"},
     "data": {"seq_len": 32, "num_samples": 256},
