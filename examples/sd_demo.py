@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from examples.demo import serving, tune_and_export  # noqa: E402
@@ -79,7 +81,8 @@ def run(serve: subprocess.Popen, env: dict, folder: Path, images: Path) -> int:
     """Submit the spec, follow it, export the adapter, render with it, report."""
     job_id, job, points, out = tune_and_export(SPEC, folder, images, DATA_DIR, URL, serve, env)
     picture = DATA_DIR / "export" / "a-red-disc.png"
-    render(str(folder), str(out), "a red disc", steps=10, seed=0).save(picture)
+    size = yaml.safe_load(SPEC.read_text())["diffusion"]["resolution"]  # as trained
+    render(str(folder), str(out), "a red disc", steps=10, seed=0, size=size).save(picture)
     evals = [(p["step"], p["eval_loss"]) for p in points if p.get("eval_loss") is not None]
     first, last = points[:10], points[-10:]
     print("\n=== Stable Diffusion LoRA demo summary ===")
