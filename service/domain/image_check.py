@@ -76,15 +76,17 @@ def check_image_rows(path: str, rows, data, *, spec, roots: Roots) -> None:
 
 
 def _check_captions(found: list[ImageRow], folder: str, roots: Roots, at: str) -> None:
-    if not os.path.exists(folder) or layout_error(folder, roots):
+    try:  # only the parts captions need: the folder's layout was checked on its own
+        files = tokenizer_files(folder, roots)
+        length = read_json(folder, "text_encoder/config.json", roots)
+        length = length.get("max_position_embeddings")
+    except (OSError, ValueError):
         return  # the folder's own refusal says why
-    files = tokenizer_files(folder, roots)
     if "tokenizer.json" not in files:
         return
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
-    length = read_json(folder, "text_encoder/config.json", roots).get("max_position_embeddings")
     if not isinstance(length, int):
         return
     for row in found:

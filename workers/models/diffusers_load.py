@@ -15,13 +15,11 @@ from workers.storage.confine import Roots, open_fd, proc_path
 
 @dataclass
 class Loaded:
-    """The parts of a folder, built and filled: ``unet``, ``vae``, ``text_encoder`` (both in
-    eval mode, frozen), ``tokenizer`` and ``scheduler`` (a ``DDPMScheduler``)."""
+    """The frozen parts of a folder, built and filled: ``vae`` and ``text_encoder`` (in eval
+    mode, without gradients) and ``scheduler`` (a ``DDPMScheduler``)."""
 
-    unet: object
     vae: object
     text_encoder: object
-    tokenizer: object
     scheduler: object
 
 
@@ -57,8 +55,8 @@ def load_unet(folder: str, roots: Roots | None = None):
 
 
 def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
-    """Every part but a trained UNet (``unet`` is None): the VAE and text encoder frozen in
-    eval mode, the tokenizer and the training scheduler."""
+    """The parts that do not train: the VAE and text encoder frozen in eval mode, and the
+    training scheduler (the tokenizer is the dataset's, :func:`load_tokenizer`)."""
     from diffusers import AutoencoderKL
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -70,8 +68,7 @@ def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
     for model in (vae, text_encoder):
         model.requires_grad_(False)
         model.eval()
-    tokenizer, scheduler = load_tokenizer(folder, roots), load_scheduler(folder, roots)
-    return Loaded(None, vae, text_encoder, tokenizer, scheduler)
+    return Loaded(vae, text_encoder, load_scheduler(folder, roots))
 
 
 def load_scheduler(folder: str, roots: Roots | None = None):
