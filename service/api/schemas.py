@@ -180,6 +180,9 @@ class PlannedMemoryPublic(BaseModel):
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
+    reference_bytes: int = Field(0, description="A DPO job's frozen reference model.")
+    vae_bytes: int = Field(0, description="A diffusion job's VAE (frozen).")
+    text_encoder_bytes: int = Field(0, description="A diffusion job's text encoder (frozen).")
     total_bytes: int = Field(description="The planner's total (its buffers included).")
 
 
@@ -188,7 +191,8 @@ class MemoryPublic(View):
 
     ranks: list[dict[str, Any]] = Field(
         description="One per rank: bytes of params, grads, optimizer state, activations, "
-        "gathered params and the peak, by name (``*_bytes``)."
+        "gathered params, the objective's frozen parts (reference, vae, text_encoder) and "
+        "the peak, by name (``*_bytes``)."
     )
     measured_at: datetime | None
     planned: PlannedMemoryPublic | None = Field(

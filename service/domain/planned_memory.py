@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import service.planner.layout_rules as rules
 from service.domain.model_source import ModelRefused, model_config_of
+from service.planner.diffusion import planned_bytes
 from service.planner.hardware import resolve_cluster
 from service.planner.plan import PerRank
 from service.planner.planning import layout_of, workload_of
@@ -22,7 +23,8 @@ from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-# The kinds of bytes MemoryPublic.planned has (PerRank's, without buffers_bytes).
+# The kinds of bytes MemoryPublic.planned has (PerRank's, without buffers_bytes); beside
+# them, the frozen parts by name as the workers measure them (``reference_bytes``).
 PLANNED_FIELDS = (
     "params_bytes",
     "grads_bytes",
@@ -40,6 +42,8 @@ def planned_memory(spec: JobSpec, world: int, *, tenant: str = "") -> dict[str, 
     except ModelRefused as e:
         log.info("no planned memory: %s", e)
         return None
+    if spec.objective == "diffusion":
+        return None if config is None else planned_bytes(spec, config, world)
     hw, _ = resolve_cluster({})  # device bytes do not depend on the hardware
     job = rules.evaluate(
         workload_of(spec, config),
@@ -48,7 +52,9 @@ def planned_memory(spec: JobSpec, world: int, *, tenant: str = "") -> dict[str, 
         gpus_per_worker=spec.resources.gpus_per_worker,
     )
     per_rank = PerRank.of(job)
-    return {name: getattr(per_rank, name) for name in PLANNED_FIELDS}
+    out = {name: getattr(per_rank, name) for name in PLANNED_FIELDS}
+    reference = job.memory.detail["buffers"].get("dpo_reference_model")
+    return out | ({"reference_bytes": reference} if reference else {})
 
 
 class PlannedMemory:

@@ -62,7 +62,7 @@ def plan_diffusion(spec: JobSpec, *, cluster: dict | None, shape: DiffusionShape
     world, res = spec.resources.min_workers, spec.resources
     sizes = _per_rank(spec, shape, world) if shape else dict.fromkeys(_KINDS, 0)
     checkpointed = int(_activations(spec, shape, checkpointed=True)) if shape else 0
-    frozen = (shape.vae_params + shape.text_encoder_params) * FP32 if shape else 0
+    frozen = sum(frozen_parts(shape).values()) if shape else 0
     per_rank = PerRank(**sizes, buffers_bytes=frozen, total_bytes=sum(sizes.values()) + frozen)
     unknown = None if shape else UNKNOWN_FOLDER
     unknown = unknown or cannot_tell(spec, hw)
@@ -119,6 +119,19 @@ def plan_diffusion(spec: JobSpec, *, cluster: dict | None, shape: DiffusionShape
 _KINDS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
 
+def frozen_parts(shape: DiffusionShape) -> dict[str, int]:
+    """Bytes of the frozen parts every rank holds whole (fp32), by name."""
+    return {"vae": shape.vae_params * FP32, "text_encoder": shape.text_encoder_params * FP32}
+
+
+def planned_bytes(spec: JobSpec, shape: DiffusionShape, world: int) -> dict[str, int]:
+    """Per-rank bytes at ``world`` workers by kind, the frozen parts by name
+    (``vae_bytes``, ``text_encoder_bytes``) and ``total_bytes``: the job page's plan."""
+    sizes = _per_rank(spec, shape, world)
+    frozen = {f"{name}_bytes": n for name, n in frozen_parts(shape).items()}
+    return {**sizes, **frozen, "total_bytes": sum(sizes.values()) + sum(frozen.values())}
+
+
 def _targets(spec: JobSpec) -> list[str]:
     return [DIFFUSION_LORA_TARGETS[t] for t in spec.model.lora.target_modules]
 
@@ -153,11 +166,7 @@ def _activations(spec: JobSpec, shape: DiffusionShape, *, checkpointed: bool) ->
 
 
 def _breakdown(spec, shape, sizes, checkpointed, adapters, hw: ClusterHardware, world):
-    parts = (
-        {"vae": shape.vae_params * FP32, "text_encoder": shape.text_encoder_params * FP32}
-        if shape
-        else {}
-    )
+    parts = frozen_parts(shape) if shape else {}
     state = sizes["params_bytes"] + sizes["grads_bytes"] + sizes["optimizer_bytes"]
     return Breakdown(
         layout=f"{spec.parallelism.strategy} dp={world}",

@@ -96,7 +96,7 @@ def memory_png(rows: list[MemoryRow], path: Path) -> Path:
     ax.set_xticks(range(len(strategies)), strategies)
     ax.set(ylabel="MiB per rank", title="memory per rank: m = measured, p = predicted (hatched)")
     ax.legend(
-        title="component\n(other: gathered params\nmeasured, buffers\npredicted)",
+        title="component\n(other: gathered params\nand frozen parts measured,\nbuffers predicted)",
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
     )

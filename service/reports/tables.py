@@ -13,6 +13,9 @@ from typing import Any
 
 GIB = 1024**3
 COMPONENTS = ("params", "grads", "optimizer", "activations")
+# The objectives' frozen modules, measured as ``<name>_bytes`` (a DPO reference model; a
+# diffusion job's VAE and text encoder); the plan counts them among its buffers.
+FROZEN_PARTS = ("reference", "vae", "text_encoder")
 MARKER_KINDS = ("restored", "resized", "worker_failed", "checkpoint_saved", "resubmitted")
 
 
@@ -110,7 +113,7 @@ class MemoryRow:
     strategy: str
     source: str  # measured | predicted
     parts: dict[str, int]  # COMPONENTS
-    other: int  # measured: gathered parameters; predicted: buffers
+    other: int  # measured: gathered parameters and frozen parts; predicted: buffers
     host: int | None = None  # predicted host bytes per rank (CPU offload)
 
     @property
@@ -136,7 +139,8 @@ def measured_row(strategy: str, ranks: list[dict[str, Any]]) -> MemoryRow | None
             strategy,
             "measured",
             {c: _int(r.get(f"{c}_bytes")) for c in COMPONENTS},
-            _int(r.get("gathered_params_bytes")),
+            _int(r.get("gathered_params_bytes"))
+            + sum(_int(r.get(f"{name}_bytes")) for name in FROZEN_PARTS),
         )
         for r in ranks
         if isinstance(r, dict)

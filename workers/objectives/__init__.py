@@ -37,7 +37,9 @@ class Objective(Protocol):
     # items, reduced with the loss, divided by the items): () for none.
     metric_fields: tuple[str, ...]
     rows_per_item: int  # sequences per item (a DPO pair is two)
-    frozen_parts: tuple  # modules beside the trained ones, never trained (a reference model)
+    # Modules beside the trained ones, never trained, by name ("reference", "vae"): the
+    # first step's memory report gives each one's bytes as ``<name>_bytes``.
+    frozen_parts: dict[str, nn.Module]
     perplexity: bool  # whether exp(eval_loss) is a perplexity (reported as eval_perplexity)
 
     def batch(self, dataset, items: list, device: torch.device) -> Any:

@@ -44,7 +44,7 @@ class CausalLM:
 
     metric_fields: tuple[str, ...] = ()
     rows_per_item = 1
-    frozen_parts: tuple = ()
+    frozen_parts: dict = {}  # noqa: RUF012 (never written)
     perplexity = True
 
     def batch(self, dataset, items: list, device: torch.device):

@@ -217,7 +217,8 @@ class Diffusion:
 
     def __init__(self, frozen: Frozen, *, seed: int):
         self.frozen, self.seed = frozen, seed
-        self.frozen_parts = tuple(m for m in (frozen.vae, frozen.text_encoder) if m is not None)
+        parts = {"vae": frozen.vae, "text_encoder": frozen.text_encoder}
+        self.frozen_parts = {name: m for name, m in parts.items() if m is not None}
 
     def batch(self, dataset, items: list, device: torch.device):
         """``(pixels, caption ids, items)`` on ``device``; from the node cache

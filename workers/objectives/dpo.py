@@ -110,7 +110,7 @@ class Dpo:
     def __init__(self, options, *, reference: nn.Module | None):
         self.beta, self.kind = options.beta, options.loss
         self.reference = reference
-        self.frozen_parts = () if reference is None else (reference,)
+        self.frozen_parts = {} if reference is None else {"reference": reference}
 
     def batch(self, dataset, items: list, device: torch.device):
         """``(inputs, labels, pair weights)``: chosen rows, then rejected rows."""

@@ -206,14 +206,14 @@ class ActivationMeter:
 
 
 def memory_report(
-    parts, optimizers, meter: ActivationMeter | None, device: torch.device, frozen=()
+    parts, optimizers, meter: ActivationMeter | None, device: torch.device, frozen=None
 ) -> dict:
     """This rank's measured memory (call after backward, before zero_grad); ``frozen``: the
-    objective's frozen modules beside the trained ones (a DPO reference model), whose
-    parameters this rank holds are ``reference_bytes``."""
+    objective's frozen modules beside the trained ones by name (a DPO ``reference`` model,
+    a ``vae``), the parameters of each this rank holds as ``<name>_bytes``."""
     report = state_bytes(parts, optimizers)
-    if frozen:
-        report["reference_bytes"] = sum(_nbytes(p) for m in frozen for p in m.parameters())
+    for name, module in (frozen or {}).items():
+        report[f"{name}_bytes"] = sum(_nbytes(p) for p in module.parameters())
     report["activations_bytes"] = meter.peak if meter else 0
     # Gathered copies held from forward to backward on top of this rank's shards.
     report["gathered_params_bytes"] = max(

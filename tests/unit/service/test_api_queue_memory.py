@@ -167,6 +167,9 @@ def test_planned_memory_is_the_planners_own(tmp_path, spec, world):
         "grads_bytes": expected.grads_bytes,
         "optimizer_bytes": expected.optimizer_bytes,
         "activations_bytes": expected.activations_bytes,
+        "reference_bytes": 0,  # the frozen parts of other objectives
+        "vae_bytes": 0,
+        "text_encoder_bytes": 0,
         "total_bytes": expected.total_bytes,
     }
     assert planned["params_bytes"] > 0 and planned["total_bytes"] >= sum(
@@ -200,3 +203,26 @@ def test_an_unsizable_model_is_asked_again_only_after_the_retry_period(monkeypat
     cache.retry_s = 0.0
     assert cache.of("j-1", spec, 2) == {"total_bytes": 1}
     assert cache.of("j-1", spec, 2) == {"total_bytes": 1} and calls == [2, 2]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_dpo_jobs_plan_names_its_reference_model(lora):
+    """The frozen reference copy is the plan's own figure (none with LoRA: the base is it)."""
+    from service.domain.planned_memory import planned_memory
+
+    model = {"preset": "gpt-tiny", "tokenizer": "/t"} | ({"lora": {"rank": 4}} if lora else {})
+    spec = JobSpec.model_validate(
+        {
+            "name": "dpo",
+            "objective": "dpo",
+            "model": model,
+            "data": {"source": "jsonl", "path": "/d/p.jsonl", "shape": "preference"},
+            "resources": {"workers": 2},
+            "parallelism": {"strategy": "fsdp"},
+            "train": {"global_batch_size": 8, "micro_batch_size": 2},
+        }
+    )
+    planned = planned_memory(spec, 2)
+    reference = plan_job(spec).breakdown.buffers.get("dpo_reference_model")
+    assert planned.get("reference_bytes") == reference
+    assert (reference is None) == lora

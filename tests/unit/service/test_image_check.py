@@ -113,6 +113,7 @@ def refusals(spec) -> list[str]:
 
 
 def test_a_good_folder_and_head_pass_and_the_plan_counts_each_part(folder, tmp_path):
+    from service.domain.planned_memory import planned_memory
     from service.planner import plan_job
 
     data = jsonl(tmp_path, [{"image": "a.png", "caption": "a red fox"}], {"a.png": png()})
@@ -129,6 +130,13 @@ def test_a_good_folder_and_head_pass_and_the_plan_counts_each_part(folder, tmp_p
     assert plan.breakdown.buffers == {"vae": 60, "text_encoder": 44}
     assert plan.per_rank.params_bytes == 4 * (unet + adapters)
     assert plan.per_rank.optimizer_bytes == 8 * adapters  # AdamW, the default
+    # The job page's plan: the same figures per kind, and each frozen part by name.
+    planned = planned_memory(spec, 1)
+    assert planned == {
+        **plan.per_rank.model_dump(exclude={"buffers_bytes"}),
+        "vae_bytes": 60,
+        "text_encoder_bytes": 44,
+    }
     unseen = plan_job(spec_of(tmp_path / "elsewhere", data), model_config=None)
     assert unseen.verdict == "unknown" and "cannot read model.hf" in unseen.unknown_reason
 

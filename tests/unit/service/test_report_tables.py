@@ -78,11 +78,12 @@ def test_memory_rows_per_component():
             "optimizer_bytes": 24,
             "activations_bytes": 5,
             "gathered_params_bytes": 7,
+            "reference_bytes": 3,  # a frozen part (counted in the plan's buffers)
         },
     ]
     measured = tables.measured_row("zero3", ranks)
     assert measured.parts == {"params": 12, "grads": 12, "optimizer": 24, "activations": 5}
-    assert measured.other == 7 and measured.state == 48 and measured.total == 60
+    assert measured.other == 10 and measured.state == 48 and measured.total == 63
     assert tables.measured_row("ddp", []) is None
     plan = {
         "per_rank": {

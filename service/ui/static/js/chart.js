@@ -222,7 +222,8 @@ export class LineChart {
 // Stacked horizontal bars: rows = [{label, parts: [{name, value}]}], one color per part name.
 // `scale` is the value of a full-width bar (default: the largest row's sum).
 export function stackedBars(rows, { format = String, scale, id } = {}) {
-  const names = [...new Set(rows.flatMap((r) => r.parts.map((p) => p.name)))];
+  // The parts that some row has (a part every row lacks gets no colour and no legend).
+  const names = [...new Set(rows.flatMap((r) => r.parts.filter((p) => p.value > 0).map((p) => p.name)))];
   const max = scale || Math.max(1e-12, ...rows.map((r) => r.parts.reduce((a, p) => a + (p.value || 0), 0)));
   const colour = (name) => "c" + (names.indexOf(name) % 8);
   const bars = rows.map((r) => {
