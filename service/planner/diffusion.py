@@ -4,8 +4,9 @@ its attention, its VAE and text encoder frozen beside it on every rank.
 Memory per rank, from the folder's shape (:class:`DiffusionShape`: each part's parameters
 and the UNet's attention projections, read from the weights' headers):
 
-- parameters: the frozen UNet in fp32 (whole on every rank: under FSDP its one unit is
-  gathered for each forward and backward) and the adapters in fp32 (sharded under FSDP);
+- parameters: the frozen UNet in fp32, its linear and convolution layers in bf16 under bf16
+  precision (whole on every rank: under FSDP its one unit is gathered for each forward and
+  backward) and the adapters in fp32 (sharded under FSDP);
 - gradients and optimizer state of the adapters alone (AdamW 8 bytes per parameter, SGD
   with momentum 4; sharded under FSDP);
 - buffers: the VAE and the text encoder in fp32 on every rank;
@@ -39,13 +40,14 @@ from workers.models.diffusers_folder import DiffusionShape
 from workers.spec import JobSpec
 from workers.spec.objective import DIFFUSION_LORA_TARGETS
 
-FP32 = 4
+FP32, BF16 = 4, 2
 ACT_BYTES_PER_LATENT_PIXEL = 403_670  # fp32, one image, SD 1.5 width (bench/diffusion_memory.py)
 SD15_WIDTH = 320
 # With gradient checkpointing (bench/diffusion_memory.py --checkpointing: 101 MiB of 394).
 CHECKPOINTED_SHARE = 0.26
 METHOD = (
-    "diffusion: the UNet, VAE and text encoder counted from the folder's weights (fp32); "
+    "diffusion: the UNet, VAE and text encoder counted from the folder's weights (fp32; "
+    "the UNet's linear and convolution layers bf16 under bf16); "
     "LoRA state sharded under FSDP; activations per latent pixel measured on an SD 1.5 "
     "UNet with LoRA (bench/diffusion_memory.py), scaled by width"
 )
@@ -147,8 +149,11 @@ def _per_rank(spec: JobSpec, shape: DiffusionShape, world: int) -> dict[str, int
     adapters = shape.adapter_params(spec.model.lora.rank, _targets(spec))
     shards = world if spec.parallelism.strategy == FSDP and world > 1 else 1
     act = _activations(spec, shape, checkpointed=spec.model.activation_checkpointing != "none")
+    frozen = shape.unet_params * FP32
+    if spec.train.precision == "bf16":  # its linear and convolution layers held in bf16
+        frozen -= shape.unet_matmul_params * (FP32 - BF16)
     return {
-        "params_bytes": shape.unet_params * FP32 + adapters * FP32 // shards,
+        "params_bytes": frozen + adapters * FP32 // shards,
         "grads_bytes": adapters * FP32 // shards,
         "optimizer_bytes": adapters * _optimizer_bytes_per_param(spec) // shards,
         "activations_bytes": int(act),

@@ -118,10 +118,42 @@ def test_first_step_equals_diffusers_and_peft_by_hand(root, references):
         assert result.losses[1] == pytest.approx(want, abs=1e-6)
 
 
+@pytest.mark.parametrize(("mode", "on"), [("none", False), ("full", True), ("selective", True)])
+def test_activation_checkpointing_is_the_unets_gradient_checkpointing(root, mode, on):
+    from workers.objectives.diffusion import place
+
+    raw = make_spec(root, "ddp-sgd", 1)
+    raw["model"]["activation_checkpointing"] = mode
+    (unet,) = place(JobSpec.model_validate(raw), RunEnv(0, 1, torch.device("cpu")), None)
+    assert unet.is_gradient_checkpointing == on
+
+
+def test_under_bf16_the_frozen_unet_is_held_in_bf16_with_the_same_steps(root, monkeypatch):
+    """train.precision bf16: the UNet's frozen linear and convolution layers are stored in
+    bf16 (autocast computes them in bf16 anyway), so the steps equal those of a run that
+    keeps them in fp32 bit for bit; the measured parameter bytes are the plan's exactly."""
+    import workers.objectives.diffusion as objective
+    from service.planner.diffusion import planned_bytes
+    from workers.models.diffusers_folder import diffusion_shape
+    from workers.storage.confine import UNCONFINED
+
+    raw = make_spec(root, "ddp-adamw", 1)
+    raw["train"] |= {"precision": "bf16", "steps": 2}
+    spec = JobSpec.model_validate(raw)
+    held = run(spec, RunEnv(0, 1, torch.device("cpu")))
+    monkeypatch.setattr(objective, "hold_frozen_linears_in", lambda *a, **k: 0)
+    fp32 = run(spec, RunEnv(0, 1, torch.device("cpu")))
+    assert held.losses == fp32.losses
+    shape = diffusion_shape(str(root / "sd"), UNCONFINED)
+    assert held.memory[0]["params_bytes"] == planned_bytes(spec, shape, 1)["params_bytes"]
+    saved = fp32.memory[0]["params_bytes"] - held.memory[0]["params_bytes"]
+    assert saved == 2 * shape.unet_matmul_params > 0.99 * 2 * shape.unet_params
+
+
 @pytest.fixture(scope="module")
 def results(root):
     rows = [row for row in ROWS if row != "ddp-adamw"]
-    jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=False) for row in rows]
+    jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=row == "ddp-sgd") for row in rows]
     spec, ckpt = make_spec(root, "ddp-adamw", 2), str(root / "ckpt")
     jobs.append(LocalJob("save", spec, ckpt, stop_at=2, measure_memory=False))
     return run_local(jobs, world_size=2)
@@ -134,6 +166,18 @@ def test_two_ranks_equal_one_process(results, references, row):
     for step, loss in want.losses.items():
         assert got.losses[step] == pytest.approx(loss, abs=1e-5), step
     assert len({round(v, 4) for v in want.losses.values()}) == STEPS  # it trains
+
+
+def test_the_first_step_measures_each_frozen_part(root, results):
+    """The memory report names the VAE and the text encoder, each whole on every rank."""
+    from workers.models.diffusers_folder import diffusion_shape
+    from workers.storage.confine import UNCONFINED
+
+    shape = diffusion_shape(str(root / "sd"), UNCONFINED)
+    for rank in results["ddp-sgd"].memory:
+        assert rank["vae_bytes"] == 4 * shape.vae_params
+        assert rank["text_encoder_bytes"] == 4 * shape.text_encoder_params
+        assert "reference_bytes" not in rank
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +260,34 @@ def test_cached_latents_train_as_the_images_do(root, references, monkeypatch, tm
     kind, mean, std, states = again[0]
     assert kind == "latent" and mean.shape == (4, RESOLUTION // 2, RESOLUTION // 2)
     assert states.shape == (32, 32) and (std > 0).all()
+
+
+def test_sigkilled_job_on_ray_resumes_with_the_same_noise(
+    root, references, run_job, telemetry_sink, tmp_path
+):
+    """A real Ray job (2 workers, DDP, AdamW, latents cached by the node's first worker
+    while the other waits on the lock), rank 1 SIGKILLed after step 3 (checkpoint at 2):
+    restored at step 2, and every step's loss is the one-process uninterrupted run's
+    (1e-5), so steps 3-4 drew the same images, noise, timesteps and posterior samples."""
+    import uuid
+
+    from service.backends.base import RunState
+    from tests.support.faults import fault_env
+
+    spec = make_spec(root, "ddp-adamw", 2)
+    spec["diffusion"]["cache_latents"] = True
+    spec["checkpoint"] = {**spec["checkpoint"], "storage": f"file://{tmp_path / 'ckpt'}"}
+    job_id = f"j-sd-kill-{uuid.uuid4().hex[:6]}"
+    marker = tmp_path / "killed-once"
+    env = fault_env(KILL_STEP=3, KILL_RANK=1, MARKER=marker)
+    env["ETRAIN_DATA_CACHE"] = str(tmp_path / "cache")
+    assert run_job(job_id=job_id, spec=spec, extra_env=env) == RunState.SUCCEEDED
+    assert marker.exists(), "the fault was never injected"
+    events = telemetry_sink.items("events", job_id)
+    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [2]
+    losses = telemetry_sink.losses(job_id)
+    want = references["adamw"].losses
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in want.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), step
+    assert len(list((tmp_path / "cache").rglob("latents-*/mean.npy"))) == 1

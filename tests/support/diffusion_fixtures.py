@@ -129,24 +129,15 @@ def sd15_shape():
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from workers.models.diffusers_folder import LORA_PROJECTIONS, DiffusionShape
+    from workers.models.diffusers_folder import shape_of
 
     with torch.device("meta"):
         unet = UNet2DConditionModel(**SD15_UNET)
         vae = AutoencoderKL(**SD15_VAE)
         text = CLIPTextModel(CLIPTextConfig(**SD15_TEXT))
-    projections = {
-        kind: tuple(
-            (p.shape[1], p.shape[0])
-            for name, p in unet.named_parameters()
-            if name.endswith(f".{kind}.weight")
-        )
-        for kind in LORA_PROJECTIONS
+    parts = {"unet": unet, "vae": vae, "text_encoder": text}
+    shapes = {
+        part: {name: tuple(p.shape) for name, p in model.named_parameters()}
+        for part, model in parts.items()
     }
-    return DiffusionShape(
-        unet_params=sum(p.numel() for p in unet.parameters()),
-        vae_params=sum(p.numel() for p in vae.parameters()),
-        text_encoder_params=sum(p.numel() for p in text.parameters()),
-        projections=projections,
-        unet_width=SD15_UNET["block_out_channels"][0],
-    )
+    return shape_of(shapes, SD15_UNET["block_out_channels"][0])

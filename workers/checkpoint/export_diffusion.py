@@ -19,9 +19,8 @@ import tempfile
 from pathlib import Path
 
 from workers.checkpoint.source import ExportError, ExportSource
-from workers.models.diffusers_load import load_unet
+from workers.models.diffusers_load import load_unet, lora_config
 from workers.spec.model import LoraSpec
-from workers.spec.objective import DIFFUSION_LORA_TARGETS
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
@@ -43,19 +42,11 @@ def _base_folder(base: dict) -> str:
 
 def unet_with_adapters(src: ExportSource, base: dict, lora: LoraSpec, adapters: dict):
     """The base folder's UNet with the checkpoint's ``adapters`` (FQN -> tensor) in it."""
-    from peft import LoraConfig
-
     try:
         unet = load_unet(_base_folder(base))
     except ValueError as e:
         raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
-    unet.add_adapter(
-        LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            target_modules=[DIFFUSION_LORA_TARGETS[t] for t in lora.target_modules],
-        )
-    )
+    unet.add_adapter(lora_config(lora))
     wanted = {k for k, p in unet.named_parameters() if p.requires_grad}
     if set(adapters) != wanted:
         raise ExportError(

@@ -123,19 +123,43 @@ LORA_PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")
 
 @dataclass(frozen=True)
 class DiffusionShape:
-    """What the planner sizes of a diffusers folder: each part's parameters, the UNet's
-    attention projections (``(in, out)`` features of each, by kind: to_q ... to_out.0) and
-    its first block's width."""
+    """What the planner sizes of a diffusers folder: each part's parameters, those of the
+    UNet's nn.Linear and nn.Conv2d layers (weights of 2 or 4 dimensions and their biases:
+    what bf16 precision holds in bf16), the UNet's attention projections (``(in, out)``
+    features of each, by kind: to_q ... to_out.0) and its first block's width."""
 
     unet_params: int
     vae_params: int
     text_encoder_params: int
     projections: dict[str, tuple[tuple[int, int], ...]]
     unet_width: int
+    unet_matmul_params: int = 0
 
     def adapter_params(self, rank: int, targets: list[str]) -> int:
         """LoRA parameters of rank ``rank`` on the projection kinds ``targets`` (to_q ...)."""
         return sum(rank * (i + o) for t in targets for i, o in self.projections.get(t, ()))
+
+
+def shape_of(parts: dict[str, dict[str, tuple[int, ...]]], unet_width: int) -> DiffusionShape:
+    """The :class:`DiffusionShape` of ``parts``: each part's (unet, vae, text_encoder)
+    tensor shapes by name."""
+    unet = parts["unet"]
+    projections: dict[str, list[tuple[int, int]]] = {p: [] for p in LORA_PROJECTIONS}
+    for name, dims in unet.items():
+        for kind in LORA_PROJECTIONS:
+            if name.endswith(f".{kind}.weight") and len(dims) == 2:
+                projections[kind].append((int(dims[1]), int(dims[0])))
+    layers = {n.removesuffix(".weight") for n, d in unet.items() if n.endswith(".weight")}
+    layers = {n for n in layers if len(unet[f"{n}.weight"]) in (2, 4)}
+    matmul = [d for n, d in unet.items() if n.rpartition(".")[0] in layers]
+    return DiffusionShape(
+        unet_params=sum(map(_numel, unet.values())),
+        vae_params=sum(map(_numel, parts["vae"].values())),
+        text_encoder_params=sum(map(_numel, parts["text_encoder"].values())),
+        projections={k: tuple(v) for k, v in projections.items()},
+        unet_width=unet_width,
+        unet_matmul_params=sum(map(_numel, matmul)),
+    )
 
 
 def safetensors_header(path: str, roots: Roots) -> dict:
@@ -151,30 +175,18 @@ def safetensors_header(path: str, roots: Roots) -> dict:
     return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
 
 
-def _numel(entry: dict) -> int:
+def _numel(dims) -> int:
     n = 1
-    for d in entry.get("shape", ()):
+    for d in dims:
         n *= int(d)
     return n
 
 
 def diffusion_shape(folder: str, roots: Roots) -> DiffusionShape:
     """The :class:`DiffusionShape` of ``folder``, from its weights' headers and configs."""
-    headers = {
-        part: safetensors_header(os.path.join(folder, part, PARTS[part][1]), roots)
-        for part in ("unet", "vae", "text_encoder")
-    }
-    projections: dict[str, list[tuple[int, int]]] = {p: [] for p in LORA_PROJECTIONS}
-    for name, entry in headers["unet"].items():
-        for kind in LORA_PROJECTIONS:
-            if name.endswith(f".{kind}.weight") and len(entry.get("shape", ())) == 2:
-                out_features, in_features = entry["shape"]
-                projections[kind].append((int(in_features), int(out_features)))
+    parts = {}
+    for part in ("unet", "vae", "text_encoder"):
+        header = safetensors_header(os.path.join(folder, part, PARTS[part][1]), roots)
+        parts[part] = {name: tuple(entry.get("shape", ())) for name, entry in header.items()}
     widths = read_json(folder, "unet/config.json", roots).get("block_out_channels") or [320]
-    return DiffusionShape(
-        unet_params=sum(map(_numel, headers["unet"].values())),
-        vae_params=sum(map(_numel, headers["vae"].values())),
-        text_encoder_params=sum(map(_numel, headers["text_encoder"].values())),
-        projections={k: tuple(v) for k, v in projections.items()},
-        unet_width=int(widths[0]),
-    )
+    return shape_of(parts, int(widths[0]))

@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 
 from workers.models.diffusers_folder import PARTS, part_where, read_json, tokenizer_files
+from workers.spec.objective import DIFFUSION_LORA_TARGETS
 from workers.storage.confine import Roots, open_fd, proc_path
 
 
@@ -69,6 +70,20 @@ def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
         model.requires_grad_(False)
         model.eval()
     return Loaded(vae, text_encoder, load_scheduler(folder, roots))
+
+
+def lora_config(lora, *, init: str | bool = True):
+    """peft's ``LoraConfig`` of the spec's ``lora`` on the UNet's attention projections
+    (the spec's q_proj ... o_proj are its to_q ... to_out.0)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        init_lora_weights=init,
+        target_modules=[DIFFUSION_LORA_TARGETS[t] for t in lora.target_modules],
+    )
 
 
 def load_scheduler(folder: str, roots: Roots | None = None):

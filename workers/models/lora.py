@@ -79,19 +79,22 @@ def inject_lora(model: nn.Module, spec: Any) -> nn.Module:
 
 
 @torch.no_grad()
-def hold_frozen_linears_in(model: nn.Module, dtype: torch.dtype) -> int:
+def hold_frozen_linears_in(
+    model: nn.Module, dtype: torch.dtype, kinds: tuple[type, ...] = (nn.Linear,)
+) -> int:
     """Store every frozen ``nn.Linear`` (the adapted projections' base layers, the others,
     the output head) in ``dtype``; returns how many. Call it after :func:`inject_lora`.
+    ``kinds``: the layer types held so (a UNet's ``nn.Conv2d`` too).
 
     With ``train.precision: bf16`` autocast casts those weights to bf16 for every
-    matmul anyway, so keeping them in bf16 gives the same numbers with half the
-    memory: a frozen weight needs no fp32 master copy. Embeddings and norms (small,
-    not autocast) and the adapters stay as they are.
+    matmul (and convolution) anyway, so keeping them in bf16 gives the same numbers with
+    half the memory: a frozen weight needs no fp32 master copy. Embeddings and norms
+    (small, not autocast) and the adapters stay as they are.
     """
     count = 0
     for module in model.modules():
         own = list(module.parameters(recurse=False))
-        if isinstance(module, nn.Linear) and own and not any(p.requires_grad for p in own):
+        if isinstance(module, kinds) and own and not any(p.requires_grad for p in own):
             module.to(dtype)
             count += 1
     return count

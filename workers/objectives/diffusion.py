@@ -31,9 +31,16 @@ import torch.nn.functional as F
 from workers.data.formats import read_rows
 from workers.data.images import ImageCaptions, caption_ids, image_rows
 from workers.models.diffusers_folder import read_json
-from workers.models.diffusers_load import load_frozen, load_scheduler, load_tokenizer, load_unet
+from workers.models.diffusers_load import (
+    load_frozen,
+    load_scheduler,
+    load_tokenizer,
+    load_unet,
+    lora_config,
+)
+from workers.models.lora import hold_frozen_linears_in
 from workers.objectives.diffusion_cache import latent_cache
-from workers.spec.objective import DIFFUSION_LORA_TARGETS, DiffusionSpec
+from workers.spec.objective import DiffusionSpec
 from workers.storage.confine import Roots
 from workers.storage.location import stores_for
 from workers.strategies import StrategyConfig, get_strategy
@@ -165,26 +172,16 @@ def dataset(spec, section, *, seed: int) -> ImageCaptions:
 
 
 def place(spec, env, mesh) -> list[torch.nn.Module]:
-    """This rank's UNet: the folder's weights, frozen, with LoRA adapters (seeded, the same
-    on every rank) on the attention projections model.lora names, in the strategy's
-    layout."""
-    from peft import LoraConfig
-
-    unet = load_unet(spec.model.hf).to(env.device)
-    unet.requires_grad_(False)
-    lora = spec.model.lora
+    """This rank's UNet: the folder's weights, frozen (its linear and convolution layers in
+    bf16 under bf16 precision), with LoRA adapters (seeded, the same on every rank) on the
+    attention projections model.lora names, in the strategy's layout."""
+    unet = load_unet(spec.model.hf).to(env.device).requires_grad_(False)
     torch.manual_seed(spec.train.seed)  # peft's gaussian init draws from the global RNG
-    unet.add_adapter(
-        LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            init_lora_weights="gaussian",
-            target_modules=[DIFFUSION_LORA_TARGETS[t] for t in lora.target_modules],
-        )
-    )
-    if spec.model.activation_checkpointing:
+    unet.add_adapter(lora_config(spec.model.lora, init="gaussian"))
+    if spec.model.activation_checkpointing != "none":  # selective runs as full here
         unet.enable_gradient_checkpointing()
+    if spec.train.precision == "bf16":  # autocast computes them in bf16 anyway
+        hold_frozen_linears_in(unet, torch.bfloat16, kinds=(torch.nn.Linear, torch.nn.Conv2d))
     unet.train()
     if mesh is None:
         return [unet]
