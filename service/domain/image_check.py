@@ -8,10 +8,9 @@ The folder must hold every part the workers build (``model_index.json``, ``unet/
 :data:`MAX_IMAGE_ROWS` rows are read: the fields, each image (beside a jsonl file, opened
 beneath the tenant's roots, at most 32 MiB, no more than :data:`MAX_CHECKED_BYTES` in all)
 decoded with Pillow (:data:`MAX_CHECKED_PIXELS` decoded in all), and each caption counted
-in tokens against the text encoder's positions when the folder's tokenizer has a
-``tokenizer.json`` (read with ``tokenizers``; a folder with only ``vocab.json`` and
-``merges.txt`` has its captions counted by the workers, whose error names the file and
-row). Each problem names the file and row.
+in tokens against the text encoder's positions by the folder's own tokenizer, loaded as
+the workers load it (``tokenizer.json``, or CLIP's ``vocab.json`` and ``merges.txt``).
+Each problem names the file and row.
 """
 
 from __future__ import annotations
@@ -19,13 +18,20 @@ from __future__ import annotations
 import itertools
 import os
 
-from workers.data.images import ImageRow, decode, header_pixels, image_bytes, image_rows
+from workers.data.images import (
+    ImageRow,
+    caption_ids,
+    decode,
+    header_pixels,
+    image_bytes,
+    image_rows,
+)
 from workers.models.diffusers_folder import (
     DiffusionShape,
     diffusion_shape,
     layout_error,
+    load_tokenizer,
     read_json,
-    tokenizer_files,
 )
 from workers.storage.confine import Roots
 
@@ -77,22 +83,10 @@ def check_image_rows(path: str, rows, data, *, spec, roots: Roots) -> None:
 
 def _check_captions(found: list[ImageRow], folder: str, roots: Roots, at: str) -> None:
     try:  # only the parts captions need: the folder's layout was checked on its own
-        files = tokenizer_files(folder, roots)
+        tokenizer = load_tokenizer(folder, roots)
         length = read_json(folder, "text_encoder/config.json", roots)
         length = length.get("max_position_embeddings")
     except (OSError, ValueError):
         return  # the folder's own refusal says why
-    if "tokenizer.json" not in files:
-        return
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
-    if not isinstance(length, int):
-        return
-    for row in found:
-        count = len(tokenizer.encode(row.caption).ids)
-        if count > length:
-            raise ValueError(
-                f"{at}.path {row.where}: the caption is {count} tokens, over the text "
-                f"encoder's {length}; shorten it"
-            )
+    if isinstance(length, int):
+        caption_ids(found, tokenizer, length, section=at)  # the workers' own count

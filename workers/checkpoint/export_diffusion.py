@@ -21,6 +21,7 @@ from pathlib import Path
 from workers.checkpoint.source import ExportError, ExportSource
 from workers.models.diffusers_load import load_unet, lora_config
 from workers.spec.model import LoraSpec
+from workers.spec.objective import DIFFUSION_LORA_TARGETS
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
@@ -46,7 +47,7 @@ def unet_with_adapters(src: ExportSource, base: dict, lora: LoraSpec, adapters: 
         unet = load_unet(_base_folder(base))
     except ValueError as e:
         raise ExportError(f"{e} (the base of this LoRA checkpoint)") from None
-    unet.add_adapter(lora_config(lora))
+    unet.add_adapter(lora_config(lora, DIFFUSION_LORA_TARGETS))
     wanted = {k for k, p in unet.named_parameters() if p.requires_grad}
     if set(adapters) != wanted:
         raise ExportError(

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 from workers.storage.confine import Roots, is_file, opened, read_bounded
@@ -115,6 +117,22 @@ def tokenizer_files(folder: str, roots: Roots) -> dict[str, bytes]:
             "merges.txt"
         )
     return files
+
+
+def load_tokenizer(folder: str, roots: Roots | None = None):
+    """The tokenizer of ``folder`` (fast), from a private copy of its bounded files: the
+    workers' and the submit check's (transformers, no torch)."""
+    from transformers import AutoTokenizer
+
+    files = tokenizer_files(folder, Roots.from_env() if roots is None else roots)
+    staged = tempfile.mkdtemp(prefix="etrain-sd-tokenizer-")
+    try:
+        for name, data in files.items():
+            with open(os.path.join(staged, name), "wb") as f:
+                f.write(data)
+        return AutoTokenizer.from_pretrained(staged, local_files_only=True, use_fast=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 MAX_HEADER_BYTES = 16 << 20

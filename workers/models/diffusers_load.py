@@ -5,12 +5,9 @@ safetensors weights, mapped through the descriptor opened beneath the job's root
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
-from workers.models.diffusers_folder import PARTS, part_where, read_json, tokenizer_files
-from workers.spec.objective import DIFFUSION_LORA_TARGETS
+from workers.models.diffusers_folder import PARTS, part_where, read_json
 from workers.storage.confine import Roots, open_fd, proc_path
 
 
@@ -57,7 +54,8 @@ def load_unet(folder: str, roots: Roots | None = None):
 
 def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
     """The parts that do not train: the VAE and text encoder frozen in eval mode, and the
-    training scheduler (the tokenizer is the dataset's, :func:`load_tokenizer`)."""
+    training scheduler (the tokenizer is the dataset's,
+    :func:`workers.models.diffusers_folder.load_tokenizer`)."""
     from diffusers import AutoencoderKL
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -72,9 +70,9 @@ def load_frozen(folder: str, roots: Roots | None = None) -> Loaded:
     return Loaded(vae, text_encoder, load_scheduler(folder, roots))
 
 
-def lora_config(lora, *, init: str | bool = True):
-    """peft's ``LoraConfig`` of the spec's ``lora`` on the UNet's attention projections
-    (the spec's q_proj ... o_proj are its to_q ... to_out.0)."""
+def lora_config(lora, targets: dict[str, str], *, init: str | bool = True):
+    """peft's ``LoraConfig`` of the spec's ``lora`` on the UNet's attention projections;
+    ``targets`` maps the spec's q_proj ... o_proj to the UNet's to_q ... to_out.0."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -82,7 +80,7 @@ def lora_config(lora, *, init: str | bool = True):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         init_lora_weights=init,
-        target_modules=[DIFFUSION_LORA_TARGETS[t] for t in lora.target_modules],
+        target_modules=[targets[t] for t in lora.target_modules],
     )
 
 
@@ -92,18 +90,3 @@ def load_scheduler(folder: str, roots: Roots | None = None):
 
     roots = Roots.from_env() if roots is None else roots
     return DDPMScheduler.from_config(read_json(folder, "scheduler/scheduler_config.json", roots))
-
-
-def load_tokenizer(folder: str, roots: Roots | None = None):
-    """The tokenizer of ``folder`` (fast), from a private copy of its bounded files."""
-    from transformers import AutoTokenizer
-
-    files = tokenizer_files(folder, Roots.from_env() if roots is None else roots)
-    staged = tempfile.mkdtemp(prefix="etrain-sd-tokenizer-")
-    try:
-        for name, data in files.items():
-            with open(os.path.join(staged, name), "wb") as f:
-                f.write(data)
-        return AutoTokenizer.from_pretrained(staged, local_files_only=True, use_fast=True)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)

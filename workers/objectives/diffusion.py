@@ -30,17 +30,16 @@ import torch.nn.functional as F
 
 from workers.data.formats import read_rows
 from workers.data.images import ImageCaptions, caption_ids, image_rows
-from workers.models.diffusers_folder import read_json
+from workers.models.diffusers_folder import load_tokenizer, read_json
 from workers.models.diffusers_load import (
     load_frozen,
     load_scheduler,
-    load_tokenizer,
     load_unet,
     lora_config,
 )
 from workers.models.lora import hold_frozen_linears_in
 from workers.objectives.diffusion_cache import latent_cache
-from workers.spec.objective import DiffusionSpec
+from workers.spec.objective import DIFFUSION_LORA_TARGETS, DiffusionSpec
 from workers.storage.confine import Roots
 from workers.storage.location import stores_for
 from workers.strategies import StrategyConfig, get_strategy
@@ -177,7 +176,7 @@ def place(spec, env, mesh) -> list[torch.nn.Module]:
     attention projections model.lora names, in the strategy's layout."""
     unet = load_unet(spec.model.hf).to(env.device).requires_grad_(False)
     torch.manual_seed(spec.train.seed)  # peft's gaussian init draws from the global RNG
-    unet.add_adapter(lora_config(spec.model.lora, init="gaussian"))
+    unet.add_adapter(lora_config(spec.model.lora, DIFFUSION_LORA_TARGETS, init="gaussian"))
     if spec.model.activation_checkpointing != "none":  # selective runs as full here
         unet.enable_gradient_checkpointing()
     if spec.train.precision == "bf16":  # autocast computes them in bf16 anyway

@@ -193,6 +193,34 @@ def test_a_bad_row_is_refused_naming_file_and_row(folder, tmp_path, rows, images
     assert "rows.jsonl" in found[0]
 
 
+def write_clip_vocab(path) -> None:
+    """CLIP's slow tokenizer files as Stable Diffusion 1.5 ships them (vocab.json,
+    merges.txt, tokenizer_config.json; no tokenizer.json): the byte-level alphabet, each
+    letter also as a word's end, no merges."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    letters = sorted(ByteLevel.alphabet())
+    names = [*letters, *(c + "</w>" for c in letters), "<|startoftext|>", "<|endoftext|>"]
+    (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(names)}))
+    (path / "merges.txt").write_text("#version: 0.2\n")
+    config = {"tokenizer_class": "CLIPTokenizer", "bos_token": "<|startoftext|>"}
+    config |= dict.fromkeys(("eos_token", "unk_token", "pad_token"), "<|endoftext|>")
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def test_a_caption_is_counted_by_clips_own_files_without_tokenizer_json(folder, tmp_path):
+    """The text encoder takes 8 positions; CLIP's files split "a red fox" into 7 letters
+    (no merges) plus start and end: 9 tokens, refused at submit; "a fox" (7) passes."""
+    tok = folder / "tokenizer"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_clip_vocab(tok)
+    rows = [{"image": "a.png", "caption": "a fox"}, {"image": "a.png", "caption": "a red fox"}]
+    found = refusals(spec_of(folder, jsonl(tmp_path, rows, {"a.png": png()})))
+    assert len(found) == 1 and "row 2: the caption is 9 tokens" in found[0], found
+    assert refusals(spec_of(folder, jsonl(tmp_path, rows[:1], {"a.png": png()}))) == []
+
+
 def test_parquet_image_bytes_that_are_no_image_are_refused(folder, tmp_path):
     path = tmp_path / "rows.parquet"
     table = pa.table({"image": [png(), b"\x89PNG broken"], "caption": ["a", "b"]})
