@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from workers.checkpoint.source import ExportError, ExportSource
+from workers.checkpoint.source import ExportError, ExportSource, local_base
 from workers.models.diffusers_load import load_unet, lora_config
 from workers.spec.model import LoraSpec
 from workers.spec.objective import DIFFUSION_LORA_TARGETS
@@ -32,13 +32,8 @@ def is_diffusion_base(base: dict) -> bool:
 
 
 def _base_folder(base: dict) -> str:
-    folder = str(base["hf"]).removeprefix("file://")
-    if "://" in folder or not Path(folder, "model_index.json").is_file():
-        raise ExportError(
-            f"the base diffusers folder {base['hf']!r} of this checkpoint is not on this "
-            "machine's file system; mount or copy it here (the export rebuilds its UNet)"
-        )
-    return folder
+    fix = "mount or copy it here (the export rebuilds its UNet)"
+    return local_base(base, "model_index.json", fix)
 
 
 def unet_with_adapters(src: ExportSource, base: dict, lora: LoraSpec, adapters: dict):

@@ -37,7 +37,7 @@ from workers.checkpoint.export import (
 )
 from workers.checkpoint.export_diffusion import is_diffusion_base
 from workers.checkpoint.export_fused import fuse_adapters, fused_targets
-from workers.checkpoint.source import ExportError, ExportSource, open_checkpoint_dir
+from workers.checkpoint.source import ExportError, ExportSource, local_base, open_checkpoint_dir
 from workers.models.config import ModelConfig, get_model_config
 from workers.models.hf_naming import to_hf_name, to_hf_tensor
 from workers.models.llama import build_model
@@ -218,13 +218,8 @@ def _local_base_dir(base: dict, tmp: str, store=None) -> Path:
         return write_preset_base(base["preset"], int(base["seed"]), Path(tmp) / "base")
     if is_remote(base["hf"]):
         return _fetch_base(base["hf"], tmp, store)
-    path = base["hf"].removeprefix("file://")
-    if "://" in path or not Path(path, "config.json").is_file():
-        raise ExportError(
-            f"--merge reads the base model.hf {base['hf']!r} from the local file system; "
-            "mount or copy it here, or export the adapter alone (--adapter)"
-        )
-    return Path(path)
+    fix = "--merge reads it: mount or copy it here, or export the adapter alone (--adapter)"
+    return Path(local_base(base, "config.json", fix))
 
 
 def export_merged(

@@ -33,6 +33,18 @@ class ExportError(ValueError):
     """A checkpoint cannot be exported as asked; the message says what to change."""
 
 
+def local_base(base: dict, marker: str, fix: str) -> str:
+    """The folder of a checkpoint's base ``base["hf"]`` on this machine's file system (it
+    holds ``marker``); ExportError ending with ``fix`` when it is elsewhere."""
+    path = str(base["hf"]).removeprefix("file://")
+    if "://" in path or not os.path.isfile(os.path.join(path, marker)):
+        raise ExportError(
+            f"the base model.hf {base['hf']!r} of this checkpoint is not on this machine's "
+            f"file system; {fix}"
+        )
+    return path
+
+
 @dataclass(frozen=True)
 class ExportSource:
     """A committed checkpoint and the store it is read from (see :func:`open_checkpoint_dir`)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.data.formats import field
+from workers.data.items import EachItemCountsOnce
 from workers.storage.confine import Roots, read_bounded
 
 MAX_IMAGE_BYTES = 32 << 20
@@ -166,7 +167,7 @@ def caption_ids(rows: list[ImageRow], tokenizer, max_length: int, *, section: st
     return out
 
 
-class ImageCaptions:
+class ImageCaptions(EachItemCountsOnce):
     """A training (or evaluation) set of images with captions: item ``i`` is ``(pixels
     [3, R, R] float32 in [-1, 1], caption ids [L] int64)`` as numpy arrays, its image read
     (bounded, beneath ``roots``) and decoded when it is asked for.
@@ -174,18 +175,12 @@ class ImageCaptions:
     Every image counts once (``masked``, ``counted``): a step's loss is the mean over its
     global batch's images, whatever the world size and micro-batching."""
 
-    masked = True
-
     def __init__(self, rows: list[ImageRow], ids, *, resolution: int, roots: Roots, section: str):
         self.rows, self.ids, self.resolution = rows, ids, resolution
         self.roots, self.section = roots, section
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    def counted(self, index: int) -> int:
-        del index
-        return 1
 
     def __getitem__(self, index: int):
         row = self.rows[index]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from workers.data.images import ImageCaptions
+from workers.data.items import EachItemCountsOnce
 from workers.data.prepare import file_identity
 from workers.data.remote import cache_root, cache_roots
 from workers.models.diffusers_folder import tokenizer_files
@@ -37,11 +38,9 @@ FORMAT_VERSION = 1
 FILES = ("mean.npy", "std.npy", "states.npy")
 
 
-class LatentCache:
+class LatentCache(EachItemCountsOnce):
     """The cached items of an :class:`ImageCaptions`: item ``i`` is ``("latent", mean,
     std, states)`` (numpy arrays mapped from the node cache); every image counts once."""
-
-    masked = True
 
     def __init__(self, folder: str):
         roots = cache_roots()
@@ -55,10 +54,6 @@ class LatentCache:
 
     def __len__(self) -> int:
         return len(self.arrays["mean.npy"])
-
-    def counted(self, index: int) -> int:
-        del index
-        return 1
 
     def __getitem__(self, index: int):
         a = self.arrays

@@ -31,15 +31,14 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.data import IGNORE_INDEX
+from workers.data.items import EachItemCountsOnce
 
 METRICS = ("rewards_chosen", "rewards_rejected", "rewards_margin", "rewards_accuracy")
 
 
-class PairDataset:
+class PairDataset(EachItemCountsOnce):
     """Samples ``2i`` and ``2i + 1`` of ``samples`` as item ``i``; each item counts one
     (the loss is a mean over pairs)."""
-
-    masked = True
 
     def __init__(self, samples):
         if len(samples) % 2 or not getattr(samples, "masked", False):
@@ -54,10 +53,6 @@ class PairDataset:
         if not 0 <= index < len(self):
             raise IndexError(f"pair {index} is out of range [0, {len(self)})")
         return self.samples[2 * index], self.samples[2 * index + 1]
-
-    def counted(self, index: int) -> int:
-        del index
-        return 1
 
 
 def rows(spec, dataset) -> PairDataset:
