@@ -269,22 +269,14 @@ def test_sigkilled_job_on_ray_resumes_with_the_same_noise(
     while the other waits on the lock), rank 1 SIGKILLed after step 3 (checkpoint at 2):
     restored at step 2, and every step's loss is the one-process uninterrupted run's
     (1e-5), so steps 3-4 drew the same images, noise, timesteps and posterior samples."""
-    import uuid
-
-    from service.backends.base import RunState
-    from tests.support.faults import fault_env
+    from tests.support.faults import run_killed_once
 
     spec = make_spec(root, "ddp-adamw", 2)
     spec["diffusion"]["cache_latents"] = True
-    spec["checkpoint"] = {**spec["checkpoint"], "storage": f"file://{tmp_path / 'ckpt'}"}
-    job_id = f"j-sd-kill-{uuid.uuid4().hex[:6]}"
-    marker = tmp_path / "killed-once"
-    env = fault_env(KILL_STEP=3, KILL_RANK=1, MARKER=marker)
-    env["ETRAIN_DATA_CACHE"] = str(tmp_path / "cache")
-    assert run_job(job_id=job_id, spec=spec, extra_env=env) == RunState.SUCCEEDED
-    assert marker.exists(), "the fault was never injected"
-    events = telemetry_sink.items("events", job_id)
-    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [2]
+    env = {"ETRAIN_DATA_CACHE": str(tmp_path / "cache")}
+    job_id = run_killed_once(
+        run_job, telemetry_sink, spec=spec, job="sd-kill", tmp_path=tmp_path / "ckpt", env=env
+    )
     losses = telemetry_sink.losses(job_id)
     want = references["adamw"].losses
     assert sorted(losses) == list(range(1, STEPS + 1))

@@ -202,21 +202,13 @@ def test_sigkilled_dpo_job_resumes_bitwise(results, pairs, run_job, telemetry_si
     its losses and held-out losses equal the uninterrupted run of the same spec on the same
     layout (local gloo group) bit for bit. It is also the suite's kill-and-resume on Ray of
     LoRA adapters (a checkpoint of the adapters alone, restored over the rebuilt base)."""
-    import uuid
-
-    from service.backends.base import RunState
-    from tests.support.faults import fault_env
+    from tests.support.faults import run_killed_once
 
     spec = make_spec(pairs, "lora-fsdp3-sgd", 2)
-    spec["checkpoint"] = {**spec["checkpoint"], "storage": f"file://{tmp_path}"}
-    job_id = f"j-dpo-kill-{uuid.uuid4().hex[:6]}"
-    marker = tmp_path / "killed-once"
-    env = fault_env(KILL_STEP=3, KILL_RANK=1, MARKER=marker)
-    env["ETRAIN_DATA_CACHE"] = str(pairs / "cache")
-    assert run_job(job_id=job_id, spec=spec, extra_env=env) == RunState.SUCCEEDED
-    assert marker.exists(), "the fault was never injected"
-    events = telemetry_sink.items("events", job_id)
-    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [2]
+    env = {"ETRAIN_DATA_CACHE": str(pairs / "cache")}
+    job_id = run_killed_once(
+        run_job, telemetry_sink, spec=spec, job="dpo-kill", tmp_path=tmp_path, env=env
+    )
     full = results["full-lora-fsdp3-sgd"]
     assert telemetry_sink.losses(job_id) == full.losses
     assert telemetry_sink.eval_losses(job_id) == full.eval_losses

@@ -109,3 +109,25 @@ def fault_env(**faults: str) -> dict[str, str]:
         "PYTHONPATH": str(REPO_ROOT),
         **{f"ETRAIN_FAULT_{k}": str(v) for k, v in faults.items()},
     }
+
+
+def run_killed_once(run_job, telemetry_sink, *, spec: dict, job: str, tmp_path, env=None):
+    """Run ``spec`` as a Ray job whose rank 1 is SIGKILLed after step 3, once (its
+    checkpoints every 2 steps beneath ``tmp_path``); assert that it succeeded, that the
+    fault fired and that the restart restored step 2. The job's id."""
+    import uuid
+
+    from service.backends.base import RunState
+
+    spec = {**spec, "checkpoint": {**spec["checkpoint"], "storage": f"file://{tmp_path}"}}
+    job_id = f"j-{job}-{uuid.uuid4().hex[:6]}"
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)
+    marker = Path(tmp_path) / "killed-once"
+    faults = fault_env(KILL_STEP=3, KILL_RANK=1, MARKER=marker)
+    assert run_job(job_id=job_id, spec=spec, extra_env={**faults, **(env or {})}) == (
+        RunState.SUCCEEDED
+    )
+    assert marker.exists(), "the fault was never injected"
+    events = telemetry_sink.items("events", job_id)
+    assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [2]
+    return job_id
