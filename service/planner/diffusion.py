@@ -13,10 +13,10 @@ and the UNet's attention projections, read from the weights' headers):
 - activations: :data:`ACT_BYTES_PER_LATENT_PIXEL` per latent pixel of each image of a
   micro-batch, measured on a Stable Diffusion 1.5-shaped UNet with rank-8 LoRA
   (``bench/diffusion_memory.py``: 394 MiB per 256-pixel image, 0.94x the 128-pixel
-  figure per pixel, so linear in the pixels), scaled by the UNet's first block width
-  against SD 1.5's 320, halved under bf16 autocast (assumed: autocast keeps most saved
-  tensors in bf16) and cut to :data:`CHECKPOINTED_SHARE` with gradient checkpointing
-  (measured the same way).
+  figure per pixel, and 0.99x at 512 pixels: linear in the pixels), scaled by the UNet's
+  first block width against SD 1.5's 320, by :data:`BF16_ACT_SHARE` under bf16 autocast
+  and to :data:`CHECKPOINTED_SHARE` with gradient checkpointing (both measured the same
+  way; the bf16 share on the CPU's autocast, whose op lists are close to CUDA's).
 
 An estimate for SD 1.x / 2.x-style UNets; the job's first step measures its memory.
 """
@@ -45,6 +45,9 @@ ACT_BYTES_PER_LATENT_PIXEL = 403_670  # fp32, one image, SD 1.5 width (bench/dif
 SD15_WIDTH = 320
 # With gradient checkpointing (bench/diffusion_memory.py --checkpointing: 101 MiB of 394).
 CHECKPOINTED_SHARE = 0.26
+# Under bf16 (bench/diffusion_memory.py --bf16, the CPU's autocast: 231,383 bytes per latent
+# pixel at 256 px, 223,417 at 512, against fp32's 403,670 and 397,793).
+BF16_ACT_SHARE = 0.57
 METHOD = (
     "diffusion: the UNet, VAE and text encoder counted from the folder's weights (fp32; "
     "the UNet's linear and convolution layers bf16 under bf16); "
@@ -166,7 +169,7 @@ def _activations(spec: JobSpec, shape: DiffusionShape, *, checkpointed: bool) ->
     act = ACT_BYTES_PER_LATENT_PIXEL * side * side * spec.train.micro_batch_size
     act *= shape.unet_width / SD15_WIDTH
     if spec.train.precision == "bf16":
-        act /= 2
+        act *= BF16_ACT_SHARE
     return act * CHECKPOINTED_SHARE if checkpointed else act
 
 
