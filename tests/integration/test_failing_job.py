@@ -19,17 +19,13 @@ ADMIN = "et_admin-token-of-the-failing-job-test-0123456789"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def service(ray_backend, tmp_path):
     """The control plane in this process (uvicorn in a thread) on the session's Ray head;
     the workers post their telemetry to it."""
-    port = _free_port()
+    sock = socket.socket()  # bound here and served by uvicorn: no other process can take it
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     settings = Settings(
         data_dir=tmp_path / "etrain",
         admin_token=ADMIN,
@@ -39,7 +35,7 @@ def service(ray_backend, tmp_path):
     )
     app = create_app(settings, backend=ray_backend)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=60, what="the service to start")
     yield settings

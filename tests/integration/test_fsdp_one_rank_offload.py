@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from tests.support.local_launch import _free_port
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -40,7 +39,7 @@ def _spec(optimizer: str, *, lora: dict | None) -> JobSpec:
 
 @pytest.fixture(scope="module")
 def one_rank_group():
-    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -60,7 +59,7 @@ def test_one_rank_offload_is_wrapped_and_matches_one_process(one_rank_group, opt
     try:
         plain = run(spec, _env())
     finally:
-        store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     assert not isinstance(plain.parts[0], FSDPModule)
     assert wrapped.losses.keys() == plain.losses.keys()

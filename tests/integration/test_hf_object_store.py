@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ import torch
 
 from tests.support.fakes import ADMIN_H
 from tests.support.hf_fixtures import hf_config, make_hf_folder
-from tests.support.local_launch import LocalJob, run_local
+from tests.support.local_launch import LocalJob, join_group, rendezvous, run_local
 from tests.support.s3_fixture import s3_client
 from workers.spec import JobSpec
 from workers.storage.location import locate
@@ -124,8 +122,7 @@ def _fetch_worker(rank: int, world: int, port: int, specs: dict, out: str) -> No
         return data
 
     hf_remote.RemoteWeights._fetch = counting
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    join_group(rank, world, port)
     env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"))
     record = {}
     for name, data in specs.items():
@@ -151,9 +148,8 @@ def test_a_rank_under_fsdp_fetches_less_than_the_whole_model(store):
         name: _spec(store["url"], store["sections"], par)
         for name, par in {"fsdp": {"strategy": "fsdp"}, "ddp": {"strategy": "ddp"}}.items()
     }
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    rdv = rendezvous(2)  # its port stays bound until the processes end
+    port = rdv.port
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_fetch_worker, args=(2, port, specs, out), nprocs=2, join=True,
                            start_method="spawn")  # fmt: skip

@@ -11,17 +11,15 @@ materialised and filled (``workers.build.load_hf``). Used by
 from __future__ import annotations
 
 import json
-import os
-import socket
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from tests.support.hf_fixtures import hf_config
+from tests.support.local_launch import join_group, rendezvous
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv
 
@@ -121,8 +119,7 @@ def _measure(parallelism: dict, world: int, env: RunEnv, folder: str) -> dict:
 def _memory_worker(rank: int, world: int, port: int, folder: str, out: str, layouts: dict) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    join_group(rank, world, port)
     env = RunEnv(rank=rank, world_size=world, device=torch.device("cpu"))
     record = {}
     for name, par in layouts.items():
@@ -136,9 +133,8 @@ def measure_load(folder: str | Path, *, world_size: int = 2, layouts: dict | Non
     """Per rank, per layout name: ``{"peak_bytes", "seconds"}`` of loading ``folder``."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    rdv = rendezvous(world_size)  # its port stays bound until the processes end
+    port = rdv.port
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _memory_worker,

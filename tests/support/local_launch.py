@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 import traceback
@@ -27,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+TIMEOUT = timedelta(seconds=120)  # rendezvous and collectives
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,13 @@ class LocalResult:
     wall_s: float = 0.0  # rank 0's time for the job: set-up, steps and saves
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous(world_size: int) -> dist.TCPStore:
+    """A group's rendezvous store, served by this (the parent) process on a port it keeps
+    bound for the whole run: a port found free and bound again later by rank 0 could be
+    taken in between by any other process on the machine (EADDRINUSE)."""
+    return dist.TCPStore(
+        "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=TIMEOUT
+    )
 
 
 def _worker(rank: int, groups: list[tuple[int, int, list[LocalJob]]], out: str) -> None:
@@ -75,11 +79,15 @@ def _worker(rank: int, groups: list[tuple[int, int, list[LocalJob]]], out: str) 
             done.touch()
 
 
-def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: str) -> None:
+def join_group(rank: int, world_size: int, port: int) -> None:
+    """Join the gloo process group whose :func:`rendezvous` store serves ``port``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
-    )
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
+
+
+def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out: str) -> None:
+    join_group(rank, world_size, port)
     from workers.spec import JobSpec
     from workers.storage.location import locate
     from workers.train_loop import RunEnv, run
@@ -130,11 +138,8 @@ def run_local_groups(groups: list[tuple[int, list[LocalJob]]]) -> dict[str, Loca
     names = [job.name for _, jobs in groups for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"job names repeat across the groups: {sorted(names)}")
-    ports: list[int] = []
-    while len(ports) < len(groups):  # one rendezvous port per group, all different
-        if (port := _free_port()) not in ports:
-            ports.append(port)
-    plan = [(world, port, jobs) for (world, jobs), port in zip(groups, ports, strict=True)]
+    stores = [rendezvous(world) for world, _ in groups]  # held until the processes end
+    plan = [(world, st.port, jobs) for (world, jobs), st in zip(groups, stores, strict=True)]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _worker,
