@@ -131,6 +131,11 @@ def load_tokenizer(folder: str, roots: Roots | None = None):
             with open(os.path.join(staged, name), "wb") as f:
                 f.write(data)
         return AutoTokenizer.from_pretrained(staged, local_files_only=True, use_fast=True)
+    except Exception as e:  # noqa: BLE001 - a tenant's files: transformers raises any kind
+        raise ValueError(
+            f"{part_where(folder, 'tokenizer/')} cannot be loaded as a tokenizer "
+            f"({type(e).__name__}: {str(e)[:200]}); fix tokenizer_config.json or its files"
+        ) from None
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 

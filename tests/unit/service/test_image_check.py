@@ -221,6 +221,20 @@ def test_a_caption_is_counted_by_clips_own_files_without_tokenizer_json(folder, 
     assert refusals(spec_of(folder, jsonl(tmp_path, rows[:1], {"a.png": png()}))) == []
 
 
+@pytest.mark.parametrize("config", ["[1, 2]", '{"tokenizer_class": 5}'])
+def test_a_malformed_tokenizer_config_is_a_value_error_not_a_crash(folder, tmp_path, config):
+    """transformers raises AttributeError on these; the submit check must not 500 and the
+    workers' error names the folder."""
+    from workers.models.diffusers_folder import load_tokenizer
+    from workers.storage.confine import UNCONFINED
+
+    (folder / "tokenizer" / "tokenizer_config.json").write_text(config)
+    with pytest.raises(ValueError, match=r"tokenizer/ cannot be loaded as a tokenizer"):
+        load_tokenizer(str(folder), UNCONFINED)
+    rows = [{"image": "a.png", "caption": "a fox"}]
+    assert refusals(spec_of(folder, jsonl(tmp_path, rows, {"a.png": png()}))) == []
+
+
 def test_parquet_image_bytes_that_are_no_image_are_refused(folder, tmp_path):
     path = tmp_path / "rows.parquet"
     table = pa.table({"image": [png(), b"\x89PNG broken"], "caption": ["a", "b"]})
