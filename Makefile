@@ -38,7 +38,7 @@ $(PY):
 # project's own pin (torch==2.13.0) then keeps pip from pulling a CUDA build.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,deepspeed]'
 	touch $(STAMP)
 
 venv: $(STAMP)

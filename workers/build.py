@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workers.contract import DEEPSPEED
 from workers.models.config import ModelConfig
 from workers.models.hf_load import (
     hf_model_config,
@@ -158,6 +159,12 @@ def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig | None) -> tuple
         spec, parts, reference=lambda f: frozen_model(spec, env, mesh, cfg, f)
     )
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]
+    engine = None
+    if spec.parallelism.strategy == DEEPSPEED and mesh is not None:
+        from workers.strategies.deepspeed import EngineStep, initialize
+
+        engine = EngineStep(initialize(parts[0], optimizers[0], spec=spec, env=env))
+        parts = [engine.engine]  # its forward runs the module with ZeRO's hooks
     schedulers = [
         torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))
         for o in optimizers
@@ -174,5 +181,6 @@ def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig | None) -> tuple
         grad_clip=spec.train.grad_clip,
         pipeline=pipeline,
         objective=objective,
+        engine=engine,
     )
     return stepper, schedulers

@@ -87,7 +87,8 @@ SPARES_WAIT_OVER = re.compile(
 # What ``parallelism.strategy`` accepts; workers.strategies registers one ``apply_<name>``
 # for each, and refuses to load if the two ever differ.
 DDP, FSDP, TP, PP, HYBRID = "ddp", "fsdp", "tp", "pp", "hybrid"
-STRATEGIES = (DDP, FSDP, TP, PP, HYBRID)
+DEEPSPEED = "deepspeed"  # DeepSpeed's ZeRO engine (the deepspeed extra)
+STRATEGIES = (DDP, FSDP, TP, PP, HYBRID, DEEPSPEED)
 
 
 # --- telemetry -----------------------------------------------------------------------------

@@ -19,9 +19,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.checkpoint.deepspeed_state import app_state
+from workers.checkpoint.state import ModelAndOptimizer
 from workers.data import counted_labels, shard_global_batch
 from workers.objectives import Objective
 from workers.objectives.causal_lm import CausalLM, loss_fn, masked_loss_sum
+from workers.strategies.deepspeed import EngineStep
 from workers.strategies.mesh import Coordinates, total_grad_norm
 from workers.telemetry.memory import ActivationMeter
 
@@ -71,8 +74,10 @@ class Stepper:
         grad_clip: float,
         pipeline: Pipeline | None = None,
         objective: Objective | None = None,
+        engine: EngineStep | None = None,
     ):
         self.parts, self.optimizers, self.dataset = parts, optimizers, dataset
+        self.engine = engine  # strategy deepspeed: its engine runs backward and the step
         self.objective = objective or CausalLM()
         self.coords, self.device, self.pipeline = coords, device, pipeline
         self.micro_batch_size, self.grad_clip = micro_batch_size, grad_clip
@@ -118,9 +123,7 @@ class Stepper:
                     sums += metric_sums
             if loss is not None:
                 local += loss
-        norm = self._clip()
-        for opt in self.optimizers:
-            opt.step()
+        norm = self._update()
         mean, counts = self._reduce(local, votes, sums, items=len(batch))
         self.grad_norm = float(norm)  # after the reduce, which waits for the device anyway
         return mean, counts
@@ -177,7 +180,10 @@ class Stepper:
         return self.objective.eval_sum(model, batch)
 
     def zero_grad(self) -> None:
-        """Drop gradients (after any memory measurement of the step)."""
+        """Drop gradients (after any memory measurement of the step; a DeepSpeed engine
+        drops its own in its step)."""
+        if self.engine is not None:
+            return
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
@@ -187,13 +193,17 @@ class Stepper:
         model = self.parts[0]
         with self.autocast:  # outside the meter, which follows one forward per step
             batch = self.objective.prepare(model, batch)
-        with _grad_sync(model, sync), self.meter or contextlib.nullcontext():
+        syncing = contextlib.nullcontext() if self.engine else _grad_sync(model, sync)
+        with syncing, self.meter or contextlib.nullcontext():
             with self.autocast:
                 out = self.objective.forward(model, batch)
             if self.meter is not None:
                 self.meter.note_resident_params(self.parts)
             loss, share, metric_sums = self.objective.loss(out, batch, scale=scale, n_calls=n_calls)
-            loss.backward()
+            if self.engine is not None:
+                self.engine.backward(loss, last=sync)
+            else:
+                loss.backward()
         return share, metric_sums
 
     def _pipeline_call(self, x, y, n_calls: int, scale: float | None) -> float | None:
@@ -206,6 +216,22 @@ class Stepper:
                 x if self.pipeline.has_first else None, y if self.pipeline.has_last else None
             )
         return None if loss is None else loss / n_calls
+
+    def app_state(self):
+        """What a checkpoint of this rank holds (DCP app state): model and optimizer state
+        under layout-independent names."""
+        if self.engine is not None:
+            return app_state(self.engine.engine)
+        return ModelAndOptimizer(self.parts, self.optimizers)
+
+    def _update(self) -> torch.Tensor:
+        """The optimizer step; the global gradient norm before any clipping."""
+        if self.engine is not None:
+            return self.engine.step()
+        norm = self._clip()
+        for opt in self.optimizers:
+            opt.step()
+        return norm
 
     def _clip(self) -> torch.Tensor:
         """The global gradient norm; gradients are clipped to train.grad_clip when it is > 0."""

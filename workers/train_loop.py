@@ -19,7 +19,6 @@ from workers.build import build_stepper, stores_of
 from workers.checkpoint.export_final import final_model_exporter
 from workers.checkpoint.manager import CheckpointManager
 from workers.checkpoint.schedule import SaveSchedule
-from workers.checkpoint.state import ModelAndOptimizer
 from workers.contract import MetricPoint
 from workers.data import GlobalBatchSampler, dataset_for
 from workers.data.mixture import MixedDataset, sampler_for
@@ -100,7 +99,7 @@ def _restore(
     info = ckpts.latest()
     if info is None:
         return 0, None
-    extra = ckpts.load(info, app_state=ModelAndOptimizer(stepper.parts, stepper.optimizers))
+    extra = ckpts.load(info, app_state=stepper.app_state())
     for sched in schedulers:
         sched.load_state_dict(extra["scheduler"])
     sampler.load_state_dict(extra["sampler"])

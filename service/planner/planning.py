@@ -28,6 +28,7 @@ from service.planner.plan import (
     RecommendedLayout,
     StepEstimateView,
 )
+from workers.contract import DEEPSPEED
 from workers.models.config import ModelConfig, count_params, get_model_config
 from workers.spec import JobSpec
 
@@ -110,13 +111,16 @@ def workload_of(spec: JobSpec, model_config: ModelConfig | None = None) -> Workl
 def layout_of(spec: JobSpec, world: int) -> Layout:
     """The job's own layout at ``world`` workers."""
     par = spec.parallelism
+    zero_stage, offload = par.fsdp.zero_stage, par.fsdp.cpu_offload
+    if par.strategy == DEEPSPEED:
+        zero_stage, offload = par.deepspeed.zero_stage, par.deepspeed.offload_optimizer == "cpu"
     return Layout(
         par.strategy,
         dp=spec.data_parallel_size(world),
         tp=par.tp,
         pp=par.pp,
-        zero_stage=par.fsdp.zero_stage,
-        cpu_offload=par.fsdp.cpu_offload,
+        zero_stage=zero_stage,
+        cpu_offload=offload,
         schedule=par.pipeline.schedule,
         microbatches=par.pipeline.microbatches,
     )

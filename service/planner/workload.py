@@ -11,7 +11,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from workers.contract import DDP
+from workers.contract import DDP, DEEPSPEED
 from workers.models.config import ModelConfig
 
 FP32, INT64 = 4, 8
@@ -75,6 +75,8 @@ class Layout:
     def fsdp(self) -> bool:
         """Whether FSDP2 wraps the model (every strategy but DDP does when dp > 1, and with
         CPU offload also on one dp rank: the state then lives in host memory)."""
+        if self.strategy == DEEPSPEED and self.zero_stage == 0:
+            return False  # DeepSpeed's ZeRO-0 replicates, as DDP does
         return self.strategy != DDP and (self.dp > 1 or self.cpu_offload)
 
     @property

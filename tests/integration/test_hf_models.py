@@ -58,6 +58,16 @@ LAYOUTS = {
 }
 
 
+# DeepSpeed on the sharded Qwen2 folder (both optimizers): the engine takes the loaded model.
+DEEPSPEED_LAYOUTS = {
+    "deepspeed2-zero2": (2, {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}}),
+    "deepspeed2-zero3-offload": (
+        2,
+        {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu"}},
+    ),
+}
+
+
 def _spec(folder: Path, workers: int, parallelism: dict, optimizer: str) -> dict:
     spec = {
         "name": "hf",
@@ -134,6 +144,11 @@ def results(folders) -> dict:
         )
         for world in (2, 4)
     ]
+    groups[0][1].extend(
+        LocalJob(f"qwen2-{name}-{opt}", _spec(folders["qwen2"], workers, par, opt))
+        for name, (workers, par) in DEEPSPEED_LAYOUTS.items()
+        for opt in FAMILIES["qwen2"]
+    )
     return run_local_groups(groups)  # both sizes on one set of 4 processes
 
 
@@ -167,6 +182,19 @@ def test_every_layout_trains_like_one_process(results, references, layout, famil
     assert want[STEPS] < want[1]  # it trains
     for step, loss in got.losses.items():
         assert loss == pytest.approx(want[step], rel=1e-4), f"{layout} {optimizer} step {step}"
+
+
+@pytest.mark.parametrize("optimizer", FAMILIES["qwen2"])
+@pytest.mark.parametrize("layout", list(DEEPSPEED_LAYOUTS))
+def test_deepspeed_trains_a_sharded_qwen2_folder_like_one_process(
+    results, references, layout, optimizer
+):
+    got = results[f"qwen2-{layout}-{optimizer}"]
+    assert got.error is None, got.error
+    want = references["qwen2", optimizer]
+    assert set(got.losses) == set(want) == set(range(1, STEPS + 1))
+    for step, loss in got.losses.items():
+        assert loss == pytest.approx(want[step], rel=1e-5), f"{layout} {optimizer} step {step}"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

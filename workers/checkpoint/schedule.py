@@ -18,7 +18,6 @@ import torch.distributed as dist
 from workers.checkpoint.async_save import AsyncSaver, SaveOutcome
 from workers.checkpoint.interval import AutoIntervalPolicy, IntervalDecision, changed
 from workers.checkpoint.manager import CheckpointManager
-from workers.checkpoint.state import ModelAndOptimizer
 from workers.contract import CheckpointRecord, EventKind
 from workers.models.lora import base_reference, check_base
 from workers.spec import JobSpec
@@ -119,7 +118,7 @@ class SaveSchedule:
             self._finish()
 
     def _save(self, *, step: int, stepper, extra: dict) -> None:
-        state = ModelAndOptimizer(stepper.parts, stepper.optimizers)
+        state = stepper.app_state()
         self.last_save = time.monotonic()
         if self.saver is None:
             t0 = time.perf_counter()

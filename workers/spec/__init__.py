@@ -19,6 +19,7 @@ from workers.models.hf_config import check_layout
 from workers.spec.base import MAX_STEPS, SECRET_SAFE, Spec
 from workers.spec.checkpoint import CheckpointSpec
 from workers.spec.data import DataSource, DataSpec, EvalDataSpec
+from workers.spec.deepspeed import DeepSpeedSpec, config_disagreements
 from workers.spec.metrics import MetricsSpec
 from workers.spec.model import MODEL_PRESETS, LoraSpec, ModelSpec, lora_layout_error
 from workers.spec.objective import OBJECTIVES, DiffusionSpec, DpoSpec, objective_error
@@ -40,6 +41,7 @@ __all__ = [
     "CheckpointSpec",
     "DataSource",
     "DataSpec",
+    "DeepSpeedSpec",
     "DpoSpec",
     "EarlyStoppingSpec",
     "EvalDataSpec",
@@ -300,6 +302,21 @@ class JobSpec(Spec):
         for n in range(res.min_workers, res.max_workers + 1):
             if n % mp == 0:
                 self._check_batch_for(dp=n // mp)
+        return self
+
+    @model_validator(mode="after")
+    def _deepspeed_config_agrees(self) -> JobSpec:
+        config = self.parallelism.deepspeed.config
+        if self.parallelism.strategy == "deepspeed" and config:
+            res = self.resources
+            error = config_disagreements(
+                config,
+                train=self.train,
+                workers=(res.min_workers, res.max_workers),
+                dp_of=self.data_parallel_size,
+            )
+            if error:
+                raise ValueError(error)
         return self
 
     def _check_batch_for(self, *, dp: int) -> None:

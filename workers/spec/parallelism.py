@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from workers.contract import STRATEGIES
 from workers.spec.base import MAX_WORKERS, Spec
+from workers.spec.deepspeed import DeepSpeedSpec
 
 
 class FsdpSpec(Spec):
@@ -55,6 +56,9 @@ class ParallelismSpec(Spec):
     pp: int = Field(1, ge=1, le=MAX_WORKERS, description="Pipeline-parallel degree.")
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options.")
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipeline options.")
+    deepspeed: DeepSpeedSpec = Field(
+        default_factory=DeepSpeedSpec, description="DeepSpeed options (strategy deepspeed)."
+    )
 
     @model_validator(mode="after")
     def _degrees_match_strategy(self) -> ParallelismSpec:
@@ -64,7 +68,13 @@ class ParallelismSpec(Spec):
             "tp": (True, False),
             "pp": (False, True),
             "hybrid": (True, True),
+            "deepspeed": (False, False),
         }[self.strategy]
+        if self.strategy != "deepspeed" and self.deepspeed != DeepSpeedSpec():
+            raise ValueError(
+                f"parallelism.deepspeed is read by strategy 'deepspeed' only (this job's is "
+                f"{self.strategy!r}): set parallelism.strategy deepspeed or remove it"
+            )
         if not allowed[0] and self.tp != 1:
             raise ValueError(
                 f"parallelism.tp must be 1 for strategy {self.strategy!r}; "

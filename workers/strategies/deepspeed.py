@@ -1,0 +1,118 @@
+"""DeepSpeed ZeRO: DeepSpeed's engine (``deepspeed.initialize``) holds the model and the
+job's optimizer and shards them by ZeRO stage, with optional CPU offload.
+
+The strategy leaves the model as it is (:func:`apply_deepspeed`): the engine needs the
+optimizer, which is built after placement, so :func:`initialize` wraps both in
+``build_stepper``. The engine's configuration comes from the spec alone
+(:func:`workers.spec.deepspeed.engine_config`): the micro-batch and the accumulation steps
+follow the global batch at every world size, clipping is ``train.grad_clip``, and the
+optimizer is etrain's torch optimizer, its LR scheduled by etrain. The stepper runs each
+micro-batch's backward through the engine with the accumulation boundary set by itself,
+and one ``engine.step()`` per optimizer step.
+
+Checkpoints: :mod:`workers.checkpoint.deepspeed_state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from workers.contract import DEEPSPEED
+from workers.spec.deepspeed import engine_config
+from workers.strategies import StrategyConfig, register_strategy
+from workers.strategies.mesh import total_grad_norm
+
+
+@register_strategy(DEEPSPEED)
+def apply_deepspeed(model: nn.Module, *, mesh: DeviceMesh, cfg: StrategyConfig) -> nn.Module:
+    """``model`` unchanged: the engine places it when it is built with the optimizer
+    (:func:`initialize`)."""
+    del mesh, cfg
+    return model
+
+
+def _import_deepspeed():
+    """``deepspeed``, imported quietly and without its just-in-time communication op."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no "could not detect a GPU" warning
+    import deepspeed
+    from deepspeed.utils import logger
+
+    logger.setLevel(logging.WARNING)
+    # Its shared-memory all-reduce serves inference on CPU only; training reduces over the
+    # job's process group. Compiling it would take ~25 s of each rank's start.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+# The default process group DeepSpeed's cached groups were made in (see _fresh_start).
+_groups_of: list = [None]
+
+
+def _fresh_start(deepspeed) -> None:
+    """Make this process's DeepSpeed state that of a new process, for a second job in it
+    (a warm worker, another world size after a resize, the next job of a test group).
+
+    DeepSpeed clones the world group once per process and keeps it: on a new default
+    group, collectives on the old clone would hang, so the references are released as
+    DeepSpeed's own teardown does. And ZeRO-3 numbers modules and parameters from
+    process-wide counters that every rank must agree on (it checks, by broadcast, at the
+    first forward): a rank that ran an earlier job would count on from there.
+    """
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    world = torch.distributed.group.WORLD
+    if _groups_of[0] is not None and _groups_of[0] is not world:
+        deepspeed.utils.groups._release_process_group_references(None)
+    _groups_of[0] = world
+    Init.param_id = 0
+    DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0][0] = 0  # count=[0]
+
+
+def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, *, spec, env):
+    """The DeepSpeed engine over ``model`` and ``optimizer`` on the job's process group."""
+    deepspeed = _import_deepspeed()
+    _fresh_start(deepspeed)
+    index = env.device.index if env.device.type == "cuda" else 0
+    os.environ.setdefault("LOCAL_RANK", str(index or 0))  # the engine reads its device here
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), verbose=False)
+    config = engine_config(
+        spec.parallelism.deepspeed,
+        train=spec.train,
+        accumulation=spec.grad_accum_steps(env.world_size),
+    )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=config, dist_init_required=False
+    )
+    return engine
+
+
+class EngineStep:
+    """How the stepper runs an optimizer step through a DeepSpeed ``engine``."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.zero = engine.zero_optimization_stage() > 0
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Backward one micro-batch's loss (already scaled by the stepper); gradients are
+        reduced at ``last``, the step's boundary."""
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> torch.Tensor:
+        """The optimizer step (clipped by the engine); the global gradient norm before
+        clipping."""
+        norm = None
+        if not self.zero:  # ZeRO-0 reduces in backward and does not keep the norm
+            norm = total_grad_norm([p for p in self.engine.parameters() if p.grad is not None])
+        self.engine.step()
+        if norm is None:
+            norm = torch.tensor(float(self.engine.get_global_grad_norm() or 0.0))
+        return norm
