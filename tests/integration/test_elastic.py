@@ -36,10 +36,18 @@ THROTTLE_S = 0.5  # a step while the test wants steps
 WAITING_S = 2.0  # a step while the test waits for the cluster
 
 
-def _spec(tmp_path) -> dict:
+# The default DDP, and DeepSpeed ZeRO-3, whose partitions change with the world size.
+PARALLELISM = {
+    "ddp": {"strategy": "ddp"},
+    "deepspeed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+}
+
+
+def _spec(tmp_path, strategy: str = "ddp") -> dict:
     return JobSpec.model_validate(
         {
             "name": "it-elastic",
+            "parallelism": PARALLELISM[strategy],
             "data": {"seq_len": 32, "num_samples": 1000},
             "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
             "train": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": 2, "lr": 3e-3},
@@ -92,11 +100,12 @@ def _is_train_worker(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.parametrize("strategy", list(PARALLELISM))
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
-    ray_backend, ray_head, telemetry_sink, tmp_path
+    ray_backend, ray_head, telemetry_sink, tmp_path, strategy
 ):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, strategy)
     throttle = tmp_path / "slow"
     _submit(ray_backend, telemetry_sink, job_id=job_id, spec=spec, throttle=throttle)
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
