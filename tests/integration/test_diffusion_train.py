@@ -29,6 +29,7 @@ ROWS = {  # name: (parallelism, optimizer); ddp with AdamW is the resumed job's
     "ddp-sgd": ({"strategy": "ddp"}, "sgd"),
     "fsdp2-adamw": ({"strategy": "fsdp", "fsdp": {"zero_stage": 2}}, "adamw"),
     "fsdp3-sgd": ({"strategy": "fsdp", "fsdp": {"zero_stage": 3}}, "sgd"),
+    "deepspeed2-adamw": ({"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}}, "adamw"),
     "ddp-adamw": ({"strategy": "ddp"}, "adamw"),
 }
 CAPTIONS = ["a red fox", "a lazy dog", "hello world", "the quick brown fox"]

@@ -39,6 +39,14 @@ ROWS = {
     "lora-ddp-adamw": ({"strategy": "ddp"}, "adamw", True, {}),
     "lora-fsdp3-sgd": (FSDP3, "sgd", True, {}),
     "ipo-fsdp3-adamw": (FSDP3, "adamw", False, {"loss": "ipo", "beta": 0.5}),
+    # DeepSpeed: the policy in the engine, the reference (or the adapters-off base) beside it.
+    "deepspeed3-sgd": ({"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}, "sgd", False, {}),
+    "lora-deepspeed2-adamw": (
+        {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}},
+        "adamw",
+        True,
+        {},
+    ),
 }
 
 

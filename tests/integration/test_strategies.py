@@ -326,6 +326,23 @@ def test_checkpoint_moves_between_strategies(matrix_results, references, name):
         assert resumed.losses[step] == pytest.approx(want[step], rel=rel), step
 
 
+def test_etrain_export_reads_a_deepspeed_checkpoint(matrix_results, tmp_path):
+    """The ZeRO-3 job's last checkpoint exports as any job's: model.safetensors holds the
+    full weights it saved."""
+    from safetensors.torch import load_file
+
+    from tests.integration.conftest import load_checkpoint_tensors
+    from workers.checkpoint.export import export_checkpoint
+
+    step = matrix_results["root"] / "deepspeed2-zero3-eval" / f"step_{STEPS:08d}"
+    export_checkpoint(step, tmp_path, preset=BASE["model"]["preset"])
+    exported = load_file(tmp_path / "model.safetensors")
+    saved = load_checkpoint_tensors(step)["app"]["model"]
+    assert exported.keys() == saved.keys() and exported
+    for name, tensor in saved.items():
+        assert torch.equal(exported[name], tensor), name
+
+
 def test_deepspeed_grows_from_2_to_3_workers_on_the_single_process_curve(matrix_results):
     """Saved by 2 DeepSpeed ZeRO-2 ranks at step 3, resumed by 3 (accumulation steps and
     partitions change with the size; the global batch of 12 does not)."""

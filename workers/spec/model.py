@@ -49,7 +49,7 @@ def lora_layout_error(lora: LoraSpec, *, tp: int, gpus_per_worker: int) -> str |
         return (
             f"model.lora cannot run with parallelism.tp = {tp}: tensor parallelism shards "
             "plain linear layers and LoRA wraps them; use parallelism.strategy ddp, fsdp "
-            "(zero 2/3, cpu_offload) or pp with tp = 1"
+            "(zero 2/3, cpu_offload), deepspeed or pp with tp = 1"
         )
     if lora.quantize == "4bit" and gpus_per_worker == 0:
         return (
@@ -129,7 +129,8 @@ class ModelSpec(Spec):
         "base is frozen and never enters the optimizer; checkpoints hold only the adapters, "
         "their optimizer state and a reference to the base (preset + train.seed, or model.hf "
         "with a fingerprint that must match on resume). Runs with ddp, fsdp (zero 2/3, "
-        "cpu_offload), pp and hybrid without tp; tp > 1 is refused. `etrain export "
+        "cpu_offload), deepspeed (every ZeRO stage, offload), pp and hybrid without tp; "
+        "tp > 1 is refused. `etrain export "
         "--adapter` writes the adapter in peft's format, `--merge` the merged model.",
     )
     activation_checkpointing: Literal["none", "full", "selective"] = Field(

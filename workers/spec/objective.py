@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from workers.contract import STRATEGIES
 from workers.spec.base import Spec, printable
 
 
@@ -193,7 +194,7 @@ def objective_error(spec: Any) -> str | None:
     obj = OBJECTIVES[name]
     strategy = spec.parallelism.strategy
     if strategy in obj.refused:
-        runs_on = [s for s in ("ddp", "fsdp", "tp", "pp", "hybrid") if s not in obj.refused]
+        runs_on = [s for s in STRATEGIES if s not in obj.refused]
         return (
             f"parallelism.strategy {strategy} is not available with objective {name}: "
             f"{obj.refused[strategy]}; use parallelism.strategy {' or '.join(runs_on)}"
