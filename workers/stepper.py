@@ -227,7 +227,7 @@ class Stepper:
     def _update(self) -> torch.Tensor:
         """The optimizer step; the global gradient norm before any clipping."""
         if self.engine is not None:
-            return self.engine.step()
+            return self.engine.step(measure=self.meter is not None)
         norm = self._clip()
         for opt in self.optimizers:
             opt.step()

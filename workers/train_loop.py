@@ -222,7 +222,10 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
 
 def _report_memory(env: RunEnv, stepper: Stepper) -> list[dict]:
     frozen = stepper.objective.frozen_parts
-    mine = memory_report(stepper.parts, stepper.optimizers, stepper.meter, env.device, frozen)
+    engine = stepper.engine.memory if stepper.engine is not None else None
+    mine = memory_report(
+        stepper.parts, stepper.optimizers, stepper.meter, env.device, frozen, state=engine
+    )
     return gather_memory(mine, rank=env.rank, reporter=env.reporter)
 
 

@@ -191,8 +191,8 @@ class MemoryPublic(View):
 
     ranks: list[dict[str, Any]] = Field(
         description="One per rank: bytes of params, grads, optimizer state, activations, "
-        "gathered params, the objective's frozen parts (reference, vae, text_encoder) and "
-        "the peak, by name (``*_bytes``)."
+        "gathered params, DeepSpeed's reduce buckets, the objective's frozen parts "
+        "(reference, vae, text_encoder) and the peak, by name (``*_bytes``)."
     )
     measured_at: datetime | None
     planned: PlannedMemoryPublic | None = Field(

@@ -140,6 +140,7 @@ def measured_row(strategy: str, ranks: list[dict[str, Any]]) -> MemoryRow | None
             "measured",
             {c: _int(r.get(f"{c}_bytes")) for c in COMPONENTS},
             _int(r.get("gathered_params_bytes"))
+            + _int(r.get("buckets_bytes"))  # DeepSpeed's reduce buckets
             + sum(_int(r.get(f"{name}_bytes")) for name in FROZEN_PARTS),
         )
         for r in ranks

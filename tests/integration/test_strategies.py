@@ -326,6 +326,41 @@ def test_checkpoint_moves_between_strategies(matrix_results, references, name):
         assert resumed.losses[step] == pytest.approx(want[step], rel=rel), step
 
 
+# Bytes per trained parameter of each optimizer's state (AdamW: two moments; SGD: momentum).
+STATE_PER_PARAM = {"sgd": 4, "adamw": 8}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("row", [row for row in MATRIX if row.startswith("deepspeed")])
+def test_deepspeed_memory_is_the_zero_papers_per_stage(matrix_results, row, optimizer):
+    """What each rank of 2 measured, against the ZeRO paper's accounting for fp32 weights:
+    stage 0 holds everything; 1 and 2 partition the gradients and the optimizer state
+    (beside which DeepSpeed keeps an fp32 master copy of the partition, counted with it);
+    3 partitions the parameters too (small ones kept whole) and keeps its reduce bucket
+    (5e8 elements) allocated."""
+    from workers.models.config import count_params, get_model_config
+
+    res = matrix_results[f"{row}-{optimizer}"]
+    assert res.error is None, res.error
+    n = count_params(get_model_config(BASE["model"]["preset"]))
+    spec = JobSpec.model_validate(make_spec(row, 2, MATRIX[row][1], optimizer))
+    stage, k = spec.parallelism.deepspeed.zero_stage, STATE_PER_PARAM[optimizer]
+    for rank, got in enumerate(res.memory):
+        want = {"grads_bytes": 4 * n / 2, "optimizer_bytes": (k + 4) * n / 2}
+        if stage == 0:
+            want = {"params_bytes": 4 * n, "grads_bytes": 4 * n, "optimizer_bytes": k * n}
+        elif stage < 3:
+            want["params_bytes"] = 4 * n
+        else:
+            assert 4 * n / 2 < got["params_bytes"] < 4 * n, rank
+            assert got["buckets_bytes"] == 4 * 500_000_000, rank
+        if "offload" in row:  # the offloaded gradients' host copy beside the partition
+            want.pop("grads_bytes")
+            assert got["grads_bytes"] >= 4 * n / 2, rank
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=0.01), (rank, key)
+
+
 def test_etrain_export_reads_a_deepspeed_checkpoint(matrix_results, tmp_path):
     """The ZeRO-3 job's last checkpoint exports as any job's: model.safetensors holds the
     full weights it saved."""

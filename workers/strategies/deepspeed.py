@@ -26,6 +26,7 @@ from workers.contract import DEEPSPEED
 from workers.spec.deepspeed import engine_config
 from workers.strategies import StrategyConfig, register_strategy
 from workers.strategies.mesh import total_grad_norm
+from workers.telemetry import engine_memory
 
 
 @register_strategy(DEEPSPEED)
@@ -99,6 +100,7 @@ class EngineStep:
     def __init__(self, engine):
         self.engine = engine
         self.zero = engine.zero_optimization_stage() > 0
+        self.memory: dict | None = None  # what the engine held at a measured step
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         """Backward one micro-batch's loss (already scaled by the stepper); gradients are
@@ -106,13 +108,16 @@ class EngineStep:
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss, scale_wrt_gas=False)
 
-    def step(self) -> torch.Tensor:
+    def step(self, *, measure: bool = False) -> torch.Tensor:
         """The optimizer step (clipped by the engine); the global gradient norm before
-        clipping."""
+        clipping. ``measure``: record what the engine holds (:attr:`memory`)."""
         norm = None
         if not self.zero:  # ZeRO-0 reduces in backward and does not keep the norm
             norm = total_grad_norm([p for p in self.engine.parameters() if p.grad is not None])
+        grads = engine_memory.grads_bytes(self.engine) if measure else 0
         self.engine.step()
+        if measure:  # the optimizer state exists from the first step on
+            self.memory = engine_memory.state_bytes(self.engine, grads=grads)
         if norm is None:
             norm = torch.tensor(float(self.engine.get_global_grad_norm() or 0.0))
         return norm

@@ -206,12 +206,19 @@ class ActivationMeter:
 
 
 def memory_report(
-    parts, optimizers, meter: ActivationMeter | None, device: torch.device, frozen=None
+    parts,
+    optimizers,
+    meter: ActivationMeter | None,
+    device: torch.device,
+    frozen=None,
+    *,
+    state: dict | None = None,
 ) -> dict:
     """This rank's measured memory (call after backward, before zero_grad); ``frozen``: the
     objective's frozen modules beside the trained ones by name (a DPO ``reference`` model,
-    a ``vae``), the parameters of each this rank holds as ``<name>_bytes``."""
-    report = state_bytes(parts, optimizers)
+    a ``vae``), the parameters of each this rank holds as ``<name>_bytes``. ``state``: the
+    state bytes measured by the strategy itself (a DeepSpeed engine's), else counted here."""
+    report = dict(state) if state is not None else state_bytes(parts, optimizers)
     for name, module in (frozen or {}).items():
         report[f"{name}_bytes"] = sum(_nbytes(p) for p in module.parameters())
     report["activations_bytes"] = meter.peak if meter else 0

@@ -59,7 +59,7 @@ export function renderGoodput(el, g) {
 
 // The objectives' frozen parts (a DPO reference model; a VAE and text encoder) after them.
 const MEMORY_PARTS = ["params", "grads", "optimizer", "activations", "gathered_params", "buffers",
-  "reference", "vae", "text_encoder"];
+  "buckets", "reference", "vae", "text_encoder"];
 
 function memoryParts(r) {
   return MEMORY_PARTS.map((name) => ({ name, value: r?.[name + "_bytes"] || 0 }));
