@@ -1,6 +1,6 @@
 """Checkpoints on real object stores on loopback: save, list, prune and resume on S3 (moto)
 and GCS (gcp-storage-emulator), synchronous and asynchronous; on S3 also a store that goes
-away in the middle of a save, and a Ray job that resumes from the bucket."""
+away in the middle of a save, and a DeepSpeed Ray job that resumes from the bucket."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.support.faults import FaultHooks, fault_env
+from tests.support.local_launch import LocalJob, run_local
 from tests.support.object_store_fixture import ObjectStore
 from tests.support.recording import RecordingReporter
 from workers.checkpoint.manager import CheckpointManager
@@ -161,20 +162,31 @@ def test_a_store_that_goes_away_mid_save_leaves_the_previous_checkpoint(store_en
     assert resumed.resumed_from == 3
 
 
-def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, s3_env):
-    """Two Ray workers save to S3; rank 1 is SIGKILLed at step 6 (checkpoint at 4): the
-    restarted group restores step 4 from the bucket and ends with the losses of the same job
-    run uninterrupted in one process (1e-5: one rank against two; a restart from scratch or
-    from a wrong step would be far off). tests/integration/test_ddp_ray.py proves the
-    bitwise resume on local storage."""
+def test_a_deepspeed_ray_job_resumes_from_s3_after_a_worker_kill_bitwise(
+    run_job, telemetry_sink, s3_env, tmp_path
+):
+    """Two Ray workers of a DeepSpeed ZeRO-3 job save asynchronously to S3; rank 1 is
+    SIGKILLed at step 7, after the save of step 4 committed. The restarted group restores
+    step 4 from the bucket and every step's loss is, bit for bit, the same job's run
+    uninterrupted by two local gloo processes (and within 1e-5 of one plain process).
+    tests/integration/test_ddp_ray.py kills a DDP job in the middle of a save."""
     job = {
         "name": "it-s3-kill",
         "data": {"seq_len": 32, "num_samples": 256},
+        "parallelism": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
         "resources": {"workers": 2, "cpus_per_worker": 1},
-        "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "lr": 1e-2},
+        "train": {
+            "steps": 8,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "warmup_steps": 2,
+            "grad_clip": 1.0,
+        },
         "checkpoint": {
             "storage": f"s3://etrain-test/ray/{uuid.uuid4().hex[:8]}",
             "every_steps": 4,
+            "async": True,
         },
         "stores": {"s3": {"endpoint_url": s3_env["endpoint_url"]}},
         "failure": {"max_failures": 3},
@@ -182,22 +194,24 @@ def test_a_ray_job_resumes_from_s3_after_a_worker_kill(run_job, telemetry_sink, 
     spec_json = JobSpec.model_validate(job).model_dump(mode="json", by_alias=True)
     tag = uuid.uuid4().hex[:6]
     killed_id = f"j-s3-killed-{tag}"
-    local = {**job, "checkpoint": {"every_steps": 4}, "stores": {}}
-    clean = run(JobSpec.model_validate(local), RunEnv(0, 1, torch.device("cpu"))).losses
-    marker = f"/tmp/etrain-s3-kill-{tag}"
-    assert (
-        run_job(
-            job_id=killed_id,
-            spec=spec_json,
-            extra_env={**s3_env["env"], **fault_env(KILL_STEP=6, KILL_RANK=1, MARKER=marker)},
-        ).value
-        == "SUCCEEDED"
-    )
+    marker, slow = tmp_path / "killed-once", tmp_path / "slow"
+    slow.write_text("0.3")  # 0.3 s a step: the asynchronous save of step 4 commits first
+    faults = fault_env(KILL_STEP=7, KILL_RANK=1, MARKER=marker, THROTTLE_FILE=slow)
+    state = run_job(job_id=killed_id, spec=spec_json, extra_env={**s3_env["env"], **faults})
+    assert state.value == "SUCCEEDED"
+    assert marker.exists(), "the fault was never injected"
     events = telemetry_sink.items("events", killed_id)
     assert [e["data"]["step"] for e in events if e["kind"] == "restored"] == [4]
     got = telemetry_sink.losses(killed_id)
     assert sorted(got) == list(range(1, 9)) and got[8] < got[1]
-    for step, loss in clean.items():
-        assert got[step] == pytest.approx(loss, abs=1e-5), step
     uris = [c["uri"] for c in telemetry_sink.items("checkpoints", killed_id)]
     assert uris and all(u.startswith(job["checkpoint"]["storage"] + "/") for u in uris)
+
+    local = {**job, "checkpoint": {"every_steps": 4}, "stores": {}}
+    local = JobSpec.model_validate(local).model_dump(mode="json", by_alias=True)
+    clean = run_local([LocalJob("clean", local, str(tmp_path / "clean"))], world_size=2)
+    assert clean["clean"].error is None, clean["clean"].error
+    assert got == clean["clean"].losses  # every step, bit for bit
+    one = run(JobSpec.model_validate(local), RunEnv(0, 1, torch.device("cpu"))).losses
+    for step, loss in one.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), step

@@ -36,10 +36,10 @@ THROTTLE_S = 0.5  # a step while the test wants steps
 WAITING_S = 2.0  # a step while the test waits for the cluster
 
 
-# The default DDP, and DeepSpeed ZeRO-3, whose partitions change with the world size.
+# The default DDP, and DeepSpeed ZeRO-2, whose partitions change with the world size.
 PARALLELISM = {
     "ddp": {"strategy": "ddp"},
-    "deepspeed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+    "deepspeed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}},
 }
 
 
