@@ -3,9 +3,11 @@
 Runs all layouts in one group of 4 processes (``tests.support.local_launch``), so
 they share start-up and machine state, and prints one table with ratios
 against DDP measured in the same run. Memory is what each rank reports at its
-first step (``workers.telemetry.memory``): local-shard bytes of parameters, gradients
-and optimizer state, plus activations saved for backward; the table shows the
-largest rank.
+first step (``workers.telemetry.memory``; a DeepSpeed engine's own buffers by
+``workers.telemetry.engine_memory``): local-shard bytes of parameters, gradients and
+optimizer state (with DeepSpeed's fp32 master partitions), plus activations saved for
+backward; the peak also holds DeepSpeed's reduce buckets. The table shows the largest
+rank.
 
     .venv/bin/python bench/strategies.py [--steps 12] [--preset gpt-small] [--json OUT]
 """
@@ -35,6 +37,18 @@ LAYOUTS = {
     "hybrid dp2 x tp2": {"strategy": "hybrid", "tp": 2},
     "hybrid pp2 x dp2": {"strategy": "hybrid", "pp": 2, **PP},
     "hybrid pp2 x tp2": {"strategy": "hybrid", "pp": 2, "tp": 2, **PP},
+    "deepspeed zero1": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 1}},
+    "deepspeed zero2": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}},
+    "deepspeed zero3": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+    # DeepSpeed's reduce bucket is 5e8 elements unless set: 2 GB in fp32 whatever the model.
+    "deepspeed zero3 bucket 5e6": {
+        "strategy": "deepspeed",
+        "deepspeed": {"zero_stage": 3, "reduce_bucket_size": 5_000_000},
+    },
+    "deepspeed zero3 offload": {
+        "strategy": "deepspeed",
+        "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    },
 }
 KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
