@@ -204,6 +204,8 @@ EVALUATED = {
 }
 EVAL_SOURCE = {"eval": {"source": "synthetic", "num_samples": 11}}
 GROWS_TO_3 = "ds2-zero2-grows-to-ds3-zero2"
+# Saved asynchronously: DeepSpeed's state staged while training goes on.
+ASYNC_SAVES = {"ds2-zero3-to-fsdp2"}
 OWN_EVAL_SET = [name for name, data in EVALUATED.items() if "eval" in data]
 EVAL_EVERY = 3
 
@@ -254,6 +256,8 @@ def matrix_results(tmp_path_factory) -> dict:
             with_eval(make_spec(name, w, par, "adamw", steps=6), EVAL_SOURCE)
             for w, par in ((w1, par1), (w2, par2))
         )
+        if name in ASYNC_SAVES:
+            save["checkpoint"]["async"] = True
         by_world[w1].append(LocalJob(f"{name}-save", save, ckpt, stop_at=3, measure_memory=False))
         resumes[w2].append(LocalJob(f"{name}-resume", resume, ckpt, measure_memory=False))
     # An elastic resize to an odd size: 2 DeepSpeed workers save, 3 resume (global batch 12).
