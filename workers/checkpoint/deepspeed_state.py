@@ -42,11 +42,9 @@ class DeepSpeedState(Stateful):
         self.zero = engine.optimizer  # DeepSpeed's ZeRO optimizer
         self.inner = engine.optimizer.optimizer  # the job's torch optimizer
         module = engine.module
-        self.trainable_only = any(not p.requires_grad for p in module.parameters())
         self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        names = {n for n, _ in module.named_parameters()}
-        self.buffers = [(n, b) for n, b in module.named_buffers() if n in _persistent(module)]
-        assert not names & {n for n, _ in self.buffers}
+        kept = _persistent(module)
+        self.buffers = [(n, b) for n, b in module.named_buffers() if n in kept]
 
     def _keys(self) -> tuple[list[str], dict[str, torch.Tensor]]:
         """The torch optimizer's per-parameter state keys, and its scalar state (``step``)."""

@@ -47,8 +47,9 @@ DEEPSPEED_DEFAULTS = {
     "stage3_max_live_parameters": 1_000_000_000,
     "stage3_max_reuse_distance": 1_000_000_000,
 }
-# Top-level keys of a deepspeed_config.json that only log (ignored: etrain's metrics and
-# its own settings for them stand).
+# Top-level keys of a deepspeed_config.json that are accepted and ignored: logging
+# intervals (etrain's metrics stand) and the two ZeRO optimizer switches engine_config
+# always sets itself (etrain's torch optimizer is the one that runs).
 _IGNORED = {
     "steps_per_print",
     "wall_clock_breakdown",
