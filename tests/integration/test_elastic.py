@@ -5,8 +5,8 @@ machine and later kills it (SIGKILL to its raylet's process group). The job
 asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2. Steps
 are slowed down (tests.support.faults throttle file) while the test adds and removes
 nodes: 2 s a step while it waits for the cluster, so the job cannot end before the nodes
-come and go (at least 60 s of throttled steps in a 60-step job), 0.2-0.5 s while it
-wants steps, then full speed.
+come and go (about 60 s of throttled steps in a 40-step job: growing and shrinking take
+about 25 s here), 0.2-0.5 s while it wants steps, then full speed.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from workers.train_loop import RunEnv, run
 
 pytestmark = pytest.mark.slow
 
-STEPS, G = 60, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
+STEPS, G = 40, 24  # 24 splits into micro-batches of 2 on 2, 3 or 4 workers
+SAMPLES = 600  # 40 x 24 samples: one epoch and more
 THROTTLE_S = 0.5  # a step while the test wants steps
 WAITING_S = 2.0  # a step while the test waits for the cluster
+CKPT_EVERY = 5
 
 
 # The default DDP, and DeepSpeed ZeRO-2, whose partitions change with the world size.
@@ -48,13 +50,28 @@ def _spec(tmp_path, strategy: str = "ddp") -> dict:
         {
             "name": "it-elastic",
             "parallelism": PARALLELISM[strategy],
-            "data": {"seq_len": 32, "num_samples": 1000},
+            "data": {"seq_len": 32, "num_samples": SAMPLES},
             "resources": {"workers": {"min": 2, "max": 4}, "cpus_per_worker": 1},
             "train": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": 2, "lr": 3e-3},
-            "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": 10},
+            "checkpoint": {"storage": f"file://{tmp_path}", "every_steps": CKPT_EVERY},
             "failure": {"max_failures": 5},
         }
     ).model_dump(mode="json", by_alias=True)
+
+
+_FIXED: dict[int, dict[int, float]] = {}
+
+
+def fixed_losses(spec: dict) -> dict[int, float]:
+    """Every elastic job's reference: its spec (made by :func:`_spec`, which only the
+    layout and ``train.steps`` vary) in one process, whose losses the layout does not
+    change; computed once per step count."""
+    steps = spec["train"]["steps"]
+    if steps not in _FIXED:
+        one = {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
+        env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
+        _FIXED[steps] = run(JobSpec.model_validate(one), env).losses
+    return _FIXED[steps]
 
 
 def _pace(throttle: Path, seconds: float) -> None:
@@ -140,8 +157,8 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
         assert SPARES_WAIT_OVER.search(logs), detail()
         grown_at = len(sizes())
         _pace(throttle, 0.2)
-        wait_for(  # through a checkpoint that 4 ranks save (every 10 steps)
-            lambda: len(sizes()) >= grown_at + 10,
+        wait_for(  # through a checkpoint that 4 ranks save
+            lambda: len(sizes()) >= grown_at + CKPT_EVERY,
             timeout=180,
             what="training at 4 workers",
             detail=detail,
@@ -169,13 +186,10 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
     assert "resized 2 → 4 (node added)" in resized and "resized 4 → 2 (node lost)" in resized
     # Exactly STEPS x G samples were consumed: the cursor is where one fixed run puts it.
     last = metrics[STEPS]
-    assert (last["epoch"], last["epoch_position"]) == divmod(STEPS * G, 1000)
+    assert (last["epoch"], last["epoch_position"]) == divmod(STEPS * G, SAMPLES)
 
     # The same spec at a fixed size: losses agree to fp32 reduction-order noise.
-    fixed = run(
-        JobSpec.model_validate({**spec, "resources": {"workers": 1}}),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
-    ).losses
+    fixed = fixed_losses(spec)
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
 
@@ -184,9 +198,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, 
     """pp=2: a 1-CPU node makes 3 workers possible, which the layout cannot use; a
     second one makes 4, and the job grows to dp=2 (its losses still match)."""
     job_id = f"j-elastic-pp-{uuid.uuid4().hex[:6]}"
-    steps = 40
     spec = _spec(tmp_path)
-    spec["train"]["steps"] = steps
     spec["parallelism"] = {"strategy": "pp", "pp": 2, "pipeline": {"microbatches": 2}}
     spec = JobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
     throttle = tmp_path / "slow"
@@ -217,12 +229,7 @@ def test_a_pipeline_job_grows_only_in_dp(ray_backend, ray_head, telemetry_sink, 
     assert events["layout_unused"].startswith("3 workers could run; using 2")
     assert events["resized"] == "resized 2 → 4 (node added)"
     metrics = {m["step"]: m for m in telemetry_sink.items("metrics", job_id)}
-    assert sorted(metrics) == list(range(1, steps + 1)) and metrics[steps]["world_size"] == 4
-    fixed = run(
-        JobSpec.model_validate(
-            {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
-        ),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
-    ).losses
+    assert sorted(metrics) == list(range(1, STEPS + 1)) and metrics[STEPS]["world_size"] == 4
+    fixed = fixed_losses(spec)
     for step, m in metrics.items():
         assert m["loss"] == pytest.approx(fixed[step], rel=1e-3), step
