@@ -80,17 +80,15 @@ class DeepSpeedState(Stateful):
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
         model, optim = state_dict["model"], state_dict["optim"]
         tensors, scalars = self._keys()
         self._set_module_weights(model)
         for name, buf in self.buffers:
             buf.data.copy_(model[name])
         for name, p in self.params:
-            safe_set_full_fp32_param(p, model[name].to(torch.float32))
+            _set_master(p, model[name].to(torch.float32))
             for key in tensors:
-                safe_set_full_optimizer_state(p, optim[f"state.{name}.{key}"], key)
+                _set_master(p, optim[f"state.{name}.{key}"], key)
         first = self.params[0][0] if self.params else None
         for state in self.inner.state.values():
             for key in scalars:
@@ -101,14 +99,50 @@ class DeepSpeedState(Stateful):
                 group[key] = optim[f"param_groups.{first}.{key}"]
 
     def _set_module_weights(self, model: dict[str, Any]) -> None:
-        """The module's own copy of each parameter (what the next forward reads; stage 3
-        re-partitions what rank 0 wrote)."""
-        import deepspeed
-
-        params = [p for _, p in self.params]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
+        """The module's own copy of each parameter (what the next forward reads), set on
+        this rank alone: whole at stages 1 and 2; at stage 3 this rank's partition of it
+        (and the whole of one kept gathered). Every rank read the full values, so nothing
+        is gathered or broadcast."""
+        with torch.no_grad():
             for name, p in self.params:
-                p.copy_(model[name].to(p.dtype))
+                _set_local(p, model[name].to(p.dtype))
+
+
+def _piece(p: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of ZeRO-3 parameter ``p``'s ``full`` value, as DeepSpeed's
+    ``_partition_param`` cuts it: ceil(numel / ranks) elements from rank x that size, the
+    last rank's padded with zeros."""
+    size = p.ds_tensor.ds_numel
+    start = size * torch.distributed.get_rank(group=p.ds_process_group)
+    flat = full.reshape(-1)[start : start + size]
+    return torch.cat([flat, flat.new_zeros(size - flat.numel())]) if flat.numel() < size else flat
+
+
+def _set_local(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Parameter ``p`` (a ZeRO-3 partition or a whole tensor) from its full value."""
+    part = getattr(p, "ds_tensor", None)
+    if part is None or p.numel() == full.numel():  # whole, or a small one kept gathered
+        p.copy_(full)
+    if part is not None:
+        part.copy_(_piece(p, full))
+
+
+def _set_master(p: torch.Tensor, full: torch.Tensor, key: str | None = None) -> None:
+    """ZeRO's fp32 master copy of ``p`` (``key``: its optimizer state) from the full value.
+    At stage 3 this rank's piece goes through DeepSpeed's local setter: its full one
+    (``safe_set_full_*``, DeepSpeed 0.19.8) reads past the end of a tensor whose size the
+    ranks do not divide (the last, padded piece) and fails on that rank alone."""
+    from deepspeed import utils
+
+    if hasattr(p, "ds_tensor"):
+        if key is None:
+            utils.safe_set_local_fp32_param(p, _piece(p, full))
+        else:
+            utils.safe_set_local_optimizer_state(p, _piece(p, full), key)
+    elif key is None:
+        utils.safe_set_full_fp32_param(p, full)
+    else:
+        utils.safe_set_full_optimizer_state(p, full, key)
 
 
 def _materialize(zero) -> None:
