@@ -16,7 +16,7 @@ from typing import Literal
 from service.planner.hardware import GIB, ClusterHardware
 from service.planner.memory_model import Layout, RankMemory, Workload, worst_rank_memory
 from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
-from workers.contract import DDP, FSDP, HYBRID, PP, TP
+from workers.contract import DDP, DEEPSPEED, FSDP, HYBRID, PP, TP
 
 HEADROOM = 0.9  # warn above this share of GPU memory (allocator fragmentation, CUDA context)
 ZERO1_AS_ZERO2 = (
@@ -196,10 +196,31 @@ def layout_findings(
 
 
 def zero_stage_findings(layout: Layout) -> list[Finding]:
-    """A warning when ZeRO stage 1 is asked of FSDP, which runs it as stage 2."""
-    if layout.strategy == DDP or layout.zero_stage != 1:
+    """A warning when ZeRO stage 1 is asked of FSDP, which runs it as stage 2 (DeepSpeed
+    runs its own stage 1)."""
+    if layout.strategy in (DDP, DEEPSPEED) or layout.zero_stage != 1:
         return []
     return [Finding("warning", "parallelism.fsdp.zero_stage", ZERO1_AS_ZERO2)]
+
+
+def bucket_findings(job: Candidate, work: Workload) -> list[Finding]:
+    """A warning when DeepSpeed's reduce bucket, whose size does not follow the model's,
+    outweighs the state it reduces (5e8 elements unless set: 1.9 GiB per rank)."""
+    zero, bucket = job.layout.zero, job.memory.detail["buffers"].get("deepspeed_reduce_bucket")
+    if zero is None or not bucket or bucket <= max(job.memory.state.total, 256 * 2**20):
+        return []
+    suggested = work.cfg.dim * work.cfg.dim  # what Hugging Face's "auto" sets
+    return [
+        Finding(
+            "warning",
+            "parallelism.deepspeed.reduce_bucket_size",
+            f"DeepSpeed's reduce bucket of {zero.reduce_bucket_size:.3g} elements takes "
+            f"{gib(bucket)} per rank, more than the model state it reduces "
+            f"({job.memory.state.total / 2**20:.0f} MiB); set "
+            f"parallelism.deepspeed.reduce_bucket_size to about {suggested} (hidden size "
+            'squared, as Hugging Face\'s "auto" does)',
+        )
+    ]
 
 
 def fit_findings(

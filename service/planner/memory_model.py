@@ -28,6 +28,7 @@ from service.planner.activations import (
     logits_in_flight,
     selective_layer_bytes_per_token,
 )
+from service.planner.deepspeed_memory import zero_buffers, zero_state
 from service.planner.workload import (
     FP32,
     INT64,
@@ -92,13 +93,19 @@ class RankMemory:
     activations_checkpointed: int
     buffers: int
     host: int
-    offloaded: bool
+    host_state: StateBytes  # the part of ``state`` in host memory (CPU offload on GPUs)
     detail: dict = field(default_factory=dict)
 
     @property
+    def offloaded(self) -> bool:
+        """Whether any of the state lives in host memory."""
+        return self.host_state.total > 0
+
+    @property
     def device_state(self) -> StateBytes:
-        """State on the device (none of it under CPU offload)."""
-        return StateBytes(0, 0, 0) if self.offloaded else self.state
+        """State on the device: all of it but what CPU offload keeps in host memory."""
+        s, h = self.state, self.host_state
+        return StateBytes(s.params - h.params, s.grads - h.grads, s.optimizer - h.optimizer)
 
     @property
     def device_total(self) -> int:
@@ -154,6 +161,9 @@ def state_bytes(
     work: Workload, layout: Layout, *, pp_rank: int = 0, dp_rank: int = 0
 ) -> StateBytes:
     """Parameter, gradient and optimizer bytes of the rank at (pp_rank, dp_rank)."""
+    if layout.zero is not None:
+        z = zero_state(work, layout.zero_stage, layout.dp, layout.zero)
+        return StateBytes(z.params, z.grads, z.optimizer)
     part = rank_part(work.cfg, layout, pp_rank)
     n = _part_numel(work.cfg, part, tp=layout.tp, dp=layout.dp, dp_rank=dp_rank, fsdp=layout.fsdp)
     if work.lora is not None:
@@ -199,6 +209,8 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
         out["pipeline_p2p"] = FP32 * cfg.dim * tokens * layout.microbatches * receiving
     if work.reference_model and not (work.on_gpu and layout.fsdp and layout.cpu_offload):
         out["dpo_reference_model"] = reference_bytes(work, layout, pp_rank=pp_rank)
+    if layout.zero is not None:
+        out.update(zero_buffers(work, layout.zero_stage, layout.zero))
     if layout.fsdp:
         root = whole - part.layers * block
         # ZeRO-3 frees each block after forward (two in flight: current and
@@ -211,7 +223,7 @@ def buffer_bytes(work: Workload, layout: Layout, *, pp_rank: int = 0) -> dict[st
         out["fsdp_reduce_scatter"] = 2 * FP32 * grad_block
         if work.calls_per_step(layout) > 1:
             out["fsdp_unsharded_grad_accumulation"] = FP32 * grad_whole
-    elif work.precision == "bf16" and work.lora is None:
+    if not layout.shards_params and work.precision == "bf16" and work.lora is None:
         # Autocast casts every nn.Linear weight to bf16 and the copy is saved for backward
         # (LoRA's frozen weights are held in bf16 already).
         out["autocast_weight_copies"] = 2 * _part_numel(cfg, part, tp=layout.tp, linear_only=True)
@@ -237,14 +249,23 @@ def frozen_bytes(work: Workload, layout: Layout, part: Part, *, dp_rank: int) ->
     return held
 
 
+def host_state(work: Workload, layout: Layout, state: StateBytes) -> StateBytes:
+    """The part of a rank's ``state`` that CPU offload keeps in host memory (on GPUs)."""
+    if layout.zero is not None:
+        z = zero_state(work, layout.zero_stage, layout.dp, layout.zero)
+        return StateBytes(z.host_params, z.host_grads, z.host_optimizer)
+    return state if work.on_gpu and layout.fsdp and layout.cpu_offload else StateBytes(0, 0, 0)
+
+
 def host_bytes(work: Workload, layout: Layout, state: StateBytes) -> dict[str, int]:
     """Host memory per rank: offloaded state (and reference model) and async-checkpoint
     staging."""
     out = {}
-    if work.on_gpu and layout.fsdp and layout.cpu_offload:
-        out["cpu_offload_state"] = state.total
-        if work.reference_model:
-            out["dpo_reference_model"] = reference_bytes(work, layout)
+    offloaded = host_state(work, layout, state).total
+    if offloaded:
+        out["cpu_offload_state"] = offloaded
+    if work.on_gpu and layout.fsdp and layout.cpu_offload and work.reference_model:
+        out["dpo_reference_model"] = reference_bytes(work, layout)
     if work.async_checkpoint:
         out["async_checkpoint_staging"] = state.params + state.optimizer
     return out
@@ -264,7 +285,7 @@ def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemo
         activations_checkpointed=act_ckpt,
         buffers=sum(buffers.values()),
         host=sum(host.values()),
-        offloaded=work.on_gpu and layout.fsdp and layout.cpu_offload,
+        host_state=host_state(work, layout, state),
         detail={"buffers": buffers, "host": host},
     )
 

@@ -28,6 +28,7 @@ from service.planner.plan import (
     RecommendedLayout,
     StepEstimateView,
 )
+from service.planner.workload import ZeroOptions
 from workers.contract import DEEPSPEED
 from workers.models.config import ModelConfig, count_params, get_model_config
 from workers.spec import JobSpec
@@ -111,9 +112,10 @@ def workload_of(spec: JobSpec, model_config: ModelConfig | None = None) -> Workl
 def layout_of(spec: JobSpec, world: int) -> Layout:
     """The job's own layout at ``world`` workers."""
     par = spec.parallelism
-    zero_stage, offload = par.fsdp.zero_stage, par.fsdp.cpu_offload
+    zero_stage, offload, zero = par.fsdp.zero_stage, par.fsdp.cpu_offload, None
     if par.strategy == DEEPSPEED:
-        zero_stage, offload = par.deepspeed.zero_stage, par.deepspeed.offload_optimizer == "cpu"
+        zero = ZeroOptions.of(par.deepspeed)
+        zero_stage, offload = par.deepspeed.zero_stage, zero.offload_optimizer
     return Layout(
         par.strategy,
         dp=spec.data_parallel_size(world),
@@ -123,6 +125,7 @@ def layout_of(spec: JobSpec, world: int) -> Layout:
         cpu_offload=offload,
         schedule=par.pipeline.schedule,
         microbatches=par.pipeline.microbatches,
+        zero=zero,
     )
 
 
@@ -313,4 +316,5 @@ def _findings(
         findings += rules.waste_findings(job, cands, hw, workers_per_node=workers_per_node)
         findings += rules.hardware_findings(job, hw)
         findings += rules.accumulation_finding(job, work)
+    findings += rules.bucket_findings(job, work)
     return findings + _capacity_findings(spec, hw, job, workers_per_node)

@@ -90,12 +90,12 @@ def estimate_step(
     if layout.dp > 1:
         link = _group_link(layout.tp * layout.dp, hw, gpus_per_worker)
         gathers = calls * (2 if layout.zero_stage == 3 else 1)
-        if layout.fsdp:
+        if layout.shards_params:
             nbytes = (gathers * local * work.compute_bytes + local * FP32) * _ring(layout.dp, "ag")
         else:
             nbytes = local * FP32 * _ring(layout.dp, "all_reduce")
         groups["dp"] = _comm_seconds(nbytes, link)
-        if layout.fsdp and layout.cpu_offload:
+        if layout.cpu_offload and (layout.fsdp or layout.zero is not None):
             # Shards go host -> device for every all-gather and gradients come back.
             shard = local / layout.dp
             nbytes = (gathers + 1) * shard * FP32

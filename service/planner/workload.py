@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from workers.contract import DDP, DEEPSPEED
 from workers.models.config import ModelConfig
+from workers.spec.deepspeed import DEEPSPEED_DEFAULTS, DeepSpeedSpec
 
 FP32, INT64 = 4, 8
 # etrain's projections by the Hugging Face names LoRA targets use: (etrain name, in, out).
@@ -54,6 +55,41 @@ def adapter_numel(cfg: ModelConfig, lora: LoraShape) -> int:
 
 
 @dataclass(frozen=True)
+class ZeroOptions:
+    """The DeepSpeed options memory depends on, DeepSpeed's defaults filled in."""
+
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    reduce_bucket_size: int = DEEPSPEED_DEFAULTS["reduce_bucket_size"]
+    overlap_comm: bool | None = None  # DeepSpeed's default: on at stage 3 only
+    contiguous_gradients: bool = DEEPSPEED_DEFAULTS["contiguous_gradients"]
+    persistence_threshold: int = DEEPSPEED_DEFAULTS["stage3_param_persistence_threshold"]
+    prefetch_bucket_size: int = DEEPSPEED_DEFAULTS["stage3_prefetch_bucket_size"]
+
+    @classmethod
+    def of(cls, ds: DeepSpeedSpec) -> ZeroOptions:
+        """The options of a spec's ``parallelism.deepspeed`` section."""
+
+        def pick(name: str):
+            value = getattr(ds, name)
+            return DEEPSPEED_DEFAULTS[name] if value is None else value
+
+        return cls(
+            offload_optimizer=ds.offload_optimizer == "cpu",
+            offload_param=ds.offload_param == "cpu",
+            reduce_bucket_size=int(pick("reduce_bucket_size")),
+            overlap_comm=ds.overlap_comm,
+            contiguous_gradients=bool(pick("contiguous_gradients")),
+            persistence_threshold=int(pick("stage3_param_persistence_threshold")),
+            prefetch_bucket_size=int(pick("stage3_prefetch_bucket_size")),
+        )
+
+    def overlaps(self, stage: int) -> bool:
+        """Whether the engine overlaps reduction with backward (double reduce buckets)."""
+        return stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+
+@dataclass(frozen=True)
 class Layout:
     """How ranks split the model: degrees, FSDP options and pipeline schedule."""
 
@@ -65,6 +101,7 @@ class Layout:
     cpu_offload: bool = False
     schedule: str = "1f1b"
     microbatches: int = 1
+    zero: ZeroOptions | None = None  # DeepSpeed's options (strategy deepspeed only)
 
     @property
     def world(self) -> int:
@@ -75,9 +112,15 @@ class Layout:
     def fsdp(self) -> bool:
         """Whether FSDP2 wraps the model (every strategy but DDP does when dp > 1, and with
         CPU offload also on one dp rank: the state then lives in host memory)."""
-        if self.strategy == DEEPSPEED and self.zero_stage == 0:
-            return False  # DeepSpeed's ZeRO-0 replicates, as DDP does
+        if self.strategy == DEEPSPEED:
+            return False  # its ZeRO is DeepSpeed's own (service.planner.deepspeed_memory)
         return self.strategy != DDP and (self.dp > 1 or self.cpu_offload)
+
+    @property
+    def shards_params(self) -> bool:
+        """Whether parameters are sharded over dp and gathered for compute (FSDP, or
+        DeepSpeed's ZeRO-3)."""
+        return self.fsdp or (self.strategy == DEEPSPEED and self.zero_stage == 3)
 
     @property
     def stages_per_rank(self) -> int:
@@ -89,6 +132,10 @@ class Layout:
         parts = [self.strategy]
         if self.fsdp:
             parts.append(f"zero{self.zero_stage}" + (" offload" if self.cpu_offload else ""))
+        elif self.zero is not None:
+            offload = [n for n, on in (("optimizer", self.cpu_offload),
+                                       ("param", self.zero.offload_param)) if on]  # fmt: skip
+            parts.append(f"zero{self.zero_stage}" + "".join(f" offload-{n}" for n in offload))
         parts += [f"tp={self.tp}"] if self.tp > 1 else []
         parts += [f"pp={self.pp} {self.schedule} m={self.microbatches}"] if self.pp > 1 else []
         return " ".join([*parts, f"dp={self.dp}"])

@@ -35,6 +35,16 @@ def _fsdp(stage: int, offload: bool = False) -> dict:
     return {"strategy": "fsdp", "fsdp": {"zero_stage": stage, "cpu_offload": offload}}
 
 
+def _deepspeed(stage: int, offload: bool = False) -> dict:
+    """DeepSpeed ZeRO at ``stage``; ``offload``: the optimizer state, and at stage 3 the
+    parameters too, in host memory (ZeRO-Infinity on the CPU)."""
+    ds: dict = {"zero_stage": stage}
+    if offload:
+        ds["offload_optimizer"] = "cpu"
+        ds["offload_param"] = "cpu" if stage == 3 else "none"
+    return {"strategy": "deepspeed", "deepspeed": ds}
+
+
 # Row name in docs/planner.md -> (spec, cluster).
 SCENARIOS = {
     "7B LoRA, 1x24GB, no recompute": (
@@ -72,6 +82,22 @@ SCENARIOS = {
         _spec("llama-7b", 8, _fsdp(3, True), ac="full"),
         NODE_H100,
     ),
+    # The same questions with DeepSpeed's ZeRO (service.planner.deepspeed_memory).
+    "70B LoRA, 1x24GB, DeepSpeed ZeRO-3, full recompute": (
+        _spec("llama-70b", 1, _deepspeed(3), ac="full", lora=LORA),
+        ONE_24GB,
+    ),
+    "70B LoRA, 1x24GB + 256 GB host, DeepSpeed ZeRO-3 + offload, full recompute": (
+        _spec("llama-70b", 1, _deepspeed(3, True), ac="full", lora=LORA),
+        {**ONE_24GB, "host_memory_gb": 256},
+    ),
+    **{
+        f"7B full, 8xH100, DeepSpeed ZeRO-{stage}{' + offload' if offload else ''}": (
+            _spec("llama-7b", 8, _deepspeed(stage, offload), ac="full"),
+            NODE_H100,
+        )
+        for stage, offload in ((0, False), (1, False), (2, False), (2, True), (3, False), (3, True))
+    },
 }
 
 
@@ -119,6 +145,23 @@ def test_the_roadmap_verdicts():
     ]
     assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[-1] < per_gpu[0]
     assert re.search(r"\d", DOC.read_text())
+
+
+def test_the_roadmap_verdicts_with_deepspeed():
+    fits = {name: answer(name)[0] == "fits" for name in SCENARIOS}
+    # 70B LoRA on one 24 GB GPU: ZeRO-3 alone holds the whole base; with the parameters
+    # and optimizer offloaded it fits, the base in host memory.
+    assert not fits["70B LoRA, 1x24GB, DeepSpeed ZeRO-3, full recompute"]
+    offloaded = "70B LoRA, 1x24GB + 256 GB host, DeepSpeed ZeRO-3 + offload, full recompute"
+    assert fits[offloaded] and float(answer(offloaded)[2]) > 130
+    # 7B full on 8 H100s: stage 0 replicates all 16 bytes a parameter; each stage holds no
+    # more than the one before; stages 1 and 2 differ only in when gradients are dropped.
+    stages = ["ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 + offload", "ZeRO-3", "ZeRO-3 + offload"]
+    per_gpu = [float(answer(f"7B full, 8xH100, DeepSpeed {s}")[1]) for s in stages]
+    assert not fits["7B full, 8xH100, DeepSpeed ZeRO-0"]
+    assert fits["7B full, 8xH100, DeepSpeed ZeRO-3"]
+    assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[1] == per_gpu[2]
+    assert per_gpu[-1] < per_gpu[0] / 3
 
 
 # Llama 3 8B's config.json (the fields etrain reads), for the DPO example's model.hf.
