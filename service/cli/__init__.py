@@ -21,6 +21,7 @@ import httpx
 import typer
 from rich.console import Console
 
+import service.cli.report_compare as report_compare
 from service.cli import data, export, generate, jobs, manifests, plan, report, tokens
 from service.cli.common import EXIT_API_ERROR, EXIT_INTERRUPTED, Session
 from service.client import DEFAULT_URL
@@ -71,6 +72,7 @@ generate.register(app)
 data.register(app)
 tokens.register(app)
 report.register(app)
+report_compare.register(report.report_app)
 
 if __name__ == "__main__":
     app()

@@ -1,5 +1,6 @@
 """``etrain report scaling|memory|accumulation|job``: run a spec's variants, or read one job,
 and write tables and PNGs (with a ``report.md`` that embeds them) into ``--out``.
+``report compare`` (:mod:`service.cli.report_compare`) runs on what this module shares.
 
 Each variant is planned first (``POST /v1/plan``: a bad variant fails before any job
 runs), then submitted as ``report-<kind>-<variant>`` and watched to its end, one
@@ -28,7 +29,8 @@ from service.reports.markdown import default_out, write_report
 from service.reports.tables import Table
 
 report_app = typer.Typer(
-    help="Reports as pictures: scaling, memory per strategy, gradient accumulation, one job.",
+    help="Reports as pictures: scaling, memory per strategy, gradient accumulation, one job, "
+    "strategies compared.",
     no_args_is_help=True,
 )
 
@@ -47,6 +49,7 @@ StepsOpt = Annotated[
 WarmupOpt = Annotated[
     int, typer.Option(min=0, help="Leading steps left out of throughput (warm-up).")
 ]
+STRATEGIES_HELP = "Which of " + ", ".join(variants.MEMORY_STRATEGIES) + " to run, comma-separated."
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -115,8 +118,17 @@ class Runs:
         except ValueError as e:
             raise self.s.fail(f"job {job['id']}: {e}", 1) from None
 
+    def memory(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The memory each rank of the job measured (exit 1 when none reported any)."""
+        with self.s.api_errors():
+            ranks = self.api.get_memory(job["id"]).get("ranks") or []
+        ranks = [r for r in ranks if isinstance(r, dict)]
+        if not ranks:
+            raise self.s.fail(f"job {job['id']} reported no memory", 1)
+        return ranks
 
-def _start(ctx: typer.Context, spec: Path) -> tuple[Runs, Any]:
+
+def start_runs(ctx: typer.Context, spec: Path) -> tuple[Runs, Any]:
     """The runner and the parsed spec."""
     s = session(ctx)
     body = s.load_file(spec)
@@ -125,7 +137,7 @@ def _start(ctx: typer.Context, spec: Path) -> tuple[Runs, Any]:
     return Runs(s, client(ctx)), body
 
 
-def _out_dir(s: Session, out: Path | None, kind: str) -> Path:
+def make_out_dir(s: Session, out: Path | None, kind: str) -> Path:
     """``out`` (or the default), created."""
     path = out if out is not None else default_out(kind)
     try:
@@ -143,7 +155,7 @@ def _print(s: Session, table: Table) -> None:
     s.console.print(shown)
 
 
-def _finish(s: Session, out: Path, title: str, intro: list[str], table: Table, images) -> None:
+def finish(s: Session, out: Path, title: str, intro: list[str], table: Table, images) -> None:
     """Print the table, write report.md beside the images and say where."""
     _print(s, table)
     report = write_report(out, title, intro, [table], images)
@@ -164,12 +176,12 @@ def scaling(
     The global batch stays the spec's; speedup is against the smallest size given.
     """
     sizes = sorted(_ints(workers, "--workers"))
-    runs, body = _start(ctx, spec)
-    with _spec_errors(runs.s):
+    runs, body = start_runs(ctx, spec)
+    with spec_errors(runs.s):
         specs = variants.scaling_specs(body, sizes, steps=steps)
     for _, one in specs:
         runs.plan(one)
-    out_dir = _out_dir(runs.s, out, "scaling")
+    out_dir = make_out_dir(runs.s, out, "scaling")
     measured = []
     with runs.cancelling():
         for n, one in specs:
@@ -183,16 +195,21 @@ def scaling(
         f"Spec `{spec.name}` at {', '.join(map(str, sizes))} workers; first {warmup} "
         "steps left out; speedup and efficiency against the smallest size."
     ]
-    _finish(runs.s, out_dir, "Scaling", intro, tables.scaling_table(rows), [png])
+    finish(runs.s, out_dir, "Scaling", intro, tables.scaling_table(rows), [png])
 
 
 @contextlib.contextmanager
-def _spec_errors(s: Session) -> Iterator[None]:
+def spec_errors(s: Session) -> Iterator[None]:
     """A spec a variant cannot be made of: exit 2 with why."""
     try:
         yield
     except ValueError as e:
         raise s.fail(str(e)) from None
+
+
+def strategy_names(text: str) -> list[str]:
+    """``ddp,ds-zero3`` as names (checked against MEMORY_STRATEGIES by the variants)."""
+    return [n.strip() for n in text.split(",") if n.strip()]
 
 
 @report_app.command()
@@ -202,39 +219,39 @@ def memory(
     steps: Annotated[
         int, typer.Option(min=1, help="train.steps of each run (memory is measured at the start).")
     ] = 3,
-    strategies: Annotated[
-        str, typer.Option(help="Which of them to run, comma-separated.")
-    ] = ",".join(variants.MEMORY_STRATEGIES),
+    strategies: Annotated[str, typer.Option(help=STRATEGIES_HELP)] = ",".join(
+        variants.MEMORY_STRATEGIES
+    ),
     out: OutOpt = None,
 ) -> None:
-    """Memory per rank of SPEC as DDP, ZeRO-2, ZeRO-3 and ZeRO-3 + CPU offload.
+    """Memory per rank of SPEC by ZeRO stage, under FSDP and DeepSpeed.
 
-    Measured by the workers and predicted by the planner, side by side.
+    DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3 + CPU offload, then DeepSpeed ZeRO-0, 1, 2, 3 and
+    3 + CPU offload (parameters and optimizer), measured by the workers and predicted by
+    the planner, side by side. The DeepSpeed runs keep the spec's own
+    parallelism.deepspeed tuning (reduce_bucket_size, ...).
     """
-    runs, body = _start(ctx, spec)
-    names = [n.strip() for n in strategies.split(",") if n.strip()]
-    with _spec_errors(runs.s):
-        specs = variants.memory_specs(body, steps=steps, strategies=names)
+    runs, body = start_runs(ctx, spec)
+    with spec_errors(runs.s):
+        specs = variants.memory_specs(body, steps=steps, strategies=strategy_names(strategies))
     plans = {name: runs.plan(one) for name, one in specs}
-    out_dir = _out_dir(runs.s, out, "memory")
+    out_dir = make_out_dir(runs.s, out, "memory")
     rows: list[tables.MemoryRow] = []
     with runs.cancelling():
         for name, one in specs:
             job = runs.run(one)
-            with runs.s.api_errors():
-                ranks = runs.api.get_memory(job["id"]).get("ranks") or []
-            measured = tables.measured_row(name, ranks)
-            if measured is None:
-                raise runs.s.fail(f"job {job['id']} reported no memory", 1)
-            rows += [measured, tables.predicted_row(name, plans[name])]
+            measured = tables.measured_row(name, runs.memory(job))  # None: no rank, refused
+            rows += [m for m in (measured, tables.predicted_row(name, plans[name])) if m]
     from service.reports import plots
 
     png = plots.memory_png(rows, out_dir / "memory.png")
     intro = [
         f"Spec `{spec.name}`: bytes per rank (the rank holding most), measured by the "
-        "workers and predicted by the planner; host = the plan's host bytes per rank."
+        "workers and predicted by the planner; buckets = DeepSpeed's reduce buckets "
+        "(measured; the plan counts its own among other, its buffers); host = the plan's "
+        "host bytes per rank."
     ]
-    _finish(runs.s, out_dir, "Memory per strategy", intro, tables.memory_table(rows), [png])
+    finish(runs.s, out_dir, "Memory per strategy", intro, tables.memory_table(rows), [png])
 
 
 @report_app.command()
@@ -252,15 +269,15 @@ def accumulation(
     at the degree the API gives for the size each job ran at.
     """
     micros = _ints(micro, "--micro")
-    runs, body = _start(ctx, spec)
-    with _spec_errors(runs.s):
+    runs, body = start_runs(ctx, spec)
+    with spec_errors(runs.s):
         specs = variants.accumulation_specs(body, micros, steps=steps)
     for _, one in specs:
         degrees = runs.plan(one)["layout"]["data_parallel"]  # the API's, at min and max
-        with _spec_errors(runs.s):
+        with spec_errors(runs.s):
             for dp in sorted({degrees["min"], degrees["max"]}):
                 variants.accumulation_steps(one, dp)
-    out_dir = _out_dir(runs.s, out, "accumulation")
+    out_dir = make_out_dir(runs.s, out, "accumulation")
     measured = []
     with runs.cancelling():
         for m, one in specs:
@@ -276,7 +293,7 @@ def accumulation(
         f"Spec `{spec.name}` at micro-batch {', '.join(map(str, micros))}; first "
         f"{warmup} steps left out; relative to micro-batch {micros[0]}."
     ]
-    _finish(runs.s, out_dir, "Gradient accumulation", intro, tables.accumulation_table(rows), [png])
+    finish(runs.s, out_dir, "Gradient accumulation", intro, tables.accumulation_table(rows), [png])
 
 
 @report_app.command()
@@ -292,7 +309,7 @@ def job(ctx: typer.Context, job_id: JobIdArg, out: OutOpt = None) -> None:
         goodput = api.get_goodput(job_id)
     if not points:
         raise s.fail(f"job {job_id} has no metrics yet", 1)
-    out_dir = _out_dir(s, out, "job")
+    out_dir = make_out_dir(s, out, "job")
     marks = tables.markers(events, points)
     from service.reports import plots
 
@@ -318,7 +335,7 @@ def job(ctx: typer.Context, job_id: JobIdArg, out: OutOpt = None) -> None:
         f"Job `{job_id}` ({found.get('name')}), {found.get('status')}; markers: "
         + (", ".join(sorted({k for _, k in marks})) or "none")
     ]
-    _finish(s, out_dir, f"Job {job_id}", intro, tables.job_table(found, points, goodput), images)
+    finish(s, out_dir, f"Job {job_id}", intro, tables.job_table(found, points, goodput), images)
 
 
 def register(app: typer.Typer) -> None:

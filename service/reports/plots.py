@@ -20,6 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from service.reports.tables import (
     COMPONENTS,
     AccumulationRow,
+    CompareRow,
     MemoryRow,
     ScalingRow,
 )
@@ -33,8 +34,14 @@ COLORS = {
     "grads": "#dd8452",
     "optimizer": "#55a868",
     "activations": "#c44e52",
+    "buckets": "#937860",
     "other": "#8172b3",
 }
+# What the memory legend's two catch-all parts hold, measured and predicted.
+LEGEND_TITLE = (
+    "component\n(buckets: DeepSpeed's reduce\nbuckets, measured; other:\ngathered params and"
+    "\nfrozen parts measured,\nbuffers predicted)"
+)
 MARKER_STYLE = {
     "checkpoint_saved": ("#55a868", ":"),
     "restored": ("#c44e52", "--"),
@@ -76,6 +83,13 @@ def scaling_png(rows: list[ScalingRow], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _part(row: MemoryRow, part: str) -> int:
+    """Bytes of one stacked part of ``row``."""
+    if part == "other":
+        return row.other
+    return (row.buckets or 0) if part == "buckets" else row.parts[part]
+
+
 def memory_png(rows: list[MemoryRow], path: Path) -> Path:
     """Stacked bars per rank: each strategy's measured and predicted side by side."""
     fig, ax = plt.subplots(figsize=FIGSIZE, layout="constrained")
@@ -86,28 +100,22 @@ def memory_png(rows: list[MemoryRow], path: Path) -> Path:
         xs = [i + offset for i, s in enumerate(strategies) if s in mine]
         picked = [mine[s] for s in strategies if s in mine]
         bottom = [0.0] * len(picked)
-        for part in (*COMPONENTS, "other"):
-            values = [(r.other if part == "other" else r.parts[part]) / MIB for r in picked]
+        for part in (*COMPONENTS, "buckets", "other"):
+            values = [_part(r, part) / MIB for r in picked]
             label = part if source == "measured" else None
             ax.bar(xs, values, width, bottom=bottom, color=COLORS[part], hatch=hatch, label=label)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         for x, top in zip(xs, bottom, strict=True):
             ax.annotate(source[0], (x, top), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(strategies)), strategies)
+    ax.set_xticks(range(len(strategies)), strategies, rotation=20, ha="right")
     ax.set(ylabel="MiB per rank", title="memory per rank: m = measured, p = predicted (hatched)")
-    ax.legend(
-        title="component\n(other: gathered params\nand frozen parts measured,\nbuffers predicted)",
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-    )
+    ax.legend(title=LEGEND_TITLE, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
 
-def accumulation_png(rows: list[AccumulationRow], path: Path) -> Path:
-    """Throughput per micro-batch size at the fixed global batch."""
-    fig, ax = plt.subplots(figsize=FIGSIZE, layout="constrained")
-    labels = [f"micro {r.micro}\n{r.accumulation} accum." for r in rows]
+def _speed_bars(ax, labels: list[str], rows: list[AccumulationRow] | list[CompareRow]) -> None:
+    """Tokens/s of each row as a bar labelled ``labels``, its relative speed on top."""
     bars = ax.bar(labels, [r.speed.tokens_per_s for r in rows], color=COLORS["params"])
     for bar, r in zip(bars, rows, strict=True):
         ax.annotate(
@@ -116,8 +124,43 @@ def accumulation_png(rows: list[AccumulationRow], path: Path) -> Path:
             ha="center",
             va="bottom",
         )
+
+
+def accumulation_png(rows: list[AccumulationRow], path: Path) -> Path:
+    """Throughput per micro-batch size at the fixed global batch."""
+    fig, ax = plt.subplots(figsize=FIGSIZE, layout="constrained")
+    labels = [f"micro {r.micro}\n{r.accumulation} accum." for r in rows]
+    _speed_bars(ax, labels, rows)
     ax.set(ylabel="tokens/s (after warm-up)", title="gradient accumulation at a fixed global batch")
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def compare_png(rows: list[CompareRow], path: Path) -> Path:
+    """Throughput (relative to the first annotated) and peak memory per rank, per strategy;
+    the planner's prediction beside each measured peak."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE, layout="constrained")
+    names = [r.strategy for r in rows]
+    _speed_bars(left, names, rows)
+    left.set(ylabel="tokens/s (after warm-up)", title=f"throughput, relative to {names[0]}")
+    xs = range(len(rows))
+    width = 0.38
+    peaks = [(r.peak or 0) / MIB for r in rows]
+    right.bar([x - width / 2 for x in xs], peaks, width, color=COLORS["activations"], label="peak")
+    predicted = [r.predicted / MIB for r in rows]
+    right.bar(
+        [x + width / 2 for x in xs],
+        predicted,
+        width,
+        color=COLORS["other"],
+        hatch="//",
+        label="predicted",
+    )
+    right.set_xticks(list(xs), names)
+    right.set(ylabel="MiB per rank", title="memory of the rank holding most")
+    right.legend()
+    for ax in (left, right):
+        ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
 

@@ -115,6 +115,7 @@ class MemoryRow:
     parts: dict[str, int]  # COMPONENTS
     other: int  # measured: gathered parameters and frozen parts; predicted: buffers
     host: int | None = None  # predicted host bytes per rank (CPU offload)
+    buckets: int | None = None  # measured: DeepSpeed's reduce buckets (the plan: in buffers)
 
     @property
     def state(self) -> int:
@@ -123,8 +124,8 @@ class MemoryRow:
 
     @property
     def total(self) -> int:
-        """Every component and the other bytes."""
-        return sum(self.parts.values()) + self.other
+        """Every component, the buckets and the other bytes."""
+        return sum(self.parts.values()) + (self.buckets or 0) + self.other
 
 
 def _int(value: Any) -> int:
@@ -140,13 +141,20 @@ def measured_row(strategy: str, ranks: list[dict[str, Any]]) -> MemoryRow | None
             "measured",
             {c: _int(r.get(f"{c}_bytes")) for c in COMPONENTS},
             _int(r.get("gathered_params_bytes"))
-            + _int(r.get("buckets_bytes"))  # DeepSpeed's reduce buckets
             + sum(_int(r.get(f"{name}_bytes")) for name in FROZEN_PARTS),
+            buckets=_int(r.get("buckets_bytes")),
         )
         for r in ranks
         if isinstance(r, dict)
     ]
     return max(rows, key=lambda r: sum(r.parts.values()), default=None)
+
+
+def peak_bytes(ranks: list[dict[str, Any]]) -> int | None:
+    """The highest ``peak_bytes`` of the ranks (device memory allocated at its peak on a
+    GPU; on a CPU every part measured); None when no rank reported one."""
+    peaks = [_int(r.get("peak_bytes")) for r in ranks if isinstance(r, dict)]
+    return max(peaks) if any(peaks) else None
 
 
 def predicted_row(strategy: str, plan: dict[str, Any]) -> MemoryRow:
@@ -168,16 +176,58 @@ def memory_table(rows: list[MemoryRow]) -> Table:
     """One line per strategy and source, in MiB per rank."""
     return Table(
         "memory per rank (MiB)",
-        ("strategy", "source", *COMPONENTS, "other", "state", "total", "host"),
+        ("strategy", "source", *COMPONENTS, "buckets", "other", "state", "total", "host"),
         [
             (
                 r.strategy,
                 r.source,
                 *(mib(r.parts[c]) for c in COMPONENTS),
+                mib(r.buckets),
                 mib(r.other),
                 mib(r.state),
                 mib(r.total),
                 mib(r.host),
+            )
+            for r in rows
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One strategy of a comparison: its speed against the first one's, its memory."""
+
+    strategy: str
+    speed: Throughput
+    relative: float
+    peak: int | None  # measured: the highest peak_bytes of its ranks
+    predicted: int  # the plan's device bytes of its worst rank
+    job_id: str = ""
+
+
+def compare_rows(runs: list[tuple[str, Throughput, int | None, int, str]]) -> list[CompareRow]:
+    """(strategy, speed, measured peak, predicted bytes, job) runs, in the order given,
+    throughput relative to the first."""
+    if not runs:
+        return []
+    base = runs[0][1].tokens_per_s
+    return [CompareRow(n, s, s.tokens_per_s / base, p, d, j) for n, s, p, d, j in runs]
+
+
+def compare_table(rows: list[CompareRow]) -> Table:
+    """Strategy, job, throughput (relative to the first) and memory per rank in MiB."""
+    return Table(
+        "strategies compared",
+        ("strategy", "job", "tokens/s", "step ms", "relative", "peak MiB", "predicted MiB"),
+        [
+            (
+                r.strategy,
+                r.job_id,
+                f"{r.speed.tokens_per_s:.1f}",
+                f"{r.speed.step_time_s * 1000:.1f}",
+                f"{r.relative:.3f}",
+                mib(r.peak),
+                mib(r.predicted),
             )
             for r in rows
         ],

@@ -15,7 +15,19 @@ MEMORY_STRATEGIES: dict[str, dict[str, Any]] = {
     "zero2": {"strategy": "fsdp", "fsdp": {"zero_stage": 2, "cpu_offload": False}},
     "zero3": {"strategy": "fsdp", "fsdp": {"zero_stage": 3, "cpu_offload": False}},
     "zero3-offload": {"strategy": "fsdp", "fsdp": {"zero_stage": 3, "cpu_offload": True}},
+    "ds-zero0": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 0}},
+    "ds-zero1": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 1}},
+    "ds-zero2": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}},
+    "ds-zero3": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+    "ds-zero3-offload": {
+        "strategy": "deepspeed",
+        "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    },
 }
+# What a ``ds-*`` variant keeps of the spec's own ``parallelism.deepspeed``: everything but
+# the stage and offload the variant sets, and the config file (its ZeRO tuning is read in).
+_DS_SET_BY_VARIANT = ("zero_stage", "offload_optimizer", "offload_param", "config")
+_DS_CONFIG_SKIPPED = ("stage", "offload_optimizer", "offload_param")
 
 
 def _section(spec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -56,22 +68,65 @@ def scaling_specs(
     return out
 
 
-def memory_specs(
-    spec: dict[str, Any], *, steps: int | None = None, strategies: list[str] | None = None
-) -> list[tuple[str, dict[str, Any]]]:
-    """The spec as each of ``strategies`` (default: DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3
-    with CPU offload); ValueError naming one that MEMORY_STRATEGIES lacks."""
-    names = list(MEMORY_STRATEGIES) if strategies is None else strategies
+def deepspeed_tuning(spec: dict[str, Any], stage: int) -> dict[str, Any]:
+    """What a ``ds-*`` variant at ZeRO ``stage`` keeps of the spec's own
+    ``parallelism.deepspeed``: its tuning (``reduce_bucket_size``, the stage-3 limits...),
+    given directly or in its ``config``'s ``zero_optimization`` ("auto" left out), but not
+    the stage and offload the variant sets; ``overlap_comm`` only at stages 2 and 3 (the
+    server refuses it below, where gradients are reduced once, after backward)."""
+    parallelism = spec.get("parallelism")
+    section = parallelism.get("deepspeed") if isinstance(parallelism, dict) else None
+    if not isinstance(section, dict):
+        return {}
+    config = section.get("config")
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    out = {
+        k: v
+        for k, v in (zero.items() if isinstance(zero, dict) else ())
+        if k not in _DS_CONFIG_SKIPPED and v != "auto"
+    }
+    out.update({k: v for k, v in section.items() if k not in _DS_SET_BY_VARIANT})
+    if stage < 2:
+        out.pop("overlap_comm", None)
+    return out
+
+
+def _names_error(names: list[str], at_least: int) -> str | None:
+    """What is wrong with ``names`` as strategies to run (None when nothing is)."""
     unknown = [n for n in names if n not in MEMORY_STRATEGIES]
     if unknown or not names:
-        raise ValueError(
-            f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
-            f"choose from {', '.join(MEMORY_STRATEGIES)}"
-        )
+        return f"unknown {', '.join(unknown) or '(none given)'}"
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        return f"{', '.join(repeated)} given twice"
+    if len(names) < at_least:
+        return f"give at least {at_least} (got {', '.join(names)})"
+    return None
+
+
+def memory_specs(
+    spec: dict[str, Any],
+    *,
+    steps: int | None = None,
+    strategies: list[str] | None = None,
+    kind: str = "memory",
+    at_least: int = 1,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The spec as each of ``strategies`` (default: every one of MEMORY_STRATEGIES), named
+    ``report-<kind>-<strategy>``; its ``parallelism`` is the strategy's, and a ``ds-*`` one
+    keeps the spec's DeepSpeed tuning (:func:`deepspeed_tuning`). ValueError naming
+    ``--strategies`` when a name is unknown or repeated, or fewer than ``at_least`` are given."""
+    names = list(MEMORY_STRATEGIES) if strategies is None else strategies
+    why = _names_error(names, at_least)
+    if why:
+        raise ValueError(f"--strategies: {why}; choose from {', '.join(MEMORY_STRATEGIES)}")
     out = []
     for name in names:
-        one = variant(spec, "memory", name, steps=steps)
+        one = variant(spec, kind, name, steps=steps)
         one["parallelism"] = copy.deepcopy(MEMORY_STRATEGIES[name])
+        ds = one["parallelism"].get("deepspeed")
+        if ds is not None:
+            ds.update(deepspeed_tuning(spec, ds["zero_stage"]))
         out.append((name, one))
     return out
 

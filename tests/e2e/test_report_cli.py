@@ -17,6 +17,16 @@ TINY = {
     "train": {"steps": 6, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3},
     "checkpoint": {"every_steps": 3},
 }
+# TINY as a DeepSpeed job, tuned as the reports' ds-* runs keep it: a small reduce bucket
+# (DeepSpeed's default, 5e8 fp32 elements, is 1.9 GiB a rank at ZeRO-3), and every
+# parameter partitioned at ZeRO-3 (by default one under 1e5 elements, here every one of
+# gpt-tiny's, stays whole on each rank).
+BUCKET = 1_000_000
+TUNED = {"reduce_bucket_size": BUCKET, "stage3_param_persistence_threshold": 0}
+TINY_DS = {
+    **TINY,
+    "parallelism": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, **TUNED}},
+}
 
 
 def write_spec(tmp_path, spec: dict = TINY):
@@ -81,22 +91,49 @@ def test_scaling_then_the_job_report_of_its_largest_run(served, tmp_path):
     assert "![loss](loss.png)" in report and "checkpoint_saved" in report
 
 
-def test_memory_measured_and_predicted_per_strategy(served, tmp_path):
+def test_memory_measured_and_predicted_ddp_against_deepspeed_zero3(served, tmp_path):
     out = tmp_path / "memory"
-    # Two of the four strategies (the unit tests check that all four are submitted): each
+    # Two of the nine strategies (the unit tests check that all nine are submitted): each
     # run is a job start, the most of this file's wall time.
-    args = ("--strategies", "ddp,zero3", "--steps", "2", "--out", str(out))
-    result = run_ok(served, "report", "memory", str(write_spec(tmp_path)), *args)
+    args = ("--strategies", "ddp,ds-zero3", "--steps", "2", "--out", str(out))
+    result = run_ok(served, "report", "memory", str(write_spec(tmp_path, TINY_DS)), *args)
     rows = {(r["strategy"], r["source"]): r for r in table_rows(result.stdout, "strategy")}
-    strategies = ("ddp", "zero3")
+    strategies = ("ddp", "ds-zero3")
     assert set(rows) == {(s, src) for s in strategies for src in ("measured", "predicted")}
     measured = {s: float(rows[s, "measured"]["state"]) for s in strategies}
-    # ZeRO-3 shards parameters, gradients and optimizer state over the 2 ranks.
-    assert 0 < measured["zero3"] < measured["ddp"]
-    assert measured["zero3"] == pytest.approx(measured["ddp"] / 2, rel=0.05)
+    # ZeRO-3 over 2 ranks with AdamW: params 4/2, grads 4/2 and the optimizer 12/2 bytes a
+    # parameter (two moments and the fp32 master copy) against DDP's 4 + 4 + 8: 10/16.
+    assert 0.5 * measured["ddp"] < measured["ds-zero3"] < 0.75 * measured["ddp"]
+    # Its reduce bucket, reduce_bucket_size fp32 elements (the spec's, kept by the run).
+    assert rows["ds-zero3", "measured"]["buckets"] == f"{4 * BUCKET / 2**20:.2f}"
+    assert rows["ddp", "measured"]["buckets"] == "0.00"
     predicted = {s: float(rows[s, "predicted"]["state"]) for s in strategies}
-    assert predicted["zero3"] < predicted["ddp"]
+    assert 0 < predicted["ds-zero3"] < predicted["ddp"]
+    assert all(float(rows[s, "predicted"]["total"]) > predicted[s] for s in strategies)
     assert_png(out / "memory.png")
+
+
+def test_compare_fsdp_and_deepspeed_zero3_side_by_side(served, tmp_path):
+    out = tmp_path / "compare"
+    spec = write_spec(tmp_path, TINY_DS)
+    args = ("--strategies", "zero3,ds-zero3", "--steps", "4", "--warmup", "1", "--out", str(out))
+    result = run_ok(served, "report", "compare", str(spec), *args)
+    rows = table_rows(result.stdout, "strategy")
+    assert [r["strategy"] for r in rows] == ["zero3", "ds-zero3"]
+    first, second = rows
+    assert all(float(r["tokens/s"]) > 0 and float(r["step ms"]) > 0 for r in rows)
+    assert first["relative"] == "1.000"
+    want = float(second["tokens/s"]) / float(first["tokens/s"])
+    assert float(second["relative"]) == pytest.approx(want, abs=1e-3)
+    assert all(float(r["peak MiB"]) > 0 and float(r["predicted MiB"]) > 0 for r in rows)
+    # DeepSpeed's ZeRO-3 keeps its reduce bucket allocated on top of the state.
+    assert float(second["peak MiB"]) > 4 * BUCKET / 2**20
+    assert_png(out / "compare.png")
+    assert "![compare](compare.png)" in (out / "report.md").read_text()
+    with served.client() as c:
+        job = c.get(f"/v1/jobs/{second['job']}").json()
+    assert job["name"] == "report-compare-ds-zero3"
+    assert job["spec"]["parallelism"]["deepspeed"].items() >= TUNED.items()
 
 
 def test_accumulation_rows_for_each_micro_batch(served, tmp_path):

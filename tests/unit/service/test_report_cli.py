@@ -94,16 +94,7 @@ class Server:
                     for s in range(1, 7)
                 ]
             },
-            "memory": lambda: {
-                "ranks": [
-                    {
-                        "params_bytes": 2**20 // n,
-                        "grads_bytes": 2**20 // n,
-                        "optimizer_bytes": 2**21 // n,
-                        "activations_bytes": 2**18,
-                    }
-                ]
-            },
+            "memory": lambda: {"ranks": self.ranks(n)},
             "goodput": lambda: {
                 "wall_s": 10.0,
                 "productive_s": 6.0,
@@ -112,6 +103,23 @@ class Server:
             },
         }[tail]()
         return httpx.Response(200, json=body)
+
+    def ranks(self, n: int) -> list[dict]:
+        """Job n's ranks: state over n, DeepSpeed's reduce buckets when it ran DeepSpeed, and
+        the peak of rank 1 (n MiB over its parts) above rank 0's."""
+        spec = self.submitted[n - 1]
+        deepspeed = spec.get("parallelism", {}).get("strategy") == "deepspeed"
+        ranks = []
+        for rank in range(2):
+            parts = {
+                "params_bytes": 2**20 // n,
+                "grads_bytes": 2**20 // n,
+                "optimizer_bytes": 2**21 // n,
+                "activations_bytes": 2**18 - rank,
+                **({"buckets_bytes": 2**19} if deepspeed else {}),
+            }
+            ranks.append({**parts, "peak_bytes": sum(parts.values()) + rank * n * 2**20})
+        return ranks
 
     def paths(self) -> list[str]:
         return [f"{r.method} {r.url.path}" for r in self.requests]
@@ -170,26 +178,107 @@ def test_scaling_plans_every_size_then_runs_them_in_turn(server, spec_file, tmp_
     assert "![scaling](scaling.png)" in (out / "report.md").read_text()
 
 
-def test_memory_runs_four_strategies_beside_their_plans(server, spec_file, tmp_path):
+def printed_table(stdout: str) -> list[dict[str, str]]:
+    header, *rows = printed_rows(stdout)
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def test_memory_runs_every_strategy_beside_their_plans(server, spec_file, tmp_path):
     result = run("memory", str(spec_file), "--out", str(tmp_path / "m"))
     assert result.exit_code == 0, result.output
-    assert [s["name"] for s in server.submitted] == [
-        "report-memory-ddp",
-        "report-memory-zero2",
-        "report-memory-zero3",
-        "report-memory-zero3-offload",
-    ]
+    names = ["ddp", "zero2", "zero3", "zero3-offload"]
+    names += ["ds-zero0", "ds-zero1", "ds-zero2", "ds-zero3", "ds-zero3-offload"]
+    assert [s["name"] for s in server.submitted] == [f"report-memory-{n}" for n in names]
+    assert [s["parallelism"]["strategy"] for s in server.submitted[4:]] == ["deepspeed"] * 5
+    stages = [s["parallelism"]["deepspeed"]["zero_stage"] for s in server.submitted[4:]]
+    assert stages == [0, 1, 2, 3, 3]
     assert all(s["train"]["steps"] == 3 for s in server.submitted)
-    rows = printed_rows(result.stdout)
-    assert rows[1][:2] == ["ddp", "measured"] and rows[2][:2] == ["ddp", "predicted"]
-    assert rows[1][7] == "4.00" and rows[5][:2] == ["zero3", "measured"] and rows[5][7] == "1.33"
+    rows = printed_table(result.stdout)
+    assert [(r["strategy"], r["source"]) for r in rows] == [
+        (n, source) for n in names for source in ("measured", "predicted")
+    ]
+    ddp, zero3 = rows[0], rows[4]
+    assert ddp["state"] == "4.00" and zero3["strategy"] == "zero3" and zero3["state"] == "1.33"
+    # DeepSpeed's reduce buckets (0.5 MiB here) have a column of their own, counted in the
+    # total; FSDP measures none and the plan counts its own among its buffers (other).
+    ds_zero3 = rows[14]
+    assert ds_zero3["strategy"] == "ds-zero3" and ds_zero3["buckets"] == "0.50"
+    assert float(ds_zero3["total"]) == pytest.approx(
+        float(ds_zero3["state"]) + float(ds_zero3["activations"]) + 0.5, abs=0.011
+    )
+    assert zero3["buckets"] == "0.00" and rows[5]["buckets"] == "-"
     assert (tmp_path / "m" / "memory.png").is_file()
 
 
 def test_memory_runs_only_the_strategies_asked(server, spec_file, tmp_path):
-    args = ("--strategies", "zero3,ddp", "--out", str(tmp_path / "m"))
+    args = ("--strategies", "zero3,ddp,ds-zero3-offload", "--out", str(tmp_path / "m"))
     assert run("memory", str(spec_file), *args).exit_code == 0
-    assert [s["name"] for s in server.submitted] == ["report-memory-zero3", "report-memory-ddp"]
+    assert [s["name"] for s in server.submitted] == [
+        "report-memory-zero3",
+        "report-memory-ddp",
+        "report-memory-ds-zero3-offload",
+    ]
+    assert server.submitted[2]["parallelism"] == {
+        "strategy": "deepspeed",
+        "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    }
+
+
+def test_deepspeed_runs_keep_the_specs_deepspeed_tuning(server, tmp_path):
+    tuned = {"zero_stage": 2, "reduce_bucket_size": 1_000_000, "overlap_comm": True}
+    path = tmp_path / "ds.yaml"
+    path.write_text(
+        yaml.safe_dump({**SPEC, "parallelism": {"strategy": "deepspeed", "deepspeed": tuned}})
+    )
+    args = ("--strategies", "ddp,ds-zero1,ds-zero3", "--out", str(tmp_path / "m"))
+    assert run("memory", str(path), *args).exit_code == 0
+    ddp, zero1, zero3 = (s["parallelism"] for s in server.submitted)
+    assert ddp == {"strategy": "ddp"}  # replaced whole: no DeepSpeed section
+    assert zero1["deepspeed"] == {"zero_stage": 1, "reduce_bucket_size": 1_000_000}
+    assert zero3["deepspeed"] == {**tuned, "zero_stage": 3}
+
+
+def test_compare_runs_fsdp_then_deepspeed_zero3_side_by_side(server, spec_file, tmp_path):
+    out = tmp_path / "c"
+    result = run("compare", str(spec_file), "--steps", "4", "--warmup", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    paths = server.paths()
+    assert paths[:3] == ["POST /v1/plan", "POST /v1/plan", "POST /v1/jobs"]  # planned first
+    assert [s["name"] for s in server.submitted] == [
+        "report-compare-zero3",
+        "report-compare-ds-zero3",
+    ]
+    assert [s["parallelism"]["strategy"] for s in server.submitted] == ["fsdp", "deepspeed"]
+    assert [s["train"]["steps"] for s in server.submitted] == [4, 4]
+    rows = printed_table(result.stdout)
+    assert [(r["strategy"], r["job"]) for r in rows] == [("zero3", "j-1"), ("ds-zero3", "j-2")]
+    # After the slow first step: 1000 and 2000 tokens/s at 0.1 s a step.
+    assert [(r["tokens/s"], r["step ms"], r["relative"]) for r in rows] == [
+        ("1000.0", "100.0", "1.000"),
+        ("2000.0", "100.0", "2.000"),
+    ]
+    # The peak of the rank holding most (rank 1: its parts and n MiB more) and the plan's
+    # device total (its per-rank parts: 4.25 MiB).
+    for n, row in enumerate(rows, start=1):
+        parts = 2 * (2**20 // n) + 2**21 // n + 2**18 - 1 + (2**19 if n == 2 else 0)
+        assert row["peak MiB"] == f"{(parts + n * 2**20) / 2**20:.2f}"
+        assert row["predicted MiB"] == "4.25"
+    assert (out / "compare.png").stat().st_size > 5000
+    report = (out / "report.md").read_text()
+    assert "![compare](compare.png)" in report and "| ds-zero3 | j-2 |" in report
+
+
+def test_compare_runs_the_strategies_asked_in_their_order(server, spec_file, tmp_path):
+    args = ("--strategies", "ds-zero2,ddp,zero2", "--warmup", "1", "--out", str(tmp_path / "c"))
+    result = run("compare", str(spec_file), *args)
+    assert result.exit_code == 0, result.output
+    assert [s["name"] for s in server.submitted] == [
+        "report-compare-ds-zero2",
+        "report-compare-ddp",
+        "report-compare-zero2",
+    ]
+    relative = [r["relative"] for r in printed_table(result.stdout)]
+    assert relative == ["1.000", "2.000", "3.000"]  # against ds-zero2, the first
 
 
 def test_accumulation_sets_the_micro_batch(server, spec_file, tmp_path):
@@ -247,6 +336,14 @@ def test_planner_errors_stop_before_any_job(server, spec_file, tmp_path):
     assert not server.submitted and not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("command", ["memory", "compare"])
+def test_a_job_that_reported_no_memory_exits_1_naming_it(server, spec_file, tmp_path, command):
+    server.ranks = lambda n: []
+    result = run(command, str(spec_file), "--out", str(tmp_path / "n"))
+    assert result.exit_code == 1
+    assert "job j-1 reported no memory" in result.stderr and len(server.submitted) == 1
+
+
 def test_a_failed_job_exits_1_naming_it(server, spec_file, tmp_path):
     server.final = "FAILED"
     result = run("accumulation", str(spec_file), "--micro", "2", "--out", str(tmp_path / "f"))
@@ -254,13 +351,14 @@ def test_a_failed_job_exits_1_naming_it(server, spec_file, tmp_path):
     assert "job j-1 (report-accumulation-m2) FAILED" in result.stderr
 
 
-def test_ctrl_c_cancels_the_job_in_flight(server, spec_file, tmp_path, monkeypatch):
+@pytest.mark.parametrize("args", [("scaling", "--workers", "1"), ("compare",)])
+def test_ctrl_c_cancels_the_job_in_flight(server, spec_file, tmp_path, monkeypatch, args):
     def interrupt(*_):
         raise KeyboardInterrupt
 
     server.final = "RUNNING"
     monkeypatch.setattr(cli, "_pause", interrupt)
-    result = run("scaling", str(spec_file), "--workers", "1", "--out", str(tmp_path / "c"))
+    result = run(args[0], str(spec_file), *args[1:], "--out", str(tmp_path / "c"))
     assert result.exit_code == cli.EXIT_INTERRUPTED
     assert "POST /v1/jobs/j-1/cancel" in server.paths()
     assert "cancelled job j-1" in result.stderr
@@ -278,6 +376,14 @@ def test_ctrl_c_cancels_the_job_in_flight(server, spec_file, tmp_path, monkeypat
         (("accumulation", "--micro", "3"), "--micro 3"),
         (("memory", "--strategies", "ddp,zero9"), "unknown zero9; choose from ddp, zero2"),
         (("memory", "--strategies", ","), "unknown (none given)"),
+        (("memory", "--strategies", "ddp,ddp"), "--strategies: ddp given twice"),
+        (("compare", "--strategies", "zero3,ds-zero9"), "unknown ds-zero9; choose from ddp"),
+        (
+            ("compare", "--strategies", "zero3"),
+            "--strategies: give at least 2 (got zero3); choose from ddp, zero2, zero3, "
+            "zero3-offload, ds-zero0, ds-zero1, ds-zero2, ds-zero3, ds-zero3-offload",
+        ),
+        (("compare", "--warmup", "-1"), "--warmup"),
     ],
 )
 def test_argument_errors(server, spec_file, args, expected):

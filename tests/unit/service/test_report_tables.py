@@ -4,6 +4,7 @@ report.md."""
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib.image
 import pytest
@@ -84,6 +85,7 @@ def test_memory_rows_per_component():
     measured = tables.measured_row("zero3", ranks)
     assert measured.parts == {"params": 12, "grads": 12, "optimizer": 24, "activations": 5}
     assert measured.other == 10 and measured.state == 48 and measured.total == 63
+    assert measured.buckets == 0
     assert tables.measured_row("ddp", []) is None
     plan = {
         "per_rank": {
@@ -107,6 +109,7 @@ def test_memory_rows_per_component():
         "optimizer",
         "activations",
     )
+    assert table.headers[6:] == ("buckets", "other", "state", "total", "host")
     assert table.rows[1] == (
         "zero3",
         "predicted",
@@ -114,12 +117,67 @@ def test_memory_rows_per_component():
         "1.00",
         "2.00",
         "0.50",
+        "-",  # the plan counts reduce buckets among its buffers
         "0.25",
         "4.00",
         "4.75",
         "3.00",
     )
     assert table.rows[0][-1] == "-"  # no host figure for what the workers measured
+
+
+def test_deepspeed_reduce_buckets_are_measured_apart_and_counted_in_the_total():
+    mib = 2**20
+    rank = {
+        "params_bytes": 3 * mib,
+        "grads_bytes": mib,
+        "optimizer_bytes": 6 * mib,
+        "activations_bytes": mib,
+        "buckets_bytes": 8 * mib,  # larger than the rest: not what picks the rank
+        "gathered_params_bytes": mib,
+    }
+    row = tables.measured_row("ds-zero3", [rank, {**rank, "buckets_bytes": 0, "grads_bytes": 0}])
+    assert row.buckets == 8 * mib and row.other == mib and row.state == 10 * mib
+    assert row.total == 20 * mib
+    (cells,) = tables.memory_table([row]).rows
+    assert cells[6:10] == ("8.00", "1.00", "10.00", "20.00")
+
+
+def test_peak_is_the_highest_rank_and_unknown_without_one():
+    ranks = [{"peak_bytes": 5}, {"peak_bytes": 9}, "not a rank", {"params_bytes": 100}]
+    assert tables.peak_bytes(ranks) == 9
+    assert tables.peak_bytes([{"params_bytes": 1}]) is None and tables.peak_bytes([]) is None
+
+
+def test_compare_rows_relative_to_the_first_strategy_given():
+    fsdp, ds = Throughput(400.0, 12.5, 0.08, 3), Throughput(300.0, 9.4, 0.1066, 3)
+    rows = tables.compare_rows(
+        [("zero3", fsdp, 3 * 2**20, 2**21, "j-1"), ("ds-zero3", ds, None, 2**22, "j-2")]
+    )
+    assert [(r.strategy, r.relative) for r in rows] == [("zero3", 1.0), ("ds-zero3", 0.75)]
+    table = tables.compare_table(rows)
+    got = [dict(zip(table.headers, row, strict=True)) for row in table.rows]
+    assert got == [
+        {
+            "strategy": "zero3",
+            "job": "j-1",
+            "tokens/s": "400.0",
+            "step ms": "80.0",
+            "relative": "1.000",
+            "peak MiB": "3.00",
+            "predicted MiB": "2.00",
+        },
+        {
+            "strategy": "ds-zero3",
+            "job": "j-2",
+            "tokens/s": "300.0",
+            "step ms": "106.6",
+            "relative": "0.750",
+            "peak MiB": "-",  # no rank reported a peak
+            "predicted MiB": "4.00",
+        },
+    ]
+    assert tables.compare_rows([]) == []
 
 
 def test_accumulation_rows_relative_to_the_first():
@@ -186,13 +244,75 @@ def test_scaling_variants_fix_the_size_and_keep_the_global_batch():
     assert BASE_SPEC["resources"]["workers"] == {"min": 1, "max": 2}  # the input is untouched
 
 
-def test_memory_variants_are_the_four_strategies():
+def test_memory_variants_are_every_zero_stage_of_fsdp_and_deepspeed():
     specs = dict(variants.memory_specs(BASE_SPEC, steps=2))
-    assert list(specs) == ["ddp", "zero2", "zero3", "zero3-offload"]
+    assert list(specs) == [
+        "ddp",
+        "zero2",
+        "zero3",
+        "zero3-offload",
+        "ds-zero0",
+        "ds-zero1",
+        "ds-zero2",
+        "ds-zero3",
+        "ds-zero3-offload",
+    ]
     assert specs["ddp"]["parallelism"] == {"strategy": "ddp"}
     assert specs["zero2"]["parallelism"]["fsdp"]["zero_stage"] == 2
     assert specs["zero3-offload"]["parallelism"]["fsdp"] == {"zero_stage": 3, "cpu_offload": True}
     assert specs["zero3-offload"]["name"] == "report-memory-zero3-offload"
+    for stage in range(4):
+        assert specs[f"ds-zero{stage}"]["parallelism"] == {
+            "strategy": "deepspeed",
+            "deepspeed": {"zero_stage": stage},
+        }
+    offload = specs["ds-zero3-offload"]["parallelism"]["deepspeed"]
+    assert offload == {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
+    assert specs["ds-zero3"]["name"] == "report-memory-ds-zero3"
+
+
+def test_deepspeed_variants_keep_the_specs_tuning_and_set_their_stage():
+    config = {"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "overlap_comm": True}}
+    config["zero_optimization"]["stage3_max_live_parameters"] = 1000
+    own = {
+        "zero_stage": 2,
+        "offload_optimizer": "cpu",
+        "reduce_bucket_size": 5_000_000,
+        "config": config,
+    }
+    spec = {**BASE_SPEC, "parallelism": {"strategy": "deepspeed", "deepspeed": own}}
+    specs = dict(variants.memory_specs(spec, strategies=["ds-zero1", "ds-zero3", "zero3"]))
+    tuned = {"reduce_bucket_size": 5_000_000, "stage3_max_live_parameters": 1000}
+    # Below stage 2 overlap_comm is left out (the server refuses it there).
+    assert specs["ds-zero1"]["parallelism"]["deepspeed"] == {"zero_stage": 1, **tuned}
+    assert specs["ds-zero3"]["parallelism"]["deepspeed"] == {
+        "zero_stage": 3,
+        "overlap_comm": True,
+        **tuned,
+    }
+    assert "deepspeed" not in specs["zero3"]["parallelism"]  # FSDP has no DeepSpeed section
+    assert own["zero_stage"] == 2 and "config" in own  # the input is untouched
+    assert variants.deepspeed_tuning({"parallelism": "ddp"}, 3) == {}
+    assert variants.deepspeed_tuning({"parallelism": {"deepspeed": None}}, 3) == {}
+
+
+def test_compare_variants_are_named_for_it_and_need_two_distinct_known_strategies():
+    specs = variants.memory_specs(
+        BASE_SPEC, kind="compare", strategies=["ds-zero3", "zero3"], at_least=2
+    )
+    assert [(n, s["name"]) for n, s in specs] == [
+        ("ds-zero3", "report-compare-ds-zero3"),
+        ("zero3", "report-compare-zero3"),
+    ]
+    choices = "choose from ddp, zero2, zero3, zero3-offload, ds-zero0, ds-zero1, ds-zero2"
+    for names, why in (
+        (["zero3"], "give at least 2 (got zero3)"),
+        (["zero3", "zero3"], "zero3 given twice"),
+        (["zero3", "ds-zero4"], "unknown ds-zero4"),
+        ([], "unknown (none given)"),
+    ):
+        with pytest.raises(ValueError, match="^" + re.escape(f"--strategies: {why}; {choices}")):
+            variants.memory_specs(BASE_SPEC, strategies=names, at_least=2)
 
 
 def test_accumulation_variants_follow_the_micro_batch():
@@ -220,16 +340,26 @@ def test_every_plot_writes_a_readable_png_of_the_expected_size(tmp_path):
     speed = Throughput(1000.0, 30.0, 0.1, 5)
     scaling = tables.scaling_rows([(1, speed, "a"), (2, Throughput(1800.0, 55, 0.05, 5), "b")])
     mem = [
-        tables.MemoryRow(s, src, dict.fromkeys(tables.COMPONENTS, 2**20 * (i + 1)), 2**19)
-        for i, s in enumerate(("ddp", "zero3"))
+        tables.MemoryRow(
+            s,
+            src,
+            dict.fromkeys(tables.COMPONENTS, 2**20 * (i + 1)),
+            2**19,
+            buckets=2**20 if s.startswith("ds-") and src == "measured" else None,
+        )
+        for i, s in enumerate(("ddp", "zero3", "ds-zero3"))
         for src in ("measured", "predicted")
     ]
     accum = tables.accumulation_rows([(1, 4, speed, "a"), (2, 2, speed, "b")])
+    compare = tables.compare_rows(
+        [("zero3", speed, 3 * 2**20, 2**21, "a"), ("ds-zero3", speed, None, 2**22, "b")]
+    )
     marks = [(2, "checkpoint_saved"), (3, "restored")]
     written = [
         plots.scaling_png(scaling, tmp_path / "scaling.png"),
         plots.memory_png(mem, tmp_path / "memory.png"),
         plots.accumulation_png(accum, tmp_path / "accumulation.png"),
+        plots.compare_png(compare, tmp_path / "compare.png"),
         plots.curves_png({"loss": ([1, 2, 3, 4], [5.0, 4.0, 3.5, 3.0])}, marks, tmp_path / "l.png"),
         plots.goodput_png([("productive", 6.0), ("startup", 4.0)], 0.6, tmp_path / "g.png"),
     ]
