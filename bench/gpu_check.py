@@ -2,7 +2,7 @@
 
 Runs etrain's own pieces on one GPU (``workers.train_loop.run``, ``workers.stepper.Stepper``,
 ``workers.strategies.fsdp``, ``workers.models.lora``, ``workers.telemetry.memory``) and
-compares with the planner (``service.planner``). Four parts, each on its own (one failing
+compares with the planner (``service.planner``). Five parts, each on its own (one failing
 does not lose the others), each printed as a markdown table; everything lands in
 ``<out>/gpu_check.json`` (rewritten after every part).
 
@@ -15,10 +15,14 @@ does not lose the others), each printed as a markdown table; everything lands in
 3. memory: FSDP2 ``fully_shard`` at world 1 (etrain's options), activation checkpointing
    none / full / selective, and LoRA; ``memory_report`` against the planner's prediction.
 4. lora-7b: LoRA rank 16 on every projection of llama-7b, bf16 frozen base: tokens/s, memory.
+5. deepspeed: DeepSpeed ZeRO-1/2/3 (+ CPU offload, + its default reduce bucket) against FSDP
+   ZeRO-2/3 on gpt-small, bf16, NCCL: ``bench/zero_compare.py --device cuda`` in a process of
+   its own (one rank per GPU); tokens/s, peak memory and checkpoint save time vs FSDP ZeRO-3.
+   DeepSpeed must be importable there (carried, see bench/README.md), else its rows fail.
 
 QLoRA (4-bit) is not checked: bitsandbytes is not on the GPU machine and etrain does not ship it.
 
-    python3 bench/gpu_check.py --out DIR            # on a GPU, ~3-5 min
+    python3 bench/gpu_check.py --out DIR            # on a GPU, ~5-8 min
     .venv/bin/python bench/gpu_check.py --cpu --tiny --out /tmp/gc   # dry run, tiny models
 """
 
@@ -28,7 +32,10 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,10 +71,13 @@ GIB = 2**30
 H200_TFLOPS = GPUS["h200"].bf16_tflops  # dense bf16 peak, the planner's table (H200 SXM: 989)
 PROFILES = {  # micro batches: the largest the planner fits in 75% of the device is tried first
     "gpu": {"preset": "llama-1b", "seq": 2048, "steps": 8, "mbs": (16, 8, 4, 2, 1), "mem_mbs": 2,
-            "lora_preset": "llama-7b", "lora_mbs": (8, 4, 2, 1), "allreduce_bytes": GIB},
+            "lora_preset": "llama-7b", "lora_mbs": (8, 4, 2, 1), "allreduce_bytes": GIB,
+            "deepspeed": ("--preset", "gpt-small", "--steps", "12", "--rounds", "2")},
     "tiny": {"preset": "gpt-tiny", "seq": 64, "steps": 4, "mbs": (8, 4), "mem_mbs": 2,
-             "lora_preset": "gpt-small", "lora_mbs": (4, 2), "allreduce_bytes": 2**20},
+             "lora_preset": "gpt-small", "lora_mbs": (4, 2), "allreduce_bytes": 2**20,
+             "deepspeed": ("--preset", "gpt-tiny", "--quick")},
 }  # fmt: skip
+DEEPSPEED_TIMEOUT_S = 480  # part 5's bench/zero_compare.py, then killed with the ranks it spawned
 MIB = 2**20
 
 
@@ -424,7 +434,73 @@ def part_lora(ctx) -> list[dict]:
     return [row | {k: v for k, v in memory.items() if k != "config"}]
 
 
-PARTS = {"nccl": part_nccl, "bf16": part_bf16, "memory": part_memory, "lora": part_lora}
+# -- 5. DeepSpeed ZeRO against FSDP: bench/zero_compare.py on this device ---------------------
+
+
+def run_deepspeed_bench(args: list[str], timeout: float) -> dict:
+    """``bench/zero_compare.py ARGS --json F``'s JSON, run in a session of its own: killed with
+    the ranks it spawned when it outlives ``timeout``; its output's tail on a failure."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-ds-") as tmp:
+        out = Path(tmp, "deepspeed.json")
+        script = Path(__file__).resolve().with_name("zero_compare.py")
+        cmd = [sys.executable, str(script), *args, "--json", str(out)]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            text, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+            msg = f"bench/zero_compare.py ran past {timeout:.0f} s:\n{text[-2000:]}"
+            raise RuntimeError(msg) from None
+        print(text, flush=True)
+        if proc.returncode or not out.exists():
+            raise RuntimeError(f"bench/zero_compare.py exited {proc.returncode}:\n{text[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def part_deepspeed(ctx) -> list[dict]:
+    """DeepSpeed ZeRO-1/2/3 (with optimizer and parameter offload, with DeepSpeed's default
+    5e8 reduce bucket) against FSDP ZeRO-2/3 on this device: ``bench/zero_compare.py`` with
+    bf16 on CUDA (NCCL, one rank per GPU: world 1 on a one-GPU machine, where ZeRO
+    partitions nothing and the rows compare what each engine keeps and costs), idle machine
+    only. A process of its own: it spawns its ranks, and this one holds a process group."""
+    args = ["--device", "cuda" if ctx["gpu"] else "cpu", "--no-busy", *ctx["p"]["deepspeed"]]
+    data = run_deepspeed_bench(args, DEEPSPEED_TIMEOUT_S)
+    rows, world = data["idle"], data["setup"]["world"]
+    base = next(r for r in rows if r["layout"] == "fsdp zero3" and "error" not in r)
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append({"layout": r["layout"], "world": world, "tokens/s": f"ERROR {r['error']}"})
+            continue
+        out.append(
+            {
+                "layout": r["layout"],
+                "world": world,
+                "tokens/s": r["tokens_per_s"],
+                "x fsdp3": r["tokens_per_s"] / base["tokens_per_s"],
+                "step ms": r["step_ms"],
+                "optim MiB": r["optimizer_bytes"] / MIB,
+                "buckets MiB": r["buckets_bytes"] / MIB,
+                "peak MiB": r["peak_bytes"] / MIB,
+                "peak x fsdp3": r["peak_bytes"] / base["peak_bytes"],
+                "save s": r["save_s"],
+                "save x fsdp3": r["save_s"] / base["save_s"],
+                "loss": r["final_loss"],
+            }
+        )
+    return out
+
+
+PARTS = {
+    "nccl": part_nccl,
+    "bf16": part_bf16,
+    "memory": part_memory,
+    "lora": part_lora,
+    "deepspeed": part_deepspeed,
+}
 
 
 def main() -> int:
