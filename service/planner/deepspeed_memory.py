@@ -104,7 +104,6 @@ def zero_state(work: Workload, stage: int, dp: int, zero: ZeroOptions) -> ZeroSt
     if stage == 0:
         params = sum(t.numel * t.itemsize for t in tensors)
         return ZeroState(params, FP32 * trained, k * trained)
-    kept = 0
     if stage == 3:
         pieces = sum(_piece(t.numel, dp) * t.itemsize for t in tensors)
         kept = sum(t.numel * t.itemsize for t in tensors if t.numel < zero.persistence_threshold)

@@ -249,21 +249,28 @@ def frozen_bytes(work: Workload, layout: Layout, part: Part, *, dp_rank: int) ->
     return held
 
 
-def host_state(work: Workload, layout: Layout, state: StateBytes) -> StateBytes:
-    """The part of a rank's ``state`` that CPU offload keeps in host memory (on GPUs)."""
+def _state_and_host_part(
+    work: Workload, layout: Layout, *, pp_rank: int
+) -> tuple[StateBytes, StateBytes]:
+    """The state of the (dp rank 0) rank at ``pp_rank``, and the part of it that CPU
+    offload keeps in host memory (on GPUs: all of it under FSDP, DeepSpeed's by option)."""
     if layout.zero is not None:
         z = zero_state(work, layout.zero_stage, layout.dp, layout.zero)
-        return StateBytes(z.host_params, z.host_grads, z.host_optimizer)
-    return state if work.on_gpu and layout.fsdp and layout.cpu_offload else StateBytes(0, 0, 0)
+        held = StateBytes(z.host_params, z.host_grads, z.host_optimizer)
+        return StateBytes(z.params, z.grads, z.optimizer), held
+    state = state_bytes(work, layout, pp_rank=pp_rank)
+    offloaded = work.on_gpu and layout.fsdp and layout.cpu_offload
+    return state, state if offloaded else StateBytes(0, 0, 0)
 
 
-def host_bytes(work: Workload, layout: Layout, state: StateBytes) -> dict[str, int]:
-    """Host memory per rank: offloaded state (and reference model) and async-checkpoint
-    staging."""
+def host_bytes(
+    work: Workload, layout: Layout, state: StateBytes, held: StateBytes
+) -> dict[str, int]:
+    """Host memory per rank: offloaded state (``held``, and the reference model) and
+    async-checkpoint staging."""
     out = {}
-    offloaded = host_state(work, layout, state).total
-    if offloaded:
-        out["cpu_offload_state"] = offloaded
+    if held.total:
+        out["cpu_offload_state"] = held.total
     if work.on_gpu and layout.fsdp and layout.cpu_offload and work.reference_model:
         out["dpo_reference_model"] = reference_bytes(work, layout)
     if work.async_checkpoint:
@@ -273,9 +280,9 @@ def host_bytes(work: Workload, layout: Layout, state: StateBytes) -> dict[str, i
 
 def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemory:
     """Memory of the (dp rank 0) rank at ``pp_rank``; dp rank 0 holds the largest chunks."""
-    state = state_bytes(work, layout, pp_rank=pp_rank)
+    state, held = _state_and_host_part(work, layout, pp_rank=pp_rank)
     buffers = buffer_bytes(work, layout, pp_rank=pp_rank)
-    host = host_bytes(work, layout, state)
+    host = host_bytes(work, layout, state, held)
     act = activation_bytes(work, layout, pp_rank=pp_rank)
     act_ckpt = activation_bytes(work, layout, pp_rank=pp_rank, checkpointed="full")
     return RankMemory(
@@ -285,7 +292,7 @@ def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemo
         activations_checkpointed=act_ckpt,
         buffers=sum(buffers.values()),
         host=sum(host.values()),
-        host_state=host_state(work, layout, state),
+        host_state=held,
         detail={"buffers": buffers, "host": host},
     )
 
