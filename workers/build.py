@@ -161,9 +161,9 @@ def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig | None) -> tuple
     optimizers = [build_optimizer(p, train=spec.train) for p in parts]
     engine = None
     if spec.parallelism.strategy == DEEPSPEED and mesh is not None:
-        from workers.strategies.deepspeed import EngineStep, initialize
+        from workers.strategies.deepspeed import initialize
 
-        engine = EngineStep(initialize(parts[0], optimizers[0], spec=spec, env=env))
+        engine = initialize(parts[0], optimizers[0], spec=spec, env=env)
         parts = [engine.engine]  # its forward runs the module with ZeRO's hooks
     schedulers = [
         torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, train=spec.train))

@@ -179,6 +179,11 @@ class Stepper:
         model = model.module if isinstance(model, DistributedDataParallel) else model
         return self.objective.eval_sum(model, batch)
 
+    def close(self) -> None:
+        """The run has ended on this rank (a DeepSpeed engine removes its swap files)."""
+        if self.engine is not None:
+            self.engine.close()
+
     def zero_grad(self) -> None:
         """Drop gradients (after any memory measurement of the step; a DeepSpeed engine
         drops its own in its step)."""

@@ -215,8 +215,8 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         )
         if result.stopped_early:
             break
-    saving.close()
-    tb.close()
+    for done in (saving, tb, stepper):
+        done.close()
     return result
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from service.domain.nvme_policy import nvme_area, nvme_refusals
 from service.errors import InvalidSpec
 from service.settings.slices import PolicySettings
 from workers.spec import JobSpec
@@ -115,12 +116,13 @@ class AccessPolicy:
     def roots(self, tenant: Tenant) -> Roots:
         """The folders ``tenant``'s jobs may open, for the check at the moment of use: read
         beneath its data area, the shared data roots and its checkpoint area; write beneath
-        its checkpoint area; an admin also beneath ``policy_admin_roots``. The service opens
-        a spec's files beneath them at submit and plan, and writes them into each job's
-        environment (``ETRAIN_STORAGE_ROOTS``), where the workers read them."""
+        its checkpoint area and NVMe swap area; an admin also beneath ``policy_admin_roots``.
+        The service opens a spec's files beneath them at submit and plan, and writes them
+        into each job's environment (``ETRAIN_STORAGE_ROOTS``), where the workers read them."""
         admin = list(self.settings.admin_roots) if tenant.admin else []
         read = [self.data_area(tenant), *self.settings.shared_data_roots, *admin]
-        return Roots.of(read, [self.checkpoint_area(tenant), *admin])
+        nvme = [a for a in [nvme_area(self.settings, tenant.name)] if a]
+        return Roots.of(read, [self.checkpoint_area(tenant), *nvme, *admin])
 
     def default_storage(self, tenant: Tenant) -> str:
         """``checkpoint.storage`` for a spec that names none: the tenant's checkpoint area."""
@@ -166,7 +168,7 @@ class AccessPolicy:
             out.extend(self._object_store_refusals(tenant, spec))
         out.extend(self._store_option_refusals(tenant, spec))
         out.extend(self._tracking_refusals(tenant, spec))
-        return out
+        return out + nvme_refusals(self.settings, spec)
 
     # -- files ------------------------------------------------------------------------------
 
@@ -287,15 +289,13 @@ class AccessPolicy:
         prefixes = [p.rstrip("/") for p in self._listed(self.settings.object_stores, tenant)]
         if not _under_any(storage, prefixes):
             allowed = ", ".join(prefixes) or "none"
-            out.append(
-                (
-                    ("checkpoint", "storage"),
-                    f"checkpoint.storage {storage} is not an object-store prefix tenant "
-                    f"{tenant.name!r} may use (allowed: {allowed}); use one of them, or a "
-                    f"file:// path inside {self.checkpoint_area(tenant)}, or ask the operator "
-                    "to list it in ETRAIN_POLICY_OBJECT_STORES",
-                )
+            why = (
+                f"checkpoint.storage {storage} is not an object-store prefix tenant "
+                f"{tenant.name!r} may use (allowed: {allowed}); use one of them, or a "
+                f"file:// path inside {self.checkpoint_area(tenant)}, or ask the operator "
+                "to list it in ETRAIN_POLICY_OBJECT_STORES"
             )
+            out.append((("checkpoint", "storage"), why))
         return out
 
     def _store_option_refusals(self, tenant: Tenant, spec: JobSpec) -> list[tuple[tuple, str]]:

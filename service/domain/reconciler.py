@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from service.auth import ADMIN_TENANT, create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.access_policy import AccessPolicy, Tenant
+from service.domain.nvme_policy import nvme_env
 from service.domain.queue_view import admission
 from service.domain.recovery import decide_recovery
 from service.domain.scheduler import (
@@ -281,9 +282,10 @@ class Reconciler:
 
     def _roots_env(self, tenant: str | None) -> dict[str, str]:
         """The folders the job's processes may open (``ETRAIN_STORAGE_ROOTS``), from the
-        access policy for its tenant: the workers confine every local open to them."""
+        access policy for its tenant: the workers confine every local open to them; and
+        its NVMe swap area, where the operator enables one (``ETRAIN_NVME_ROOT``)."""
         who = Tenant(name=tenant or "", admin=tenant == ADMIN_TENANT)
-        return self.policy.roots(who).env()
+        return {**self.policy.roots(who).env(), **nvme_env(self.policy.settings, who.name)}
 
     def _storage_env(self, job: JobRecord) -> dict[str, str]:
         """The object-store credentials the job's workers need, from the service's env.

@@ -40,6 +40,12 @@ from service.planner.workload import (
     linear_shapes,
 )
 
+# DeepSpeed's swapper reads and writes in blocks of this many bytes, and swaps a parameter
+# piece only from one block up (deepspeed.runtime.swap_tensor's MIN_AIO_BYTES).
+AIO_BLOCK = 1024 * 1024
+AIO_BLOCK_ELEMENTS = AIO_BLOCK // FP32
+# Host buffers a rank reads swapped parameter pieces back into (offload_param.buffer_count).
+PARAM_SWAP_BUFFERS = 5
 # The engine flattens ZeRO-0's gradients for its all-reduce in buffers of this many
 # elements (deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE).
 ALLREDUCE_ELEMENTS = 500_000_000
@@ -93,6 +99,14 @@ class ZeroState:
     host_params: int = 0
     host_grads: int = 0
     host_optimizer: int = 0
+    disk_params: int = 0  # swapped to NVMe (offload nvme): neither device nor host memory
+    disk_grads: int = 0
+    disk_optimizer: int = 0
+
+    @property
+    def disk_total(self) -> int:
+        """Bytes of the rank's swap files."""
+        return self.disk_params + self.disk_grads + self.disk_optimizer
 
 
 def zero_state(work: Workload, stage: int, dp: int, zero: ZeroOptions) -> ZeroState:
@@ -106,7 +120,7 @@ def zero_state(work: Workload, stage: int, dp: int, zero: ZeroOptions) -> ZeroSt
         return ZeroState(params, FP32 * trained, k * trained)
     if stage == 3:
         pieces = sum(_piece(t.numel, dp) * t.itemsize for t in tensors)
-        kept = sum(t.numel * t.itemsize for t in tensors if t.numel < zero.persistence_threshold)
+        kept = _kept(tensors, zero)
         part = sum(_piece(t.numel, dp) for t in tensors if t.trained)
     else:
         pieces, part = 0, _piece(trained, dp)
@@ -120,6 +134,8 @@ def zero_state(work: Workload, stage: int, dp: int, zero: ZeroOptions) -> ZeroSt
         grads=(FP32 * part + staging) * (2 if offload else 1),
         optimizer=(k + FP32) * part,
     )
+    if zero.nvme_param or zero.nvme_optimizer:
+        return _swapped(state, tensors, dp, zero, part=part, on_gpu=work.on_gpu)
     if not work.on_gpu:
         return state  # host and device memory are one
     return ZeroState(
@@ -130,6 +146,52 @@ def zero_state(work: Workload, stage: int, dp: int, zero: ZeroOptions) -> ZeroSt
         host_grads=FP32 * part + staging if offload else 0,
         host_optimizer=state.optimizer if offload else 0,
     )
+
+
+def _aligned(numel: int) -> int:
+    """Elements DeepSpeed's swap file of ``numel`` fp32 elements holds (whole aio blocks)."""
+    return AIO_BLOCK_ELEMENTS * math.ceil(numel / AIO_BLOCK_ELEMENTS)
+
+
+def _swapped(
+    state: ZeroState, tensors: list[_Tensor], dp: int, zero: ZeroOptions, *, part: int, on_gpu: bool
+) -> ZeroState:
+    """ZeRO-3 swapping to NVMe. DeepSpeed swaps a parameter piece, and a trained one's fp32
+    gradient, only from one aio block up, in whole blocks; the smaller pieces stay where
+    ``cpu`` offload keeps them. On a GPU the swapped pieces are read back through
+    :data:`PARAM_SWAP_BUFFERS` host buffers of the largest one's size (on the CPU they are
+    measured in memory after the step). With the optimizer swapped, its state and the fp32
+    master copy go to disk whole."""
+    pieces = [(_piece(t.numel, dp), t) for t in tensors if t.numel >= zero.persistence_threshold]
+    swapped = [(n, t) for n, t in pieces if n * t.itemsize >= AIO_BLOCK]
+    blocks = [AIO_BLOCK * math.ceil(n * t.itemsize / AIO_BLOCK) for n, t in swapped]
+    grads = sum(_aligned(n) * FP32 for n, t in swapped if t.trained) if zero.nvme_optimizer else 0
+    disk_optimizer = state.optimizer if zero.nvme_optimizer else 0
+    optimizer = state.optimizer - disk_optimizer
+    params, host_params = state.params, 0
+    if on_gpu and zero.nvme_param:
+        unswapped = sum(n * t.itemsize for n, t in pieces) - sum(n * t.itemsize for n, t in swapped)
+        host_params = unswapped + PARAM_SWAP_BUFFERS * max(blocks, default=0)
+        params = _kept(tensors, zero) + host_params
+    elif on_gpu and zero.offload_param:
+        host_params = state.params - _kept(tensors, zero)
+    device_grads = FP32 * part if zero.nvme_optimizer else state.grads  # the host copy is swapped
+    return ZeroState(
+        params=params,
+        grads=device_grads,
+        optimizer=optimizer,
+        host_params=host_params,
+        host_grads=(device_grads - FP32 * part) if on_gpu else 0,
+        host_optimizer=optimizer if on_gpu and zero.offload_optimizer else 0,
+        disk_params=sum(blocks) if zero.nvme_param else 0,
+        disk_grads=grads,
+        disk_optimizer=disk_optimizer,
+    )
+
+
+def _kept(tensors: list[_Tensor], zero: ZeroOptions) -> int:
+    """Bytes of the small tensors ZeRO-3 keeps whole on every rank."""
+    return sum(t.numel * t.itemsize for t in tensors if t.numel < zero.persistence_threshold)
 
 
 def zero_buffers(work: Workload, stage: int, zero: ZeroOptions) -> dict[str, int]:

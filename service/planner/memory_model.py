@@ -94,6 +94,7 @@ class RankMemory:
     buffers: int
     host: int
     host_state: StateBytes  # the part of ``state`` in host memory (CPU offload on GPUs)
+    disk: int = 0  # swapped to NVMe (DeepSpeed offload nvme), in neither memory
     detail: dict = field(default_factory=dict)
 
     @property
@@ -251,16 +252,17 @@ def frozen_bytes(work: Workload, layout: Layout, part: Part, *, dp_rank: int) ->
 
 def _state_and_host_part(
     work: Workload, layout: Layout, *, pp_rank: int
-) -> tuple[StateBytes, StateBytes]:
-    """The state of the (dp rank 0) rank at ``pp_rank``, and the part of it that CPU
-    offload keeps in host memory (on GPUs: all of it under FSDP, DeepSpeed's by option)."""
+) -> tuple[StateBytes, StateBytes, int]:
+    """The state of the (dp rank 0) rank at ``pp_rank``, the part of it that CPU offload
+    keeps in host memory (on GPUs: all of it under FSDP, DeepSpeed's by option), and the
+    bytes DeepSpeed swaps to NVMe (beside both)."""
     if layout.zero is not None:
         z = zero_state(work, layout.zero_stage, layout.dp, layout.zero)
         held = StateBytes(z.host_params, z.host_grads, z.host_optimizer)
-        return StateBytes(z.params, z.grads, z.optimizer), held
+        return StateBytes(z.params, z.grads, z.optimizer), held, z.disk_total
     state = state_bytes(work, layout, pp_rank=pp_rank)
     offloaded = work.on_gpu and layout.fsdp and layout.cpu_offload
-    return state, state if offloaded else StateBytes(0, 0, 0)
+    return state, state if offloaded else StateBytes(0, 0, 0), 0
 
 
 def host_bytes(
@@ -280,7 +282,7 @@ def host_bytes(
 
 def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemory:
     """Memory of the (dp rank 0) rank at ``pp_rank``; dp rank 0 holds the largest chunks."""
-    state, held = _state_and_host_part(work, layout, pp_rank=pp_rank)
+    state, held, disk = _state_and_host_part(work, layout, pp_rank=pp_rank)
     buffers = buffer_bytes(work, layout, pp_rank=pp_rank)
     host = host_bytes(work, layout, state, held)
     act = activation_bytes(work, layout, pp_rank=pp_rank)
@@ -293,6 +295,7 @@ def rank_memory(work: Workload, layout: Layout, *, pp_rank: int = 0) -> RankMemo
         buffers=sum(buffers.values()),
         host=sum(host.values()),
         host_state=held,
+        disk=disk,
         detail={"buffers": buffers, "host": host},
     )
 

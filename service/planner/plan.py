@@ -78,6 +78,9 @@ class Breakdown(BaseModel):
     host: dict[str, int] = Field(description="Host bytes per rank by cause.")
     host_bytes: int
     host_bytes_per_node: int | None
+    disk_bytes: int = Field(
+        0, description="Bytes per rank swapped to the NVMe offload folder (DeepSpeed nvme)."
+    )
     gpu_memory_bytes: int | None = Field(description="Memory of the smallest GPU, if known.")
     micro_batches_per_step: int
 
@@ -105,6 +108,7 @@ class Breakdown(BaseModel):
             host=m.detail["host"],
             host_bytes=m.host,
             host_bytes_per_node=m.host * workers_per_node if workers_per_node else None,
+            disk_bytes=m.disk,
             gpu_memory_bytes=hw.gpu_memory_bytes if work.on_gpu else None,
             micro_batches_per_step=work.calls_per_step(job.layout),
         )

@@ -58,8 +58,10 @@ def adapter_numel(cfg: ModelConfig, lora: LoraShape) -> int:
 class ZeroOptions:
     """The DeepSpeed options memory depends on, DeepSpeed's defaults filled in."""
 
-    offload_optimizer: bool = False
+    offload_optimizer: bool = False  # to host memory, or to NVMe with nvme_optimizer
     offload_param: bool = False
+    nvme_optimizer: bool = False
+    nvme_param: bool = False
     reduce_bucket_size: int = DEEPSPEED_DEFAULTS["reduce_bucket_size"]
     overlap_comm: bool | None = None  # DeepSpeed's default: on at stage 3 only
     contiguous_gradients: bool = DEEPSPEED_DEFAULTS["contiguous_gradients"]
@@ -75,8 +77,10 @@ class ZeroOptions:
             return DEEPSPEED_DEFAULTS[name] if value is None else value
 
         return cls(
-            offload_optimizer=ds.offload_optimizer == "cpu",
-            offload_param=ds.offload_param == "cpu",
+            offload_optimizer=ds.offload_optimizer != "none",
+            offload_param=ds.offload_param != "none",
+            nvme_optimizer=ds.offload_optimizer == "nvme",
+            nvme_param=ds.offload_param == "nvme",
             reduce_bucket_size=int(pick("reduce_bucket_size")),
             overlap_comm=ds.overlap_comm,
             contiguous_gradients=bool(pick("contiguous_gradients")),
@@ -133,8 +137,10 @@ class Layout:
         if self.fsdp:
             parts.append(f"zero{self.zero_stage}" + (" offload" if self.cpu_offload else ""))
         elif self.zero is not None:
-            offload = [n for n, on in (("optimizer", self.cpu_offload),
-                                       ("param", self.zero.offload_param)) if on]  # fmt: skip
+            z = self.zero
+            offload = [n + ("-nvme" if nvme else "") for n, on, nvme in (
+                ("optimizer", self.cpu_offload, z.nvme_optimizer),
+                ("param", z.offload_param, z.nvme_param)) if on]  # fmt: skip
             parts.append(f"zero{self.zero_stage}" + "".join(f" offload-{n}" for n in offload))
         parts += [f"tp={self.tp}"] if self.tp > 1 else []
         parts += [f"pp={self.pp} {self.schedule} m={self.microbatches}"] if self.pp > 1 else []

@@ -235,6 +235,7 @@ class Settings(BaseSettings):
         description="Tenants whose s3:// jobs may run without credentials_secret, with the "
         "service's own AWS_* keys, as JSON; unset = none.",
     )
+    policy_nvme_root: Path | None = Field(None, description=policy_docs.NVME_ROOT)
     policy_admin_any_store: bool = Field(
         True,
         description="Admin tokens may name any bucket, endpoint and credentials secret and use "
@@ -309,6 +310,7 @@ class Settings(BaseSettings):
             secrets=self.policy_secrets,
             ambient_credentials=tuple(self.policy_ambient_credentials),
             admin_any_store=self.policy_admin_any_store,
+            nvme_root=self.policy_nvme_root,
         )
 
     @property

@@ -23,3 +23,8 @@ SECRETS = (
     '("*" = every tenant) may use, as JSON; a tenant not listed may use the secret named '
     "after it."
 )
+NVME_ROOT = (
+    "A folder on every node's local NVMe where DeepSpeed jobs may swap (parallelism.deepspeed "
+    "offload_optimizer / offload_param nvme): tenant T's jobs each swap beneath "
+    "<this>/T/<job id>, removed as the job ends. Unset = NVMe offload is refused."
+)

@@ -62,6 +62,7 @@ class PolicySettings:
     ambient_credentials: tuple[str, ...]
     admin_any_store: bool
     tracking_uris: Mapping[str, list[str]]  # metrics.mlflow.tracking_uri
+    nvme_root: Path | None = None  # DeepSpeed's NVMe offload swaps beneath <this>/<tenant>
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,8 @@ def _materialize(zero) -> None:
     """Give the torch optimizer inside ZeRO optimizer ``zero`` its state before its first
     step (a restore fills it in): a step over ZeRO's flat fp32 partitions with zero
     gradients and lr 0, as torch's state-dict code does for a torch optimizer, and the
-    state linked to the parameters' fragments as ZeRO does at its first step."""
+    state linked to the parameters' fragments as ZeRO does at its first step. A partition
+    swapped to NVMe is swapped in for its step and its new state out, as ZeRO's step does."""
     inner = zero.optimizer
     if any(inner.state.values()):
         return
@@ -157,17 +158,22 @@ def _materialize(zero) -> None:
     flats = list(flats if flats is not None else zero.fp32_partitioned_groups_flat)
     if len(inner.param_groups) != 1:
         raise ValueError("a DeepSpeed job's optimizer has one parameter group")
+    swapped = getattr(zero, "_swappable_optimizer_subgroup", lambda _: False)
     group = inner.param_groups[0]
-    params, lr, grads = group["params"], group["lr"], [f.grad for f in flats]
-    try:
-        group["params"], group["lr"] = flats, 0.0
-        for flat in flats:
+    params, lr = group["params"], group["lr"]
+    for i, flat in enumerate(flats):
+        if swapped(i):
+            zero._optimizer_states_and_gradient_swap_in(i)
+        grad = flat.grad
+        try:
+            group["params"], group["lr"] = [flat], 0.0
             flat.grad = torch.zeros_like(flat)
-        inner.step()
-    finally:
-        group["params"], group["lr"] = params, lr
-        for flat, grad in zip(flats, grads, strict=True):
+            inner.step()
+        finally:
+            group["params"], group["lr"] = params, lr
             flat.grad = grad
+        if swapped(i):
+            zero._optimizer_states_and_gradient_swap_out(i)
     if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
         zero._lazy_init_hp_params_optimizer_state()
 

@@ -8,8 +8,9 @@ clipping and the LR schedule are the spec's. A user's configuration file
 (``parallelism.deepspeed.config``) is read into the same fields: its ZeRO options set
 those of ``parallelism.deepspeed`` that the spec leaves unset, and every key that
 restates the spec (batch sizes, optimizer, precision, clipping) must agree with it. A
-disagreement, or a key etrain does not run (monitors that write files, NVMe offload,
-a scheduler of its own), is refused naming both fields: nothing is overridden quietly.
+disagreement, or a key etrain does not run (monitors that write files, a swap folder of
+its own, a scheduler of its own), is refused naming both fields: nothing is overridden
+quietly. NVMe offload swaps to a folder the service chooses (:mod:`workers.storage.nvme`).
 """
 
 from __future__ import annotations
@@ -84,13 +85,16 @@ class DeepSpeedSpec(Spec):
         description="ZeRO stage: 0 replicates everything (DeepSpeed's data parallelism), 1 "
         "shards the optimizer state, 2 also the gradients, 3 also the parameters.",
     )
-    offload_optimizer: Literal["none", "cpu"] = Field(
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
         "none",
         description="cpu: keep the optimizer state (and its step) in host memory "
-        "(ZeRO-Offload; stages 1-3).",
+        "(ZeRO-Offload; stages 1-3); nvme: swap it to the node's NVMe offload folder "
+        "(stage 3; only where the operator enabled one).",
     )
-    offload_param: Literal["none", "cpu"] = Field(
-        "none", description="cpu: keep the parameters in host memory (ZeRO-Infinity; stage 3)."
+    offload_param: Literal["none", "cpu", "nvme"] = Field(
+        "none",
+        description="cpu: keep the parameters in host memory (ZeRO-Infinity; stage 3); nvme: "
+        "swap them to the node's NVMe offload folder (only where the operator enabled one).",
     )
     overlap_comm: bool | None = Field(
         None,
@@ -126,7 +130,7 @@ class DeepSpeedSpec(Spec):
         description="A deepspeed_config.json's content. Its ZeRO options fill the fields "
         "above that the spec leaves unset; its batch sizes, optimizer, precision and "
         'clipping must agree with train ("auto" always does). A key that disagrees, or '
-        "one etrain does not run (scheduler, fp16, monitors, NVMe offload), is refused "
+        "one etrain does not run (scheduler, fp16, monitors, an nvme_path of its own), is refused "
         "naming the train or parallelism field that decides it.",
     )
 
@@ -158,6 +162,11 @@ class DeepSpeedSpec(Spec):
                 "parallelism.deepspeed.offload_param needs zero_stage 3 (only stage 3 "
                 "partitions the parameters)"
             )
+        if self.uses_nvme and self.zero_stage != 3:
+            raise ValueError(
+                "parallelism.deepspeed offload to nvme needs zero_stage 3 (DeepSpeed swaps to "
+                "NVMe at stage 3 only); use offload_optimizer cpu below it"
+            )
         if self.overlap_comm and self.zero_stage < 2:
             raise ValueError(
                 "parallelism.deepspeed.overlap_comm needs zero_stage 2 or 3 (below, gradients "
@@ -165,12 +174,24 @@ class DeepSpeedSpec(Spec):
             )
         return self
 
-    def zero_config(self) -> dict:
-        """The engine's ``zero_optimization`` section."""
+    @property
+    def uses_nvme(self) -> bool:
+        """Whether the job swaps optimizer state or parameters to NVMe."""
+        return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    def zero_config(self, nvme: dict | None = None) -> dict:
+        """The engine's ``zero_optimization`` section; ``nvme``: the swap folder and buffer
+        size (``nvme_path``, ``buffer_size``) the worker chose, for an nvme offload."""
         out: dict[str, Any] = {"stage": self.zero_stage}
         for name in ("offload_optimizer", "offload_param"):
-            if getattr(self, name) == "cpu":
+            device = getattr(self, name)
+            if device == "nvme" and not nvme:
+                raise ValueError(f"parallelism.deepspeed.{name} nvme needs a swap folder")
+            if device == "cpu":
                 out[name] = {"device": "cpu"}
+            elif device == "nvme":
+                keep = ("nvme_path", "buffer_size") if name == "offload_param" else ("nvme_path",)
+                out[name] = {"device": "nvme", **{k: nvme[k] for k in keep}}
         out.update({k: getattr(self, k) for k in TUNING if getattr(self, k) is not None})
         return out
 
@@ -200,16 +221,15 @@ def _zero_options(config: dict) -> dict[str, Any]:
 
 def _offload_device(key: str, value: Any) -> str:
     device = value.get("device", "none") if isinstance(value, dict) else value
-    if device == "nvme":
+    path = value.get("nvme_path", AUTO) if isinstance(value, dict) else AUTO
+    where = f"parallelism.deepspeed.config.zero_optimization.{key}"
+    if path not in (AUTO, None):
         raise ValueError(
-            f"parallelism.deepspeed.config.zero_optimization.{key}.device nvme is not available: "
-            f"no NVMe offload path is enabled on this service; use parallelism.deepspeed.{key} "
-            "cpu or none"
+            f"{where}.nvme_path is the service's: a job swaps to a folder of its own under the "
+            "operator's NVMe offload root (ETRAIN_POLICY_NVME_ROOT); remove nvme_path"
         )
-    if device not in ("none", "cpu"):
-        raise ValueError(
-            f"parallelism.deepspeed.config.zero_optimization.{key}.device must be none or cpu"
-        )
+    if device not in ("none", "cpu", "nvme"):
+        raise ValueError(f"{where}.device must be none, cpu or nvme")
     return device
 
 
@@ -338,19 +358,22 @@ _CHECKS = {
 }
 
 
-def engine_config(deepspeed: DeepSpeedSpec, *, train, accumulation: int) -> dict:
+def engine_config(
+    deepspeed: DeepSpeedSpec, *, train, accumulation: int, nvme: dict | None = None
+) -> dict:
     """The configuration ``deepspeed.initialize`` is given on a rank, from the spec alone.
 
     The engine runs in fp32: train.precision bf16 is autocast over fp32 weights, as under
     every etrain strategy (DeepSpeed's own bf16 mode would keep bf16 weights, and a job
     could not continue under another strategy with the same numbers). The optimizer is
-    etrain's (a torch optimizer), so ZeRO is told to take it as it is.
+    etrain's (a torch optimizer), so ZeRO is told to take it as it is. ``nvme``: see
+    :meth:`DeepSpeedSpec.zero_config`.
     """
     return {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": train.grad_clip,  # always: DeepSpeed's default is 1.0, not off
-        "zero_optimization": deepspeed.zero_config(),
+        "zero_optimization": deepspeed.zero_config(nvme),
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 2**62,

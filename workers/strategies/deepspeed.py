@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO: DeepSpeed's engine (``deepspeed.initialize``) holds the model and the
-job's optimizer and shards them by ZeRO stage, with optional CPU offload.
+job's optimizer and shards them by ZeRO stage, with optional offload to host memory or
+(stage 3) to the node's NVMe offload folder (:mod:`workers.storage.nvme`).
 
 The strategy leaves the model as it is (:func:`apply_deepspeed`): the engine needs the
 optimizer, which is built after placement, so :func:`initialize` wraps both in
@@ -16,14 +17,17 @@ Checkpoints: :mod:`workers.checkpoint.deepspeed_state`.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import weakref
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.contract import DEEPSPEED
+from workers.contract import DEEPSPEED, JOB_ID_ENV
 from workers.spec.deepspeed import engine_config
+from workers.storage.nvme import remove_rank_swap, swap_buffer_elements, swap_folder
 from workers.strategies import StrategyConfig, register_strategy
 from workers.strategies.mesh import total_grad_norm
 from workers.telemetry import engine_memory
@@ -76,29 +80,49 @@ def _fresh_start(deepspeed) -> None:
     DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0][0] = 0  # count=[0]
 
 
-def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, *, spec, env):
+def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, *, spec, env) -> EngineStep:
     """The DeepSpeed engine over ``model`` and ``optimizer`` on the job's process group."""
     deepspeed = _import_deepspeed()
     _fresh_start(deepspeed)
     index = env.device.index if env.device.type == "cuda" else 0
     os.environ.setdefault("LOCAL_RANK", str(index or 0))  # the engine reads its device here
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), verbose=False)
+    nvme = _nvme(spec, model, dp=env.world_size)
     config = engine_config(
         spec.parallelism.deepspeed,
         train=spec.train,
         accumulation=spec.grad_accum_steps(env.world_size),
+        nvme=nvme,
     )
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=config, dist_init_required=False
     )
-    return engine
+    if nvme is None:
+        return EngineStep(engine)
+    # The rank's swap files go as the job ends (EngineStep.close), else with the engine or
+    # at the process's exit.
+    rank = torch.distributed.get_rank()
+    return EngineStep(
+        engine, swap=weakref.finalize(engine, remove_rank_swap, nvme["nvme_path"], rank)
+    )
+
+
+def _nvme(spec, model: nn.Module, *, dp: int) -> dict | None:
+    """Where the job swaps to and the parameter swap buffer's size, for an nvme offload:
+    a folder of the job's own beneath its NVMe area, checked now, on this node."""
+    if not spec.parallelism.deepspeed.uses_nvme:
+        return None
+    folder = swap_folder(os.environ.get(JOB_ID_ENV) or spec.name)
+    pieces = [math.ceil(p.numel() / dp) for p in model.parameters()]
+    return {"nvme_path": folder, "buffer_size": swap_buffer_elements(pieces)}
 
 
 class EngineStep:
     """How the stepper runs an optimizer step through a DeepSpeed ``engine``."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, *, swap: weakref.finalize | None = None):
         self.engine = engine
+        self._swap = swap  # removes this rank's NVMe swap files
         self.zero = engine.zero_optimization_stage() > 0
         self.memory: dict | None = None  # what the engine held at a measured step
 
@@ -121,3 +145,8 @@ class EngineStep:
         if norm is None:
             norm = torch.tensor(float(self.engine.get_global_grad_norm() or 0.0))
         return norm
+
+    def close(self) -> None:
+        """The job has ended on this rank: remove what it swapped to NVMe."""
+        if self._swap is not None:
+            self._swap()

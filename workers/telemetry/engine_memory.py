@@ -14,10 +14,14 @@ ZeRO optimizer's attributes), each storage counted once, and sorted by what they
   partition that ZeRO keeps beside the module's parameters (the ZeRO paper counts the
   master weights with the optimizer state);
 - ``buckets_bytes``: the reduce buckets ZeRO-3 keeps allocated (``reduce_bucket_size``
-  elements).
+  elements);
+- ``swapped_bytes`` (NVMe offload only): the sizes of the files the rank swapped to, on
+  disk, not in memory.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -93,9 +97,27 @@ def state_bytes(engine, *, grads: int) -> dict:
     found = {}
     if zero is not inner:
         _storages(_zero_attributes(zero, _BUCKETS), found)
-    return {
+    out = {
         "params_bytes": params,
         "grads_bytes": grads,
         "optimizer_bytes": optimizer,
         "buckets_bytes": _total(found, seen),
     }
+    zero_config = engine._config.zero_config
+    offloads = (zero_config.offload_param, zero_config.offload_optimizer)
+    swaps = {o.nvme_path for o in offloads if o is not None and o.nvme_path is not None}
+    if swaps:
+        out["swapped_bytes"] = sum(swapped_bytes(str(p)) for p in swaps)
+    return out
+
+
+def swapped_bytes(nvme_path: str) -> int:
+    """Bytes of this rank's swap files beneath ``nvme_path`` (DeepSpeed's
+    ``zero_stage_3/<kind>/rank<r>`` folders)."""
+    base, rank = os.path.join(nvme_path, "zero_stage_3"), f"rank{torch.distributed.get_rank()}"
+    total = 0
+    for kind in os.listdir(base) if os.path.isdir(base) else ():
+        folder = os.path.join(base, kind, rank)
+        for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+            total += entry.stat(follow_symlinks=False).st_size
+    return total

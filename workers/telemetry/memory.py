@@ -219,6 +219,7 @@ def memory_report(
     a ``vae``), the parameters of each this rank holds as ``<name>_bytes``. ``state``: the
     state bytes measured by the strategy itself (a DeepSpeed engine's), else counted here."""
     report = dict(state) if state is not None else state_bytes(parts, optimizers)
+    swapped = report.pop("swapped_bytes", None)  # on disk: not in the peak
     for name, module in (frozen or {}).items():
         report[f"{name}_bytes"] = sum(_nbytes(p) for p in module.parameters())
     report["activations_bytes"] = meter.peak if meter else 0
@@ -228,6 +229,8 @@ def memory_report(
     )
     report["peak_bytes"] = sum(report.values())
     report["peak_source"] = "state+activations"
+    if swapped is not None:
+        report["swapped_bytes"] = swapped
     if device.type == "cuda":
         report["peak_bytes"] = torch.cuda.max_memory_allocated(device)
         report["peak_source"] = "cuda.max_memory_allocated"

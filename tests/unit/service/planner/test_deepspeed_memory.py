@@ -19,9 +19,17 @@ N = count_params(SMALL)
 BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size unless set
 
 
-def _job(stage: int, *, dp: int = 2, optimizer: str = "adamw", gpu: bool = False, **ds):
+def _job(
+    stage: int,
+    *,
+    dp: int = 2,
+    optimizer: str = "adamw",
+    gpu: bool = False,
+    preset="gpt-small",
+    **ds,
+):
     body = spec(
-        model={"preset": "gpt-small"},
+        model={"preset": preset},
         data={"seq_len": 32},
         resources={"workers": dp, **({"gpus_per_worker": 1} if gpu else {})},
         parallelism={"strategy": "deepspeed", "deepspeed": {"zero_stage": stage, **ds}},
@@ -31,9 +39,9 @@ def _job(stage: int, *, dp: int = 2, optimizer: str = "adamw", gpu: bool = False
     return workload_of(job), layout_of(job, dp)
 
 
-def _tensors() -> list[int]:
-    shapes = [s for s, _ in embed_tensors(SMALL) + head_tensors(SMALL)]
-    shapes += [s for s, _ in block_tensors(SMALL)] * SMALL.n_layers
+def _tensors(cfg=SMALL) -> list[int]:
+    shapes = [s for s, _ in embed_tensors(cfg) + head_tensors(cfg)]
+    shapes += [s for s, _ in block_tensors(cfg)] * cfg.n_layers
     return [math.prod(s) for s in shapes]
 
 
@@ -84,6 +92,24 @@ def test_offload_moves_optimizer_and_parameter_partitions_to_the_host_on_gpus():
     # On the CPU host and device memory are one: the state is all "device".
     cpu = rank_memory(*_job(3, offload_optimizer="cpu", offload_param="cpu"))
     assert not cpu.offloaded and cpu.device_state == cpu.state
+
+
+def test_nvme_swaps_the_large_pieces_and_the_optimizer_state_to_disk():
+    """Pieces of one aio block (1 MiB) or more go to disk with their fp32 gradients, the
+    optimizer state and master copy whole; the device holds what CPU offload leaves it."""
+    both = {"offload_optimizer": "nvme", "offload_param": "nvme"}
+    work, layout = _job(3, dp=4, gpu=True, preset="llama-1b", **both)
+    assert layout.describe() == "deepspeed zero3 offload-optimizer-nvme offload-param-nvme dp=4"
+    m = rank_memory(work, layout)
+    sizes = _tensors(get_model_config("llama-1b"))
+    pieces = [math.ceil(n / 4) for n in sizes]
+    blocks = sum(math.ceil(p / 2**18) * 2**18 for p in pieces if 4 * p >= 2**20)
+    assert blocks and any(4 * p < 2**20 for p in pieces)  # the norms' pieces stay
+    assert m.disk == 2 * 4 * blocks + 12 * sum(pieces)
+    assert m.host_state.optimizer == 0 and m.device_state.optimizer == 0
+    cpu = rank_memory(*_job(3, dp=4, gpu=True, preset="llama-1b", offload_optimizer="cpu"))
+    assert m.device_total <= cpu.device_total and cpu.disk == 0
+    assert m.host < cpu.host
 
 
 def test_the_plan_warns_when_the_reduce_bucket_outweighs_the_state_and_names_the_fix():

@@ -35,13 +35,14 @@ def _fsdp(stage: int, offload: bool = False) -> dict:
     return {"strategy": "fsdp", "fsdp": {"zero_stage": stage, "cpu_offload": offload}}
 
 
-def _deepspeed(stage: int, offload: bool = False) -> dict:
+def _deepspeed(stage: int, offload: bool | str = False) -> dict:
     """DeepSpeed ZeRO at ``stage``; ``offload``: the optimizer state, and at stage 3 the
-    parameters too, in host memory (ZeRO-Infinity on the CPU)."""
+    parameters too, in host memory (ZeRO-Infinity on the CPU), or "nvme" on NVMe."""
     ds: dict = {"zero_stage": stage}
     if offload:
-        ds["offload_optimizer"] = "cpu"
-        ds["offload_param"] = "cpu" if stage == 3 else "none"
+        device = "nvme" if offload == "nvme" else "cpu"
+        ds["offload_optimizer"] = device
+        ds["offload_param"] = device if stage == 3 else "none"
     return {"strategy": "deepspeed", "deepspeed": ds}
 
 
@@ -90,6 +91,10 @@ SCENARIOS = {
     "70B LoRA, 1x24GB + 256 GB host, DeepSpeed ZeRO-3 + offload, full recompute": (
         _spec("llama-70b", 1, _deepspeed(3, True), ac="full", lora=LORA),
         {**ONE_24GB, "host_memory_gb": 256},
+    ),
+    "70B LoRA, 1x24GB + 64 GB host, DeepSpeed ZeRO-3 + NVMe offload, full recompute": (
+        _spec("llama-70b", 1, _deepspeed(3, "nvme"), ac="full", lora=LORA),
+        {**ONE_24GB, "host_memory_gb": 64},
     ),
     **{
         f"7B full, 8xH100, DeepSpeed ZeRO-{stage}{' + offload' if offload else ''}": (

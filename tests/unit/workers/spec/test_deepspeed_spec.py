@@ -109,9 +109,10 @@ DISAGREEING = {
         {"zero_optimization": {"stage": 1}},
         ["parallelism.deepspeed.zero_stage", "config.zero_optimization"],
     ),
-    "nvme": (
+    # DeepSpeed deletes and re-creates folders beneath nvme_path: the service chooses it.
+    "nvme-path": (
         {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/"}}},
-        ["config.zero_optimization.offload_param.device", "parallelism.deepspeed.offload_param"],
+        ["config.zero_optimization.offload_param.nvme_path", "ETRAIN_POLICY_NVME_ROOT"],
     ),
     "zero-unknown": (
         {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}},
@@ -219,3 +220,29 @@ def test_clipping_off_is_said_to_deepspeed_whose_default_is_on(deepspeed_config)
     assert ds_config(config).gradient_clipping == 0.0
     unsaid = {k: v for k, v in config.items() if k != "gradient_clipping"}
     assert ds_config(unsaid).gradient_clipping == 1.0  # why engine_config always says it
+
+
+def test_nvme_offload_is_zero3_only_and_its_folder_is_the_workers():
+    message = refusal(ds_spec({"zero_stage": 2, "offload_optimizer": "nvme"}))
+    assert "nvme needs zero_stage 3" in message
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}
+    ds = JobSpec.model_validate(ds_spec({"config": config})).parallelism.deepspeed
+    assert (ds.offload_optimizer, ds.offload_param, ds.uses_nvme) == ("nvme", "none", True)
+    with pytest.raises(ValueError, match="needs a swap folder"):
+        ds.zero_config()
+
+
+def test_the_nvme_engine_config_is_what_deepspeed_reads(deepspeed_config):
+    ds_config, _ = deepspeed_config
+    both = {"zero_stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}
+    job = JobSpec.model_validate(ds_spec(both))
+    nvme = {"nvme_path": "/nvme/team/j-1", "buffer_size": 262144}
+    config = engine_config(job.parallelism.deepspeed, train=job.train, accumulation=2, nvme=nvme)
+    zero = ds_config(config).zero_config
+    assert zero.offload_param.device == zero.offload_optimizer.device == "nvme"
+    assert (
+        str(zero.offload_param.nvme_path)
+        == str(zero.offload_optimizer.nvme_path)
+        == nvme["nvme_path"]
+    )
+    assert zero.offload_param.buffer_size == 262144
