@@ -28,6 +28,7 @@ from workers.spec.objective import reference_vocabulary_error
 from workers.stepper import Stepper, loss_fn
 from workers.storage.location import stores_for
 from workers.strategies import StrategyConfig, get_strategy
+from workers.strategies.deepspeed import undo_process_patches
 from workers.strategies.mesh import build_mesh, coordinates
 
 # ``env`` arguments below are the run's workers.train_loop.RunEnv (device, world size).
@@ -150,6 +151,7 @@ def _same_vocabulary(ref: ModelConfig, cfg: ModelConfig, folder: str) -> ModelCo
 def build_stepper(spec: JobSpec, env, dataset, cfg: ModelConfig | None) -> tuple[Stepper, list]:
     """This rank's stepper (model parts, optimizers, objective) and LR schedulers; ``cfg``
     None: the objective places its own model (:func:`places_model`)."""
+    undo_process_patches()  # an earlier DeepSpeed job's, in a process that ran one
     mesh = build_mesh(spec, world_size=env.world_size, device=env.device)
     if places_model(spec):
         parts, pipeline = place(spec, env, mesh), None

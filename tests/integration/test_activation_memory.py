@@ -73,10 +73,27 @@ def _spec(name: str) -> JobSpec:
     return JobSpec.model_validate(spec)
 
 
+# A DeepSpeed ZeRO-3 job, and the row after it again in the same processes (a warm
+# worker's next job): ZeRO-3 replaces torch's linear for the whole process.
+ZERO3 = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+AFTER_ZERO3 = "tp-full"
+
+
 @pytest.fixture(scope="module")
 def measured() -> dict:
     jobs = [LocalJob(name, _spec(name).model_dump(mode="json", by_alias=True)) for name in ROWS]
+    zero3 = copy.deepcopy(jobs[0].spec) | {"name": "zero3", "parallelism": ZERO3}
+    jobs.append(LocalJob("zero3", JobSpec.model_validate(zero3).model_dump(mode="json")))
+    jobs.append(LocalJob(f"{AFTER_ZERO3}-again", jobs[list(ROWS).index(AFTER_ZERO3)].spec))
     return run_local(jobs, world_size=2)
+
+
+def test_a_job_after_a_zero3_job_in_the_same_process_measures_the_same(measured):
+    before, after = measured[AFTER_ZERO3], measured[f"{AFTER_ZERO3}-again"]
+    assert measured["zero3"].error is None and after.error is None, measured["zero3"].error
+    assert [m["activations_bytes"] for m in after.memory] == [
+        m["activations_bytes"] for m in before.memory
+    ]
 
 
 def predicted(spec: JobSpec, rank: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import weakref
 
 import torch
@@ -53,6 +54,22 @@ def _import_deepspeed():
     # job's process group. Compiling it would take ~25 s of each rank's start.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
+
+
+def undo_process_patches() -> None:
+    """Give this process back the ``torch.nn.functional.linear`` a ZeRO-3 engine replaced.
+
+    DeepSpeed's ZeRO-3 swaps in its memory-efficient linear for the whole process and
+    never puts torch's back, so every later job in the process (a warm worker's next
+    job, whatever its strategy) would run DeepSpeed's: other saved tensors, other
+    activation memory. Called as each job is built and as a DeepSpeed job ends; it
+    imports nothing (a process that never ran DeepSpeed has nothing to undo)."""
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(
+        getattr(zero, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None
+    )
+    if original is not None:
+        torch.nn.functional.linear = original
 
 
 # The default process group DeepSpeed's cached groups were made in (see _fresh_start).
@@ -147,6 +164,8 @@ class EngineStep:
         return norm
 
     def close(self) -> None:
-        """The job has ended on this rank: remove what it swapped to NVMe."""
+        """The job has ended on this rank: remove what it swapped to NVMe, and give the
+        process back torch's linear."""
         if self._swap is not None:
             self._swap()
+        undo_process_patches()
