@@ -149,7 +149,7 @@ def results(folders) -> dict:
         for name, (workers, par) in DEEPSPEED_LAYOUTS.items()
         for opt in FAMILIES["qwen2"]
     )
-    return run_local_groups(groups)  # both sizes on one set of 4 processes
+    return run_local_groups(groups)  # both sizes on the session's 4 local ranks
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -3,8 +3,8 @@
 The matrix is a table of spec overrides (torchtitan's features.py style). All
 2-worker rows run in one group of 2 gloo processes, all 4-worker rows in one
 group of 4, and the resumes that need a checkpoint of the other size last; the
-groups run on one set of 4 processes, so start-up is paid once for the whole
-table. Each row runs with
+groups run on the session's 4 local ranks, so start-up is paid once for the whole
+table (and for every other table run on them). Each row runs with
 SGD (momentum) and with AdamW: Adam normalises gradient scale away, SGD does
 not, so a gradient-scaling bug shows up in the SGD column.
 """

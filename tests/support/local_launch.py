@@ -9,13 +9,19 @@ as JSON; a job that raises is recorded with its error and the rest go on.
 :func:`run_local_groups` runs groups of different world sizes on one set of
 processes (as many as the largest group): each group is a process group of its
 own over the first ranks, and the others wait for it to end. Spawning a process
-and importing torch and the workers costs seconds of CPU, once per process.
+and importing torch and the workers costs seconds of CPU, so the ranks are spawned once
+per process (a test session, a benchmark) and kept: each call hands them its plan, its
+output folder and the caller's environment, and a rank that dies takes the pool with it
+(the next call starts a new one).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import queue
 import tempfile
 import time
 import traceback
@@ -28,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT = timedelta(seconds=120)  # rendezvous and collectives
+POOL_SIZE = 4  # ranks kept: every caller's largest group
 
 
 @dataclass(frozen=True)
@@ -127,30 +134,112 @@ def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out:
 
 
 def run_local(jobs: list[LocalJob], *, world_size: int) -> dict[str, LocalResult]:
-    """Run ``jobs`` in order on ``world_size`` spawned processes; results by job name."""
+    """Run ``jobs`` in order on ``world_size`` local ranks; results by job name."""
     return run_local_groups([(world_size, jobs)])
 
 
 def run_local_groups(groups: list[tuple[int, list[LocalJob]]]) -> dict[str, LocalResult]:
-    """Run each ``(world_size, jobs)`` group in turn, its jobs in order, on one set of
-    spawned processes (as many as the largest world size); results by job name, which
-    must be unique across the groups."""
+    """Run each ``(world_size, jobs)`` group in turn, its jobs in order, on the process's
+    pool of spawned ranks (:data:`POOL_SIZE`, or the largest world size if more); results
+    by job name, which must be unique across the groups."""
     names = [job.name for _, jobs in groups for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"job names repeat across the groups: {sorted(names)}")
-    stores = [rendezvous(world) for world, _ in groups]  # held until the processes end
+    stores = [rendezvous(world) for world, _ in groups]  # held until the plan ends
     plan = [(world, st.port, jobs) for (world, jobs), st in zip(groups, stores, strict=True)]
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(
-            _worker,
-            args=(plan, out),
-            nprocs=max(world for world, _ in groups),
-            join=True,
-            start_method="spawn",
-        )
+        pool = _ranks(max(POOL_SIZE, *(world for world, _ in groups)))
+        try:
+            pool.run(plan, out)
+        except BaseException:  # a rank that failed outside a job may be anywhere: start anew
+            close_pool()
+            raise
         return {
             job.name: _collect(Path(out), job.name, world) for world, jobs in groups for job in jobs
         }
+
+
+# -- the ranks, kept for the whole process --------------------------------------------------
+
+
+class _Pool:
+    """``size`` spawned ranks that run one plan after another: each call of
+    :func:`run_local_groups` hands every rank the plan, the output folder and the caller's
+    environment (a test may set variables, such as object-store keys, before it calls)."""
+
+    def __init__(self, size: int):
+        ctx = mp.get_context("spawn")
+        self.size = size
+        self.tasks = [ctx.SimpleQueue() for _ in range(size)]
+        self.done = ctx.Queue()
+        self.procs = [
+            ctx.Process(target=_serve, args=(rank, self.tasks[rank], self.done), daemon=False)
+            for rank in range(size)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, plan: list, out: str) -> None:
+        """Run ``plan`` on every rank; raise if a rank failed outside a job or died."""
+        for tasks in self.tasks:
+            tasks.put((plan, out, dict(os.environ)))
+        failures, finished = [], 0
+        while finished < self.size:
+            try:
+                rank, failure = self.done.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in self.procs if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"a local rank died (exit codes {dead})") from None
+                continue
+            finished += 1
+            if failure:
+                failures.append(f"rank {rank}: {failure}")
+        if failures:
+            raise RuntimeError("\n".join(failures))
+
+    def close(self) -> None:
+        """Stop the ranks (they end between plans; one still in a plan is terminated)."""
+        for tasks in self.tasks:
+            with contextlib.suppress(OSError, ValueError):
+                tasks.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+
+
+def _serve(rank: int, tasks, done) -> None:
+    """A pool rank: run each plan it is handed in the caller's environment, until None."""
+    while (task := tasks.get()) is not None:
+        plan, out, env = task
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            _worker(rank, plan, out)
+            done.put((rank, None))
+        except BaseException:  # noqa: BLE001 - reported to the caller, the rank goes on
+            done.put((rank, traceback.format_exc()))
+
+
+_pool: list[_Pool] = []
+
+
+def _ranks(size: int) -> _Pool:
+    """The process's pool of at least ``size`` ranks (started, or grown, on first need)."""
+    if _pool and _pool[0].size >= size and all(p.is_alive() for p in _pool[0].procs):
+        return _pool[0]
+    close_pool()
+    _pool.append(_Pool(size))
+    return _pool[0]
+
+
+@atexit.register
+def close_pool() -> None:
+    """Stop the pool's ranks (at exit; a test session may call it sooner)."""
+    while _pool:
+        _pool.pop().close()
 
 
 def _collect(out: Path, name: str, world_size: int) -> LocalResult:
