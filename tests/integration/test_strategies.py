@@ -141,7 +141,8 @@ def references() -> dict[tuple[str, int], dict[int, float]]:
 
 
 # Activation checkpointing recomputes each block in backward: the same losses on every
-# strategy (FSDP's hooks, DTensor and pipeline stages all run inside the recompute).
+# strategy (FSDP's hooks, DTensor and pipeline stages all run inside the recompute). Full
+# recompute runs with SGD (which a gradient-scale bug shows in), selective with AdamW.
 CHECKPOINTED = ["ddp2", "fsdp2-zero3", "tp2", "pp2-1f1b", "hybrid-pp2-tp2"]
 # ZeRO-3 gathers each block's parameters again for its recompute: SGD, full recompute.
 CHECKPOINTED_DEEPSPEED = "deepspeed2-zero3"
@@ -235,9 +236,8 @@ def matrix_results(tmp_path_factory) -> dict:
             by_world[workers].append(LocalJob(f"{name}-{opt}", spec, ckpt))
     for name in CHECKPOINTED:
         workers, par = MATRIX[name]
-        for opt in OPTIMIZERS:
-            spec = make_spec(name, workers, par, opt, model=FULL_AC)
-            by_world[workers].append(LocalJob(f"{name}-{opt}-ac", spec, measure_memory=False))
+        spec = make_spec(name, workers, par, "sgd", model=FULL_AC)
+        by_world[workers].append(LocalJob(f"{name}-sgd-ac", spec, measure_memory=False))
         spec = make_spec(name, workers, par, "adamw", model=SELECTIVE_AC)
         by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec, measure_memory=False))
     spec = make_spec(
@@ -296,15 +296,9 @@ def test_strategy_matches_single_process(matrix_results, references, row, optimi
     assert res.losses[STEPS] < res.losses[1]
 
 
-@pytest.mark.parametrize(
-    ("row", "optimizer"),
-    [(row, opt) for row in CHECKPOINTED for opt in OPTIMIZERS] + [(CHECKPOINTED_DEEPSPEED, "sgd")],
-)
-def test_activation_checkpointing_matches_single_process(
-    matrix_results, references, row, optimizer
-):
-    res = matrix_results[f"{row}-{optimizer}-ac"]
-    assert_matches(res, references[(optimizer, STEPS)], f"{row} {optimizer}")
+@pytest.mark.parametrize("row", [*CHECKPOINTED, CHECKPOINTED_DEEPSPEED])
+def test_activation_checkpointing_matches_single_process(matrix_results, references, row):
+    assert_matches(matrix_results[f"{row}-sgd-ac"], references[("sgd", STEPS)], row)
 
 
 @pytest.mark.parametrize("row", CHECKPOINTED)
