@@ -11,17 +11,6 @@ from tests.support.api import api_client
 from tests.support.fakes import FakeBackend
 from tests.support.s3_fixture import s3_server  # noqa: F401 - one per session: moto's state is per process
 
-# The session's Ray head, once started, runs to the end of the session and takes a share
-# of the two cores; tests that never use it run first, while it is not yet up.
-RAY_FIXTURES = ("ray_head", "ray_backend")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Modules none of whose tests use the session's Ray head first, each module's tests
-    kept together and in their order (module fixtures are set up once)."""
-    on_ray = {item.module for item in items if set(RAY_FIXTURES) & set(item.fixturenames)}
-    items.sort(key=lambda item: item.module in on_ray)  # stable: the order otherwise kept
-
 
 def pytest_configure(config):
     """Session-wide environment, set before any test imports Ray or gcsfs.
