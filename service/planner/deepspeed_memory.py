@@ -39,10 +39,11 @@ from service.planner.workload import (
     head_tensors,
     linear_shapes,
 )
+from workers.storage.nvme import AIO_BLOCK_BYTES
 
 # DeepSpeed's swapper reads and writes in blocks of this many bytes, and swaps a parameter
 # piece only from one block up (deepspeed.runtime.swap_tensor's MIN_AIO_BYTES).
-AIO_BLOCK = 1024 * 1024
+AIO_BLOCK = AIO_BLOCK_BYTES
 AIO_BLOCK_ELEMENTS = AIO_BLOCK // FP32
 # Host buffers a rank reads swapped parameter pieces back into (offload_param.buffer_count).
 PARAM_SWAP_BUFFERS = 5

@@ -54,15 +54,20 @@ def swap_buffer_elements(pieces: list[int], itemsize: int = 4) -> int:
     return block * max(1, math.ceil(max(pieces, default=0) / block))
 
 
-def remove_rank_swap(folder: str, rank: int) -> None:
-    """Remove what rank ``rank`` swapped beneath ``folder`` (DeepSpeed's
-    ``zero_stage_3/<kind>/rank<r>`` folders), and the folders left empty."""
+def rank_swap_folders(folder: str, rank: int) -> list[str]:
+    """The folders rank ``rank`` swaps to beneath ``folder``: DeepSpeed's
+    ``zero_stage_3/<kind>/rank<r>``, one per kind (parameters, optimizer) it made."""
     base = os.path.join(folder, "zero_stage_3")
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for kind in os.listdir(base):
-            shutil.rmtree(os.path.join(base, kind, f"rank{rank}"), ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(base, kind))
-    for empty in (base, folder):
+    kinds = os.listdir(base) if os.path.isdir(base) else []
+    return [os.path.join(base, kind, f"rank{rank}") for kind in kinds]
+
+
+def remove_rank_swap(folder: str, rank: int) -> None:
+    """Remove what rank ``rank`` swapped beneath ``folder``, and the folders left empty."""
+    for mine in rank_swap_folders(folder, rank):
+        shutil.rmtree(mine, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(mine))
+    for empty in (os.path.join(folder, "zero_stage_3"), folder):
         with contextlib.suppress(OSError):
             os.rmdir(empty)

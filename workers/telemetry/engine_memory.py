@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from workers.storage.nvme import rank_swap_folders
+
 # ZeRO optimizer attributes by category (DeepSpeed 0.19.8's names); others are small
 # bookkeeping and counted nowhere.
 _MASTER = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
@@ -112,12 +114,9 @@ def state_bytes(engine, *, grads: int) -> dict:
 
 
 def swapped_bytes(nvme_path: str) -> int:
-    """Bytes of this rank's swap files beneath ``nvme_path`` (DeepSpeed's
-    ``zero_stage_3/<kind>/rank<r>`` folders)."""
-    base, rank = os.path.join(nvme_path, "zero_stage_3"), f"rank{torch.distributed.get_rank()}"
+    """Bytes of this rank's swap files beneath ``nvme_path``."""
     total = 0
-    for kind in os.listdir(base) if os.path.isdir(base) else ():
-        folder = os.path.join(base, kind, rank)
+    for folder in rank_swap_folders(nvme_path, torch.distributed.get_rank()):
         for entry in os.scandir(folder) if os.path.isdir(folder) else ():
             total += entry.stat(follow_symlinks=False).st_size
     return total
