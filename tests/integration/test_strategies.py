@@ -19,7 +19,7 @@ import torch
 from service.planner.memory_model import activation_bytes, buffer_bytes, state_bytes_by_rank
 from service.planner.planning import layout_of, workload_of
 from tests.support.eval_reference import evaluate_checkpoint
-from tests.support.local_launch import LocalJob, run_local_groups
+from tests.support.local_launch import LocalJob, pool_threads, run_local_groups
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -463,3 +463,11 @@ def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
         if layout.zero is not None and layout.zero_stage == 3:
             bucket = buffer_bytes(work, layout)["deepspeed_reduce_bucket"]
             assert got["buckets_bytes"] == bucket, f"{row} {optimizer} rank {rank}"
+
+
+def test_the_ranks_wait_for_the_next_table_without_threads_of_the_last(matrix_results):
+    """Each plan ran in a fork of its rank: the gloo threads of its process groups (kept
+    by gloo after the groups are destroyed, each waking several times a second) ended
+    with it, and the ranks wait quietly for the next module's table."""
+    threads = pool_threads()
+    assert len(threads) == 4 and max(threads) <= 4, threads

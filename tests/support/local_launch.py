@@ -12,7 +12,10 @@ own over the first ranks, and the others wait for it to end. Spawning a process
 and importing torch and the workers costs seconds of CPU, so the ranks are spawned once
 per process (a test session, a benchmark) and kept: each call hands them its plan, its
 output folder and the caller's environment, and a rank that dies takes the pool with it
-(the next call starts a new one).
+(the next call starts a new one). A rank runs each plan in a fork of itself, which ends
+with the plan: gloo keeps every process group's threads after it is destroyed (each
+wakes a few times a second), so a rank that ran the plans itself would gather hundreds
+of them, and the memory of every job, and slow the whole machine down while it waits.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import json
 import os
 import queue
+import sys
 import tempfile
 import time
 import traceback
@@ -211,16 +215,33 @@ class _Pool:
 
 
 def _serve(rank: int, tasks, done) -> None:
-    """A pool rank: run each plan it is handed in the caller's environment, until None."""
+    """A pool rank: run each plan it is handed, in the caller's environment, in a fork of
+    this process (torch and the workers imported once, here), until None."""
+    import workers.train_loop  # noqa: F401 - what every fork would import
+
     while (task := tasks.get()) is not None:
         plan, out, env = task
-        os.environ.clear()
-        os.environ.update(env)
-        try:
-            _worker(rank, plan, out)
-            done.put((rank, None))
-        except BaseException:  # noqa: BLE001 - reported to the caller, the rank goes on
-            done.put((rank, traceback.format_exc()))
+        failed = Path(out, f"rank{rank}.failure")
+        pid = os.fork()
+        if pid == 0:  # the plan's process: nothing of it outlives the plan
+            code = 0
+            try:
+                os.environ.clear()
+                os.environ.update(env)
+                _worker(rank, plan, out)
+            except BaseException:  # noqa: BLE001 - reported to the caller, the rank goes on
+                failed.write_text(traceback.format_exc())
+                code = 1
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        failure = failed.read_text() if failed.exists() else None
+        if failure is None and status != 0:
+            failure = f"the plan's process ended with {status}"
+        done.put((rank, failure))
 
 
 _pool: list[_Pool] = []
@@ -233,6 +254,11 @@ def _ranks(size: int) -> _Pool:
     close_pool()
     _pool.append(_Pool(size))
     return _pool[0]
+
+
+def pool_threads() -> list[int]:
+    """How many threads each rank of the process's pool has now (none: no pool)."""
+    return [len(os.listdir(f"/proc/{p.pid}/task")) for p in _pool[0].procs] if _pool else []
 
 
 @atexit.register
