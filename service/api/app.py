@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from service.auth import ensure_admin_token
 from service.backends.base import Backend
 from service.domain.generation import Generation
 from service.domain.ingest import TelemetryIngest
+from service.domain.leadership import Leadership
 from service.domain.lifecycle import Lifecycle
 from service.domain.monitoring import Monitoring
 from service.domain.queries import JobQueries
@@ -29,6 +31,8 @@ from service.domain.tokens import Tokens
 from service.errors import EtrainError, InvalidSpec
 from service.settings import Settings
 from service.store import Stores, migrate
+from service.store.leases import LeaseStore
+from service.store.replicas import WakeChannel, hold_sqlite
 from service.ui import mount_ui
 
 
@@ -37,6 +41,7 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
     settings.data_path.mkdir(mode=0o700, parents=True, exist_ok=True)
     migrate(settings.db_url)
     stores = Stores.open(settings.db_url)
+    hold_sqlite(stores.db)  # SQLite: this process only; PostgreSQL: any number of replicas
     token_file = ensure_admin_token(
         stores.tokens,
         configured=settings.admin_token.get_secret_value() if settings.admin_token else None,
@@ -48,19 +53,30 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         backend, embedded = build_backend(settings.ray)
         embedded_box.append(embedded)
     # Each service gets its slice of the settings (service/settings/slices.py), not all of them.
-    reconciler = Reconciler(stores, backend, settings.reconciler)
+    wake = WakeChannel(stores.db)
+    leadership = Leadership(
+        LeaseStore(stores.db) if wake.shared else None, ttl_s=settings.leader_lease_s
+    )
+    reconciler = Reconciler(stores, backend, settings.reconciler, leadership=leadership)
+    leadership.on_elected = reconciler.wake  # a new leader picks up every job in flight now
+
+    def stored() -> None:
+        reconciler.wake()
+        wake.notify()  # the leader, where another replica leads
+
     queries = JobQueries(stores, backend, token_hint=token_hint(settings.ray))
     return Runtime(
         api=settings.api,
         stores=stores,
         backend=backend,
         # A stored job wakes the reconciler: admitted now, not at the next poll.
-        submission=Submission(stores.jobs, backend, settings.submission, on_stored=reconciler.wake),
+        submission=Submission(stores.jobs, backend, settings.submission, on_stored=stored),
         queries=queries,
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
-        monitoring=Monitoring(stores, backend, JOB_METRICS),
+        monitoring=Monitoring(stores, backend, JOB_METRICS, leadership),
         reconciler=reconciler,
+        wake=wake,
         tokens=Tokens(stores.tokens),
         # A standby's finished job wakes it too: recorded now, and the standby free for the
         # next job now, not at the next poll.
@@ -83,11 +99,18 @@ def create_app(
         embedded_box: list = []
         runtime = _start(settings, backend, embedded_box)
         app.state.runtime = runtime
+        listening = threading.Event()
         if reconcile:
             runtime.reconciler.start()
+            runtime.reconciler.leadership.start()
+            if runtime.wake.shared:
+                wake_up = (runtime.reconciler.wake, listening)
+                threading.Thread(target=runtime.wake.listen, args=wake_up, daemon=True).start()
         try:
             yield
         finally:
+            listening.set()
+            runtime.reconciler.leadership.stop()  # handed back: another replica leads now
             runtime.reconciler.stop()
             runtime.backend.close()
             for embedded in embedded_box:

@@ -22,6 +22,7 @@ from service.domain.submission import Submission
 from service.domain.tokens import Tokens
 from service.settings.slices import ApiSettings
 from service.store import Stores
+from service.store.replicas import WakeChannel
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Runtime:
     ingest: TelemetryIngest
     monitoring: Monitoring
     reconciler: Reconciler
+    wake: WakeChannel  # replicas wake the leader through the database
     tokens: Tokens
     standby: StandbyJobs
     cluster: ClusterView

@@ -82,7 +82,8 @@ def readyz(monitoring: Monitor) -> Ready | JSONResponse:
     reason = monitoring.not_ready()
     if reason is not None:
         return JSONResponse(status_code=503, content=NotReady(reason=reason).model_dump())
-    return Ready(ready_for_fast_start=monitoring.ready_for_fast_start())
+    role, leader = monitoring.role()
+    return Ready(ready_for_fast_start=monitoring.ready_for_fast_start(), role=role, leader=leader)
 
 
 @probes.get(

@@ -9,7 +9,7 @@ ISO 8601 UTC).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -381,6 +381,12 @@ class Ready(BaseModel):
         "starts waits for true). False while the standbys warm up or run jobs, and always "
         "without standby drivers (ETRAIN_STANDBY_DRIVERS=0).",
     )
+    role: Literal["single", "leader", "follower"] = Field(
+        "single",
+        description="single: the one process of a SQLite store; leader: runs the scheduler "
+        "and the reconciler; follower: serves the API, takes over if the leader stops.",
+    )
+    leader: str | None = Field(None, description="The leading replica (null: single, or none).")
 
 
 class NotReady(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from service.backends.base import Backend
 from service.domain.job_metrics import JobMetrics
+from service.domain.leadership import LEASE, Leadership
 from service.status import JobStatus
 from service.store import Stores
 
@@ -11,9 +12,29 @@ from service.store import Stores
 class Monitoring:
     """Readiness of the service and the job counts of a scrape."""
 
-    def __init__(self, stores: Stores, backend: Backend, job_metrics: JobMetrics):
-        """Probe ``stores`` and ``backend``; prune the per-job series of ``job_metrics``."""
+    def __init__(
+        self,
+        stores: Stores,
+        backend: Backend,
+        job_metrics: JobMetrics,
+        leadership: Leadership | None = None,
+    ):
+        """Probe ``stores`` and ``backend``; prune the per-job series of ``job_metrics``;
+        say which replica leads (``leadership``; None: a single process)."""
         self.stores, self.backend, self.job_metrics = stores, backend, job_metrics
+        self.leadership = leadership
+
+    def role(self) -> tuple[str, str | None]:
+        """This replica's part in the control loop (``single``: the one process on SQLite;
+        ``leader``; ``follower``), and the leader's name (None: single, or no replica leads
+        now)."""
+        lead = self.leadership
+        if lead is None or lead.single:
+            return "single", None
+        if lead.leads():
+            return "leader", lead.holder
+        held = lead.leases.holder(LEASE) if lead.leases else None
+        return "follower", held.holder if held else None
 
     def not_ready(self) -> str | None:
         """Why the service cannot serve now (the store's failure's type name, or why the

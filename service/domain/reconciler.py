@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from service.auth import ADMIN_TENANT, create_reporter_token
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.access_policy import AccessPolicy, Tenant
+from service.domain.leadership import FencedJobs, Leadership, NotLeader
 from service.domain.nvme_policy import nvme_env
 from service.domain.queue_view import admission
 from service.domain.recovery import decide_recovery
@@ -125,12 +126,16 @@ class Reconciler:
         backend: Backend,
         settings: ReconcilerSettings,
         *,
+        leadership: Leadership | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """Follow the jobs of ``stores`` on ``backend``; poll every ``settings.interval_s``."""
+        """Follow the jobs of ``stores`` on ``backend``; poll every ``settings.interval_s``
+        while ``leadership`` says this replica leads (None: a single process, always), and
+        write every job change fenced by its lease."""
         self.stores, self.backend, self.settings = stores, backend, settings
         self.policy = AccessPolicy(settings.policy)
-        self.jobs = stores.jobs
+        self.leadership = leadership or Leadership(None, ttl_s=settings.interval_s)
+        self.jobs = FencedJobs(stores.jobs, self.leadership)
         self.backoff = SubmitBackoff(give_up_after_s=settings.submit_retry_s, clock=clock)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set: tick now rather than at the end of the period
@@ -250,8 +255,8 @@ class Reconciler:
                 {"dashboard_url": url},
             ),
         )
-        if updated is None:  # cancelled while we were submitting: do not leave it running
-            self.backend.stop(ray_id)
+        if updated is None and self.jobs.get_job(job.id).status == JobStatus.CANCELLED:
+            self.backend.stop(ray_id)  # cancelled while we were submitting: do not leave it
 
     def _submit_failed(self, job: JobRecord, submission_id: str, error: Exception) -> None:
         """The cluster could not take the job now: back to the queue to be tried again after
@@ -334,18 +339,17 @@ class Reconciler:
             submission_id=None,
             event=(EventKind.RESUBMITTED, reason, {"previous_submission": job.submission_id}),
         )
-        self.stores.tokens.revoke_job_tokens(job.id)
-        if updated is not None:
+        if updated is not None:  # not by a replica that no longer leads
+            self.stores.tokens.revoke_job_tokens(job.id)
             self._submit(updated)
 
     def _finish(self, job: JobRecord, status: JobStatus, error: str | None) -> None:
         """Record how the job ended and revoke its reporter tokens."""
         kind = EventKind.SUCCEEDED if status == JobStatus.SUCCEEDED else EventKind.FAILED
         message = "training finished" if error is None else error
-        change_status(
-            self.jobs, job, status, finished_at=_now(), error=error, event=(kind, message, None)
-        )
-        self.stores.tokens.revoke_job_tokens(job.id)
+        event = (kind, message, None)
+        if change_status(self.jobs, job, status, finished_at=_now(), error=error, event=event):
+            self.stores.tokens.revoke_job_tokens(job.id)
 
     def start(self) -> None:
         """Run ``tick`` every ``reconcile_interval_s``, and on each :meth:`wake`, in a daemon
@@ -364,8 +368,12 @@ class Reconciler:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if not self.leadership.leads():
+                continue
             try:
                 self.tick()
+            except NotLeader as e:
+                log.info("reconciler: %s; the new leader goes on", e)
             except Exception:
                 log.exception("reconciler tick failed; retrying next interval")
 

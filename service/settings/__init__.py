@@ -101,6 +101,7 @@ class Settings(BaseSettings):
         "TensorBoard event files under the job's checkpoint storage.",
     )
     reconcile_interval_s: float = Field(1.0, gt=0, description="Reconciler poll period.")
+    leader_lease_s: float = Field(10.0, ge=1, le=300, description=policy_docs.LEADER_LEASE)
     standby_drivers: int = Field(1, ge=0, le=8, description=docs.STANDBY_DRIVERS)
     standby_workers: int = Field(2, ge=0, le=64, description=docs.STANDBY_WORKERS)
     warm_pool_processes: int | None = Field(None, ge=0, le=4096, description=docs.POOL_PROCESSES)

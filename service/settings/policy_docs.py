@@ -1,5 +1,6 @@
-"""What the access policy's place lists mean (``Settings`` field descriptions; the settings
-reference in docs/ is generated from them)."""
+"""What the operator's policy settings mean: the access policy's place lists, the control
+loop's lease (``Settings`` field descriptions; the settings reference in docs/ is generated
+from them)."""
 
 OBJECT_STORES = (
     's3:// and gs:// prefixes each tenant (by name; "*" = every tenant) may use as '
@@ -27,4 +28,11 @@ NVME_ROOT = (
     "A folder on every node's local NVMe where DeepSpeed jobs may swap (parallelism.deepspeed "
     "offload_optimizer / offload_param nvme): tenant T's jobs each swap beneath "
     "<this>/T/<job id>, removed as the job ends. Unset = NVMe offload is refused."
+)
+
+LEADER_LEASE = (
+    "Replicas of etrain serve on one PostgreSQL database: one of them, the leader, runs the "
+    "scheduler and the reconciler, holding a lease in the database that it renews every "
+    "quarter of this many seconds. When it stops renewing (killed, paused, cut off from the "
+    "database) another replica takes over within this time. On SQLite one process serves."
 )

@@ -96,6 +96,11 @@ class Database:
         # on a lock instead and start the moment the previous one commits.
         self._write_lock = threading.RLock() if self._dialect == "sqlite" else None
 
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._dialect
+
     def begin(self) -> AbstractContextManager[Connection]:
         """A connection in a transaction that commits on exit (rolls back on an error)."""
         if self._write_lock is None:

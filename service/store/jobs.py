@@ -293,6 +293,7 @@ class JobStore:
         *,
         expect_status: JobStatus | None = None,
         event: NewEvent | None = None,
+        fence: Any = None,
         **fields: Any,
     ) -> JobRecord | None:
         """Update a job's columns in one transaction; with ``expect_status``, only if the job
@@ -302,12 +303,16 @@ class JobStore:
         moved on). The store does not judge status changes: callers that change
         ``status`` go through ``service.domain.states.change_status``, which checks
         the rule and sets ``expect_status``. ``event`` = (kind, message, data) is
-        stored in the same transaction. JobNotFound when there is no such job.
+        stored in the same transaction. ``fence`` (``LeaseStore.fence``): written only
+        while the lease it names is held with its token; None too when it is not.
+        JobNotFound when there is no such job.
         """
         values = _column_values(fields)
         query = update(JOBS).where(JOBS.c.id == job_id).values(**values, updated_at=utcnow())
         if expect_status is not None:
             query = query.where(JOBS.c.status == JobStatus(expect_status).value)
+        if fence is not None:
+            query = query.where(fence)
         with self._db.begin() as conn:
             if conn.execute(query).rowcount != 1:
                 require_job(conn, job_id)

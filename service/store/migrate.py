@@ -11,9 +11,11 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 
 from service.store.database import build_engine
 
+LOCK_KEY = 0x657472616E  # "etran": the advisory lock replicas take to migrate one at a time
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
@@ -41,6 +43,10 @@ def migrate(url: str) -> None:
     engine = build_engine(url)
     try:
         with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # Replicas starting together migrate one at a time; the others then find
+                # the schema at head. Held until this transaction ends.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
     finally:

@@ -185,6 +185,19 @@ class JobCheckpoint(Base):
     eval_loss: Mapped[float | None] = mapped_column(Float)
 
 
+class Lease(Base):
+    """Who holds a named role among the service's replicas (the control loop's leader), and
+    until when. ``token`` grows by one with every new holder: a write fenced by it is refused
+    once the lease has passed to another replica, or lapsed."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
 # -- records: what the store hands out instead of ORM objects ---------------
 
 

@@ -9,9 +9,19 @@ from sqlalchemy import Connection, select
 from service.errors import JobNotFound
 from service.status import JobStatus
 from service.store.database import Database
-from service.store.models import ApiToken, Job, JobCheckpoint, JobEvent, JobMetric, Tenant, utcnow
+from service.store.models import (
+    ApiToken,
+    Job,
+    JobCheckpoint,
+    JobEvent,
+    JobMetric,
+    Lease,
+    Tenant,
+    utcnow,
+)
 
 TENANTS, TOKENS, JOBS = Tenant.__table__, ApiToken.__table__, Job.__table__
+LEASES = Lease.__table__
 EVENTS, METRICS, CHECKPOINTS = JobEvent.__table__, JobMetric.__table__, JobCheckpoint.__table__
 
 

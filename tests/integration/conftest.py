@@ -6,19 +6,17 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from service.backends.base import RunState
 from tests.support.gcs_fixture import gcs_server  # noqa: F401 - the GCS endpoint fixture
 from tests.support.kustomize import INSTALL_HINT, build, kustomize_path
 from tests.support.mlflow_server import mlflow_server  # noqa: F401 - a tracking server
 from tests.support.object_store_fixture import object_store  # noqa: F401 - S3 and GCS in turn
-from tests.support.postgres import postgres_server
+from tests.support.postgres import fresh_schema, postgres_server
 from tests.support.ray_cluster import submit_job, wait_for_job
 from tests.support.telemetry_sink import TelemetrySink
 
@@ -31,23 +29,9 @@ def postgres_url(tmp_path_factory) -> str:
 
 @pytest.fixture
 def store_url(postgres_url):
-    """A fresh PostgreSQL schema (the unit tests' ``store_url`` is a SQLite file).
-
-    Each test gets its own schema (made the connection's search_path through the
-    URL) and the schema is dropped afterwards, so tests never share rows.
-    """
-    base = sa.make_url(postgres_url)
-    schema = f"etrain_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    try:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        url = base.update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    finally:
-        admin.dispose()
+    """A fresh PostgreSQL schema (the unit tests' ``store_url`` is a SQLite file), dropped
+    afterwards."""
+    yield from fresh_schema(postgres_url)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ def test_readyz_is_not_ready_while_the_job_api_cannot_take_a_job(tmp_path):
     backend = FakeBackend()
     with api_client(tmp_path, backend) as c:
         # No standby drivers: ready, but a job would start cold.
-        assert c.get("/readyz").json() == {"status": "ready", "ready_for_fast_start": False}
+        ready = {"status": "ready", "ready_for_fast_start": False, "role": "single", "leader": None}
+        assert c.get("/readyz").json() == ready
         # The dashboard answers (ping passes), but its agent cannot start a job driver.
         backend.not_ready_reason = "the Ray head's dashboard agent serves no HTTP"
         r = c.get("/readyz")
