@@ -99,17 +99,17 @@ def create_app(
         embedded_box: list = []
         runtime = _start(settings, backend, embedded_box)
         app.state.runtime = runtime
-        listening = threading.Event()
+        stop_listening = threading.Event()
         if reconcile:
             runtime.reconciler.start()
             runtime.reconciler.leadership.start()
             if runtime.wake.shared:
-                wake_up = (runtime.reconciler.wake, listening)
+                wake_up = (runtime.reconciler.wake, stop_listening)
                 threading.Thread(target=runtime.wake.listen, args=wake_up, daemon=True).start()
         try:
             yield
         finally:
-            listening.set()
+            stop_listening.set()
             runtime.reconciler.leadership.stop()  # handed back: another replica leads now
             runtime.reconciler.stop()
             runtime.backend.close()

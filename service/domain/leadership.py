@@ -16,7 +16,8 @@ from acting on it:
   token (:meth:`Leadership.fence`): once another replica took the lease, the write
   matches no row and changes nothing.
 
-On SQLite the service is one process (``service.store.single``): it leads always.
+On SQLite the service is one process (``service.store.replicas.hold_sqlite``): it leads
+always.
 """
 
 from __future__ import annotations
@@ -76,10 +77,7 @@ class Leadership:
 
     def leads(self) -> bool:
         """Whether this replica leads now."""
-        if self.leases is None:
-            return True
-        with self._lock:
-            return self._token is not None and self.clock() < self._until
+        return self.leases is None or self.token() is not None
 
     def token(self) -> int | None:
         """The fencing token of the lease this replica holds now (None: it does not lead)."""
