@@ -59,6 +59,7 @@ DISCOVERY = (
     ("batch/v1", "Job", "jobs"),
     ("networking.k8s.io/v1", "Ingress", "ingresses"),
     ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ("rbac.authorization.k8s.io/v1", "Role", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     ("ray.io/v1", "RayCluster", "rayclusters"),

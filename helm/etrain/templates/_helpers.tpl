@@ -33,6 +33,17 @@ app.kubernetes.io/name: {{ include "etrain.name" (index . 0) }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/* "true" when the job store is PostgreSQL (in-cluster or an existing URL), "" on SQLite. */}}
+{{- define "etrain.postgres" -}}
+{{- if or .Values.postgresql.enabled .Values.database.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* Replicas of the control plane: as asked on PostgreSQL; 1 on SQLite, which takes one
+serving process (etrain serve refuses a second on the same file). */}}
+{{- define "etrain.replicas" -}}
+{{- if include "etrain.postgres" . }}{{ .Values.controlPlane.replicas }}{{ else }}1{{ end }}
+{{- end }}
+
 {{/* The checkpoint claim shared by the control plane and the Ray pods ("" = none). */}}
 {{- define "etrain.checkpointClaim" -}}
 {{- if .Values.checkpoints.create }}

@@ -234,3 +234,42 @@ def test_every_values_key_has_a_description():
         if j < 0 or "# --" not in lines[j]:
             missing.append(line.strip())
     assert missing == []
+
+
+def _control_plane(objects: list[dict]) -> tuple[dict, dict]:
+    kinds = _by_kind(objects)
+    return kinds, kinds[("Deployment", "etrain")]["spec"]
+
+
+def test_replicas_on_postgres_roll_and_keep_one_through_drains():
+    kinds, deploy = _control_plane(render(_values("ray-jobs-postgres-minio-values.yaml"))[0])
+    assert deploy["replicas"] == 2
+    assert deploy["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pdb = kinds[("PodDisruptionBudget", "etrain")]["spec"]
+    assert pdb["minAvailable"] == 1
+    assert pdb["selector"]["matchLabels"] == deploy["selector"]["matchLabels"]
+    volumes = {v["name"]: v for v in deploy["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["data"]  # no ReadWriteOnce volume for two pods to share
+    assert ("PersistentVolumeClaim", "etrain-data") not in kinds
+    (c,) = deploy["template"]["spec"]["containers"]
+    token = next(e for e in c["env"] if e["name"] == "ETRAIN_ADMIN_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "etrain-secrets"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_sqlite_keeps_one_replica_on_its_volume():
+    kinds, deploy = _control_plane(render({"controlPlane": {"replicas": 3}})[0])
+    assert deploy["replicas"] == 1 and deploy["strategy"] == {"type": "Recreate"}
+    assert not any(kind == "PodDisruptionBudget" for kind, _ in kinds)
+    volumes = {v["name"]: v for v in deploy["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "etrain-data"
+
+
+def test_one_replica_on_postgres_has_no_budget_that_blocks_drains():
+    values = {"database": {"existingSecret": "etrain-db"}, "controlPlane": {"replicas": 1}}
+    kinds, deploy = _control_plane(render(values)[0])
+    assert deploy["replicas"] == 1
+    assert not any(kind == "PodDisruptionBudget" for kind, _ in kinds)
