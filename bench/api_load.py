@@ -1,21 +1,29 @@
 """Control-plane load: N concurrent clients submitting and listing jobs against a server
-that already holds 1,000 jobs; prints p50/p99 per route and requests/s.
+that already holds 1,000 jobs; prints p50/p99, requests/s and the server's CPU per request
+for each route.
 
     .venv/bin/python bench/api_load.py                     # etrain serve, embedded Ray
     .venv/bin/python bench/api_load.py --server fake       # the app on a no-op backend
+    .venv/bin/python bench/api_load.py --server fake --replicas 1,2 \
+        --database-url postgresql+psycopg://etrain:etrain@127.0.0.1:5432/etrain_test
     .venv/bin/python bench/api_load.py --url http://127.0.0.1:8000 --token $ETRAIN_TOKEN
 
-Without ``--url`` the bench starts the server itself, in its own process, on a free port
-with a fresh data dir (SQLite): ``--server serve`` is ``etrain serve`` (an embedded Ray
-head unless ``--ray-address``); ``--server fake`` is the same app (real store, scheduler
-and reconciler) on ``tests/support/fakes.FakeBackend``, which starts no Ray job, to
-isolate the control plane. Each client is its own tenant (the admin token makes one token
-per client), so the per-tenant queued-jobs quota (default 100) holds ``--seed`` jobs
+Without ``--url`` the bench starts the servers itself, each in its own process, on a free
+port with a fresh data dir: ``--server serve`` is ``etrain serve`` (an embedded Ray head
+unless ``--ray-address``; replicas need one); ``--server fake`` is the same app (real store,
+scheduler and reconciler) on ``tests/support/fakes.FakeBackend``, which starts no Ray job, to
+isolate the control plane. The store is SQLite unless ``--database-url`` names PostgreSQL,
+which ``--replicas`` above 1 needs: the clients then spread over the replicas, one each in
+turn, and each count in ``--replicas`` (e.g. ``1,2``) is measured on an emptied database
+in the same run, to compare. Each client is its own tenant (the admin token makes one
+token per client), so the per-tenant queued-jobs quota (default 100) holds ``--seed`` jobs
 spread over the clients plus ``--requests`` more per client. The job asks for 1,024 CPUs
 for its one worker: it can never fit, so it stays QUEUED and nothing trains.
 
-Each client then runs ``--requests`` rounds of ``POST /v1/jobs`` and ``GET /v1/jobs``
-(one page, ``limit=50``), one request at a time (asyncio, one connection per client).
+Each route is measured on its own: every client sends ``--requests`` ``POST /v1/jobs``,
+one at a time (asyncio, one connection per client), then as many ``GET /v1/jobs`` (one
+page, ``limit=50``). The servers' CPU (user + system, from /proc) over each phase divided by
+its requests is the route's CPU per request.
 """
 
 from __future__ import annotations
@@ -43,41 +51,51 @@ SPEC = {
 }
 
 
+ROUTES = {"POST": "POST /v1/jobs", "GET": "GET /v1/jobs", "HEALTH": "GET /healthz"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def serve_fake(port: int, data_dir: str) -> None:
+def serve_fake(port: int, data_dir: str, database_url: str | None) -> None:
     """Run the app on FakeBackend (4 CPUs), as ``etrain serve`` runs it (uvicorn, 1 process)."""
     import uvicorn
 
     from service.api.app import create_app
     from tests.support.fakes import FakeBackend, dev_settings
 
-    settings = dev_settings(Path(data_dir)).model_copy(update={"port": port})
+    store = {"database_url": database_url} if database_url else {}
+    settings = dev_settings(Path(data_dir), port=port, **store)
     app = create_app(settings, backend=FakeBackend(cpus=4))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def start_server(args: argparse.Namespace, data_dir: str) -> tuple[subprocess.Popen, str, str]:
-    """Start the server under test; return it, its URL and its admin token."""
+def start_server(
+    args: argparse.Namespace, data_dir: Path, database_url: str | None
+) -> tuple[subprocess.Popen, str, str]:
+    """Start one server under test; return it, its URL and its admin token."""
     port = _free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
     if args.server == "fake":
         from tests.support.fakes import ADMIN
 
-        cmd = [sys.executable, __file__, "--_serve-fake", str(port), "--data-dir", data_dir]
+        cmd = [sys.executable, __file__, "--_serve-fake", str(port), "--data-dir", str(data_dir)]
+        cmd += ["--_database-url", database_url] if database_url else []
         token, env = ADMIN, dict(os.environ)
     else:
-        token = "et_bench-" + secrets.token_hex(16)
+        token = args.admin_token
         env = {**os.environ, "ETRAIN_ADMIN_TOKEN": token, "ETRAIN_LOG_LEVEL": "WARNING"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        if database_url:
+            env["ETRAIN_DATABASE_URL"] = database_url
         cmd = [str(Path(sys.executable).parent / "etrain"), "serve", "--port", str(port)]
-        cmd += ["--data-dir", data_dir]
+        cmd += ["--data-dir", str(data_dir)]
         if args.ray_address:
             cmd += ["--ray-address", args.ray_address]
-    log = open(Path(data_dir) / "server.log", "w")  # noqa: SIM115 - lives as long as the server
+    log = open(data_dir / "server.log", "w")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}", token
 
@@ -143,25 +161,24 @@ async def seed_store(url: str, admin: str, clients: list[dict], jobs: int, round
         await seed(url, extra, rest)
 
 
-async def client_loop(url: str, headers: dict, rounds: int, out: dict[str, list]) -> None:
+async def client_loop(url: str, headers: dict, rounds: int, route: str, out: list) -> None:
+    """Send ``rounds`` requests of ``route`` one at a time; append (seconds, ok) to ``out``."""
     import httpx
 
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as c:
         for _ in range(rounds):
-            calls = {
-                "POST /v1/jobs": lambda: c.post("/v1/jobs", json=SPEC),
-                "GET /v1/jobs": lambda: c.get("/v1/jobs", params={"limit": 50}),
-            }
-            for route, call in calls.items():
-                if route not in out:
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    r = await call()
-                    ok = r.status_code < 400
-                except httpx.HTTPError:
-                    ok = False
-                out[route].append((time.perf_counter() - t0, ok))
+            t0 = time.perf_counter()
+            try:
+                if route == "POST":
+                    r = await c.post("/v1/jobs", json=SPEC)
+                elif route == "GET":
+                    r = await c.get("/v1/jobs", params={"limit": 50})
+                else:  # the floor: a route that reads nothing
+                    r = await c.get("/healthz")
+                ok = r.status_code < 400
+            except httpx.HTTPError:
+                ok = False
+            out.append((time.perf_counter() - t0, ok))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -172,71 +189,105 @@ def _pct(values: list[float], q: float) -> float:
     )
 
 
-def _cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` (Linux), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+def _cpu_s(pids: list[int]) -> float | None:
+    """User + system CPU seconds of the processes ``pids`` together (Linux), or None."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+    return total
 
 
-async def measure(args: argparse.Namespace, url: str, admin: str, pid: int | None) -> dict:
-    tenants = await make_tenants(url, admin, args.clients)
+async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: list[int]) -> dict:
+    tenants = await make_tenants(urls[0], admin, args.clients)
     t0 = time.perf_counter()
-    await seed_store(url, admin, tenants, args.seed, args.requests)
+    await seed_store(urls[0], admin, tenants, args.seed, args.requests)
     seeded_s = time.perf_counter() - t0
-    out: dict[str, list] = {f"{m} /v1/jobs": [] for m in ("POST", "GET") if m in args.routes}
-    load0, cpu0 = os.getloadavg(), _cpu_s(pid)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client_loop(url, h, args.requests, out) for h in tenants))
-    wall = time.perf_counter() - t0
-    cpu1 = _cpu_s(pid)
+    load0 = os.getloadavg()
     rows = []
-    for route, samples in out.items():
+    for method in ("POST", "GET", "HEALTH"):
+        if method not in args.routes.split(","):
+            continue
+        samples: list = []
+        print(f"{len(urls)} replica(s): measuring {ROUTES[method]}", file=sys.stderr, flush=True)
+        cpu0, t0 = _cpu_s(pids), time.perf_counter()
+        clients = (
+            client_loop(urls[i % len(urls)], h, args.requests, method, samples)
+            for i, h in enumerate(tenants)
+        )
+        await asyncio.gather(*clients)
+        wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
         ms = [s * 1e3 for s, _ in samples]
+        cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
         rows.append(
             {
-                "route": route,
+                "route": ROUTES[method],
                 "requests": len(samples),
                 "errors": sum(not ok for _, ok in samples),
                 "p50_ms": round(_pct(ms, 50), 1),
                 "p99_ms": round(_pct(ms, 99), 1),
                 "max_ms": round(max(ms), 1),
+                "requests_per_s": round(len(samples) / wall, 1),
+                "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
             }
         )
-    total = sum(r["requests"] for r in rows)
     return {
+        "replicas": len(urls),
         "clients": args.clients,
         "requests_per_client": args.requests,
-        "routes_sent": " + ".join(r.split()[0] for r in out),
         "seeded_jobs": args.seed,
         "seed_s": round(seeded_s, 1),
-        "wall_s": round(wall, 2),
-        "requests_per_s": round(total / wall, 1),
-        "server_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 1),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "routes": rows,
     }
 
 
-def print_table(res: dict) -> None:
+def print_table(results: list[dict]) -> None:
+    first = results[0]
     print(
-        f"{res['clients']} clients x {res['requests_per_client']} rounds of {res['routes_sent']}, "
-        f"{res['seeded_jobs']} jobs seeded first ({res['seed_s']} s)"
+        f"{first['clients']} clients x {first['requests_per_client']} requests of each route, "
+        f"{first['seeded_jobs']} jobs seeded first; server CPU from /proc over each route's "
+        f"phase ({os.cpu_count()} cores)"
     )
-    print(f"{'route':<16}{'requests':>9}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
-    for r in res["routes"]:
-        print(
-            f"{r['route']:<16}{r['requests']:>9}{r['errors']:>8}"
-            f"{r['p50_ms']:>9}{r['p99_ms']:>9}{r['max_ms']:>9}"
-        )
-    print(
-        f"wall {res['wall_s']} s, {res['requests_per_s']} requests/s, server CPU "
-        f"{res['server_cpu_s']} s; load average before {res['loadavg_before']}, after "
-        f"{res['loadavg_after']} ({os.cpu_count()} cores)"
-    )
+    head = f"{'replicas':>8} {'route':<14}{'requests':>9}{'errors':>7}{'p50 ms':>8}"
+    print(head + f"{'p99 ms':>8}{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}  load avg")
+    base = {r["route"]: r["requests_per_s"] for r in first["routes"]}
+    for res in results:
+        for r in res["routes"]:
+            ratio = r["requests_per_s"] / base[r["route"]]
+            cpu = r["server_cpu_ms_per_request"]
+            print(
+                f"{res['replicas']:>8} {r['route']:<14}{r['requests']:>9}{r['errors']:>7}"
+                f"{r['p50_ms']:>8}{r['p99_ms']:>8}{r['requests_per_s']:>8}{ratio:>6.2f}x"
+                f"{'-' if cpu is None else cpu:>11}  {res['loadavg_before'][0]:.2f}"
+            )
+
+
+def run_one(args: argparse.Namespace, replicas: int, database_url: str | None) -> dict:
+    """Start ``replicas`` servers on one store, measure them, stop them."""
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="etrain-api-load-") as data_dir:
+        try:
+            urls = []
+            for i in range(replicas):
+                proc, url, admin = start_server(args, Path(data_dir) / f"r{i}", database_url)
+                procs.append(proc)
+                urls.append(url)
+                # One at a time: the first migrates the schema, the next find it current.
+                asyncio.run(wait_ready(url, proc))
+            return asyncio.run(measure(args, urls, admin, [p.pid for p in procs]))
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 def main() -> None:
@@ -245,38 +296,52 @@ def main() -> None:
     p.add_argument("--token", help="its admin token (creates one tenant token per client)")
     p.add_argument("--server", choices=["serve", "fake"], default="serve")
     p.add_argument("--ray-address", help="with --server serve: an existing Ray cluster")
+    p.add_argument("--database-url", help="PostgreSQL for the servers (default: SQLite)")
+    p.add_argument("--replicas", default="1", help="servers on one store, e.g. 1,2 to compare")
     p.add_argument("--clients", type=int, default=50)
-    p.add_argument("--requests", type=int, default=20, help="rounds of POST + GET per client")
+    p.add_argument("--requests", type=int, default=20, help="requests of each route per client")
     p.add_argument("--seed", type=int, default=1000, help="jobs stored before measuring")
-    p.add_argument("--routes", default="POST,GET", help="which of the two each round sends")
+    p.add_argument(
+        "--routes", default="POST,GET,HEALTH", help="which to measure (HEALTH: the floor)"
+    )
     p.add_argument("--json", help="write the numbers here too")
     p.add_argument("--_serve-fake", dest="serve_fake", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--_database-url", dest="fake_database_url", help=argparse.SUPPRESS)
     p.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake, args.data_dir)
+        serve_fake(args.serve_fake, args.data_dir, args.fake_database_url)
         return
-    proc = None
-    with tempfile.TemporaryDirectory(prefix="etrain-api-load-") as data_dir:
-        try:
-            if args.url:
-                if not args.token:
-                    p.error("--url needs --token (an admin token)")
-                url, admin = args.url.rstrip("/"), args.token
-            else:
-                proc, url, admin = start_server(args, data_dir)
-            asyncio.run(wait_ready(url, proc))
-            res = asyncio.run(measure(args, url, admin, proc.pid if proc else None))
-        finally:
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-    print_table(res)
+    counts = [int(n) for n in args.replicas.split(",")]
+    if max(counts) > 1 and not (args.database_url or "").startswith("postgresql"):
+        p.error("--replicas above 1 needs --database-url postgresql+psycopg://...")
+    if max(counts) > 1 and args.server == "serve" and not args.ray_address:
+        p.error("--replicas above 1 with --server serve needs --ray-address (one Ray cluster)")
+    args.admin_token = "et_bench-" + secrets.token_hex(16)
+    if args.url:
+        if not args.token:
+            p.error("--url needs --token (an admin token)")
+        url = args.url.rstrip("/")
+        asyncio.run(wait_ready(url, None))
+        results = [asyncio.run(measure(args, [url], args.token, []))]
+    else:
+        results = [run_one_store(args, n) for n in counts]
+    print_table(results)
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def run_one_store(args: argparse.Namespace, replicas: int) -> dict:
+    """``run_one`` on an empty store: a fresh schema of ``--database-url``, or new SQLite."""
+    if not args.database_url:
+        return run_one(args, replicas, None)
+    from tests.support.postgres import fresh_schema
+
+    schema = fresh_schema(args.database_url)
+    try:
+        return run_one(args, replicas, next(schema))
+    finally:
+        next(schema, None)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from service.api.docs_pages import mount_docs
 from service.api.limits import BodyLimit
 from service.api.openapi import document_bodies
 from service.api.prometheus import JOB_METRICS
+from service.api.store_threads import StoreThreads
 from service.auth import ensure_admin_token
 from service.backends.base import Backend
 from service.domain.generation import Generation
@@ -84,7 +85,20 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         cluster=ClusterView(backend, stores.jobs, settings.quotas),
         generation=Generation(stores, queries, settings.generation),
         admin_token_file=str(token_file) if token_file else None,
+        store_threads=StoreThreads(stores.db.dialect),
     )
+
+
+def _stop(runtime: Runtime, embedded_box: list) -> None:
+    """Stop what :func:`_start` started, the control loop first."""
+    runtime.reconciler.leadership.stop()  # handed back: another replica leads now
+    runtime.reconciler.stop()
+    runtime.store_threads.close()
+    runtime.backend.close()
+    for embedded in embedded_box:
+        if embedded is not None:
+            embedded.stop()
+    runtime.stores.close()
 
 
 def create_app(
@@ -110,13 +124,7 @@ def create_app(
             yield
         finally:
             stop_listening.set()
-            runtime.reconciler.leadership.stop()  # handed back: another replica leads now
-            runtime.reconciler.stop()
-            runtime.backend.close()
-            for embedded in embedded_box:
-                if embedded is not None:
-                    embedded.stop()
-            runtime.stores.close()
+            _stop(runtime, embedded_box)
 
     app = FastAPI(
         title="etrain",

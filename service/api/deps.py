@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from service.api.store_threads import StoreThreads
 from service.auth import Principal, require_user
 from service.backends.base import Backend
 from service.domain.generation import Generation
@@ -45,6 +46,7 @@ class Runtime:
     cluster: ClusterView
     generation: Generation
     admin_token_file: str | None
+    store_threads: StoreThreads  # the busiest routes' store calls
 
 
 # The dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` one in its
@@ -64,11 +66,25 @@ async def get_tokens(request: Request) -> Tokens:
 TokenService = Annotated[Tokens, Depends(get_tokens)]
 
 
-def get_principal(
-    tokens: TokenService, authorization: Annotated[str | None, Header()] = None
+async def get_store_threads(request: Request) -> StoreThreads:
+    """The threads the busiest routes run their store calls in."""
+    return _runtime(request).store_threads
+
+
+StoreCalls = Annotated[StoreThreads, Depends(get_store_threads)]
+
+
+async def get_principal(
+    tokens: TokenService,
+    store: StoreCalls,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    """Any valid token (user, admin or a job's reporter)."""
-    return tokens.authenticate(authorization)
+    """Any valid token (user, admin or a job's reporter): one verified moments ago on the
+    event loop, any other looked up in the store's threads."""
+    principal = tokens.verified(authorization)
+    if principal is None:
+        principal = await store.run(tokens.authenticate, authorization)
+    return principal
 
 
 async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

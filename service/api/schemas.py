@@ -77,13 +77,14 @@ class JobPublic(BaseModel):
             "started_at": job.started_at,
             "finished_at": job.finished_at,
             "updated_at": job.updated_at,
-            "metrics": job.latest_metrics,
+            "metrics": None if job.latest_metrics is None else MetricPoint(**job.latest_metrics),
         }
 
     @classmethod
     def of(cls, job: JobRecord) -> JobPublic:
-        """The public view of ``job``."""
-        return cls(**cls.fields_of(job))
+        """The public view of ``job``, its fields typed as they are stored: not validated
+        again (pydantic would run JobSpec's model validators for every job of a page)."""
+        return cls.model_construct(**cls.fields_of(job))
 
 
 class JobDetail(JobPublic):

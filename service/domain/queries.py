@@ -73,10 +73,8 @@ class JobQueries:
     ) -> tuple[list[JobRecord], int]:
         """A page of the caller's jobs, newest first, and the total count."""
         tenant, statuses = scope(principal), ({status} if status else None)
-        jobs = self.stores.jobs
-        return (
-            jobs.list_jobs(tenant_id=tenant, statuses=statuses, limit=limit, offset=offset),
-            jobs.count_jobs(tenant_id=tenant, statuses=statuses),
+        return self.stores.jobs.page_jobs(
+            tenant_id=tenant, statuses=statuses, limit=limit, offset=offset
         )
 
     def events(self, principal: Principal, job_id: str, *, after_id: int) -> list[EventRecord]:

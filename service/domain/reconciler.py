@@ -36,6 +36,9 @@ from workers.contract import (
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
+# Woken ticks (a submission each) start at least this long apart, and at least 4 tick
+# lengths apart: a tick reads the whole queue, and a burst of submissions shares one.
+WAKE_GAP_S = 0.1
 
 
 def _now() -> datetime:
@@ -358,24 +361,30 @@ class Reconciler:
         self._thread.start()
 
     def wake(self) -> None:
-        """Tick now (a job was queued): admission need not wait out the poll period. Wakes
-        during a tick make one more tick after it."""
+        """Tick soon (a job was queued): admission need not wait out the poll period. Wakes
+        during a tick, or within ``WAKE_GAP_S`` of one, make one more tick after it."""
         self._wake.set()
 
     def _loop(self) -> None:
+        earliest = 0.0  # monotonic time of the next woken tick
         while True:
             self._wake.wait(self.settings.interval_s)
+            if (rest := earliest - time.monotonic()) > 0:
+                self._stop.wait(rest)
             self._wake.clear()
             if self._stop.is_set():
                 return
             if not self.leadership.leads():
                 continue
+            started = time.monotonic()
             try:
                 self.tick()
             except NotLeader as e:
                 log.info("reconciler: %s; the new leader goes on", e)
             except Exception:
                 log.exception("reconciler tick failed; retrying next interval")
+            took = time.monotonic() - started
+            earliest = started + max(WAKE_GAP_S, 5 * took)
 
     def stop(self) -> None:
         """Stop the loop and wait for the current tick."""

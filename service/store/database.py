@@ -71,7 +71,9 @@ def build_engine(url: str) -> Engine:
         # Every new connection to :memory: is a new empty database; share one.
         kwargs["poolclass"] = StaticPool
     else:
-        kwargs.update(pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
+        # All kept: a connection made past the pool's size is closed when returned, and
+        # opening one (with the pragmas above) costs more than a request's queries.
+        kwargs.update(pool_size=POOL_SIZE + POOL_OVERFLOW, max_overflow=0)
         if not database.startswith("file:"):
             _private_file(Path(database).expanduser())
     engine = create_engine(url, **kwargs)

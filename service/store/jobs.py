@@ -265,20 +265,37 @@ class JobStore:
         offset: int = 0,
     ) -> list[JobRecord]:
         """Return one page of jobs, newest first."""
-        query = self._job_filter(select(*_NO_SPEC), tenant_id, statuses)
-        query = (
-            query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc()).limit(limit).offset(offset)
-        )
         with self._db.connect() as conn:
-            return self._records(conn, query)
+            return self._records(conn, self._page(tenant_id, statuses, limit, offset))
+
+    def _page(self, tenant_id: str | None, statuses: Any, limit: int, offset: int) -> Any:
+        query = self._job_filter(select(*_NO_SPEC), tenant_id, statuses)
+        query = query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc())
+        return query.limit(limit).offset(offset)
 
     def count_jobs(
         self, *, tenant_id: str | None = None, statuses: Iterable[JobStatus] | None = None
     ) -> int:
         """Count the jobs list_jobs would page through with the same filters."""
-        query = self._job_filter(select(func.count()).select_from(JOBS), tenant_id, statuses)
         with self._db.connect() as conn:
-            return int(conn.execute(query).scalar_one())
+            return int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
+
+    def _count(self, tenant_id: str | None, statuses: Any) -> Any:
+        return self._job_filter(select(func.count()).select_from(JOBS), tenant_id, statuses)
+
+    def page_jobs(
+        self,
+        *,
+        tenant_id: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[JobRecord], int]:
+        """:meth:`list_jobs` and :meth:`count_jobs` on one connection."""
+        statuses = None if statuses is None else list(statuses)  # read twice
+        with self._db.connect() as conn:
+            jobs = self._records(conn, self._page(tenant_id, statuses, limit, offset))
+            return jobs, int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
 
     def list_jobs_fifo(self, statuses: Iterable[JobStatus]) -> list[JobRecord]:
         """Return every job in ``statuses``, oldest first (the scheduler's queue order)."""

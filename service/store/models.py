@@ -116,10 +116,15 @@ class Job(Base):
     """A training job and its latest known state."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_created_at", "created_at"),)
+    __table_args__ = (
+        Index("ix_jobs_created_at", "created_at"),
+        # A tenant's queued-jobs quota (counted at every submit) and its pages, newest first.
+        Index("ix_jobs_tenant_status", "tenant_id", "status"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), index=True)
     spec: Mapped[dict] = mapped_column(JSON)

@@ -234,6 +234,23 @@ def test_list_filters_by_status_and_paginates(client):
     assert client.get("/v1/jobs", params={"limit": 0}, headers=ADMIN_H).status_code == 422
 
 
+def test_a_page_shows_each_job_as_its_own_page_does(client):
+    """A page's jobs are built without validating their stored fields again: each must
+    read as the job's own route reads it (validated), metrics and spec included."""
+    from service.api.schemas import JobPublic
+
+    job_id = submit(client)["id"]
+    point = {"step": 3, "world_size": 2, "loss": 1.25, "tokens_per_s": 10.0, "extra": 1}
+    stores(client).jobs.update_job(job_id, step=3, latest_metrics=point)
+    (item,) = client.get("/v1/jobs", headers=ADMIN_H).json()["items"]
+    own = client.get(f"/v1/jobs/{job_id}", headers=ADMIN_H).json()
+    assert item == {k: v for k, v in own.items() if k in item}
+    assert item["metrics"] == point and item["spec"]["train"]["steps"] == 5
+    record = stores(client).jobs.get_job(job_id)
+    built, validated = JobPublic.of(record), JobPublic(**JobPublic.fields_of(record))
+    assert built.model_dump_json(warnings="error") == validated.model_dump_json()
+
+
 # -- cancel --------------------------------------------------------------------
 
 

@@ -230,3 +230,37 @@ def test_no_user_token_for_a_reserved_tenant(sqlite_stores):
     with pytest.raises(ValueError, match="reserved"):
         create_user_token(sqlite_stores.tokens, tenant="admin", name="ci")
     assert sqlite_stores.tokens.list_tokens() == []
+
+
+def test_a_verified_token_is_read_again_after_a_revocation_or_its_time(stores, monkeypatch):
+    from service.store import tokens as token_store
+
+    clock = [1000.0]
+    monkeypatch.setattr(token_store.time, "monotonic", lambda: clock[0])
+    tenant = stores.tokens.create_tenant("acme").id
+    job_id = _job(stores, tenant)
+    reporter = f"Bearer {create_reporter_token(stores.tokens, tenant_id=tenant, job_id=job_id)}"
+    user = f"Bearer {create_user_token(stores.tokens, tenant='acme', name='ci')}"
+    assert authenticate(stores.tokens, reporter).job_id == job_id  # now remembered
+    # Revoked through this store: refused at once.
+    stores.tokens.revoke_job_tokens(job_id)
+    with pytest.raises(Unauthorized, match="revoked"):
+        authenticate(stores.tokens, reporter)
+    # Revoked by another replica (another store on the database): taken as live until the
+    # time it was verified for runs out, then refused.
+    assert authenticate(stores.tokens, user).role == "user"
+    replica = Stores.open(stores.url)
+    try:
+        (token, _), *_ = [t for t in replica.tokens.list_tokens() if t[0].name == "ci"]
+        assert replica.tokens.revoke_token(token.id) is not None
+    finally:
+        replica.close()
+    clock[0] += token_store.VERIFIED_FOR_S - 0.01
+    assert authenticate(stores.tokens, user).role == "user"
+    clock[0] += 0.02
+    with pytest.raises(Unauthorized, match="revoked"):
+        authenticate(stores.tokens, user)
+    # An unknown token is never remembered: it is refused, not verified.
+    with pytest.raises(Unauthorized):
+        authenticate(stores.tokens, "Bearer et_unknown")
+    assert stores.tokens.verified_token(hash_token("et_unknown")) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from service.domain.reconciler import Reconciler
@@ -34,3 +35,25 @@ def test_a_wake_admits_at_once_and_stop_does_not_wait_out_the_period(stores, tmp
         reconciler.stop()
     assert time.monotonic() - t_stop < 5
     assert not reconciler._thread.is_alive()
+
+
+def test_a_burst_of_wakes_shares_ticks(stores, tmp_path, monkeypatch):
+    settings = Settings(env="development", data_dir=tmp_path, port=8123, reconcile_interval_s=60)
+    reconciler = Reconciler(stores, FakeBackend(cpus=4), settings.reconciler)
+    ticks: list[float] = []
+    monkeypatch.setattr(reconciler, "tick", lambda: ticks.append(time.monotonic()))
+    reconciler.start()
+    try:
+        time.sleep(0.05)
+        reconciler.wake()
+        wait_for(lambda: ticks, timeout=5, every=0.005, what="the first woken tick")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.5:  # 100 submissions in half a second
+            last = time.monotonic()
+            reconciler.wake()
+            time.sleep(0.005)
+        wait_for(lambda: ticks[-1] > last, timeout=5, every=0.005, what="a tick after the last")
+        gaps = [b - a for a, b in itertools.pairwise(ticks)]
+        assert 2 <= len(ticks) <= 8 and min(gaps) >= 0.099, ticks  # not one per wake
+    finally:
+        reconciler.stop()

@@ -454,3 +454,39 @@ def test_data_survives_restart(store_url):
         assert [e.kind for e in second.events.list_events(job.id)] == ["submitted"]
     finally:
         second.close()
+
+
+def test_a_tenants_quota_and_page_read_only_its_own_jobs(tmp_path):
+    """The queued-jobs count at every submit and a page of GET /v1/jobs search an index
+    that begins with the tenant (SQLite's plan for the store's own statements): with
+    only ix_jobs_status the count read every queued job of every tenant."""
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    migrate(url)
+    stores = Stores.open(url)
+    statements: list[tuple[str, tuple]] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        statements.append((statement, parameters))
+
+    try:
+        tenant = stores.tokens.create_tenant("acme").id
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+        try:
+            stores.jobs.check_queue_room(tenant, 100)
+            stores.jobs.list_jobs(tenant_id=tenant, limit=50)
+            stores.jobs.count_jobs(tenant_id=tenant)
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+    finally:
+        stores.close()
+    assert len(statements) == 3
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            for statement, parameters in statements:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
+                details = " ".join(row[-1] for row in plan.all())
+                assert "INDEX ix_jobs_tenant_" in details, (statement, details)
+                assert "TEMP B-TREE" not in details, (statement, details)
+    finally:
+        engine.dispose()
