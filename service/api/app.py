@@ -63,7 +63,8 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
 
     def stored() -> None:
         reconciler.wake()
-        wake.notify()  # the leader, where another replica leads
+        if not leadership.leads():
+            wake.notify()  # the leader is another replica (its next poll, should this miss)
 
     queries = JobQueries(stores, backend, token_hint=token_hint(settings.ray))
     return Runtime(

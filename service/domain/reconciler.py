@@ -36,9 +36,9 @@ from workers.contract import (
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
-# Woken ticks (a submission each) start at least this long apart, and at least 4 tick
-# lengths apart: a tick reads the whole queue, and a burst of submissions shares one.
-WAKE_GAP_S = 0.1
+# Woken ticks (a submission each) start at least WAKE_GAP_S and 1 / TICK_SHARE tick lengths
+# apart: a tick reads the whole queue (40 ms for 2,000 queued jobs), and a burst shares one.
+WAKE_GAP_S, TICK_SHARE = 0.1, 0.1
 
 
 def _now() -> datetime:
@@ -362,7 +362,8 @@ class Reconciler:
 
     def wake(self) -> None:
         """Tick soon (a job was queued): admission need not wait out the poll period. Wakes
-        during a tick, or within ``WAKE_GAP_S`` of one, make one more tick after it."""
+        during a tick, or within ``WAKE_GAP_S`` (or 1 / ``TICK_SHARE`` tick lengths) of its
+        start, make one more tick after that."""
         self._wake.set()
 
     def _loop(self) -> None:
@@ -384,7 +385,7 @@ class Reconciler:
             except Exception:
                 log.exception("reconciler tick failed; retrying next interval")
             took = time.monotonic() - started
-            earliest = started + max(WAKE_GAP_S, 5 * took)
+            earliest = started + max(WAKE_GAP_S, took / TICK_SHARE)
 
     def stop(self) -> None:
         """Stop the loop and wait for the current tick."""

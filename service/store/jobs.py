@@ -13,7 +13,7 @@ import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import func, insert, select, update
 
@@ -48,37 +48,33 @@ def _job_record(values: Any) -> JobRecord:
 
 # Every column but the spec: pages of jobs read the spec through _SpecCache.
 _NO_SPEC = [c for c in JOBS.c if c.name != "spec"]
+V = TypeVar("V")
 
 
-class _SpecCache:
-    """Parsed specs by job id, the most recently used ``size`` of them.
-
-    A job's spec is written once, at submit (``update_job`` drops the entry should a spec
-    ever be rewritten), so a page of jobs reads and parses only the specs it has not seen:
-    decoding and validating 50 specs was most of a ``GET /v1/jobs``.
-    """
+class _Recent(Generic[V]):
+    """Values by job id, the most recently used ``size`` of them (thread-safe)."""
 
     def __init__(self, size: int = 4096):
         self._size, self._lock = size, threading.Lock()
-        self._specs: OrderedDict[str, JobSpec] = OrderedDict()
+        self._values: OrderedDict[str, V] = OrderedDict()
 
-    def get(self, job_id: str) -> JobSpec | None:
+    def get(self, job_id: str) -> V | None:
         with self._lock:
-            spec = self._specs.get(job_id)
-            if spec is not None:
-                self._specs.move_to_end(job_id)
-            return spec
+            value = self._values.get(job_id)
+            if value is not None:
+                self._values.move_to_end(job_id)
+            return value
 
-    def put(self, job_id: str, spec: JobSpec) -> None:
+    def put(self, job_id: str, value: V) -> None:
         with self._lock:
-            self._specs[job_id] = spec
-            self._specs.move_to_end(job_id)
-            while len(self._specs) > self._size:
-                self._specs.popitem(last=False)
+            self._values[job_id] = value
+            self._values.move_to_end(job_id)
+            while len(self._values) > self._size:
+                self._values.popitem(last=False)
 
     def drop(self, job_id: str) -> None:
         with self._lock:
-            self._specs.pop(job_id, None)
+            self._values.pop(job_id, None)
 
 
 def _status_values(statuses: Iterable[JobStatus | str] | None) -> list[str] | None:
@@ -120,20 +116,46 @@ class JobStore:
     def __init__(self, db: Database):
         """Use the tables of ``db``."""
         self._db = db
-        self._specs = _SpecCache()
+        self._specs: _Recent[JobSpec] = _Recent()  # written once, at submit
+        self._rows: _Recent[JobRecord] = _Recent()  # as of their updated_at
+        self._tenant_names: dict[str, str] = {}
 
     def _records(self, conn: Any, query: Any) -> list[JobRecord]:
-        """Run ``query`` (a select of ``_NO_SPEC``) and attach each job's spec, reading and
-        parsing only those not cached."""
-        rows = conn.execute(query).all()
-        specs = {row.id: self._specs.get(row.id) for row in rows}
+        """The jobs ``query`` (a select of ``_NO_SPEC``) selects, in its order.
+
+        A job's row changes only with its ``updated_at``, and its spec not at all, so the
+        query reads each job's (id, updated_at) first and then the rows and specs of only
+        the jobs not cached as they are now: building 50 records from their rows (dates,
+        JSON) was most of a ``GET /v1/jobs``.
+        """
+        keys = conn.execute(query.with_only_columns(JOBS.c.id, JOBS.c.updated_at)).all()
+        return self._records_of(conn, keys)
+
+    def _records_of(self, conn: Any, keys: list[Any]) -> list[JobRecord]:
+        """:meth:`_records` from the keys read (rows that begin with id, updated_at)."""
+        records: dict[str, JobRecord | None] = {}
+        for job_id, updated_at, *_ in keys:
+            known = self._rows.get(job_id)
+            records[job_id] = known if known and known.updated_at == updated_at else None
+        missing = [job_id for job_id, record in records.items() if record is None]
+        if missing:
+            rows = conn.execute(select(*_NO_SPEC).where(JOBS.c.id.in_(missing))).all()
+            specs = self._specs_of(conn, [row.id for row in rows])
+            for row in rows:  # maybe newer than its key: a write between the two reads
+                records[row.id] = _job_record({**row._mapping, "spec": specs[row.id]})
+                self._rows.put(row.id, records[row.id])
+        return [record for job_id, *_ in keys if (record := records[job_id]) is not None]
+
+    def _specs_of(self, conn: Any, job_ids: list[str]) -> dict[str, JobSpec]:
+        """The specs of ``job_ids``, reading and parsing only those not cached."""
+        specs = {job_id: self._specs.get(job_id) for job_id in job_ids}
         missing = [job_id for job_id, spec in specs.items() if spec is None]
         if missing:
             stored = select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(missing))
             for job_id, raw in conn.execute(stored):
                 specs[job_id] = JobSpec.model_validate(raw)
                 self._specs.put(job_id, specs[job_id])
-        return [_job_record({**row._mapping, "spec": specs[row.id]}) for row in rows]
+        return specs
 
     def create_job(
         self,
@@ -209,12 +231,18 @@ class JobStore:
             _refuse_a_full_queue(conn, tenant_id, max_queued)
 
     def tenant_name(self, tenant_id: str) -> str:
-        """The name of tenant ``tenant_id`` ('' when there is none)."""
-        with self._db.connect() as conn:
-            name = conn.execute(
-                select(TENANTS.c.name).where(TENANTS.c.id == tenant_id)
-            ).scalar_one_or_none()
-        return name or ""
+        """The name of tenant ``tenant_id`` ('' when there is none). A tenant's name never
+        changes, so each is read once (read at every submit before)."""
+        name = self._tenant_names.get(tenant_id)
+        if name is None:
+            with self._db.connect() as conn:
+                name = conn.execute(
+                    select(TENANTS.c.name).where(TENANTS.c.id == tenant_id)
+                ).scalar_one_or_none()
+            if name is None:
+                return ""
+            self._tenant_names[tenant_id] = name
+        return name
 
     def list_queue(self, statuses: Iterable[JobStatus]) -> list[QueueEntry]:
         """Every job in ``statuses``, oldest first, with only what the scheduler needs
@@ -291,11 +319,18 @@ class JobStore:
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[JobRecord], int]:
-        """:meth:`list_jobs` and :meth:`count_jobs` on one connection."""
+        """:meth:`list_jobs` and :meth:`count_jobs` in one statement (the count rides on
+        the page's keys as a window; a second statement only for a page past the end)."""
         statuses = None if statuses is None else list(statuses)  # read twice
+        page = self._page(tenant_id, statuses, limit, offset)
+        total = func.count().over()
         with self._db.connect() as conn:
-            jobs = self._records(conn, self._page(tenant_id, statuses, limit, offset))
-            return jobs, int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
+            keys = conn.execute(page.with_only_columns(JOBS.c.id, JOBS.c.updated_at, total)).all()
+            if keys:
+                return self._records_of(conn, keys), int(keys[0][2])
+            if offset == 0 and limit > 0:
+                return [], 0
+            return [], int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
 
     def list_jobs_fifo(self, statuses: Iterable[JobStatus]) -> list[JobRecord]:
         """Return every job in ``statuses``, oldest first (the scheduler's queue order)."""

@@ -221,6 +221,38 @@ def test_pages_parse_each_spec_once_and_see_a_rewritten_spec(stores, tenant, mon
         fresh.close()
 
 
+def test_pages_build_each_record_once_and_see_every_write(stores, tenant, monkeypatch):
+    """Records are kept as of their updated_at: a page builds only the new or changed ones,
+    and a write by another replica (another store on the database) is seen at once."""
+    ids = [
+        stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1).id
+        for i in range(3)
+    ]
+    built = []
+    real = jobs_module._job_record
+    monkeypatch.setattr(jobs_module, "_job_record", lambda v: built.append(v["id"]) or real(v))
+    assert [j.id for j in stores.jobs.list_jobs(tenant_id=tenant)] == ids[::-1]
+    assert sorted(built) == sorted(ids)
+    built.clear()
+    stores.jobs.page_jobs(tenant_id=tenant)
+    stores.jobs.get_job(ids[0])
+    assert built == []
+    replica = Stores.open(stores.url)
+    try:
+        replica.jobs.update_job(ids[1], step=7, latest_metrics={"step": 7, "world_size": 1})
+    finally:
+        replica.close()
+    built.clear()  # the replica's own read-back
+    page, total = stores.jobs.page_jobs(tenant_id=tenant)
+    assert built == [ids[1]] and total == 3
+    assert [(j.id, j.step) for j in page] == [(ids[2], 0), (ids[1], 7), (ids[0], 0)]
+    assert stores.jobs.get_job(ids[1]).latest_metrics == {"step": 7, "world_size": 1}
+    # The count rides on the page; past the end it is read on its own.
+    assert stores.jobs.page_jobs(tenant_id=tenant, limit=2, offset=2)[1] == 3
+    assert stores.jobs.page_jobs(tenant_id=tenant, offset=5) == ([], 3)
+    assert stores.jobs.page_jobs(tenant_id=tenant, statuses=[JobStatus.RUNNING]) == ([], 0)
+
+
 def test_compare_and_set(stores, tenant):
     job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
     lost = stores.jobs.update_job(job.id, expect_status=JobStatus.PENDING, status=JobStatus.RUNNING)
