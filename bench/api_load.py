@@ -189,6 +189,13 @@ def _pct(values: list[float], q: float) -> float:
     )
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent busy so far (/proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_s(pids: list[int]) -> float | None:
     """User + system CPU seconds of the processes ``pids`` together (Linux), or None."""
     total = 0.0
@@ -213,13 +220,16 @@ async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: l
             continue
         samples: list = []
         print(f"{len(urls)} replica(s): measuring {ROUTES[method]}", file=sys.stderr, flush=True)
-        cpu0, t0 = _cpu_s(pids), time.perf_counter()
+        cpu0, t0, own0 = _cpu_s(pids), time.perf_counter(), time.process_time()
+        busy0 = _machine_busy_s()
         clients = (
             client_loop(urls[i % len(urls)], h, args.requests, method, samples)
             for i, h in enumerate(tenants)
         )
         await asyncio.gather(*clients)
         wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
+        client_cores = (time.process_time() - own0) / wall
+        busy_cores = (_machine_busy_s() - busy0) / wall
         ms = [s * 1e3 for s, _ in samples]
         cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
         rows.append(
@@ -232,6 +242,8 @@ async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: l
                 "max_ms": round(max(ms), 1),
                 "requests_per_s": round(len(samples) / wall, 1),
                 "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
+                "client_cores": round(client_cores, 2),  # the clients' own CPU / wall
+                "busy_cores": round(busy_cores, 2),  # every process of the machine
             }
         )
     return {
@@ -251,10 +263,11 @@ def print_table(results: list[dict]) -> None:
     print(
         f"{first['clients']} clients x {first['requests_per_client']} requests of each route, "
         f"{first['seeded_jobs']} jobs seeded first; server CPU from /proc over each route's "
-        f"phase ({os.cpu_count()} cores)"
+        f"phase; clients = cores the clients' process used, busy = cores the machine used "
+        f"({os.cpu_count()} cores)"
     )
-    head = f"{'replicas':>8} {'route':<14}{'requests':>9}{'errors':>7}{'p50 ms':>8}"
-    print(head + f"{'p99 ms':>8}{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}  load avg")
+    head = f"{'replicas':>8} {'route':<14}{'requests':>9}{'errors':>7}{'p50 ms':>8}{'p99 ms':>8}"
+    print(head + f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'clients':>8}{'busy':>6}")
     base = {r["route"]: r["requests_per_s"] for r in first["routes"]}
     for res in results:
         for r in res["routes"]:
@@ -263,7 +276,7 @@ def print_table(results: list[dict]) -> None:
             print(
                 f"{res['replicas']:>8} {r['route']:<14}{r['requests']:>9}{r['errors']:>7}"
                 f"{r['p50_ms']:>8}{r['p99_ms']:>8}{r['requests_per_s']:>8}{ratio:>6.2f}x"
-                f"{'-' if cpu is None else cpu:>11}  {res['loadavg_before'][0]:.2f}"
+                f"{'-' if cpu is None else cpu:>11}{r['client_cores']:>8}{r['busy_cores']:>6}"
             )
 
 
