@@ -53,7 +53,32 @@ def _import_deepspeed():
     # Its shared-memory all-reduce serves inference on CPU only; training reduces over the
     # job's process group. Compiling it would take ~25 s of each rank's start.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    _keep_the_given_dtype()
     return deepspeed
+
+
+def _keep_the_given_dtype() -> None:
+    """Make ZeRO-3's ``Init`` partition parameters in the dtype it is given.
+
+    ``Init._set_dtype`` reads ``dtype or torch.float16 if fp16 else torch.bfloat16 ...``:
+    where the accelerator has no fp16 (a CPU without mkldnn fp16, such as an AMD EPYC)
+    the given dtype is dropped for bf16. The NVMe parameter swapper is then made for bf16
+    beside fp32 parameters, and it swaps none of them (they stay in host memory, against
+    the plan). The engine gives the module's own dtype; that one is kept.
+    """
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    original = Init._set_dtype
+    if getattr(original, "keeps_the_given_dtype", False):
+        return
+
+    def set_dtype(self, ds_config, dtype):
+        original(self, ds_config, dtype)
+        if dtype is not None:
+            self.dtype = dtype
+
+    set_dtype.keeps_the_given_dtype = True
+    Init._set_dtype = set_dtype
 
 
 def undo_process_patches() -> None:

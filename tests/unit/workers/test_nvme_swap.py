@@ -69,3 +69,22 @@ def test_a_rank_removes_its_own_swap_files_and_the_last_the_folder(tmp_path):
     assert left == ["zero_stage_3/float32params/rank1/0.swp", "zero_stage_3/optimizer/rank1/0.swp"]
     remove_rank_swap(str(folder), 1)
     assert not folder.exists()
+
+
+def test_zero3_partitions_parameters_in_the_dtype_it_is_given(monkeypatch):
+    """Where the accelerator has no fp16, DeepSpeed's Init turns a given fp32 into bf16,
+    and the NVMe parameter swapper it makes then swaps none of the fp32 parameters."""
+    import torch
+
+    from workers.strategies.deepspeed import _import_deepspeed
+
+    _import_deepspeed()
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    monkeypatch.setattr(get_accelerator(), "is_fp16_supported", lambda: False)
+    init = Init.__new__(Init)  # only the dtype choice: no process group, no module
+    init._set_dtype(None, torch.float32)
+    assert init.dtype == torch.float32
+    init._set_dtype(None, None)  # nothing given: DeepSpeed's own choice stands
+    assert init.dtype == torch.bfloat16
