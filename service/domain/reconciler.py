@@ -36,9 +36,8 @@ from workers.contract import (
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
-# A woken tick (a submission each) starts WAKE_GAP_S and 1 / TICK_SHARE times the last tick's
-# CPU after it began, at most a period: a tick reads the whole queue (40 ms for 2,000), and
-# a burst shares one. Periodic ticks keep their period; waits on Ray or the database do not count.
+# A woken tick starts WAKE_GAP_S and 1 / TICK_SHARE times the last tick's CPU after it began,
+# at most a period: a tick reads the whole queue (40 ms for 2,000), a burst shares one.
 WAKE_GAP_S, TICK_SHARE = 0.1, 0.1
 
 
@@ -248,9 +247,11 @@ class Reconciler:
             return
         self._tokens.pop(submission_id, None)
         self.backoff.clear(job.id)
+        # Unsubmitted: a leader paused in this update may commit it after its successor's.
         updated = self.jobs.update_job(
             job.id,
             expect_status=JobStatus.PENDING,
+            expect_unsubmitted=True,
             submission_id=ray_id,
             dashboard_url=url,
             event=(

@@ -344,12 +344,14 @@ class JobStore:
         job_id: str,
         *,
         expect_status: JobStatus | None = None,
+        expect_unsubmitted: bool = False,
         event: NewEvent | None = None,
         fence: Any = None,
         **fields: Any,
     ) -> JobRecord | None:
         """Update a job's columns in one transaction; with ``expect_status``, only if the job
-        is still in that status (compare-and-set).
+        is still in that status (compare-and-set); with ``expect_unsubmitted``, only if no
+        submission is recorded yet.
 
         Returns the updated job, or None when the compare-and-set lost (the job
         moved on). The store does not judge status changes: callers that change
@@ -363,6 +365,8 @@ class JobStore:
         query = update(JOBS).where(JOBS.c.id == job_id).values(**values, updated_at=utcnow())
         if expect_status is not None:
             query = query.where(JOBS.c.status == JobStatus(expect_status).value)
+        if expect_unsubmitted:  # its submission is recorded once, by one leader
+            query = query.where(JOBS.c.submission_id.is_(None))
         if fence is not None:
             query = query.where(fence)
         with self._db.begin() as conn:

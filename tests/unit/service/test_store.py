@@ -277,6 +277,23 @@ def test_compare_and_set(stores, tenant):
         stores.jobs.update_job(job.id, tenant_id="t-other")
 
 
+def test_a_submission_is_recorded_once(stores, tenant):
+    """Two leaders (one paused mid-write, then its successor) record the same submission:
+    the second write finds one recorded and changes nothing, its event included."""
+    job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
+    stores.jobs.update_job(job.id, status=JobStatus.PENDING)
+    record = {
+        "expect_status": JobStatus.PENDING,
+        "expect_unsubmitted": True,
+        "submission_id": f"etrain-{job.id}-0",
+        "event": ("submitted", "submitted to Ray", None),
+    }
+    assert stores.jobs.update_job(job.id, **record).submission_id == f"etrain-{job.id}-0"
+    assert stores.jobs.update_job(job.id, **record) is None
+    kinds = [e.kind for e in stores.events.list_events(job.id)]
+    assert kinds.count("submitted") == 2  # the job's own at create, and the one recorded
+
+
 def test_compare_and_set_has_one_winner_under_concurrency(stores, tenant):
     job = stores.jobs.create_job(tenant_id=tenant, name="tiny", spec=SPEC, min_workers=1)
     results = []
