@@ -74,7 +74,10 @@ def objectives_table(hf: Path, root: Path, *, steps: int, seq: int, warmup: int)
     data.write_text("".join(json.dumps(r) + "\n" for r in _rows(256)))
     tok = root / "tok"
     make_word_tokenizer(tok, corpus=[" ".join(WORDS)])
-    jobs = [LocalJob(n, _spec(n, hf, tok, data, seq=seq, steps=steps)) for n in ROWS]
+    jobs = [
+        LocalJob(n, _spec(n, hf, tok, data, seq=seq, steps=steps), measure_memory=True)
+        for n in ROWS
+    ]
     results = run_local(jobs, world_size=2)
     out, mib = [], 1024**2
     print(

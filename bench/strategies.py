@@ -122,7 +122,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     jobs = [
-        LocalJob(name, make_spec(name, par, steps=args.steps, preset=args.preset))
+        LocalJob(
+            name,
+            make_spec(name, par, steps=args.steps, preset=args.preset),
+            measure_memory=True,
+        )
         for name, par in LAYOUTS.items()
     ]
     rows = summarise(run_local(jobs, world_size=4), args.warmup)

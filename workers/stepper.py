@@ -88,6 +88,9 @@ class Stepper:
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
         )
+        # Set for the step whose memory is measured: the engine records what it holds,
+        # and the meter, if any, traces the step's activations.
+        self.measuring = False
         self.meter: ActivationMeter | None = None
         # The global gradient norm of the last step, before any clipping (its metric point).
         self.grad_norm: float | None = None
@@ -232,7 +235,7 @@ class Stepper:
     def _update(self) -> torch.Tensor:
         """The optimizer step; the global gradient norm before any clipping."""
         if self.engine is not None:
-            return self.engine.step(measure=self.meter is not None)
+            return self.engine.step(measure=self.measuring)
         norm = self._clip()
         for opt in self.optimizers:
             opt.step()

@@ -57,6 +57,9 @@ class RunEnv:
     # Measure memory at the first step (a new run or a resize): False only for tests and
     # benchmarks that do not read it (the meter traces every op of that step).
     measure_memory: bool = True
+    # With the memory, trace the first step's activations: False counts only the state's
+    # bytes (tests that read no activation figure skip the trace).
+    trace_activations: bool = True
 
     def __post_init__(self) -> None:
         if self.checkpoints is not None and not isinstance(self.checkpoints, StorageLocation):
@@ -180,7 +183,8 @@ def run(spec: JobSpec, env: RunEnv) -> RunResult:
         t0 = time.perf_counter()
         batch = sampler.next_global_batch(spec.train.global_batch_size)
         first = step == start + 1
-        stepper.meter = _meter(stepper) if first and measure else None
+        stepper.measuring = first and measure
+        stepper.meter = _meter(stepper) if stepper.measuring and env.trace_activations else None
         loss, (due_votes, done_votes) = stepper.step(batch, votes=saving.votes())
         if first:
             _after_first_step(env, stepper, result, measure=measure)

@@ -81,10 +81,18 @@ AFTER_ZERO3 = "tp-full"
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    jobs = [LocalJob(name, _spec(name).model_dump(mode="json", by_alias=True)) for name in ROWS]
+    jobs = [
+        LocalJob(name, _spec(name).model_dump(mode="json", by_alias=True), measure_memory=True)
+        for name in ROWS
+    ]
     zero3 = copy.deepcopy(jobs[0].spec) | {"name": "zero3", "parallelism": ZERO3}
-    jobs.append(LocalJob("zero3", JobSpec.model_validate(zero3).model_dump(mode="json")))
-    jobs.append(LocalJob(f"{AFTER_ZERO3}-again", jobs[list(ROWS).index(AFTER_ZERO3)].spec))
+    jobs.append(
+        LocalJob(
+            "zero3", JobSpec.model_validate(zero3).model_dump(mode="json"), measure_memory=True
+        )
+    )
+    again = jobs[list(ROWS).index(AFTER_ZERO3)].spec
+    jobs.append(LocalJob(f"{AFTER_ZERO3}-again", again, measure_memory=True))
     return run_local(jobs, world_size=2)
 
 

@@ -137,7 +137,7 @@ def unpacked_reference(spec_dict: dict) -> dict[int, float]:
 
     job = JobSpec.model_validate(spec_dict)
     flat = job.model_copy(update={"data": job.data.model_copy(update={"packing": False})})
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False)
     cfg = spec_model_config(flat, stores_of(flat))
     base = _dataset(flat, cfg)
     rows = PackedDataset(base)

@@ -48,7 +48,7 @@ def _reference(spec: dict):
     """The same spec in one plain process: no DDP, the whole global batch here."""
     return run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False),
     )
 
 

@@ -60,10 +60,10 @@ def results(folder, tmp_path_factory):
     (swap / "nvme-link").symlink_to(elsewhere)
     nvme = _spec(folder, OFFLOAD)
     jobs = [
-        LocalJob("nvme", nvme),
-        LocalJob("nvme-save", nvme, checkpoint_root=str(ckpts), stop_at=2, measure_memory=False),
-        LocalJob("nvme-resume", nvme, checkpoint_root=str(ckpts), measure_memory=False),
-        LocalJob("nvme-link", _spec(folder, OFFLOAD, name="nvme-link"), measure_memory=False),
+        LocalJob("nvme", nvme, measure_memory=True, trace_activations=False),
+        LocalJob("nvme-save", nvme, checkpoint_root=str(ckpts), stop_at=2),
+        LocalJob("nvme-resume", nvme, checkpoint_root=str(ckpts)),
+        LocalJob("nvme-link", _spec(folder, OFFLOAD, name="nvme-link")),
     ]
     # The spawned ranks' environment, as the service writes it: the NVMe area, and the
     # roots the ranks may open beneath.
@@ -71,7 +71,9 @@ def results(folder, tmp_path_factory):
     with mock.patch.dict(os.environ, env):
         out = run_local(jobs, world_size=2)
     one = _spec(folder, None, workers=1)
-    out["one"] = run(JobSpec.model_validate(one), RunEnv(0, 1, torch.device("cpu")))
+    out["one"] = run(
+        JobSpec.model_validate(one), RunEnv(0, 1, torch.device("cpu"), measure_memory=False)
+    )
     return {**out, "swap": swap, "elsewhere": elsewhere}
 
 

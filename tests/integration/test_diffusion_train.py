@@ -156,7 +156,7 @@ def results(root):
     rows = [row for row in ROWS if row != "ddp-adamw"]
     jobs = [LocalJob(row, make_spec(root, row, 2), measure_memory=row == "ddp-sgd") for row in rows]
     spec, ckpt = make_spec(root, "ddp-adamw", 2), str(root / "ckpt")
-    jobs.append(LocalJob("save", spec, ckpt, stop_at=2, measure_memory=False))
+    jobs.append(LocalJob("save", spec, ckpt, stop_at=2))
     return run_local(jobs, world_size=2)
 
 

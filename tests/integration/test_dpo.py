@@ -134,12 +134,12 @@ def test_each_step_reports_the_rewards_and_no_perplexity(references):
 
 @pytest.fixture(scope="module")
 def results(pairs):
-    jobs = [LocalJob(row, make_spec(pairs, row, 2), measure_memory=False) for row in ROWS]
+    jobs = [LocalJob(row, make_spec(pairs, row, 2)) for row in ROWS]
     for row in ("lora-fsdp3-sgd", "ddp-adamw"):
         spec, ckpt = make_spec(pairs, row, 2), str(pairs / f"ckpt-{row}")
         jobs.append(LocalJob(f"full-{row}", spec, str(pairs / f"full-{row}")))
-        jobs.append(LocalJob(f"save-{row}", spec, ckpt, stop_at=2, measure_memory=False))
-        jobs.append(LocalJob(f"resume-{row}", spec, ckpt, measure_memory=False))
+        jobs.append(LocalJob(f"save-{row}", spec, ckpt, stop_at=2))
+        jobs.append(LocalJob(f"resume-{row}", spec, ckpt))
     return run_local(jobs, world_size=2)
 
 

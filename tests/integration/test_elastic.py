@@ -71,7 +71,7 @@ def fixed_losses(spec: dict) -> dict[int, float]:
     steps = spec["train"]["steps"]
     if steps not in _FIXED:
         one = {**spec, "parallelism": {"strategy": "ddp"}, "resources": {"workers": 1}}
-        env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
+        env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False)
         _FIXED[steps] = run(JobSpec.model_validate(one), env).losses
     return _FIXED[steps]
 

@@ -46,7 +46,7 @@ def one_rank_group():
 
 
 def _env() -> RunEnv:
-    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
+    return RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False)
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])

@@ -107,6 +107,7 @@ def _single(folder: Path, optimizer: str, checkpoints: str | None = None):
         world_size=1,
         device=torch.device("cpu"),
         checkpoints=locate(checkpoints) if checkpoints else None,
+        measure_memory=False,
     )
     return run(JobSpec.model_validate(spec), env)
 

@@ -95,7 +95,7 @@ def single_process(optimizer: str):
     spec = make_spec("reference", 1, {"strategy": "ddp"}, optimizer)
     return run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False),
     )
 
 
@@ -159,7 +159,7 @@ def test_lora_matches_single_process(lora_results, references, row, optimizer):
 def bf16_reference() -> dict[int, float]:
     spec = make_spec("reference-bf16", 1, {"strategy": "ddp"}, "adamw")
     spec["train"]["precision"] = "bf16"
-    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"))
+    env = RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False)
     return run(JobSpec.model_validate(spec), env).losses
 
 

@@ -16,7 +16,7 @@ import copy
 import pytest
 import torch
 
-from service.planner.memory_model import activation_bytes, buffer_bytes, state_bytes_by_rank
+from service.planner.memory_model import buffer_bytes, state_bytes_by_rank
 from service.planner.planning import layout_of, workload_of
 from tests.support.eval_reference import evaluate_checkpoint
 from tests.support.local_launch import LocalJob, pool_threads, run_local_groups
@@ -123,7 +123,7 @@ def reference_losses(optimizer: str, steps: int = STEPS, **train) -> dict[int, f
     spec["resources"]["workers"] = 1
     res = run(
         JobSpec.model_validate(spec),
-        RunEnv(rank=0, world_size=1, device=torch.device("cpu")),
+        RunEnv(rank=0, world_size=1, device=torch.device("cpu"), measure_memory=False),
     )
     return res.losses
 
@@ -223,8 +223,9 @@ def with_eval(spec: dict, data: dict) -> dict:
 def matrix_results(tmp_path_factory) -> dict:
     """Run every row (both optimizers) and every save, grouped by world size; the resumes
     at 4 after the 4-worker saves, those at 2 last (a resume may need a save of either
-    size). Only the plain rows measure their memory (the planner test reads it): tracing
-    the first step's ops costs a second or more per job."""
+    size). Only the plain rows measure their memory, and only the state's bytes (the
+    planner's and the ZeRO tests read them; tracing the first step's ops for its
+    activations costs a second or more per job, and test_activation_memory asserts them)."""
     root = tmp_path_factory.mktemp("resumes")
     by_world: dict[int, list[LocalJob]] = {2: [], 4: []}
     resumes: dict[int, list[LocalJob]] = {2: [], 4: []}
@@ -233,26 +234,29 @@ def matrix_results(tmp_path_factory) -> dict:
             spec, ckpt = make_spec(name, workers, par, opt), None
             if opt == "adamw" and name in OWN_EVAL_SET:  # the same steps, evaluated, saved
                 spec, ckpt = with_eval(spec, EVALUATED[name]), str(root / f"{name}-eval")
-            by_world[workers].append(LocalJob(f"{name}-{opt}", spec, ckpt))
+            job = LocalJob(
+                f"{name}-{opt}", spec, ckpt, measure_memory=True, trace_activations=False
+            )
+            by_world[workers].append(job)
     for name in CHECKPOINTED:
         workers, par = MATRIX[name]
         spec = make_spec(name, workers, par, "sgd", model=FULL_AC)
-        by_world[workers].append(LocalJob(f"{name}-sgd-ac", spec, measure_memory=False))
+        by_world[workers].append(LocalJob(f"{name}-sgd-ac", spec))
         spec = make_spec(name, workers, par, "adamw", model=SELECTIVE_AC)
-        by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec, measure_memory=False))
+        by_world[workers].append(LocalJob(f"{name}-adamw-sac", spec))
     spec = make_spec(
         CHECKPOINTED_DEEPSPEED, 2, MATRIX[CHECKPOINTED_DEEPSPEED][1], "sgd", model=FULL_AC
     )
-    by_world[2].append(LocalJob(f"{CHECKPOINTED_DEEPSPEED}-sgd-ac", spec, measure_memory=False))
+    by_world[2].append(LocalJob(f"{CHECKPOINTED_DEEPSPEED}-sgd-ac", spec))
     for name in [n for n in EVALUATED if n not in OWN_EVAL_SET]:  # held-out samples: other steps
         workers, par = MATRIX[name]
         spec = with_eval(make_spec(name, workers, par, "adamw"), EVALUATED[name])
-        job = LocalJob(f"{name}-eval", spec, str(root / f"{name}-eval"), measure_memory=False)
+        job = LocalJob(f"{name}-eval", spec, str(root / f"{name}-eval"))
         by_world[workers].append(job)
     for name in CLIPPED:
         workers, par = MATRIX[name]
         spec = make_spec(name, workers, par, "sgd", grad_clip=CLIP)
-        by_world[workers].append(LocalJob(f"{name}-sgd-clipped", spec, measure_memory=False))
+        by_world[workers].append(LocalJob(f"{name}-sgd-clipped", spec))
     for name, ((w1, par1), (w2, par2)) in RESUMES.items():
         ckpt = str(root / name)
         save, resume = (
@@ -261,16 +265,16 @@ def matrix_results(tmp_path_factory) -> dict:
         )
         if name in ASYNC_SAVES:
             save["checkpoint"]["async"] = True
-        by_world[w1].append(LocalJob(f"{name}-save", save, ckpt, stop_at=3, measure_memory=False))
-        resumes[w2].append(LocalJob(f"{name}-resume", resume, ckpt, measure_memory=False))
+        by_world[w1].append(LocalJob(f"{name}-save", save, ckpt, stop_at=3))
+        resumes[w2].append(LocalJob(f"{name}-resume", resume, ckpt))
     # An elastic resize to an odd size: 2 DeepSpeed workers save, 3 resume (global batch 12).
     save, resume = (
         make_spec(GROWS_TO_3, w, MATRIX[row][1], "adamw", steps=6, global_batch_size=12)
         for w, row in ((2, "deepspeed2-zero2-offload"), (3, "deepspeed2-zero3"))
     )
     ckpt = str(root / GROWS_TO_3)
-    by_world[2].append(LocalJob(f"{GROWS_TO_3}-save", save, ckpt, stop_at=3, measure_memory=False))
-    grown = [LocalJob(f"{GROWS_TO_3}-resume", resume, ckpt, measure_memory=False)]
+    by_world[2].append(LocalJob(f"{GROWS_TO_3}-save", save, ckpt, stop_at=3))
+    grown = [LocalJob(f"{GROWS_TO_3}-resume", resume, ckpt)]
     results = run_local_groups(
         [(2, by_world[2]), (4, by_world[4] + resumes[4]), (2, resumes[2]), (3, grown)]
     )
@@ -431,10 +435,8 @@ def test_evaluation_is_unchanged_across_an_elastic_resize(matrix_results, name):
 def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
     """The planner's parameter, gradient and optimizer bytes match every rank within 2%,
     and a DeepSpeed ZeRO-3 rank's reduce bucket exactly (the bucket ZeRO-1 and -2 allocate
-    in backward is gone when the step's state is measured).
-
-    Activations are printed next to the measurement (run with -s); they are asserted
-    in tests/integration/test_activation_memory.py.
+    in backward is gone when the step's state is measured). The activations are
+    measured and asserted in tests/integration/test_activation_memory.py.
     """
     res = matrix_results[f"{row}-{optimizer}"]
     assert res.error is None, res.error
@@ -444,13 +446,10 @@ def test_planner_predicts_measured_state_bytes(matrix_results, row, optimizer):
     predicted = state_bytes_by_rank(work, layout)
     assert len(res.memory) == workers == len(predicted)
     for rank, (want, got) in enumerate(zip(predicted, res.memory, strict=True)):
-        pp_rank = rank // (layout.dp * layout.tp)
-        act = activation_bytes(work, layout, pp_rank=pp_rank)  # asserted in test_activation_memory
         print(
             f"PLANCHECK {row} {optimizer} rank {rank}: params {got['params_bytes']} / "
             f"{want.params}, grads {got['grads_bytes']} / {want.grads}, optimizer "
-            f"{got['optimizer_bytes']} / {want.optimizer}, activations "
-            f"{got['activations_bytes']} / {act} (measured / predicted)"
+            f"{got['optimizer_bytes']} / {want.optimizer} (measured / predicted)"
         )
         for key, value in (
             ("params_bytes", want.params),

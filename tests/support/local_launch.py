@@ -50,7 +50,10 @@ class LocalJob:
     spec: dict
     checkpoint_root: str | None = None
     stop_at: int | None = None
-    measure_memory: bool = True  # False: the test reads no memory figure of this job
+    # Record each rank's memory at the first step, with the activations traced through it
+    # (every op: a second or more per job) unless trace_activations is False.
+    measure_memory: bool = False
+    trace_activations: bool = True
 
 
 @dataclass
@@ -118,6 +121,7 @@ def _run_group(rank: int, world_size: int, port: int, jobs: list[LocalJob], out:
                     checkpoints=locate(root, spec.stores) if root else None,
                     stop_at=job.stop_at,
                     measure_memory=job.measure_memory,
+                    trace_activations=job.trace_activations,
                 ),
             )
             record = {
