@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.api import openapi
 from service.api import prometheus as prom
+from service.api.cluster_schemas import ClusterPublic
 from service.api.deps import (
     Caller,
     Cluster,
@@ -27,7 +28,6 @@ from service.api.parsing import read_body
 from service.api.schemas import (
     CheckpointPage,
     CheckpointPublic,
-    ClusterPublic,
     EventPage,
     EventPublic,
     Health,

@@ -278,6 +278,7 @@ def _cluster_from_summary(summary: list[dict], address: str) -> ClusterInfo:
                 "node_id": raylet.get("nodeId"),
                 "ip": node.get("ip"),
                 "is_head": raylet.get("isHeadNode", False),
+                "labels": raylet.get("labels") or {},
                 "resources": res_total,
                 "available": res_avail,
                 "memory_bytes": (node.get("mem") or [None])[0],  # the host's, as Ray saw it

@@ -63,6 +63,7 @@ def _print_plan(s: Session, plan: dict[str, Any]) -> None:
         layout = "  ".join(f"{k}={v}" for k, v in layout.items())
     console.print(f"layout: {layout if layout is not None else '-'}", markup=False)
     _print_estimates(s, plan)
+    _print_placement(s, plan.get("placement"))
     for key in ("warnings", "errors", "notes"):
         for line in plan.get(key) or []:
             console.print(f"{key.rstrip('s')}: {line}", markup=False)
@@ -94,6 +95,25 @@ def _print_estimates(s: Session, plan: dict[str, Any]) -> None:
             f"{c['comm_share']:.0%}" if "comm_share" in c else "-",
         )
     s.console.print(table)
+
+
+def _print_placement(s: Session, placement: Any) -> None:
+    """Where each rank goes on a cluster described node by node, and what bounds it."""
+    if not isinstance(placement, dict):
+        return
+    needs = placement.get("rank_bytes") or []
+    table = Table("node", "GPUs", "GiB each", "ranks", "GiB per rank")
+    for node in placement.get("nodes") or []:
+        ranks = node.get("ranks") or []
+        table.add_row(
+            str(node.get("node")),
+            fmt(node.get("gpus")),
+            _gib(node.get("gpu_memory_bytes")).removesuffix(" GiB"),
+            ", ".join(map(str, ranks)) or ("-" if node.get("holds_a_rank") else "none fits"),
+            ", ".join(_gib(needs[r]).removesuffix(" GiB") for r in ranks if r < len(needs)),
+        )
+    s.console.print(table)
+    s.console.print(f"placement: {placement.get('summary')}", markup=False)
 
 
 def _cluster_options(base: dict[str, Any] | None, **given: Any) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from service.backends.standby import PoolStatus
 from service.domain.cluster_view import cluster_info
 from service.domain.queries import scope
 from service.domain.scheduler import AdmissionDecision, decide_admissions, policy_of, queue_demand
+from service.planner.hardware import cluster_from_nodes
 from service.settings.slices import QuotaSettings
 from service.status import JobStatus
 from service.store import JobStore
@@ -69,6 +70,7 @@ class ClusterStatus(ClusterInfo):
 
     queue: list[QueuedJob]
     standby: PoolStatus | None = None  # the standby drivers kept warm (none configured: None)
+    gpu_nodes: list[dict] | None = None  # GPU nodes of different sizes, as plans place on them
 
 
 def _scrub(reason: str, foreign: set[str]) -> str:
@@ -130,7 +132,10 @@ def cluster_status(
     info: ClusterInfo = cluster_info(backend)
     pool = backend.standby.status() if backend.standby else None
     return ClusterStatus(
-        **vars(info), queue=queue_of(jobs, quotas, principal, info.total), standby=pool
+        **vars(info),
+        queue=queue_of(jobs, quotas, principal, info.total),
+        standby=pool,
+        gpu_nodes=cluster_from_nodes(info.nodes).get("gpu_nodes"),
     )
 
 

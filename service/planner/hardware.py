@@ -118,11 +118,22 @@ def find_gpu(name: str) -> GpuModel | None:
 
 
 @dataclass(frozen=True)
+class GpuNode:
+    """One node of a cluster described node by node: its GPUs and their memory."""
+
+    name: str
+    gpus: int
+    memory_bytes: int
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
 class ClusterHardware:
     """The cluster a plan is made for, resolved against the tables.
 
-    ``gpu_memory_bytes`` is the smallest GPU's: with GPUs of different sizes
-    every rank is planned as if it had the smallest one.
+    ``gpu_memory_bytes`` is the smallest GPU's. Without ``gpu_nodes`` every rank is
+    planned as if it had the smallest one; with them each rank goes to a GPU that holds
+    it (:mod:`service.planner.placement`).
     """
 
     nodes: int | None = None
@@ -134,6 +145,7 @@ class ClusterHardware:
     link: Link | None = None
     network: Link | None = None
     host_memory_bytes: int | None = None
+    gpu_nodes: tuple[GpuNode, ...] = ()
 
     @property
     def gpu_memory_bytes(self) -> int | None:
@@ -192,6 +204,10 @@ def resolve_cluster(cluster: dict) -> tuple[ClusterHardware, list[str]]:
     sizes = [int(float(gb) * GIB) for gb in _as_list(cluster.get("gpu_memory_gb"))]
     if not sizes:
         sizes = [int(g.memory_gib * GIB) for g in gpus]
+    each = _gpu_nodes(cluster.get("gpu_nodes") or [], errors)
+    if each:  # node by node: the sizes and models of every node's GPUs
+        sizes = [n.memory_bytes for n in each]
+        gpus = gpus or [g for g in (find_gpu(n.gpu) for n in each if n.gpu) if g is not None]
     link = _resolve_link(
         cluster.get("interconnect"), LINKS, LINK_ALIASES, "cluster.interconnect", errors
     )
@@ -204,8 +220,8 @@ def resolve_cluster(cluster: dict) -> tuple[ClusterHardware, list[str]]:
         network = network or NETWORKS[slowest.network]
     host = cluster.get("host_memory_gb")
     return ClusterHardware(
-        nodes=cluster.get("nodes"),
-        gpus_per_node=cluster.get("gpus_per_node"),
+        nodes=cluster["nodes"] if "nodes" in cluster else (len(each) or None),
+        gpus_per_node=cluster.get("gpus_per_node", max((n.gpus for n in each), default=None)),
         cpus_per_node=cluster.get("cpus_per_node"),
         gpu_names=tuple(g.name for g in gpus),
         gpu_memory_sizes=tuple(sizes),
@@ -213,7 +229,37 @@ def resolve_cluster(cluster: dict) -> tuple[ClusterHardware, list[str]]:
         link=link,
         network=network,
         host_memory_bytes=int(host * GIB) if host else None,
+        gpu_nodes=each,
     ), errors
+
+
+def _gpu_nodes(entries: list[dict], errors: list[str]) -> tuple[GpuNode, ...]:
+    """``cluster.gpu_nodes`` resolved: one GpuNode per node (an entry's ``count`` nodes),
+    memory from ``gpu_memory_gb`` or the table's ``gpu``."""
+    out: list[GpuNode] = []
+    for i, entry in enumerate(entries):
+        gb, name = entry.get("gpu_memory_gb"), entry.get("gpu")
+        if gb is None:
+            gpu = find_gpu(str(name)) if name else None
+            if gpu is None:
+                errors.append(
+                    f"cluster.gpu_nodes[{i}] needs gpu_memory_gb or a known gpu "
+                    f"(one of {sorted(GPUS)})"
+                )
+                continue
+            gb = gpu.memory_gib
+        count = int(entry.get("count") or 1)
+        for k in range(count):
+            label = entry.get("name") or f"node-{len(out) + 1}"
+            out.append(
+                GpuNode(
+                    name=label if count == 1 else f"{label}-{k + 1}",
+                    gpus=int(entry.get("gpus") or 1),
+                    memory_bytes=int(float(gb) * GIB),
+                    gpu=str(name) if name else None,
+                )
+            )
+    return tuple(out)
 
 
 def cluster_from_nodes(nodes: list[dict]) -> dict:
@@ -246,4 +292,39 @@ def cluster_from_nodes(nodes: list[dict]) -> dict:
         shape["gpu"] = known[0] if len(known) == 1 else known
     if host:
         shape["host_memory_gb"] = min(host) / GIB
+    each = [_gpu_node_of(n) for n in nodes if int(n.get("resources", {}).get("GPU", 0))]
+    if each and None not in each and len({e["gpu_memory_gb"] for e in each}) > 1:
+        shape["gpu_nodes"] = each  # GPUs of different sizes: each rank placed on one
     return shape
+
+
+GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb"  # a node label, where Ray cannot read the GPUs
+
+
+def _gpu_node_of(node: dict) -> dict | None:
+    """One GPU node of the connected cluster as a ``cluster.gpu_nodes`` entry: its GPUs'
+    memory as the node's reporter read it, else its GPU_MEMORY_LABEL label, else the
+    table's for its accelerator type (None: unknown)."""
+    res = node.get("resources", {})
+    read = [g["memory_mb"] for g in node.get("gpus") or [] if g.get("memory_mb")]
+    kinds = [find_gpu(k.split(":", 1)[1]) for k in res if k.startswith("accelerator_type:")]
+    label = (node.get("labels") or {}).get(GPU_MEMORY_LABEL)
+    if read:
+        gb = min(read) / 1024
+    elif label:
+        try:
+            gb = float(label)
+        except ValueError:
+            return None
+        if not 0 < gb <= 4096:  # as cluster.gpu_memory_gb (inf and nan too)
+            return None
+    elif kinds and kinds[0] is not None:
+        gb = kinds[0].memory_gib
+    else:
+        return None
+    name = str(node.get("node_id") or "")[:8]
+    return {
+        "name": f"{node['ip']}/{name}" if node.get("ip") else name,
+        "gpus": int(res["GPU"]),
+        "gpu_memory_gb": gb,
+    }

@@ -15,6 +15,7 @@ from typing import Literal
 
 from service.planner.hardware import GIB, ClusterHardware
 from service.planner.memory_model import Layout, RankMemory, Workload, worst_rank_memory
+from service.planner.placement import place, rank_needs
 from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
 from workers.contract import DDP, DEEPSPEED, FSDP, HYBRID, PP, TP
 
@@ -115,7 +116,10 @@ def evaluate(
     """Size and time one layout on ``hw`` (fits is True when GPU memory is unknown)."""
     memory = worst_rank_memory(work, layout)
     budget = hw.gpu_memory_bytes if work.on_gpu else None
-    fits = budget is None or memory.device_total <= budget
+    if budget is not None and hw.gpu_nodes:  # node by node: every rank on a GPU that holds it
+        fits = place(rank_needs(work, layout), hw.gpu_nodes, gpus_per_worker=gpus_per_worker).fits
+    else:
+        fits = budget is None or memory.device_total <= budget
     return Candidate(
         layout, memory, fits, estimate_step(work, layout, hw, gpus_per_worker=gpus_per_worker)
     )
@@ -247,40 +251,48 @@ def fit_findings(
             f"{job.layout.describe()} needs {gib(total)} per rank: {parts}, but the "
             f"smallest GPU has {gib(budget)}"
         )
-        if rec is not None:
-            lay = rec.candidate.layout
-            fix = (
-                f"set parallelism.strategy {lay.strategy!r}, tp {lay.tp}, pp {lay.pp} "
-                f"(dp {lay.dp}"
-                + (f", fsdp.zero_stage {lay.zero_stage}" if lay.fsdp else "")
-                + (", fsdp.cpu_offload true" if lay.cpu_offload else "")
-                + (f", pipeline 1f1b x {lay.microbatches}" if lay.pp > 1 else "")
-                + f"): {gib(rec.candidate.memory.device_total)} per rank"
-            )
-        elif smaller_batch is not None and smaller_batch.fits:
-            fix = (
-                f"reduce train.micro_batch_size to 1 ({gib(smaller_batch.memory.device_total)}"
-                " per rank)"
-            )
-        else:
-            fix = (
-                f"no layout of {job.layout.world} workers fits: reduce train.micro_batch_size "
-                f"or data.seq_len, add workers, set model.activation_checkpointing full "
-                f"(activations {gib(m.activations_checkpointed)}), train LoRA adapters "
-                f"(model.lora), or use a smaller model"
-            )
-        return [Finding("error", "parallelism", f"{head}; {fix}")]
+        return [Finding("error", "parallelism", f"{head}; {fit_fix(job, rec, smaller_batch)}")]
     if total > HEADROOM * budget:
-        return [
-            Finding(
-                "warning",
-                "train.micro_batch_size",
-                f"{job.layout.describe()} uses {gib(total)} of {gib(budget)} per GPU "
-                f"(> {HEADROOM:.0%}); the allocator and CUDA context need headroom: "
-                "reduce train.micro_batch_size or shard more",
-            )
-        ]
+        return [headroom_warning(job, total, budget)]
     return []
+
+
+def headroom_warning(job: Candidate, total: int, budget: int) -> Finding:
+    """A rank that fits its GPU with too little room left."""
+    return Finding(
+        "warning",
+        "train.micro_batch_size",
+        f"{job.layout.describe()} uses {gib(total)} of {gib(budget)} per GPU "
+        f"(> {HEADROOM:.0%}); the allocator and CUDA context need headroom: "
+        "reduce train.micro_batch_size or shard more",
+    )
+
+
+def fit_fix(job: Candidate, rec: Recommendation | None, smaller_batch: Candidate | None) -> str:
+    """What to change when ``job`` does not fit: the recommended layout, a smaller
+    micro-batch, or the ways to need less memory."""
+    m = job.memory
+    if rec is not None:
+        lay = rec.candidate.layout
+        return (
+            f"set parallelism.strategy {lay.strategy!r}, tp {lay.tp}, pp {lay.pp} "
+            f"(dp {lay.dp}"
+            + (f", fsdp.zero_stage {lay.zero_stage}" if lay.fsdp else "")
+            + (", fsdp.cpu_offload true" if lay.cpu_offload else "")
+            + (f", pipeline 1f1b x {lay.microbatches}" if lay.pp > 1 else "")
+            + f"): {gib(rec.candidate.memory.device_total)} per rank"
+        )
+    if smaller_batch is not None and smaller_batch.fits:
+        return (
+            f"reduce train.micro_batch_size to 1 ({gib(smaller_batch.memory.device_total)}"
+            " per rank)"
+        )
+    return (
+        f"no layout of {job.layout.world} workers fits: reduce train.micro_batch_size "
+        f"or data.seq_len, add workers, set model.activation_checkpointing full "
+        f"(activations {gib(m.activations_checkpointed)}), train LoRA adapters "
+        f"(model.lora), or use a smaller model"
+    )
 
 
 def waste_findings(

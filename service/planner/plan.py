@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from service.planner.hardware import GIB, ClusterHardware
 from service.planner.layout_rules import Candidate, Recommendation
 from service.planner.memory_model import FP32, Workload
+from service.planner.placement import PlacementView
 from service.planner.step_time import StepEstimate
 from service.planner.workload import adapter_numel
 from workers.models.config import count_params
@@ -282,4 +283,9 @@ class Plan(BaseModel):
     notes: list[str]
     recommendation: str | None = Field(description="Strategy of recommended_layout.")
     recommended_layout: RecommendedLayout | None
+    placement: PlacementView | None = Field(
+        None,
+        description="Where each rank goes on a cluster described node by node "
+        "(cluster.gpu_nodes, or the connected cluster's GPU nodes); null otherwise.",
+    )
     method: str = Field(description="How the numbers are estimated.")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import service.planner.layout_rules as rules
 from service.planner.hardware import GIB, ClusterHardware, resolve_cluster
 from service.planner.memory_model import Layout, LoraShape, Workload
+from service.planner.placement import Placement, PlacementView, place, rank_needs, summary
 from service.planner.plan import (
     Breakdown,
     CandidateView,
@@ -50,6 +51,20 @@ ACTIVATIONS_NOTE = (
 _GpuMemory = Annotated[float, Field(gt=0, le=4096)]
 
 
+class GpuNodeSpec(BaseModel):
+    """Nodes of one kind in a cluster described node by node (``cluster.gpu_nodes``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str | None = Field(None, max_length=128, description="What the plan calls it.")
+    count: int = Field(1, ge=1, le=100_000, description="Nodes of this kind.")
+    gpus: int = Field(1, ge=1, le=64, description="GPUs per node.")
+    gpu: str | None = Field(None, max_length=128, description="GPU model (as cluster.gpu).")
+    gpu_memory_gb: _GpuMemory | None = Field(
+        None, description="Memory of one of its GPUs in GiB (default: the model's)."
+    )
+
+
 class ClusterSpec(BaseModel):
     """The hypothetical cluster of a dry run (POST /v1/plan ``cluster``)."""
 
@@ -80,6 +95,15 @@ class ClusterSpec(BaseModel):
     cpus_per_node: float | None = Field(None, gt=0, le=65_536, description="CPUs per node.")
     host_memory_gb: float | None = Field(
         None, gt=0, le=1_048_576, description="Host memory per node in GiB."
+    )
+    gpu_nodes: list[GpuNodeSpec] | None = Field(
+        None,
+        max_length=1024,
+        description="The cluster node by node, for nodes whose GPUs differ (two 24 GiB "
+        "cards and one 12 GiB card, say): each rank is placed on a GPU that holds it, "
+        "and the plan's placement says where, which ranks bound the layout and which "
+        "nodes hold none. Sets gpu_memory_gb, nodes and gpus_per_node when they are left "
+        "out.",
     )
 
 
@@ -247,7 +271,14 @@ def plan_job(
     ] + [job]
     unknown = cannot_tell(spec, hw)
     rec = None if unknown else rules.recommend(cands, hw, workers_per_node=workers_per_node)
-    findings = _findings(spec, hw, work, job, cands, rec, cluster_errors, workers_per_node)
+    placed = (
+        place(rank_needs(work, layout), hw.gpu_nodes, gpus_per_worker=gpw)
+        if work.on_gpu and hw.gpu_nodes
+        else None
+    )
+    findings = _findings(
+        spec, hw, work, (job, placed), cands, rec, cluster_errors, workers_per_node
+    )
     errors = [f.message for f in findings if f.level == "error"]
     return Plan(
         fits=False if errors else (None if unknown else True),
@@ -273,6 +304,7 @@ def plan_job(
         notes=[ACTIVATIONS_NOTE],
         recommendation=rec.candidate.layout.strategy if rec else None,
         recommended_layout=RecommendedLayout.of(rec) if rec else None,
+        placement=PlacementView.of(placed) if placed else None,
         method=METHOD,
     )
 
@@ -293,13 +325,15 @@ def _findings(
     spec: JobSpec,
     hw: ClusterHardware,
     work: Workload,
-    job: rules.Candidate,
+    placed_job: tuple[rules.Candidate, Placement | None],
     cands: list[rules.Candidate],
     rec: rules.Recommendation | None,
     cluster_errors: list[str],
     workers_per_node: int | None,
 ) -> list[rules.Finding]:
-    """Everything the rules say about the job's layout on this hardware."""
+    """Everything the rules say about the job's layout on this hardware (placed on its
+    nodes' GPUs when the cluster is described node by node)."""
+    job, placed = placed_job
     gpw = spec.resources.gpus_per_worker
     smaller = (
         rules.evaluate(
@@ -309,12 +343,56 @@ def _findings(
         else None
     )
     findings = _static_findings(spec, hw, job.layout, cluster_errors)
-    findings += rules.fit_findings(
-        job, rec, hw if work.on_gpu else ClusterHardware(), smaller_batch=smaller
-    )
+    if placed is not None:
+        findings += _placement_findings(job, placed, rec, smaller)
+        # The sizes the ranks run on, as the rules below read them: all of them when every
+        # rank needs the same (the smallest bounds data parallelism), else one size.
+        even = placed.fits and len(set(placed.needs)) == 1
+        used = placed.used_sizes() if even else (hw.gpu_memory_bytes,)
+        hw = dataclasses.replace(hw, gpu_memory_sizes=used)
+    else:
+        findings += rules.fit_findings(
+            job, rec, hw if work.on_gpu else ClusterHardware(), smaller_batch=smaller
+        )
     if work.on_gpu:
         findings += rules.waste_findings(job, cands, hw, workers_per_node=workers_per_node)
         findings += rules.hardware_findings(job, hw)
         findings += rules.accumulation_finding(job, work)
     findings += rules.bucket_findings(job, work)
     return findings + _capacity_findings(spec, hw, job, workers_per_node)
+
+
+def _placement_findings(
+    job: rules.Candidate,
+    placed: Placement,
+    rec: rules.Recommendation | None,
+    smaller: rules.Candidate | None,
+) -> list[rules.Finding]:
+    """The job's ranks on the GPUs of a cluster described node by node: an error when a
+    rank has no GPU that holds it; warnings for a rank with too little room left, and
+    for nodes whose GPUs hold no rank of the job."""
+    if not placed.fits:
+        return [
+            rules.Finding(
+                "error",
+                "parallelism",
+                f"{job.layout.describe()} cannot put every rank on a GPU that holds it: "
+                f"{summary(placed)}; {rules.fit_fix(job, rec, smaller)}",
+            )
+        ]
+    worst = max(range(len(placed.needs)), key=lambda r: placed.needs[r] / placed.gpu_bytes(r))
+    need, have = placed.needs[worst], placed.gpu_bytes(worst)
+    out = [rules.headroom_warning(job, need, have)] if need > rules.HEADROOM * have else []
+    small = min(placed.needs)
+    idle = [n for n in placed.nodes if n.memory_bytes < small]
+    if idle:
+        names = ", ".join(f"{n.name} ({rules.gib(n.memory_bytes)})" for n in idle)
+        out.append(
+            rules.Finding(
+                "warning",
+                "resources.gpus_per_worker",
+                f"the GPUs of {names} cannot hold a rank of {job.layout.describe()} (the "
+                f"smallest needs {rules.gib(small)}): its ranks run on the other nodes",
+            )
+        )
+    return out

@@ -475,6 +475,33 @@ def test_plan_does_not_fit_exits_1(server, spec_file):
     assert "fits: NO" in result.stdout and "needs 90 GiB per rank" in result.stdout
 
 
+def test_plan_on_mixed_gpus_prints_where_each_rank_goes(server, spec_file, tmp_path):
+    """A real plan's placement (two 24 GiB nodes and a 12 GiB one), as the server answers it."""
+    from service.planner.planning import plan_job
+    from workers.spec import JobSpec
+
+    described = {"gpu_nodes": [{"name": "home", "count": 2, "gpu_memory_gb": 24}]}
+    described["gpu_nodes"].append({"name": "laptop", "gpu_memory_gb": 12})
+    cluster = tmp_path / "mixed.yaml"
+    cluster.write_text(yaml.safe_dump(described))
+    spec = {
+        "name": "mixed",
+        "model": {"preset": "llama-1b"},
+        "data": {"seq_len": 1024},
+        "resources": {"workers": 2, "gpus_per_worker": 1},
+        "parallelism": {"strategy": "fsdp"},
+        "train": {"global_batch_size": 24, "micro_batch_size": 1, "precision": "bf16"},
+    }
+    plan = plan_job(JobSpec.model_validate(spec), cluster=described)
+    server.plan_result = plan.model_dump(mode="json")
+    result = run("plan", str(spec_file), "--cluster", str(cluster))
+    assert result.exit_code == 0, result.output
+    assert json.loads(server.only("POST", "/v1/plan").content)["cluster"] == described
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    assert "21.47" in rows["home-1"] and "none fits" in rows["laptop"]
+    assert f"placement: {plan.placement.summary}" in " ".join(result.stdout.split())
+
+
 @pytest.mark.parametrize(
     ("response", "args", "expected"),
     [

@@ -3,7 +3,7 @@ total and free resources and its GPU devices; the totals over alive nodes."""
 
 from __future__ import annotations
 
-from service.api.schemas import ClusterPublic
+from service.api.cluster_schemas import ClusterPublic
 from service.backends.ray_jobs import _cluster_from_summary
 
 GIB = 2**30

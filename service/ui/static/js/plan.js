@@ -52,6 +52,7 @@ function renderPlan(plan) {
       ? h("p", { id: "recommendation" }, `Recommended: ${plan.recommended_layout.layout} — ${plan.recommended_layout.reason}`)
       : h("p", { class: "muted" }, "no recommendation"),
   );
+  renderPlacement(plan.placement);
   const cands = plan.candidates.map((c) => [
     c.layout, String(c.dp), String(c.tp), String(c.pp), `${c.total_gib} GiB`,
     c.fits === null ? "unknown" : c.fits ? "yes" : "no",
@@ -59,6 +60,21 @@ function renderPlan(plan) {
   ]);
   clear($("candidates")).append(
     table(["layout", "dp", "tp", "pp", "memory", "fits", "step"], cands, { id: "candidates-table", empty: "none" }),
+  );
+}
+
+// Where each rank goes on GPU nodes of different sizes, and which ranks bound the layout.
+function renderPlacement(placement) {
+  $("plan-placement").hidden = !placement;
+  if (!placement) return;
+  const rows = placement.nodes.map((n) => [
+    n.node, String(n.gpus), fmtBytes(n.gpu_memory_bytes),
+    n.ranks.length ? n.ranks.join(", ") : n.holds_a_rank ? "–" : "none fits",
+    n.ranks.map((r) => fmtBytes(placement.rank_bytes[r])).join(", "),
+  ]);
+  clear($("placement")).append(
+    table(["node", "GPUs", "memory each", "ranks", "each rank needs"], rows, { id: "placement-table" }),
+    h("p", { id: "placement-summary", class: placement.fits ? "muted" : "error" }, placement.summary),
   );
 }
 
