@@ -35,6 +35,9 @@ JOB_ID_ENV = "ETRAIN_JOB_ID"
 JOB_SPEC_ENV = "ETRAIN_JOB_SPEC"  # the validated spec as JSON, checkpoint storage filled in
 REPORT_URL_ENV = "ETRAIN_REPORT_URL"  # where telemetry goes (the service's public URL)
 REPORT_TOKEN_ENV = "ETRAIN_REPORT_TOKEN"  # a token that may only report for this one job
+# The Ray node ids a job's workers may run on (comma-separated): on a cluster whose GPU
+# nodes differ in memory, those whose GPUs hold the job's ranks; unset: any node.
+GPU_NODES_ENV = "ETRAIN_GPU_NODES"
 # "module:function" returning the RunHooks a run installs (tests inject faults with it);
 # read on the driver and on every worker. Unset in production.
 RUN_HOOKS_ENV = "ETRAIN_RUN_HOOKS"

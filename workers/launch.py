@@ -18,12 +18,19 @@ import signal
 import sys
 import time
 
-from workers.contract import EXIT_TRAINING_FAILED, JOB_ID_ENV, JOB_SPEC_ENV
+from workers.contract import EXIT_TRAINING_FAILED, GPU_NODES_ENV, JOB_ID_ENV, JOB_SPEC_ENV
 from workers.elastic.settings import apply_controller_env
 from workers.ray_compat import PREEMPTION_WATCHER_ENV
 from workers.spec import JobSpec
 from workers.warm import speculation, standby
 from workers.worker_entry import job_storage, train_fn
+
+
+def pinned_nodes(node_ids: str | None) -> dict[str, str] | None:
+    """Ray's label selector for workers pinned to ``node_ids`` (GPU_NODES_ENV: the nodes
+    whose GPUs hold the job's ranks, on a cluster of mixed GPUs); None: any node."""
+    ids = [i for i in (node_ids or "").split(",") if i]
+    return {"ray.io/node-id": f"in({','.join(ids)})"} if ids else None
 
 
 def build_trainer(
@@ -60,6 +67,7 @@ def build_trainer(
         use_gpu=res.gpus_per_worker > 0,
         resources_per_worker=per_worker,
         elastic_resize_monitor_interval_s=resize_monitor_interval_s(),
+        label_selector=pinned_nodes({**os.environ, **(job_env or {})}.get(GPU_NODES_ENV)),
     )
     config = {
         "spec": spec.model_dump(mode="json", by_alias=True),

@@ -18,39 +18,84 @@ from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
 from service.backends.standby import PoolStatus
 from service.domain.cluster_view import cluster_info
+from service.domain.gpu_rooms import GpuRooms, pin_env
+from service.domain.planned_memory import PlannedMemory
 from service.domain.queries import scope
 from service.domain.scheduler import AdmissionDecision, decide_admissions, policy_of, queue_demand
+from service.errors import BackendUnavailable
 from service.planner.hardware import cluster_from_nodes
 from service.settings.slices import QuotaSettings
 from service.status import JobStatus
 from service.store import JobStore
-from service.store.models import QueueEntry
+from service.store.models import JobRecord, QueueEntry
+from workers.spec import JobSpec
 
 ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
 ADMITTED = "starting: the scheduler admits it on its next pass"
 OTHER_JOB = "another tenant's job"
 
 
+# The planned bytes of queued and active GPU jobs, for the scheduler on a cluster of mixed
+# GPUs (the reconciler's and GET /v1/cluster's decisions share them).
+_PLANNED = PlannedMemory()
+
+
+def rank_gpu_bytes(job_id: str, spec: JobSpec, min_workers: int, tenant: str) -> int:
+    """What the largest rank of a GPU job needs of its GPU at its minimum workers, as
+    planned (0: not a GPU job, or its model cannot be sized now)."""
+    if not spec.resources.gpus_per_worker:
+        return 0
+    planned = _PLANNED.of(job_id, spec, min_workers, tenant=tenant)
+    return int((planned or {}).get("total_bytes", 0))
+
+
+def _sized(jobs: JobStore, e: QueueEntry) -> int:
+    if not e.gpus_per_worker:
+        return 0
+    return rank_gpu_bytes(e.id, jobs.get_job(e.id).spec, e.min_workers, e.tenant)
+
+
 def admission(
     queued: list[QueueEntry],
     active: list[QueueEntry],
-    total: dict[str, float],
+    cluster: ClusterInfo,
     quotas: QuotaSettings,
     now: datetime,
+    jobs: JobStore | None = None,
 ) -> AdmissionDecision:
     """The scheduler's decision on ``queued`` (oldest first) beside the ``active`` jobs,
-    on a cluster of ``total`` resources under the ``quotas``' policy."""
-    held = [queue_demand(e, now) for e in active]
-    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    on ``cluster`` under the ``quotas``' policy; on a cluster of mixed GPUs, with the
+    rank sizes of ``jobs``' GPU jobs (scheduler rule 6)."""
+    rooms = GpuRooms.of(cluster.nodes) if jobs is not None else None
+    sized = (lambda e: _sized(jobs, e)) if rooms is not None else (lambda e: 0)
+    held = [queue_demand(e, now, gpu_bytes=sized(e)) for e in active]
+    for entry, d in zip(active, held, strict=True):
+        if rooms is not None and entry.status == JobStatus.PENDING:
+            rooms.take_for(d)  # admitted, and not on Ray's nodes yet
+    cpus, gpus = cluster.total.get("CPU", 0.0), cluster.total.get("GPU", 0.0)
     return decide_admissions(
-        [queue_demand(e, now) for e in queued],
+        [queue_demand(e, now, gpu_bytes=sized(e)) for e in queued],
         free_cpus=cpus - sum(d.cpus for d in held),
         free_gpus=gpus - sum(d.gpus for d in held),
         total_cpus=cpus,
         total_gpus=gpus,
         held=held,
         policy=policy_of(quotas),
+        rooms=rooms,
     )
+
+
+def pin_gpu_nodes(backend: Backend, job: JobRecord, tenant: str | None) -> dict[str, str]:
+    """The driver variable that keeps ``job``'s workers on the nodes whose GPUs hold its
+    ranks, on a cluster of mixed GPUs (empty elsewhere, or when it cannot be read)."""
+    if not job.spec.resources.gpus_per_worker:
+        return {}
+    try:
+        nodes = cluster_info(backend).nodes
+    except BackendUnavailable:
+        return {}
+    need = rank_gpu_bytes(job.id, job.spec, job.min_workers, tenant or "")
+    return pin_env(nodes, need)
 
 
 @dataclass(frozen=True)
@@ -100,14 +145,15 @@ def queue_of(
     jobs: JobStore,
     quotas: QuotaSettings,
     principal: Principal,
-    total: dict[str, float],
+    cluster: ClusterInfo,
     now: datetime | None = None,
 ) -> list[QueuedJob]:
     """The queued jobs in scheduling order, as ``principal`` may see them."""
     queued = jobs.list_queue({JobStatus.QUEUED})
     if not queued:
         return []
-    decision = admission(queued, jobs.list_queue(ACTIVE), total, quotas, now or datetime.now(UTC))
+    active, now = jobs.list_queue(ACTIVE), now or datetime.now(UTC)
+    decision = admission(queued, active, cluster, quotas, now, jobs)
     reasons = {w.job_id: w.reason for w in decision.waiting}
     entries = {e.id: e for e in queued}
     tenant = scope(principal)
@@ -133,7 +179,7 @@ def cluster_status(
     pool = backend.standby.status() if backend.standby else None
     return ClusterStatus(
         **vars(info),
-        queue=queue_of(jobs, quotas, principal, info.total),
+        queue=queue_of(jobs, quotas, principal, info),
         standby=pool,
         gpu_nodes=cluster_from_nodes(info.nodes).get("gpu_nodes"),
     )

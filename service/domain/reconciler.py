@@ -14,13 +14,9 @@ from service.backends.base import Backend, LaunchRequest, RunState
 from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.leadership import FencedJobs, Leadership, NotLeader
 from service.domain.nvme_policy import nvme_env
-from service.domain.queue_view import admission
+from service.domain.queue_view import admission, pin_gpu_nodes
 from service.domain.recovery import decide_recovery
-from service.domain.scheduler import (
-    Demand,
-    WaitCode,
-    Waiting,
-)
+from service.domain.scheduler import Demand, WaitCode, Waiting
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
 from service.errors import BackendError, BackendUnavailable
@@ -179,7 +175,7 @@ class Reconciler:
             return
         info, now = self.backend.cluster(), _now()
         active = self.jobs.list_queue(ACTIVE)
-        decision = admission(queued, active, info.total, self.settings.quotas, now)
+        decision = admission(queued, active, info, self.settings.quotas, now, self.jobs)
         for job_id in decision.admit:
             job = change_status(
                 self.jobs,
@@ -225,6 +221,7 @@ class Reconciler:
             env={
                 **self._storage_env(job),
                 **self._roots_env(tenant),
+                **pin_gpu_nodes(self.backend, job, tenant),  # mixed GPUs: where its ranks fit
                 REPORT_URL_ENV: self.settings.report_url,
                 REPORT_TOKEN_ENV: token,
                 **TRAIN_STATE_TRACKING_ENV,  # the dashboard's Train run list

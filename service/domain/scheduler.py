@@ -19,12 +19,15 @@ The rule, applied to the queue (oldest first) on every reconciler tick:
    ties to the tenant whose oldest queued job is older; within a tenant, oldest first.
 5. **Quotas.** A tenant's active jobs (counted at their minimum workers, as the room is)
    stay within its running-worker and running-GPU quotas.
+6. **GPUs that hold the ranks.** With GPU nodes of different memory, a GPU job counts only
+   the GPUs that hold its planned rank, and takes the smallest of them (``gpu_rooms``).
 
 The same inputs always give the same decision.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 from collections import defaultdict, deque
@@ -32,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from service.domain.gpu_rooms import GpuRooms
 from service.settings.slices import QuotaSettings
 from service.store.models import QueueEntry
 
@@ -44,7 +48,8 @@ class Demand:
     """What a job needs to start: its minimum workers times per-worker resources.
 
     ``tenant`` names the tenant its quota and weight are looked up by; ``waited_s`` is how
-    long it has been queued (for the reservation rule).
+    long it has been queued (for the reservation rule); ``gpu_bytes`` what each rank needs
+    of its GPU (0: any GPU; on a cluster of mixed GPUs only those that hold it count).
     """
 
     job_id: str
@@ -53,6 +58,7 @@ class Demand:
     tenant: str = ""
     workers: int = 0
     waited_s: float = 0.0
+    gpu_bytes: int = 0
 
     @classmethod
     def for_spec(
@@ -157,7 +163,8 @@ class _Usage:
 class _Round:
     """The room and the per-tenant usage as one decision admits jobs."""
 
-    def __init__(self, free: tuple[float, float], total: tuple[float, float], held, policy):
+    def __init__(self, free: tuple[float, float], total: tuple[float, float], held, policy, rooms):
+        self.rooms: GpuRooms | None = rooms
         self.free_cpus, self.free_gpus = free
         self.total_cpus, self.total_gpus = total
         self.policy = policy
@@ -177,6 +184,8 @@ class _Round:
                 "in total; it starts only if the cluster grows (cancel it, or lower "
                 "resources.workers or the per-worker resources); it blocks no other job",
             )
+        if self.rooms is not None and (why := self.rooms.cannot_ever(d)):
+            return Waiting(d.job_id, WaitCode.NEVER_FITS, why)
         lim = self.policy.of(d.tenant)
         for what, need, cap in (
             ("workers", d.workers, lim.max_workers),
@@ -230,6 +239,8 @@ class _Round:
                 f"waiting for resources: needs {_res(d.cpus, d.gpus)}, "
                 f"free {_res(self.free_cpus, self.free_gpus)}",
             )
+        if self.rooms is not None and (why := self.rooms.cannot_now(d)):
+            return Waiting(d.job_id, WaitCode.RESOURCES, why)
         if not self.fits(d, beside_reservation=True):
             r = self.reserved
             assert r is not None
@@ -242,6 +253,8 @@ class _Round:
         self.free_cpus -= d.cpus
         self.free_gpus -= d.gpus
         self.usage[d.tenant].add(d)
+        if self.rooms is not None:
+            self.rooms.take_for(d)
         return None
 
     def share(self, tenant: str) -> float:
@@ -300,18 +313,19 @@ def decide_admissions(
     total_gpus: float | None = None,
     held: Sequence[Demand] = (),
     policy: Policy | None = None,
+    rooms: GpuRooms | None = None,
 ) -> AdmissionDecision:
     """Which of ``queued`` (oldest first) start now, by the rule in this module's doc.
 
     ``free_*`` is the room not held by the active jobs ``held``; ``total_*`` the cluster's
-    whole capacity (default: free plus held).
+    whole capacity (default: free plus held); ``rooms`` mixed GPU nodes (rule 6).
     """
     policy = policy or Policy()
     total = (
         free_cpus + sum(d.cpus for d in held) if total_cpus is None else total_cpus,
         free_gpus + sum(d.gpus for d in held) if total_gpus is None else total_gpus,
     )
-    rnd = _Round((free_cpus, free_gpus), total, held, policy)
+    rnd = _Round((free_cpus, free_gpus), total, held, policy, rooms)
     waiting: dict[str, Waiting] = {}
     admit: list[str] = []
     eligible = []
@@ -372,9 +386,9 @@ def max_queued_jobs(quotas: QuotaSettings, tenant: str) -> int:
     return quotas.max_queued_jobs
 
 
-def queue_demand(entry: QueueEntry, now: datetime) -> Demand:
+def queue_demand(entry: QueueEntry, now: datetime, *, gpu_bytes: int = 0) -> Demand:
     """The demand of a stored job at its minimum workers, and how long it has waited."""
-    return Demand.for_spec(
+    demand = Demand.for_spec(
         entry.id,
         min_workers=entry.min_workers,
         cpus_per_worker=entry.cpus_per_worker,
@@ -382,3 +396,4 @@ def queue_demand(entry: QueueEntry, now: datetime) -> Demand:
         tenant=entry.tenant,
         waited_s=max(0.0, (now - entry.created_at).total_seconds()),
     )
+    return dataclasses.replace(demand, gpu_bytes=gpu_bytes)

@@ -292,7 +292,7 @@ def cluster_from_nodes(nodes: list[dict]) -> dict:
         shape["gpu"] = known[0] if len(known) == 1 else known
     if host:
         shape["host_memory_gb"] = min(host) / GIB
-    each = [_gpu_node_of(n) for n in nodes if int(n.get("resources", {}).get("GPU", 0))]
+    each = [gpu_node_of(n) for n in nodes if int(n.get("resources", {}).get("GPU", 0))]
     if each and None not in each and len({e["gpu_memory_gb"] for e in each}) > 1:
         shape["gpu_nodes"] = each  # GPUs of different sizes: each rank placed on one
     return shape
@@ -301,7 +301,7 @@ def cluster_from_nodes(nodes: list[dict]) -> dict:
 GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb"  # a node label, where Ray cannot read the GPUs
 
 
-def _gpu_node_of(node: dict) -> dict | None:
+def gpu_node_of(node: dict) -> dict | None:
     """One GPU node of the connected cluster as a ``cluster.gpu_nodes`` entry: its GPUs'
     memory as the node's reporter read it, else its GPU_MEMORY_LABEL label, else the
     table's for its accelerator type (None: unknown)."""

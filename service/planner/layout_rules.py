@@ -15,7 +15,7 @@ from typing import Literal
 
 from service.planner.hardware import GIB, ClusterHardware
 from service.planner.memory_model import Layout, RankMemory, Workload, worst_rank_memory
-from service.planner.placement import place, rank_needs
+from service.planner.placement import place_job
 from service.planner.step_time import COMM_DOMINATES, StepEstimate, estimate_step
 from workers.contract import DDP, DEEPSPEED, FSDP, HYBRID, PP, TP
 
@@ -116,10 +116,8 @@ def evaluate(
     """Size and time one layout on ``hw`` (fits is True when GPU memory is unknown)."""
     memory = worst_rank_memory(work, layout)
     budget = hw.gpu_memory_bytes if work.on_gpu else None
-    if budget is not None and hw.gpu_nodes:  # node by node: every rank on a GPU that holds it
-        fits = place(rank_needs(work, layout), hw.gpu_nodes, gpus_per_worker=gpus_per_worker).fits
-    else:
-        fits = budget is None or memory.device_total <= budget
+    placed = place_job(work, layout, hw, gpus_per_worker=gpus_per_worker)  # node by node
+    fits = placed.fits if placed else budget is None or memory.device_total <= budget
     return Candidate(
         layout, memory, fits, estimate_step(work, layout, hw, gpus_per_worker=gpus_per_worker)
     )

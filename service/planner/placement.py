@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from service.planner.hardware import GIB, GpuNode
+from service.planner.hardware import GIB, ClusterHardware, GpuNode
 from service.planner.memory_model import rank_memory
 from service.planner.workload import Layout, Workload
 
@@ -82,6 +82,16 @@ def place(needs: list[int], nodes: tuple[GpuNode, ...], *, gpus_per_worker: int)
                 on[rank], free[n] = n, free[n] - 1
                 break
     return Placement(tuple(needs), nodes, tuple(on), gpus_per_worker)
+
+
+def place_job(
+    work: Workload, layout: Layout, hw: ClusterHardware, *, gpus_per_worker: int
+) -> Placement | None:
+    """The ranks of ``layout`` on ``hw``'s GPU nodes (None: a CPU job, or a cluster not
+    described node by node)."""
+    if not (work.on_gpu and hw.gpu_nodes):
+        return None
+    return place(rank_needs(work, layout), hw.gpu_nodes, gpus_per_worker=gpus_per_worker)
 
 
 def _ranks(ranks: list[int]) -> str:

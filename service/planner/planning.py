@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import service.planner.layout_rules as rules
 from service.planner.hardware import GIB, ClusterHardware, resolve_cluster
 from service.planner.memory_model import Layout, LoraShape, Workload
-from service.planner.placement import Placement, PlacementView, place, rank_needs, summary
+from service.planner.placement import Placement, PlacementView, place_job, summary
 from service.planner.plan import (
     Breakdown,
     CandidateView,
@@ -271,11 +271,7 @@ def plan_job(
     ] + [job]
     unknown = cannot_tell(spec, hw)
     rec = None if unknown else rules.recommend(cands, hw, workers_per_node=workers_per_node)
-    placed = (
-        place(rank_needs(work, layout), hw.gpu_nodes, gpus_per_worker=gpw)
-        if work.on_gpu and hw.gpu_nodes
-        else None
-    )
+    placed = place_job(work, layout, hw, gpus_per_worker=gpw)
     findings = _findings(
         spec, hw, work, (job, placed), cands, rec, cluster_errors, workers_per_node
     )

@@ -11,6 +11,7 @@ import torch
 
 from service.backends.base import RunState
 from tests.support.faults import fault_env
+from workers.contract import GPU_NODES_ENV
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
@@ -53,10 +54,13 @@ def _reference(spec: dict):
 
 
 @pytest.fixture(scope="module")
-def clean_runs(run_job, tmp_path_factory) -> Callable[..., tuple[str, dict, Path]]:
+def clean_runs(run_job, ray_backend, tmp_path_factory) -> Callable[..., tuple[str, dict, Path]]:
     """``clean_runs(optimizer, asynchronous=...)`` -> (job id, spec, storage folder) of an
-    uninterrupted Ray job of that spec, run once per module."""
+    uninterrupted Ray job of that spec, run once per module. Its workers are pinned to the
+    head node as the service pins a job's on a cluster of mixed GPUs (GPU_NODES_ENV: Ray
+    Train's label selector on ray.io/node-id must let them start)."""
     done: dict[tuple[str, bool], tuple[str, dict, Path]] = {}
+    (head,) = [n["node_id"] for n in ray_backend.cluster().nodes if n["is_head"]]
 
     def clean(optimizer: str, *, asynchronous: bool = False) -> tuple[str, dict, Path]:
         key = (optimizer, asynchronous)
@@ -65,7 +69,8 @@ def clean_runs(run_job, tmp_path_factory) -> Callable[..., tuple[str, dict, Path
             folder = tmp_path_factory.mktemp(f"clean-{optimizer}-{mode}")
             spec = _spec(folder, optimizer, asynchronous=asynchronous)
             job_id = f"j-clean-{optimizer}-{mode}-{uuid.uuid4().hex[:6]}"
-            assert run_job(job_id=job_id, spec=spec) == RunState.SUCCEEDED
+            pinned = {GPU_NODES_ENV: head}
+            assert run_job(job_id=job_id, spec=spec, extra_env=pinned) == RunState.SUCCEEDED
             done[key] = (job_id, spec, folder)
         return done[key]
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
+from service.backends.base import ClusterInfo
 from service.domain.queue_view import ADMITTED, OTHER_JOB, admission
 from service.domain.scheduler import decide_admissions, policy_of, queue_demand
 from service.planner import plan_job
@@ -88,7 +89,8 @@ def test_queue_reasons_are_the_schedulers_own(tmp_path):
             e["job_id"]: e["reason"] for e in queue if e["reason"] != ADMITTED
         }
         assert direct.admit == (small,)
-        assert admission(queued, active, {"CPU": 4.0}, quotas, now) == direct
+        cluster = ClusterInfo(nodes=[], total={"CPU": 4.0}, available={}, dashboard_url=None)
+        assert admission(queued, active, cluster, quotas, now) == direct
 
 
 def test_queue_names_the_tenant_quota(tmp_path):

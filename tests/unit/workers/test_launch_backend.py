@@ -32,3 +32,19 @@ def test_the_trainer_is_built_with_that_backend(tmp_path, gpus, backend):
     )
     trainer = build_trainer(spec, job_id="j-test")
     assert trainer.backend_config.backend == backend  # Ray would pick plain "nccl" on GPUs
+
+
+def test_a_job_pinned_to_gpu_nodes_hands_ray_train_their_label_selector(tmp_path, monkeypatch):
+    """The service's GPU_NODES_ENV (a cluster of mixed GPUs), from the Ray job's environment
+    or a standby's job environment, becomes the workers' label selector; unset, none."""
+    from workers.contract import GPU_NODES_ENV
+
+    spec = JobSpec.model_validate(
+        {"name": "pinned", "checkpoint": {"storage": f"file://{tmp_path}"}}
+    )
+    assert build_trainer(spec, job_id="j-free").scaling_config.label_selector is None
+    pinned = build_trainer(spec, job_id="j-pinned", job_env={GPU_NODES_ENV: "n-24a,n-24b"})
+    assert pinned.scaling_config.label_selector == {"ray.io/node-id": "in(n-24a,n-24b)"}
+    monkeypatch.setenv(GPU_NODES_ENV, "n-24a")
+    in_env = build_trainer(spec, job_id="j-env").scaling_config.label_selector
+    assert in_env == {"ray.io/node-id": "in(n-24a)"}

@@ -1,0 +1,135 @@
+"""The GPUs of a cluster whose nodes differ in GPU memory, as the scheduler counts them.
+
+On such a cluster a job's rank fits only the GPUs with at least its planned bytes: the
+scheduler counts those (in whole workers per node: a worker's GPUs are on one node),
+takes them as it admits jobs (the smallest that hold a rank first, so the larger ones stay
+for the jobs that need them), and the job's workers are pinned to those nodes
+(:func:`pin_env`, read by ``workers.launch``). On a cluster whose GPU nodes are all the
+same, or whose GPU memory is unknown, there are no rooms and nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.planner.hardware import GIB, cluster_from_nodes, gpu_node_of
+from workers.contract import GPU_NODES_ENV
+
+
+class Demand(Protocol):
+    """What the rooms read of a scheduler demand (``service.domain.scheduler.Demand``)."""
+
+    gpus: float
+    workers: int
+    gpu_bytes: int
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _per_worker(d: Demand) -> int:
+    """GPUs per worker of ``d`` (its GPUs over its minimum workers)."""
+    return round(d.gpus / d.workers) if d.workers else 0
+
+
+@dataclass
+class Room:
+    """One GPU node: its id, its GPUs' memory, how many it has and how many are free."""
+
+    node_id: str
+    memory_bytes: int
+    gpus: int
+    free: float
+
+
+class GpuRooms:
+    """The GPU nodes of a mixed cluster, free GPUs taken as jobs are admitted."""
+
+    def __init__(self, rooms: list[Room]):
+        self.rooms = sorted(rooms, key=lambda r: (r.memory_bytes, r.node_id))
+
+    @classmethod
+    def of(cls, nodes: list[dict]) -> GpuRooms | None:
+        """The rooms of Ray's ``nodes`` (``ClusterInfo.nodes``); None unless their GPU
+        nodes differ in memory and every one's is known."""
+        if "gpu_nodes" not in cluster_from_nodes(nodes):
+            return None
+        rooms = []
+        for node in nodes:
+            entry = gpu_node_of(node) if node.get("resources", {}).get("GPU") else None
+            if entry is not None:
+                free = float(node.get("available", node["resources"]).get("GPU", 0.0))
+                memory = int(entry["gpu_memory_gb"] * GIB)
+                rooms.append(Room(str(node.get("node_id")), memory, entry["gpus"], free))
+        return cls(rooms)
+
+    def _holding(self, need: int) -> list[Room]:
+        return [r for r in self.rooms if r.memory_bytes >= need]
+
+    def slots(self, need: int, gpus_per_worker: int, *, free: bool) -> int:
+        """Workers of ``gpus_per_worker`` GPUs that fit on GPUs of at least ``need`` bytes
+        (``free``: on the GPUs free now, else on all of them)."""
+        per = max(1, gpus_per_worker)
+        return sum(math.floor((r.free if free else r.gpus) / per) for r in self._holding(need))
+
+    def take(self, need: int, workers: int, gpus_per_worker: int) -> None:
+        """Take ``workers`` workers' GPUs from the smallest GPUs that hold ``need``."""
+        per = max(1, gpus_per_worker)
+        for room in self._holding(need):
+            n = min(workers, math.floor(room.free / per))
+            room.free -= n * per
+            workers -= n
+            if not workers:
+                return
+
+    def cannot_ever(self, d: Demand) -> str | None:
+        """Why ``d`` never fits these GPUs (too few hold its ranks), or None."""
+        if not (d.gpus and d.gpu_bytes):
+            return None
+        slots = self.slots(d.gpu_bytes, _per_worker(d), free=False)
+        if slots >= d.workers:
+            return None
+        return (
+            f"can never fit this cluster's GPUs: each rank needs {_gib(d.gpu_bytes)} of GPU "
+            f"memory and the GPUs that hold it take {slots} of its minimum {d.workers} "
+            "workers; it starts only if such GPUs join (cancel it, or shard more: "
+            "POST /v1/plan says where each rank fits); it blocks no other job"
+        )
+
+    def cannot_now(self, d: Demand) -> str | None:
+        """Why ``d`` waits for GPUs that hold its ranks, or None when enough are free."""
+        if not (d.gpus and d.gpu_bytes):
+            return None
+        free = self.slots(d.gpu_bytes, _per_worker(d), free=True)
+        if free >= d.workers:
+            return None
+        return (
+            f"waiting for GPUs of at least {_gib(d.gpu_bytes)}: its {d.workers} workers' "
+            f"ranks need that much each, and the GPUs that hold it are free for {free}"
+        )
+
+    def take_for(self, d: Demand) -> None:
+        """Take what the admitted ``d`` runs on (any GPU when its need is unknown)."""
+        if d.gpus:
+            self.take(d.gpu_bytes, d.workers, _per_worker(d))
+
+    def nodes_for(self, need: int) -> list[str]:
+        """The ids of the nodes whose GPUs hold ``need`` bytes."""
+        return [r.node_id for r in self._holding(need)]
+
+    def smallest_holding(self, need: int) -> int | None:
+        """The memory of the smallest GPU that holds ``need`` (None: none does)."""
+        holding = self._holding(need)
+        return holding[0].memory_bytes if holding else None
+
+
+def pin_env(nodes: list[dict], need: int) -> dict[str, str]:
+    """The driver's variable that pins a job's workers to the nodes whose GPUs hold
+    ``need`` bytes (none on a cluster whose GPU nodes are alike, or without a need)."""
+    rooms = GpuRooms.of(nodes) if need else None
+    if rooms is None:
+        return {}
+    return {GPU_NODES_ENV: ",".join(rooms.nodes_for(need))}
