@@ -4,6 +4,7 @@ after a worker is killed, Cancel, the plan page, tenants kept apart, and an 800p
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -154,6 +155,44 @@ def test_the_plan_page_names_the_field_of_a_refused_spec(served, open_tab):
     assert tab.page.is_hidden("#result")
     tab.shot("plan-refused")
     tab.check(allow=("status of 422",))
+
+
+# A GPU job (llama-1b, FSDP over 2 GPUs: 21.5 GiB a rank) planned for two 24 GiB GPUs at
+# home and a 12 GiB laptop, as a user pastes them; the cluster as YAML, the spec as JSON.
+MIXED_GPU_JOB = {
+    "name": "mixed-gpus",
+    "model": {"preset": "llama-1b"},
+    "data": {"seq_len": 1024},
+    "resources": {"workers": 2, "gpus_per_worker": 1},
+    "parallelism": {"strategy": "fsdp"},
+    "train": {"global_batch_size": 24, "micro_batch_size": 1, "precision": "bf16"},
+}
+MIXED_CLUSTER = """\
+gpu_nodes:
+  - {name: home, count: 2, gpu_memory_gb: 24}
+  - {name: laptop, gpu_memory_gb: 12}
+"""
+
+
+def test_the_plan_page_places_each_rank_on_a_cluster_of_mixed_gpus(served, open_tab):
+    tab = open_tab()
+    tab.sign_in(served.url, served.token)
+    tab.page.goto(f"{served.url}/ui/plan")
+    tab.page.fill("#spec", json.dumps(MIXED_GPU_JOB))
+    tab.page.click("#cluster-details summary")
+    tab.page.fill("#cluster", MIXED_CLUSTER)
+    tab.page.click("#plan-button")
+    tab.page.wait_for_selector("#placement-table")
+    assert tab.page.text_content("#verdict") == "fits"
+    rows = tab.page.locator("#placement-table tbody tr").all_inner_texts()
+    cells = {row.split("\t")[0]: row.split("\t") for row in rows}
+    assert cells["home-1"][3] == "0" and cells["home-2"][3] == "1"
+    assert cells["laptop"][3] == "none fits"
+    assert "laptop cannot hold a rank" in tab.page.text_content("#placement-summary")
+    # The worst rank's bar is drawn against the GPU it runs on, not the laptop's.
+    assert "of 24.0 GiB GPU memory" in tab.page.text_content("#plan-memory")
+    tab.shot("plan-mixed-gpus")
+    tab.check()
 
 
 def test_a_second_tenant_sees_only_its_own_jobs(served, open_tab, quiet_job):

@@ -1,4 +1,5 @@
-// The plan page: a pasted or uploaded spec, POST /v1/plan, its verdict, memory and layouts;
+// The plan page: a pasted or uploaded spec (and, optionally, the cluster to plan it for),
+// POST /v1/plan, its verdict, memory, layouts and, on mixed GPUs, where each rank goes;
 // Submit posts the same spec to /v1/jobs and opens the new job.
 import { api, requireToken } from "./api.js";
 import { stackedBars } from "./chart.js";
@@ -16,11 +17,24 @@ function specBody() {
   }
 }
 
-// {"spec": <the document>} in the same media type, without parsing YAML here.
-function planBody({ text, type }) {
-  if (type === "application/json") return `{"spec": ${text}}`;
+// A YAML (or JSON) document indented under a key of a YAML mapping (JSON is YAML too).
+function under(key, text) {
   const indented = text.replace(/^---\s*$/m, "").split("\n").map((l) => "  " + l).join("\n");
-  return "spec:\n" + indented + "\n";
+  return key + ":\n" + indented + "\n";
+}
+
+// {"spec": <the document>, "cluster": <the optional description>}, without parsing YAML
+// here: JSON when both are JSON (or there is no cluster), else YAML.
+function planBody({ text, type }) {
+  const cluster = $("cluster").value.trim();
+  if (!cluster) return { text: type === "application/json" ? `{"spec": ${text}}` : under("spec", text), type };
+  try {
+    JSON.parse(cluster);
+    if (type === "application/json") return { text: `{"spec": ${text}, "cluster": ${cluster}}`, type };
+  } catch {
+    // YAML: both go as YAML below
+  }
+  return { text: under("spec", text) + under("cluster", cluster), type: "application/yaml" };
 }
 
 const PARTS = ["params", "grads", "optimizer", "activations", "buffers"];
@@ -37,7 +51,7 @@ function renderPlan(plan) {
   for (const n of plan.notes) findings.append(h("div", { class: "note" }, n));
   const pr = plan.per_rank;
   const parts = PARTS.map((name) => ({ name, value: pr[name + "_bytes"] }));
-  const gpu = plan.breakdown.gpu_memory_bytes;
+  const gpu = worstRanksGpu(plan) ?? plan.breakdown.gpu_memory_bytes;
   const rows = [{ label: `pp rank ${plan.breakdown.worst_pp_rank}`, parts, total: fmtBytes(pr.total_bytes) }];
   clear($("plan-memory")).append(
     stackedBars(rows, { format: fmtBytes, scale: gpu && gpu > pr.total_bytes ? gpu : undefined, id: "plan-bars" }),
@@ -63,6 +77,15 @@ function renderPlan(plan) {
   );
 }
 
+// On GPU nodes of different sizes, the memory of the GPU the worst rank is placed on.
+function worstRanksGpu(plan) {
+  const p = plan.placement;
+  if (!p || !p.fits) return null;
+  const worst = p.rank_bytes.indexOf(Math.max(...p.rank_bytes));
+  const node = p.nodes.find((n) => n.ranks.includes(worst));
+  return node ? node.gpu_memory_bytes : null;
+}
+
 // Where each rank goes on GPU nodes of different sizes, and which ranks bound the layout.
 function renderPlacement(placement) {
   $("plan-placement").hidden = !placement;
@@ -83,8 +106,8 @@ async function doPlan(event) {
   const button = $("plan-button");
   button.disabled = true;
   try {
-    const body = specBody();
-    const plan = await api("/v1/plan", { method: "POST", body: planBody(body), type: body.type });
+    const body = planBody(specBody());
+    const plan = await api("/v1/plan", { method: "POST", body: body.text, type: body.type });
     showError($("error"), null);
     renderPlan(plan);
   } catch (err) {
