@@ -4,8 +4,8 @@ On such a cluster a job's rank fits only the GPUs with at least its planned byte
 scheduler counts those (in whole workers per node: a worker's GPUs are on one node),
 takes them as it admits jobs (the smallest that hold a rank first, so the larger ones stay
 for the jobs that need them), and the job's workers are pinned to those nodes
-(:func:`pin_env`, read by ``workers.launch``). On a cluster whose GPU nodes are all the
-same, or whose GPU memory is unknown, there are no rooms and nothing changes.
+(``queue_view.pin_gpu_nodes``, read by ``workers.launch``). On a cluster whose GPU nodes
+are all the same, or whose GPU memory is unknown, there are no rooms and nothing changes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from service.planner.hardware import GIB, cluster_from_nodes, gpu_node_of
-from workers.contract import GPU_NODES_ENV
+from service.planner.hardware import GIB, mixed_gpu_nodes
 
 
 class Demand(Protocol):
@@ -55,16 +54,20 @@ class GpuRooms:
     def of(cls, nodes: list[dict]) -> GpuRooms | None:
         """The rooms of Ray's ``nodes`` (``ClusterInfo.nodes``); None unless their GPU
         nodes differ in memory and every one's is known."""
-        if "gpu_nodes" not in cluster_from_nodes(nodes):
+        mixed = mixed_gpu_nodes(nodes)
+        if mixed is None:
             return None
-        rooms = []
-        for node in nodes:
-            entry = gpu_node_of(node) if node.get("resources", {}).get("GPU") else None
-            if entry is not None:
-                free = float(node.get("available", node["resources"]).get("GPU", 0.0))
-                memory = int(entry["gpu_memory_gb"] * GIB)
-                rooms.append(Room(str(node.get("node_id")), memory, entry["gpus"], free))
-        return cls(rooms)
+        return cls(
+            [
+                Room(
+                    str(node.get("node_id")),
+                    int(entry["gpu_memory_gb"] * GIB),
+                    entry["gpus"],
+                    float(node.get("available", node["resources"]).get("GPU", 0.0)),
+                )
+                for node, entry in mixed
+            ]
+        )
 
     def _holding(self, need: int) -> list[Room]:
         return [r for r in self.rooms if r.memory_bytes >= need]
@@ -119,17 +122,3 @@ class GpuRooms:
     def nodes_for(self, need: int) -> list[str]:
         """The ids of the nodes whose GPUs hold ``need`` bytes."""
         return [r.node_id for r in self._holding(need)]
-
-    def smallest_holding(self, need: int) -> int | None:
-        """The memory of the smallest GPU that holds ``need`` (None: none does)."""
-        holding = self._holding(need)
-        return holding[0].memory_bytes if holding else None
-
-
-def pin_env(nodes: list[dict], need: int) -> dict[str, str]:
-    """The driver's variable that pins a job's workers to the nodes whose GPUs hold
-    ``need`` bytes (none on a cluster whose GPU nodes are alike, or without a need)."""
-    rooms = GpuRooms.of(nodes) if need else None
-    if rooms is None:
-        return {}
-    return {GPU_NODES_ENV: ",".join(rooms.nodes_for(need))}

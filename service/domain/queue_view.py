@@ -18,7 +18,7 @@ from service.auth import Principal
 from service.backends.base import Backend, ClusterInfo
 from service.backends.standby import PoolStatus
 from service.domain.cluster_view import cluster_info
-from service.domain.gpu_rooms import GpuRooms, pin_env
+from service.domain.gpu_rooms import GpuRooms
 from service.domain.planned_memory import PlannedMemory
 from service.domain.queries import scope
 from service.domain.scheduler import AdmissionDecision, decide_admissions, policy_of, queue_demand
@@ -28,6 +28,7 @@ from service.settings.slices import QuotaSettings
 from service.status import JobStatus
 from service.store import JobStore
 from service.store.models import JobRecord, QueueEntry
+from workers.contract import GPU_NODES_ENV
 from workers.spec import JobSpec
 
 ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
@@ -91,11 +92,12 @@ def pin_gpu_nodes(backend: Backend, job: JobRecord, tenant: str | None) -> dict[
     if not job.spec.resources.gpus_per_worker:
         return {}
     try:
-        nodes = cluster_info(backend).nodes
+        rooms = GpuRooms.of(cluster_info(backend).nodes)
     except BackendUnavailable:
         return {}
-    need = rank_gpu_bytes(job.id, job.spec, job.min_workers, tenant or "")
-    return pin_env(nodes, need)
+    # Planned only on a cluster of mixed GPUs (model.hf's config.json is read for it).
+    need = rank_gpu_bytes(job.id, job.spec, job.min_workers, tenant or "") if rooms else 0
+    return {GPU_NODES_ENV: ",".join(rooms.nodes_for(need))} if need else {}
 
 
 @dataclass(frozen=True)

@@ -292,10 +292,20 @@ def cluster_from_nodes(nodes: list[dict]) -> dict:
         shape["gpu"] = known[0] if len(known) == 1 else known
     if host:
         shape["host_memory_gb"] = min(host) / GIB
-    each = [gpu_node_of(n) for n in nodes if int(n.get("resources", {}).get("GPU", 0))]
-    if each and None not in each and len({e["gpu_memory_gb"] for e in each}) > 1:
-        shape["gpu_nodes"] = each  # GPUs of different sizes: each rank placed on one
+    mixed = mixed_gpu_nodes(nodes)
+    if mixed is not None:  # GPUs of different sizes: each rank placed on one
+        shape["gpu_nodes"] = [entry for _, entry in mixed]
     return shape
+
+
+def mixed_gpu_nodes(nodes: list[dict]) -> list[tuple[dict, dict]] | None:
+    """Each GPU node of Ray's ``nodes`` with its ``cluster.gpu_nodes`` entry
+    (:func:`gpu_node_of`); None unless every one's GPU memory is known and they differ."""
+    gpu = [n for n in nodes if int(n.get("resources", {}).get("GPU", 0))]
+    each = [gpu_node_of(n) for n in gpu]
+    if not each or None in each or len({e["gpu_memory_gb"] for e in each}) < 2:
+        return None
+    return list(zip(gpu, each, strict=True))
 
 
 GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb"  # a node label, where Ray cannot read the GPUs
