@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.support.processes import job_processes
+from tests.support.specs import MIXED_GPU_CLUSTER, MIXED_GPU_JOB
 
 pytestmark = pytest.mark.slow
 
@@ -157,21 +158,9 @@ def test_the_plan_page_names_the_field_of_a_refused_spec(served, open_tab):
     tab.check(allow=("status of 422",))
 
 
-# A GPU job (llama-1b, FSDP over 2 GPUs: 21.5 GiB a rank) planned for two 24 GiB GPUs at
-# home and a 12 GiB laptop, as a user pastes them; the cluster as YAML, the spec as JSON.
-MIXED_GPU_JOB = {
-    "name": "mixed-gpus",
-    "model": {"preset": "llama-1b"},
-    "data": {"seq_len": 1024},
-    "resources": {"workers": 2, "gpus_per_worker": 1},
-    "parallelism": {"strategy": "fsdp"},
-    "train": {"global_batch_size": 24, "micro_batch_size": 1, "precision": "bf16"},
-}
-MIXED_CLUSTER = """\
-gpu_nodes:
-  - {name: home, count: 2, gpu_memory_gb: 24}
-  - {name: laptop, gpu_memory_gb: 12}
-"""
+# The mixed-GPU job planned for its cluster as a user pastes them: the spec as JSON, the
+# cluster as YAML.
+MIXED_CLUSTER = yaml.safe_dump(MIXED_GPU_CLUSTER, default_flow_style=None)
 
 
 def test_the_plan_page_places_each_rank_on_a_cluster_of_mixed_gpus(served, open_tab):

@@ -43,3 +43,20 @@ PER_RANK_KEYS = {
     "buffers_bytes",
     "total_bytes",
 }
+
+# Two 24 GiB GPUs at home and a 12 GiB laptop (cluster.gpu_nodes), and a GPU job for them:
+# llama-1b under FSDP over 2 GPUs needs 21.5 GiB a rank, so only the 24 GiB GPUs hold it.
+MIXED_GPU_CLUSTER = {
+    "gpu_nodes": [
+        {"name": "home", "count": 2, "gpu_memory_gb": 24},
+        {"name": "laptop", "gpu_memory_gb": 12},
+    ]
+}
+MIXED_GPU_JOB = {
+    "name": "mixed-gpus",
+    "model": {"preset": "llama-1b"},
+    "data": {"seq_len": 1024},
+    "resources": {"workers": 2, "gpus_per_worker": 1},
+    "parallelism": {"strategy": "fsdp"},
+    "train": {"global_batch_size": 24, "micro_batch_size": 1, "precision": "bf16"},
+}

@@ -478,21 +478,13 @@ def test_plan_does_not_fit_exits_1(server, spec_file):
 def test_plan_on_mixed_gpus_prints_where_each_rank_goes(server, spec_file, tmp_path):
     """A real plan's placement (two 24 GiB nodes and a 12 GiB one), as the server answers it."""
     from service.planner.planning import plan_job
+    from tests.support.specs import MIXED_GPU_CLUSTER, MIXED_GPU_JOB
     from workers.spec import JobSpec
 
-    described = {"gpu_nodes": [{"name": "home", "count": 2, "gpu_memory_gb": 24}]}
-    described["gpu_nodes"].append({"name": "laptop", "gpu_memory_gb": 12})
+    described = MIXED_GPU_CLUSTER
     cluster = tmp_path / "mixed.yaml"
     cluster.write_text(yaml.safe_dump(described))
-    spec = {
-        "name": "mixed",
-        "model": {"preset": "llama-1b"},
-        "data": {"seq_len": 1024},
-        "resources": {"workers": 2, "gpus_per_worker": 1},
-        "parallelism": {"strategy": "fsdp"},
-        "train": {"global_batch_size": 24, "micro_batch_size": 1, "precision": "bf16"},
-    }
-    plan = plan_job(JobSpec.model_validate(spec), cluster=described)
+    plan = plan_job(JobSpec.model_validate(MIXED_GPU_JOB), cluster=described)
     server.plan_result = plan.model_dump(mode="json")
     result = run("plan", str(spec_file), "--cluster", str(cluster))
     assert result.exit_code == 0, result.output

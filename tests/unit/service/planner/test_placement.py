@@ -13,32 +13,17 @@ from service.planner.placement import place, rank_needs
 from service.planner.planning import layout_of, plan_job, workload_of
 from tests.support.api import api_client
 from tests.support.fakes import ADMIN_H, FakeBackend
+from tests.support.specs import MIXED_GPU_CLUSTER, MIXED_GPU_JOB
 from workers.spec import JobSpec
 
-# Two 24 GiB home GPUs and a 12 GiB laptop GPU.
-MIXED = {
-    "gpu_nodes": [
-        {"name": "home", "count": 2, "gpu_memory_gb": 24},
-        {"name": "laptop", "gpu_memory_gb": 12},
-    ]
-}
+MIXED = MIXED_GPU_CLUSTER
 
 
-def _spec(workers: int, parallelism: dict, *, batch: int = 24) -> JobSpec:
+def _spec(workers: int, parallelism: dict) -> JobSpec:
+    """MIXED_GPU_JOB on ``workers`` GPUs under ``parallelism``."""
+    resources = {**MIXED_GPU_JOB["resources"], "workers": workers}
     return JobSpec.model_validate(
-        {
-            "name": "mixed",
-            "model": {"preset": "llama-1b"},
-            "data": {"seq_len": 1024},
-            "resources": {"workers": workers, "gpus_per_worker": 1},
-            "parallelism": parallelism,
-            "train": {
-                "steps": 10,
-                "global_batch_size": batch,
-                "micro_batch_size": 1,
-                "precision": "bf16",
-            },
-        }
+        {**MIXED_GPU_JOB, "resources": resources, "parallelism": parallelism}
     )
 
 
