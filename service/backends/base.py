@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from service.backends.standby import run_id, runner_of
+from service.errors import BackendUnavailable
 from workers.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -101,6 +102,18 @@ class Backend(ABC):
         except Exception as e:  # noqa: BLE001 - any failure means not ready
             return type(e).__name__
         return None
+
+    def head_lost(self) -> str | None:
+        """Why the Ray head this service runs itself (the embedded one) is gone, taking
+        every job's driver and workers with it; None while it runs, or where the service
+        runs no head (another cluster's head that restarts loses its jobs too: the
+        reconciler finds them MISSING once it answers again)."""
+        return None
+
+    def restart_head(self) -> None:
+        """Start the lost head again (:meth:`head_lost`); raises BackendUnavailable when it
+        does not come up (the reconciler tries again on its next tick)."""
+        raise BackendUnavailable("this service runs no Ray head of its own to restart")
 
     # Drivers started and warmed ahead of the jobs they will run (service.backends.standby);
     # a backend that can start them sets this up, the reconciler uses it through these.

@@ -202,8 +202,9 @@ def stop_group(pgid: int, grace: float = 5.0) -> None:
 
 def stop_blocking_start(proc: subprocess.Popen, timeout: float) -> None:
     """Stop a running ``ray start --block`` child (started in a session of its own) and all
-    it started."""
+    it started; of one that exited already (one of its Ray processes died), what it left."""
     if proc.poll() is not None:
+        stop_group(proc.pid)
         return
     # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
     proc.send_signal(signal.SIGTERM)
@@ -361,6 +362,27 @@ class EmbeddedRay:
             for c in psutil.net_connections(kind="tcp")
             if c.pid in group and c.laddr
         )
+
+    def exited(self) -> int | None:
+        """``ray start``'s exit code once the head is gone (it exits, and stops the rest,
+        when any of its Ray processes dies: the GCS, the raylet); None while it runs."""
+        return None if self.proc is None else self.proc.poll()
+
+    def restart(self, timeout: float = 120.0) -> str:
+        """Start the head again after it died; return its address. It keeps the ports it
+        had, so its dashboard links and the address nodes join stay valid; where those
+        were free ports and one was taken meanwhile, it takes other free ones."""
+        self.stop()
+        requested = self.requested
+        self.requested = self.ports
+        try:
+            return self.start(timeout=timeout)
+        except HeadExited:
+            if not requested.auto:
+                raise
+        finally:
+            self.requested = requested
+        return self.start(timeout=timeout)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the head and everything it started; remove its temp dir."""

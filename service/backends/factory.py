@@ -31,7 +31,9 @@ def build_backend(ray: RaySettings) -> tuple[Backend, EmbeddedRay | None]:
         extra_env=list(ray.embedded.extra_env),
     )
     address = embedded.start()
-    backend = RayJobBackend(address, python=ray.worker_python or sys.executable, probe_agent=True)
+    backend = RayJobBackend(
+        address, python=ray.worker_python or sys.executable, probe_agent=True, head=embedded
+    )
     return with_standby(backend, ray.standby), embedded
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
 from service.backends.standby import StandbyDrivers, runner_of
@@ -20,6 +22,7 @@ from workers.contract import driver_command, launch_env
 TRAIN_RUNS_PATH = "/api/train/v2/runs/v1"
 # Seconds each readiness request may take (GET /readyz answers within a few of them).
 READY_TIMEOUT_S = 3.0
+log = logging.getLogger(__name__)
 _STATES = {
     "PENDING": RunState.PENDING,
     "RUNNING": RunState.RUNNING,
@@ -27,6 +30,14 @@ _STATES = {
     "FAILED": RunState.FAILED,
     "STOPPED": RunState.STOPPED,
 }
+
+
+class OwnHead(Protocol):
+    """A Ray head this service started and restarts (``service.backends.embedded``)."""
+
+    def exited(self) -> int | None: ...
+
+    def restart(self) -> str: ...
 
 
 class RayJobBackend(Backend):
@@ -37,11 +48,38 @@ class RayJobBackend(Backend):
     this process's environment, as Ray's own clients do.
     """
 
-    def __init__(self, address: str, *, python: str = "python", probe_agent: bool = False):
+    def __init__(
+        self,
+        address: str,
+        *,
+        python: str = "python",
+        probe_agent: bool = False,
+        head: OwnHead | None = None,
+    ):
         self.address = address.rstrip("/")
         self.python = python
         self.probe_agent = probe_agent
+        self.head = head
         self._client = None
+
+    def head_lost(self) -> str | None:
+        """Why the embedded head stopped (``ray start`` exited: one of its Ray processes
+        died, and it stopped the rest); None while it runs or with no head of its own."""
+        code = self.head.exited() if self.head is not None else None
+        if code is None:
+            return None
+        return f"the embedded Ray head stopped (exit code {code}; its log: ray-head.log)"
+
+    def restart_head(self) -> None:
+        """Start the embedded head again; its standby drivers went with the old one."""
+        if self.head is None:
+            super().restart_head()
+        log.warning("the embedded Ray head stopped; restarting it")
+        if self.standby:
+            self.standby.lost_all()
+        self._client = None
+        self.address = self.head.restart().rstrip("/")
+        log.warning("the embedded Ray head is back at %s", self.address)
 
     def use_standby(self, *, count: int, workers: int, report_url: str, budget: WarmBudget) -> None:
         """Keep ``count`` standby drivers warm (``service.backends.standby``), each warming

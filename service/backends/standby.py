@@ -288,6 +288,11 @@ class StandbyDrivers:
             if s is not None:
                 del self._pool[s.standby_id]
 
+    def lost_all(self) -> None:
+        """The cluster lost every standby (its head restarted): none is left to stop."""
+        with self._lock:
+            self._pool.clear()
+
     def _handed(self, submission_id: str) -> Standby | None:
         """The standby that job ``submission_id`` was handed to (lock held)."""
         return next((s for s in self._pool.values() if s.taken_for == submission_id), None)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from service.auth import ADMIN_TENANT, create_reporter_token
-from service.backends.base import Backend, LaunchRequest, RunState
+from service.backends.base import Backend, LaunchRequest, RunState, RunStatus
 from service.domain.access_policy import AccessPolicy, Tenant
 from service.domain.leadership import FencedJobs, Leadership, NotLeader
 from service.domain.nvme_policy import nvme_env
@@ -19,6 +19,7 @@ from service.domain.recovery import decide_recovery
 from service.domain.scheduler import Demand, WaitCode, Waiting
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
+from service.domain.submit_backoff import SubmitBackoff
 from service.errors import BackendError, BackendUnavailable
 from service.settings.slices import ReconcilerSettings
 from service.status import JobStatus
@@ -65,57 +66,6 @@ def starting(job: JobRecord, now: datetime) -> bool:
     return (now - since).total_seconds() < STARTING_S
 
 
-class SubmitBackoff:
-    """When a job whose submission the cluster turned away for now is tried again.
-
-    Delays double from ``base_s`` up to ``max_s``; once ``give_up_after_s`` passed since
-    the first failure, ``failed`` answers None: the job fails instead. In memory: a
-    restarted service starts counting again.
-    """
-
-    def __init__(
-        self,
-        *,
-        give_up_after_s: float,
-        base_s: float = 1.0,
-        max_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.give_up_after_s, self.base_s, self.max_s, self.clock = (
-            give_up_after_s,
-            base_s,
-            max_s,
-            clock,
-        )
-        self._tries: dict[str, tuple[int, float, float]] = {}  # job -> (tries, first, next)
-
-    def failed(self, job_id: str) -> tuple[int, float] | None:
-        """Record a failed try; (tries so far, seconds until the next) or None to give up."""
-        now = self.clock()
-        tries, first, _ = self._tries.get(job_id, (0, now, now))
-        tries += 1
-        if now - first >= self.give_up_after_s:
-            self._tries.pop(job_id, None)
-            return None
-        delay = min(self.max_s, self.base_s * 2 ** (tries - 1))
-        self._tries[job_id] = (tries, first, now + delay)
-        return tries, delay
-
-    def due(self, job_id: str) -> bool:
-        """Whether the job may be tried (again) now."""
-        entry = self._tries.get(job_id)
-        return entry is None or self.clock() >= entry[2]
-
-    def clear(self, job_id: str) -> None:
-        """The job was accepted or refused: forget its tries."""
-        self._tries.pop(job_id, None)
-
-    def keep_only(self, job_ids: set[str]) -> None:
-        """Forget the tries of every job not in ``job_ids`` (no longer waiting to be tried)."""
-        for job_id in self._tries.keys() - job_ids:
-            del self._tries[job_id]
-
-
 class Reconciler:
     """One ``tick`` moves every job one step closer to what the cluster says."""
 
@@ -148,6 +98,14 @@ class Reconciler:
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
         active = self.jobs.list_jobs_fifo(ACTIVE)
+        if (lost := self.backend.head_lost()) is not None:
+            self._head_lost(active, lost)
+            try:
+                self.backend.restart_head()
+            except BackendUnavailable as e:
+                log.warning("reconciler: the Ray head did not come back (next tick: again): %s", e)
+                return
+            active = self.jobs.list_jobs_fifo(ACTIVE)
         self._keep_standby(active)  # a standby started now still gains on a fresh start
         for job in active:
             try:
@@ -158,6 +116,23 @@ class Reconciler:
         self._admit()
         # After admission: replaces a standby a job just took, once that job is going.
         self._keep_standby(self.jobs.list_jobs_fifo(ACTIVE))
+
+    def _head_lost(self, active: list[JobRecord], why: str) -> None:
+        """The head is gone and every submitted job's driver and workers with it: each such
+        job is resubmitted (from its newest checkpoint, once the head is back; it counts
+        against ``failure.max_resubmits``) or, with none left, FAILED."""
+        for job in active:
+            if not job.submission_id:
+                continue
+            limit = job.spec.failure.max_resubmits
+            missing = RunStatus(RunState.MISSING, why)
+            decision = decide_recovery(
+                missing, resubmits=job.resubmits, max_resubmits=limit, cause=why
+            )
+            if decision.resubmit:  # submitted once the head is back
+                self._resubmit(job, decision.reason, submit=False)
+            else:
+                self._finish(job, JobStatus.FAILED, decision.reason)
 
     def _keep_standby(self, active: list[JobRecord]) -> None:
         """Start standby drivers, but not while a job is starting (:func:`starting`): a
@@ -331,8 +306,9 @@ class Reconciler:
             else:
                 self._finish(job, JobStatus.FAILED, _tail(status.message) or decision.reason)
 
-    def _resubmit(self, job: JobRecord, reason: str) -> None:
-        """Start the job again under a new submission id; it resumes from its checkpoints."""
+    def _resubmit(self, job: JobRecord, reason: str, *, submit: bool = True) -> None:
+        """Start the job again under a new submission id (now, or, with ``submit`` False,
+        at the next tick); it resumes from its checkpoints."""
         updated = change_status(
             self.jobs,
             job,
@@ -343,7 +319,8 @@ class Reconciler:
         )
         if updated is not None:  # not by a replica that no longer leads
             self.stores.tokens.revoke_job_tokens(job.id)
-            self._submit(updated)
+            if submit:
+                self._submit(updated)
 
     def _finish(self, job: JobRecord, status: JobStatus, error: str | None) -> None:
         """Record how the job ended and revoke its reporter tokens."""

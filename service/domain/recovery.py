@@ -16,8 +16,11 @@ class RecoveryDecision:
     reason: str
 
 
-def decide_recovery(status: RunStatus, *, resubmits: int, max_resubmits: int) -> RecoveryDecision:
-    """Resubmit when the driver or the cluster died under a healthy job, within the budget.
+def decide_recovery(
+    status: RunStatus, *, resubmits: int, max_resubmits: int, cause: str | None = None
+) -> RecoveryDecision:
+    """Resubmit when the driver or the cluster died under a healthy job, within the budget;
+    ``cause``: what the reason says happened, where the caller knows better than Ray.
 
     MISSING (the Ray head lost the job, e.g. it restarted) and a driver that
     did not exit through etrain's own failure path (killed, OOM, supervisor
@@ -27,7 +30,7 @@ def decide_recovery(status: RunStatus, *, resubmits: int, max_resubmits: int) ->
         return RecoveryDecision(False, "the Ray job was stopped outside etrain")
     if status.state == RunState.FAILED and status.exit_code == EXIT_TRAINING_FAILED:
         return RecoveryDecision(False, status.message or "training failed")
-    cause = (
+    cause = cause or (
         "the Ray cluster lost the job"
         if status.state == RunState.MISSING
         else f"the job driver died (exit code {status.exit_code})"

@@ -2,10 +2,14 @@
 own embedded Ray head (the default: no Ray address): no port collides (one keeps the ports
 its operator pinned, the other picks free ones), both are ready only when their job API can
 take a job, both run a job to SUCCEEDED at the same time, no job sees the service's secrets,
-and each stops its own Ray with it, at once."""
+and each stops its own Ray with it, at once. One head's GCS server is killed mid-job: its
+serve restarts the head on the same ports and resubmits the job, which resumes from its
+checkpoint and ends with the very curve of the other serve's uninterrupted run."""
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,14 +31,33 @@ SECRETS = {
 }
 
 
+STEPS, EVERY = 30, 8
+KILL_AFTER = 10  # steps: past the first checkpoint
+
+
 def _spec(name: str) -> dict:
     return {
         "name": name,
         "data": {"seq_len": 16, "num_samples": 64},
         "resources": {"workers": 1, "cpus_per_worker": 1},
-        "train": {"steps": 3, "global_batch_size": 2, "micro_batch_size": 2},
-        "checkpoint": {"every_steps": 100},
+        "train": {"steps": STEPS, "global_batch_size": 2, "micro_batch_size": 2},
+        "checkpoint": {"every_steps": EVERY},
     }
+
+
+def _kill_gcs(serve_pid: int) -> float:
+    """SIGKILL the GCS server of the embedded head under ``serve_pid``; when it was."""
+    gcs = [
+        p for p in psutil.Process(serve_pid).children(recursive=True) if p.name() == "gcs_server"
+    ]
+    assert len(gcs) == 1, gcs
+    gcs[0].send_signal(signal.SIGKILL)
+    return time.time()
+
+
+def _ts(event: dict) -> float:
+    when = dt.datetime.fromisoformat(event["ts"])
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def _job_envs(jobs: list[dict]) -> dict[str, list[set[str]]]:
@@ -99,18 +122,41 @@ def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory
             jobs.append(r.json()["id"])
         seen: dict[str, list[set[str]]] = {}
         deadline = time.monotonic() + 420
+        killed_at = None
 
         def status() -> list[dict]:
             return [c.get(f"/v1/jobs/{j}").json() for c, j in zip(clients, jobs, strict=True)]
 
         while time.monotonic() < deadline and not all(j["status"] in TERMINAL for j in status()):
-            for job_id, envs in _job_envs(status()).items():
+            now = status()
+            for job_id, envs in _job_envs(now).items():
                 seen.setdefault(job_id, []).extend(envs)
+            if killed_at is None and (now[0]["step"] or 0) >= KILL_AFTER:
+                killed_at = _kill_gcs(serves[0].proc.pid)
             time.sleep(0.3)
         final = status()
         assert [j["status"] for j in final] == ["SUCCEEDED", "SUCCEEDED"], [
             (j["status"], j["error"]) for j in final
         ]
+        assert killed_at is not None and [j["resubmits"] for j in final] == [1, 0]
+
+        # The lost head was noticed within seconds; the job resumed from its checkpoint on
+        # the head that came back on the same ports, and trained each step once, on the
+        # very curve of the run no one interrupted.
+        events = clients[0].get(f"/v1/jobs/{jobs[0]}/events").json()["items"]
+        lost = next(e for e in events if e["kind"] == "resubmitted")
+        assert lost["message"].startswith("the embedded Ray head stopped"), lost
+        assert _ts(lost) - killed_at < 10, _ts(lost) - killed_at
+        restored = [e for e in events if e["kind"] == "restored"]
+        assert restored and restored[-1]["data"]["step"] >= EVERY, restored
+        assert clients[0].get("/v1/cluster").json()["dashboard_url"].endswith(":8330")
+        curves = [
+            c.get(f"/v1/jobs/{j}/metrics").json()["items"]
+            for c, j in zip(clients, jobs, strict=True)
+        ]
+        assert [[m["step"] for m in curve] for curve in curves] == [list(range(1, STEPS + 1))] * 2
+        losses = [[m["loss"] for m in curve] for curve in curves]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
         # Both ran at once, each on its own head.
         starts = [j["started_at"] for j in final]
@@ -132,6 +178,7 @@ def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory
             assert "HTTP Request:" not in s.log.read_text()
             assert "HTTP Request:" not in c.get(f"/v1/jobs/{job_id}/logs").text
     finally:
+        heads = [h + _ray_processes(s.proc.pid) for h, s in zip(heads, serves, strict=True)]
         codes = [s.stop() for s in serves]
     assert codes == [0, 0]
     # Each head stopped on its SIGTERM (it does not drain; a drain waits for Ray Train's

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from service.backends.base import Backend, ClusterInfo, LaunchRequest, RunState, RunStatus
+from service.errors import BackendUnavailable
 from service.settings import Settings
 
 # The first admin token of the service the REST tests start (``client`` in conftest.py).
@@ -40,6 +41,10 @@ class FakeBackend(Backend):
         # Raised by the next submits, one each, before ``submit_error`` is looked at.
         self.submit_failures: list[Exception] = []
         self.on_submit: Callable[[LaunchRequest], None] | None = None
+        # The head this service runs is gone (why), until a restart that does not fail.
+        self.head_gone: str | None = None
+        self.restart_failures = 0
+        self.restarts = 0
         total = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         self.info = ClusterInfo(
             nodes=[{"node_id": "n-1", "ip": "10.0.0.1", "is_head": True, "resources": total}],
@@ -68,6 +73,17 @@ class FakeBackend(Backend):
 
     def stop(self, submission_id: str) -> None:
         self.stopped.append(submission_id)
+
+    def head_lost(self) -> str | None:
+        return self.head_gone
+
+    def restart_head(self) -> None:
+        self.restarts += 1
+        if self.restart_failures:
+            self.restart_failures -= 1
+            raise BackendUnavailable("the head did not come up")
+        self.head_gone = None
+        self.statuses.clear()  # a new head knows none of the old one's jobs
 
     def logs(self, submission_id: str) -> str:
         return self.log_text.get(submission_id, "")

@@ -576,6 +576,37 @@ def test_a_lost_driver_is_resubmitted_until_the_budget_is_spent(
     assert len(backend.submitted) == 3
 
 
+def test_a_lost_head_resubmits_every_submitted_job_once_it_is_back(
+    stores, tenant, backend, reconciler
+):
+    """The embedded head died: each submitted job's attempt is lost at once (an event that
+    says why), counted against its budget, and submitted again only on the head that came
+    back; a job with no budget left fails; a queued one waits."""
+    running = _submitted(stores, _job(stores, tenant, "running"))
+    spent = _submitted(stores, _job(stores, tenant, "spent", failure={"max_resubmits": 0}))
+    queued = _job(stores, tenant, "queued", resources={"workers": 2})
+    backend.head_gone = "the embedded Ray head stopped (exit code 1)"
+    backend.restart_failures = 1
+    reconciler.tick()  # the restart fails: nothing is submitted to a head that is not there
+    got = stores.jobs.get_job(running.id)
+    assert (got.status, got.resubmits, got.submission_id) == (JobStatus.PENDING, 1, None)
+    resubmitted = stores.events.list_events(running.id)[-1]
+    assert resubmitted.kind == "resubmitted"
+    assert resubmitted.message == (
+        "the embedded Ray head stopped (exit code 1); resubmitting (1/2)"
+    )
+    assert resubmitted.data == {"previous_submission": f"etrain-{running.id}-0"}
+    failed = stores.jobs.get_job(spent.id)
+    assert failed.status is JobStatus.FAILED
+    assert "failure.max_resubmits (0) already used" in failed.error
+    assert backend.submitted == [] and stores.jobs.get_job(queued.id).status is JobStatus.QUEUED
+    reconciler.tick()  # the head is back: the lost job goes first, then admission
+    assert backend.restarts == 2
+    assert [r.submission_id for r in backend.submitted][0] == f"etrain-{running.id}-1"
+    reconciler.tick()
+    assert _kinds(stores, running.id).count("resubmitted") == 1  # once per loss
+
+
 def test_a_training_failure_is_not_resubmitted(stores, tenant, backend, reconciler):
     job = _job(stores, tenant)
     reconciler.tick()
@@ -678,3 +709,42 @@ def test_ray_readiness_needs_the_head_agent_serving_http(monkeypatch):
     assert "dashboard agent serves no HTTP" in backend.not_ready()
     agent_port["value"] = 52365
     assert backend.not_ready() is None
+
+
+class _Head:
+    """An embedded head that stops when told and comes back on other ports."""
+
+    def __init__(self):
+        self.code: int | None = None
+
+    def exited(self) -> int | None:
+        return self.code
+
+    def restart(self) -> str:
+        self.code = None
+        return "http://127.0.0.1:9999/"
+
+
+def test_a_stopped_embedded_head_is_restarted_and_followed_at_its_address():
+    from service.backends.ray_jobs import RayJobBackend
+    from service.backends.standby import StandbyDrivers
+
+    head = _Head()
+    backend = RayJobBackend("http://127.0.0.1:8265", head=head)
+    backend.standby = StandbyDrivers(
+        lambda sid, env: None, lambda sid: None, count=1, workers=0, report_url=""
+    )
+    backend.standby.keep()
+    backend._client = object()
+    assert backend.head_lost() is None and backend.standby.status().idle == 1
+    head.code = 1
+    assert backend.head_lost() == (
+        "the embedded Ray head stopped (exit code 1; its log: ray-head.log)"
+    )
+    backend.restart_head()
+    assert backend.address == "http://127.0.0.1:9999" and backend._client is None
+    assert backend.head_lost() is None
+    assert backend.standby.status().idle == 0  # its standby went with the old head
+    with pytest.raises(BackendUnavailable):  # another cluster's head: nothing to restart
+        RayJobBackend("http://ray.test:8265").restart_head()
+    assert RayJobBackend("http://ray.test:8265").head_lost() is None
