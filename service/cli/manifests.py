@@ -16,8 +16,11 @@ import yaml
 
 from service.k8s.manifests import (
     CHECKPOINT_MOUNT,
+    DEFAULT_GCS_REDIS,
     DEFAULT_RAY_AUTH_SECRET,
+    DEFAULT_REDIS_SECRET,
     DEFAULT_WORKER_IMAGE,
+    GcsRedis,
     RayClusterConfig,
     RayJobConfig,
     WorkerGroupConfig,
@@ -89,8 +92,19 @@ def raycluster(
     ] = 60,
     checkpoint_claim: ClaimOpt = "etrain-checkpoints",
     auth_secret: AuthSecretOpt = DEFAULT_RAY_AUTH_SECRET,
+    gcs_redis: Annotated[
+        str,
+        typer.Option(
+            help="Redis (host:port) the GCS keeps its state in, so a head restart keeps the "
+            'workers and their jobs (GCS fault tolerance); "" = none.'
+        ),
+    ] = DEFAULT_GCS_REDIS,
+    gcs_redis_secret: Annotated[
+        str, typer.Option(help='Secret with that Redis\'s password (key password); "" = none.')
+    ] = DEFAULT_REDIS_SECRET,
 ) -> None:
-    """A RayCluster: CPU head (num-cpus 0), one autoscaled GPU worker group, autoscaler v2."""
+    """A RayCluster: CPU head (num-cpus 0), one autoscaled GPU worker group, autoscaler v2,
+    GCS fault tolerance on the etrain-redis of deploy/."""
     low, high = _range(gpu_workers)
     group = WorkerGroupConfig(
         min_replicas=low,
@@ -110,6 +124,7 @@ def raycluster(
         idle_timeout_seconds=idle_timeout,
         checkpoint_claim=checkpoint_claim or None,
         auth_secret=auth_secret or None,
+        gcs_redis=GcsRedis(gcs_redis, gcs_redis_secret or None) if gcs_redis else None,
     )
     _emit(build_raycluster(cfg))
 

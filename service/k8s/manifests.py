@@ -55,6 +55,29 @@ class WorkerGroupConfig:
     shm_size: str = "32Gi"
 
 
+# GCS fault tolerance: the GCS keeps its tables in this Redis, so a head pod that restarts
+# finds its nodes, actors and jobs again and the worker pods live on (deploy/base/redis.yaml,
+# the chart's ray.gcsFaultTolerance). The password comes from key ``password`` of a Secret.
+DEFAULT_GCS_REDIS = "etrain-redis:6379"
+DEFAULT_REDIS_SECRET = "etrain-redis"
+
+
+@dataclass(frozen=True)
+class GcsRedis:
+    """The Redis a RayCluster's GCS keeps its state in (KubeRay ``gcsFaultToleranceOptions``)."""
+
+    address: str = DEFAULT_GCS_REDIS  # host:port (or redis:// / rediss:// URL)
+    password_secret: str | None = DEFAULT_REDIS_SECRET  # Secret with key ``password``; None: none
+
+    def options(self) -> dict:
+        """The ``spec.gcsFaultToleranceOptions`` object."""
+        options: dict = {"redisAddress": self.address}
+        if self.password_secret:
+            ref = {"name": self.password_secret, "key": "password"}
+            options["redisPassword"] = {"valueFrom": {"secretKeyRef": ref}}
+        return options
+
+
 @dataclass(frozen=True)
 class RayClusterConfig:
     """A RayCluster: a CPU head that runs no training, GPU worker groups, autoscaler v2."""
@@ -77,6 +100,9 @@ class RayClusterConfig:
     storage_env: tuple[Mapping, ...] = ()
     metrics_port: int = 8080
     auth_secret: str | None = DEFAULT_RAY_AUTH_SECRET  # Ray token Secret; None = no token auth
+    # Set: the GCS keeps its state in this Redis and a head restart keeps the workers and
+    # their jobs (the shared cluster of deploy/ and the chart); None: a per-job cluster.
+    gcs_redis: GcsRedis | None = None
 
 
 @dataclass(frozen=True)
@@ -234,11 +260,14 @@ def build_raycluster_spec(cfg: RayClusterConfig) -> dict:
 
     With ``cfg.auth_secret`` the cluster runs with Ray token auth, the token read
     from that existing Secret (key ``auth_token``); KubeRay then creates no Secret
-    of its own, so the control plane can mount the same one.
+    of its own, so the control plane can mount the same one. With ``cfg.gcs_redis`` its
+    GCS is fault tolerant (KubeRay gives the workers a 600 s GCS reconnect timeout).
     """
     spec: dict = {"rayVersion": cfg.ray_version}
     if cfg.auth_secret:
         spec["authOptions"] = {"mode": "token", "secretName": cfg.auth_secret}
+    if cfg.gcs_redis is not None:
+        spec["gcsFaultToleranceOptions"] = cfg.gcs_redis.options()
     return spec | {
         "enableInTreeAutoscaling": True,
         "autoscalerOptions": {

@@ -76,11 +76,11 @@ def operator_errors(obj: dict) -> list[str]:
     if kind == "RayCluster":
         return _name_errors(
             meta.get("name"), kind=kind, limit=MAX_RAYCLUSTER_NAME
-        ) + raycluster_spec_errors(spec, prefix="spec")
+        ) + raycluster_spec_errors(spec, prefix="spec", annotations=meta.get("annotations"))
     if kind == "RayJob":
         return _name_errors(
             meta.get("name"), kind=kind, limit=MAX_RAYJOB_NAME
-        ) + rayjob_spec_errors(spec)
+        ) + rayjob_spec_errors(spec, annotations=meta.get("annotations"))
     return []
 
 
@@ -154,8 +154,11 @@ def _autoscaler_v2(spec: dict) -> bool:
     ) in ("1", "true")
 
 
-def raycluster_spec_errors(spec: dict, *, prefix: str) -> list[str]:
-    """KubeRay's RayCluster spec checks (also applied to a RayJob's rayClusterSpec)."""
+def raycluster_spec_errors(
+    spec: dict, *, prefix: str, annotations: dict | None = None
+) -> list[str]:
+    """KubeRay's RayCluster spec checks (also applied to a RayJob's rayClusterSpec);
+    ``annotations``: the object's (the RayCluster's, or the RayJob's)."""
     v2 = _autoscaler_v2(spec)
     errors = _group_errors(
         spec.get("headGroupSpec") or {}, f"{prefix}.headGroupSpec", autoscaler_v2=v2
@@ -174,6 +177,52 @@ def raycluster_spec_errors(spec: dict, *, prefix: str) -> list[str]:
     errors += _autoscaler_errors(spec, prefix)
     if (spec.get("authOptions") or {}).get("mode") == "token":
         errors += _auth_errors(spec.get("rayVersion"), prefix)
+    return errors + gcs_ft_errors(spec, annotations or {}, prefix=prefix)
+
+
+_FT_ANNOTATION = "ray.io/ft-enabled"
+_STORAGE_NS_ANNOTATION = "ray.io/external-storage-namespace"
+
+
+def gcs_ft_errors(spec: dict, annotations: dict, *, prefix: str) -> list[str]:
+    """KubeRay's checks of GCS fault tolerance: ``gcsFaultToleranceOptions`` and nothing
+    that configures Redis another way beside it."""
+    head = _containers(spec.get("headGroupSpec") or {})
+    env = _env(head[0]) if head else {}
+    params = (spec.get("headGroupSpec") or {}).get("rayStartParams") or {}
+    options = spec.get("gcsFaultToleranceOptions")
+    errors = []
+    if options is not None and annotations.get(_FT_ANNOTATION):
+        errors.append(
+            f"metadata.annotations.{_FT_ANNOTATION}: use only {prefix}.gcsFaultToleranceOptions"
+        )
+    ft_on = options is not None or str(annotations.get(_FT_ANNOTATION, "")).lower() == "true"
+    if not ft_on and "RAY_REDIS_ADDRESS" in env:
+        errors.append(
+            f"{prefix}.headGroupSpec: RAY_REDIS_ADDRESS needs {prefix}.gcsFaultToleranceOptions"
+        )
+    if options is not None:
+        where = f"{prefix}.gcsFaultToleranceOptions"
+        if params.get("redis-password"):
+            errors.append(
+                f"{prefix}.headGroupSpec.rayStartParams.redis-password: use {where}.redisPassword"
+            )
+        for name, field in (
+            ("REDIS_PASSWORD", "redisPassword"),
+            ("RAY_REDIS_ADDRESS", "redisAddress"),
+        ):
+            if name in env:
+                errors.append(f"{prefix}.headGroupSpec: env {name}: use {where}.{field}")
+        if annotations.get(_STORAGE_NS_ANNOTATION):
+            errors.append(
+                f"metadata.annotations.{_STORAGE_NS_ANNOTATION}: "
+                f"use {where}.externalStorageNamespace"
+            )
+    if params.get("redis-username") or "REDIS_USERNAME" in env:
+        errors.append(
+            f"{prefix}.headGroupSpec: set the Redis user in "
+            f"{prefix}.gcsFaultToleranceOptions.redisUsername"
+        )
     return errors
 
 
@@ -189,7 +238,7 @@ def _auth_errors(ray_version: str | None, prefix: str) -> list[str]:
     return []
 
 
-def rayjob_spec_errors(spec: dict) -> list[str]:
+def rayjob_spec_errors(spec: dict, *, annotations: dict | None = None) -> list[str]:
     """KubeRay's RayJob spec checks, plus rayClusterSpec xor clusterSelector."""
     errors = []
     selector, cluster = spec.get("clusterSelector"), spec.get("rayClusterSpec")
@@ -213,7 +262,9 @@ def rayjob_spec_errors(spec: dict) -> list[str]:
         errors.append("spec.backoffLimit: incompatible with InteractiveMode")
     errors += _runtime_env_errors(spec.get("runtimeEnvYAML"))
     if cluster is not None:
-        errors += raycluster_spec_errors(cluster, prefix="spec.rayClusterSpec")
+        errors += raycluster_spec_errors(
+            cluster, prefix="spec.rayClusterSpec", annotations=annotations
+        )
     return errors
 
 

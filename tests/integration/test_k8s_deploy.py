@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.k8s.manifests import RayClusterConfig, build_raycluster
+from service.k8s.manifests import GcsRedis, RayClusterConfig, build_raycluster
 from service.k8s.validate import validate_objects
 from service.settings import Settings
 from tests.support.helm import (
@@ -70,6 +70,10 @@ def test_base_has_the_promised_objects(base):
         ("Deployment", "etrain"),
         ("Service", "etrain"),
         ("RayCluster", "etrain"),
+        ("Service", "etrain-redis"),
+        ("PersistentVolumeClaim", "etrain-redis"),
+        ("Deployment", "etrain-redis"),
+        ("NetworkPolicy", "etrain-redis"),
         ("NetworkPolicy", "etrain-default-deny-ingress"),
         ("NetworkPolicy", "etrain-api"),
         ("NetworkPolicy", "etrain-ray"),
@@ -77,7 +81,24 @@ def test_base_has_the_promised_objects(base):
 
 
 def test_raycluster_file_is_the_builders_output(base):
-    assert base[("RayCluster", "etrain")] == build_raycluster(RayClusterConfig())
+    """`etrain manifests raycluster` with its defaults: GCS fault tolerance on etrain-redis."""
+    expected = build_raycluster(RayClusterConfig(gcs_redis=GcsRedis()))
+    assert base[("RayCluster", "etrain")] == expected
+    ft = expected["spec"]["gcsFaultToleranceOptions"]
+    assert ft["redisAddress"] == "etrain-redis:6379"
+    secret = ft["redisPassword"]["valueFrom"]["secretKeyRef"]
+    redis = base[("Deployment", "etrain-redis")]["spec"]["template"]["spec"]
+    (env,) = redis["containers"][0]["env"]
+    assert env["valueFrom"]["secretKeyRef"] == secret  # the one password both sides read
+    port = base[("Service", "etrain-redis")]["spec"]["ports"][0]["port"]
+    assert ft["redisAddress"].endswith(f":{port}")
+
+
+def test_chart_and_deploy_run_the_same_redis(kustomize_build):
+    deploy = _by_kind(kustomize_build(DEPLOY))
+    chart = _by_kind(render({})[0])
+    for kind in ("Service", "PersistentVolumeClaim", "Deployment"):
+        assert chart[(kind, "etrain-redis")]["spec"] == deploy[(kind, "etrain-redis")]["spec"]
 
 
 def test_raycluster_head_takes_no_work_and_gpu_group_autoscales(base):
@@ -254,6 +275,10 @@ def _may_reach(policies: list[dict], src: dict, dst: dict, port: int, *, same_ns
         ({"app": "other"}, "minio", 9000, False),
         ("minio-setup", "minio", 9000, True),
         ("ray-worker", "minio", 9001, False),
+        ("ray-head", "redis", 6379, True),  # the GCS's state
+        ("ray-worker", "redis", 6379, False),
+        ("control-plane", "redis", 6379, False),
+        ({"app": "other"}, "redis", 6379, False),
     ],
 )
 def test_network_policies_allow_only_what_etrain_needs(src, dst, port, allowed, kustomize_build):
@@ -279,7 +304,12 @@ def test_every_pod_template_is_covered_by_the_default_deny(kustomize_build):
         for o in objects
         if o["kind"] == "NetworkPolicy" and "Egress" in o["spec"]["policyTypes"]
     }
-    assert egress_locked == {"etrain-postgres", "etrain-minio", "etrain-minio-setup"}
+    assert egress_locked == {
+        "etrain-postgres",
+        "etrain-minio",
+        "etrain-minio-setup",
+        "etrain-redis",
+    }
 
 
 def test_chart_and_deploy_render_the_same_network_policies(kustomize_build):

@@ -38,6 +38,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if or .Values.postgresql.enabled .Values.database.existingSecret }}true{{ end }}
 {{- end }}
 
+{{/* Whether the chart runs a shared RayCluster, and whether it runs the Redis its GCS keeps
+its state in (GCS fault tolerance on, and no existing Redis named). */}}
+{{- define "etrain.sharedCluster" -}}
+{{- if or (eq .Values.controlPlane.backend "ray-jobs") .Values.controlPlane.sharedCluster }}true{{ end }}
+{{- end }}
+{{- define "etrain.redis" -}}
+{{- $ft := .Values.ray.gcsFaultTolerance -}}
+{{- if and (include "etrain.sharedCluster" .) $ft.enabled (not $ft.redisAddress) }}true{{ end }}
+{{- end }}
+
 {{/* Replicas of the control plane: as asked on PostgreSQL; 1 on SQLite, which takes one
 serving process (etrain serve refuses a second on the same file). */}}
 {{- define "etrain.replicas" -}}

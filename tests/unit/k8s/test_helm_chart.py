@@ -13,7 +13,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from service.k8s.manifests import RayClusterConfig, WorkerGroupConfig, build_raycluster
+from service.k8s.manifests import GcsRedis, RayClusterConfig, WorkerGroupConfig, build_raycluster
 from service.k8s.validate import ManifestError, object_errors, validate_objects
 from service.settings import Settings
 from tests.support.helm import CHART, NS, render
@@ -82,7 +82,16 @@ def _config_from_values(values: dict, *, name: str) -> RayClusterConfig:
         checkpoint_claim=f"{name}-checkpoints",
         metrics_port=ray["metricsPort"],
         auth_secret=ray["authSecret"] or None,
+        gcs_redis=_gcs_redis(ray["gcsFaultTolerance"], name=name),
     )
+
+
+def _gcs_redis(ft: dict, *, name: str) -> GcsRedis | None:
+    """``--gcs-redis`` / ``--gcs-redis-secret`` from chart values (the chart's own Redis is
+    its release's ``<name>-redis`` Service)."""
+    if not ft["enabled"]:
+        return None
+    return GcsRedis(ft["redisAddress"] or f"{name}-redis:6379", ft["passwordSecret"] or None)
 
 
 def _drop_pull_secrets(spec: dict) -> None:
@@ -98,8 +107,10 @@ def _drop_pull_secrets(spec: dict) -> None:
         "gpu-pools-values.yaml",
         {"ray": {"authSecret": "team-a-ray-token"}},
         {"ray": {"authSecret": ""}},
+        {"ray": {"gcsFaultTolerance": {"redisAddress": "redis-ha.db:6379", "passwordSecret": ""}}},
+        {"ray": {"gcsFaultTolerance": {"enabled": False}}},
     ],
-    ids=["default", "gpu-pools", "auth-secret", "no-auth"],
+    ids=["default", "gpu-pools", "auth-secret", "no-auth", "existing-redis", "no-gcs-ft"],
 )
 def test_raycluster_template_agrees_with_the_builder(values):
     values = values if isinstance(values, dict) else _values(values)
@@ -273,3 +284,24 @@ def test_one_replica_on_postgres_has_no_budget_that_blocks_drains():
     kinds, deploy = _control_plane(render(values)[0])
     assert deploy["replicas"] == 1
     assert not any(kind == "PodDisruptionBudget" for kind, _ in kinds)
+
+
+def _redis_kinds(values: dict) -> set[tuple[str, str]]:
+    return {(k, n) for k, n in _by_kind(render(values)[0]) if n == "etrain-redis"}
+
+
+def test_the_chart_runs_its_own_redis_only_for_a_gcs_without_one():
+    own = {
+        ("Service", "etrain-redis"),
+        ("PersistentVolumeClaim", "etrain-redis"),
+        ("Deployment", "etrain-redis"),
+        ("NetworkPolicy", "etrain-redis"),
+    }
+    assert _redis_kinds({}) == own
+    existing = {"ray": {"gcsFaultTolerance": {"redisAddress": "redis-ha.db:6379"}}}
+    assert _redis_kinds(existing) == set()
+    assert _redis_kinds({"ray": {"gcsFaultTolerance": {"enabled": False}}}) == set()
+    per_job = {"controlPlane": {"backend": "kuberay", "sharedCluster": False}}
+    assert _redis_kinds(per_job) == set()  # no shared cluster: each job gets its own
+    with pytest.raises(helm.HelmError, match=re.escape("ray.gcsFaultTolerance.passwordSecret")):
+        render({"ray": {"gcsFaultTolerance": {"passwordSecret": ""}}})

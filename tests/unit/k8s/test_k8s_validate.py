@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.k8s.manifests import (
+    GcsRedis,
     RayClusterConfig,
     RayJobConfig,
     WorkerGroupConfig,
@@ -288,3 +289,58 @@ def test_cli_rayjob_from_an_example_spec(cluster):
             "metrics-export-port": "8080",
             "num-gpus": "1",
         }
+
+
+def _ft_cluster() -> dict:
+    return build_raycluster(RayClusterConfig(gcs_redis=GcsRedis()))
+
+
+def _head_env(obj: dict, name: str, value: str) -> None:
+    (head,) = obj["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    head.setdefault("env", []).append({"name": name, "value": value})
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (
+            lambda o: o["metadata"].update(annotations={"ray.io/ft-enabled": "true"}),
+            "metadata.annotations.ray.io/ft-enabled: use only spec.gcsFaultToleranceOptions",
+        ),
+        (
+            lambda o: _head_env(o, "RAY_REDIS_ADDRESS", "redis:6379"),
+            "env RAY_REDIS_ADDRESS: use spec.gcsFaultToleranceOptions.redisAddress",
+        ),
+        (
+            lambda o: _head_env(o, "REDIS_PASSWORD", "x"),
+            "env REDIS_PASSWORD: use spec.gcsFaultToleranceOptions.redisPassword",
+        ),
+        (
+            lambda o: o["spec"]["headGroupSpec"]["rayStartParams"].update({"redis-password": "x"}),
+            "rayStartParams.redis-password: use spec.gcsFaultToleranceOptions.redisPassword",
+        ),
+        (
+            lambda o: o["metadata"].update(annotations={"ray.io/external-storage-namespace": "ns"}),
+            "use spec.gcsFaultToleranceOptions.externalStorageNamespace",
+        ),
+        (
+            lambda o: _head_env(o, "REDIS_USERNAME", "u"),
+            "set the Redis user in spec.gcsFaultToleranceOptions.redisUsername",
+        ),
+        (
+            lambda o: o["spec"]["gcsFaultToleranceOptions"].update(backend="etcd"),
+            "spec.gcsFaultToleranceOptions.backend",
+        ),
+    ],
+)
+def test_operator_checks_on_gcs_fault_tolerance(mutate, field):
+    obj = _ft_cluster()
+    assert object_errors(obj) == []
+    mutate(obj)
+    assert field in _one_error(obj)
+
+
+def test_redis_set_by_env_alone_is_refused():
+    obj = _cluster()
+    _head_env(obj, "RAY_REDIS_ADDRESS", "redis:6379")
+    assert "RAY_REDIS_ADDRESS needs spec.gcsFaultToleranceOptions" in _one_error(obj)

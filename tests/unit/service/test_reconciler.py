@@ -602,7 +602,7 @@ def test_a_lost_head_resubmits_every_submitted_job_once_it_is_back(
     assert backend.submitted == [] and stores.jobs.get_job(queued.id).status is JobStatus.QUEUED
     reconciler.tick()  # the head is back: the lost job goes first, then admission
     assert backend.restarts == 2
-    assert [r.submission_id for r in backend.submitted][0] == f"etrain-{running.id}-1"
+    assert backend.submitted[0].submission_id == f"etrain-{running.id}-1"
     reconciler.tick()
     assert _kinds(stores, running.id).count("resubmitted") == 1  # once per loss
 

@@ -117,12 +117,17 @@ def network_policies_deny_by_default_in_deploy_and_chart(tmp_path) -> None:
     del tmp_path
     kustomization = yaml.safe_load((DEPLOY / "base/kustomization.yaml").read_text())
     assert "networkpolicy.yaml" in kustomization["resources"]
-    deployed = list(yaml.safe_load_all((DEPLOY / "base/networkpolicy.yaml").read_text()))
+    deployed = [
+        o
+        for name in ("networkpolicy.yaml", "redis.yaml")
+        for o in yaml.safe_load_all((DEPLOY / "base" / name).read_text())
+        if o["kind"] == "NetworkPolicy"
+    ]
     charted = [o for o in render({})[0] if o["kind"] == "NetworkPolicy"]
     for policies in (deployed, charted):
         deny = [p for p in policies if p["spec"]["podSelector"] == {}]
         assert [p["spec"]["policyTypes"] for p in deny] == [["Ingress"]]
-        assert len(policies) == 3  # deny, the API's port, Ray
+        assert len(policies) == 4  # deny, the API's port, Ray, Redis (the GCS's state)
 
 
 def chart_installs_without_fetching_dependencies(tmp_path) -> None:
