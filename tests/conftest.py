@@ -90,14 +90,34 @@ def ray_backend(ray_head):
 
 
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory):
+def overlay():
+    """A second host's network for this run (tests.support.netns): a namespace at
+    ``overlay.node_ip``, reaching this machine at ``overlay.host_ip`` only."""
+    from tests.support.netns import overlay as make
+
+    with make() as net:
+        yield net
+
+
+# The session head's GCS waits 2 s (Ray: 10 s) for each health check of a node: a node
+# whose link is cut (tests.support.ray_cluster.join_node) is declared dead after about 10 s
+# instead of 35 s. A busy node still has 3 checks in a row of 2 s each to answer.
+HEALTH_CHECK_TIMEOUT_ENV = {"RAY_health_check_timeout_ms": "2000"}
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory, overlay):
     """The session's Ray head (``ray_backend`` submits to it), on free ports: another test
-    run, a dev server or a second checkout on this machine does not collide with it.
-    ``ray_head.gcs_address`` is where more nodes join (tests.support.ray_cluster.start_node).
+    run, a dev server or a second checkout on this machine does not collide with it. It
+    advertises ``overlay.host_ip``, where a node in the overlay's namespace joins it
+    (``ray_head.gcs_address``; tests.support.ray_cluster.join_node).
     """
     from service.backends.embedded import EmbeddedRay
 
-    head = EmbeddedRay(data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2)
+    head = EmbeddedRay(
+        data_dir=tmp_path_factory.mktemp("ray-head"), num_cpus=2, node_ip=overlay.host_ip
+    )
+    head.gcs_env = {**head.gcs_env, **HEALTH_CHECK_TIMEOUT_ENV}
     head.start()
     yield head
     head.stop()

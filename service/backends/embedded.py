@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
 import psutil
 
+from service.backends.ray_ports import RayPorts
 from service.errors import BackendUnavailable
-from service.ray_head import FAST_NODE_FAILURE_ENV
+from service.ray_head import FAST_NODE_FAILURE_ENV, head_env
 
 log = logging.getLogger(__name__)
 
@@ -37,43 +35,6 @@ NO_DRAIN_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 # went unused, two processes of ~45 MB (PSS) each on a 2-core node, for the head's life,
 # whose start took CPU from the first job's.
 NO_FIRST_DRIVER_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0"}
-
-# What the head (and so every job's driver and workers) inherits from this process: the
-# names below and those starting with a prefix below; nothing else. Not the admin token,
-# not the AWS_* / GOOGLE_* keys, not any ETRAIN_* (ETRAIN_SECRET_<NAME>_* are tenants'
-# keys): a job gets its own tenant's storage variables in its runtime env instead.
-HEAD_ENV_NAMES = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TMPDIR",
-        "PYTHONPATH",
-        "VIRTUAL_ENV",
-        "LD_LIBRARY_PATH",
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_HOME",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        # Storage switches that hold no secret (workers.storage.location).
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-        "STORAGE_EMULATOR_HOST",
-    }
-)
-HEAD_ENV_PREFIXES = ("LC_", "RAY_", "NCCL_", "GLOO_", "NVIDIA_")
-
-
-def head_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
-    """The allow-listed part of ``environ`` (plus the names in ``extra``) a Ray head gets."""
-    allowed = HEAD_ENV_NAMES | set(extra)
-    return {k: v for k, v in environ.items() if k in allowed or k.startswith(HEAD_ENV_PREFIXES)}
 
 
 def ensure_ray_token(data_dir: Path) -> Path | None:
@@ -99,79 +60,6 @@ def ensure_ray_token(data_dir: Path) -> Path | None:
             f.write(secrets.token_hex(32))
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
     return path
-
-
-def free_port() -> int:
-    """A TCP port no one listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class RayPorts:
-    """Every port the embedded head opens; 0 = a free one, chosen at each start.
-
-    The GCS, dashboard and Ray client ports are chosen here (this process must know
-    them), and so are the dashboard's and the autoscaler's Prometheus ports (set by
-    environment, 44227 and 44217 by default, and recorded as given); the others are
-    left to Ray, which binds port 0 and records what it got. Worker ports 0/0 mean
-    each worker binds any free port.
-    """
-
-    gcs: int = 0
-    dashboard: int = 0
-    client_server: int = 0
-    dashboard_agent_http: int = 0
-    dashboard_agent_grpc: int = 0
-    metrics_export: int = 0
-    runtime_env_agent: int = 0
-    node_manager: int = 0
-    object_manager: int = 0
-    min_worker: int = 0
-    max_worker: int = 0
-    dashboard_metrics: int = 0
-    autoscaler_metrics: int = 0
-
-    def chosen(self) -> RayPorts:
-        """These ports with a free one for each of ``CHOSEN_HERE`` left at 0."""
-        return dataclasses.replace(
-            self, **{k: free_port() for k in CHOSEN_HERE if not getattr(self, k)}
-        )
-
-    @property
-    def auto(self) -> bool:
-        """Whether a start chooses any port (so a failed start may be retried with others)."""
-        return not all(getattr(self, k) for k in CHOSEN_HERE)
-
-    def env(self) -> dict[str, str]:
-        """The variables that set the ports Ray takes from its environment."""
-        return {
-            "DASHBOARD_METRIC_PORT": str(self.dashboard_metrics),
-            "AUTOSCALER_METRIC_PORT": str(self.autoscaler_metrics),
-        }
-
-    def flags(self, *, head: bool = True) -> list[str]:
-        """The ``ray start`` flags for these ports (a node joining a head: not the head's
-        GCS, dashboard and client server ports)."""
-        names = {
-            "gcs": "port",
-            "dashboard": "dashboard-port",
-            "client_server": "ray-client-server-port",
-            "dashboard_agent_http": "dashboard-agent-listen-port",
-            "dashboard_agent_grpc": "dashboard-agent-grpc-port",
-            "metrics_export": "metrics-export-port",
-            "runtime_env_agent": "runtime-env-agent-port",
-            "node_manager": "node-manager-port",
-            "object_manager": "object-manager-port",
-            "min_worker": "min-worker-port",
-            "max_worker": "max-worker-port",
-        }
-        if not head:
-            names = {
-                k: v for k, v in names.items() if k not in ("gcs", "dashboard", "client_server")
-            }
-        return [f"--{flag}={getattr(self, field)}" for field, flag in names.items()]
 
 
 def group_members(pgid: int) -> list[int]:
@@ -223,9 +111,6 @@ class HeadExited(BackendUnavailable):
     """``ray start`` gave up while starting (e.g. a port it was given was taken)."""
 
 
-CHOSEN_HERE = ("gcs", "dashboard", "client_server", "dashboard_metrics", "autoscaler_metrics")
-
-
 class EmbeddedRay:
     """``ray start --head --block`` as a child process, with dashboard and token auth.
 
@@ -243,8 +128,12 @@ class EmbeddedRay:
         ports: RayPorts | None = None,
         fast_node_failure: bool = True,
         extra_env: Iterable[str] = (),
+        node_ip: str | None = None,
     ):
+        """``node_ip``: the address other nodes reach this head at (they join it there);
+        None: this machine's own choice (Ray's), for a head no other machine joins."""
         self.data_dir = data_dir
+        self.node_ip = node_ip
         self.gcs_env = FAST_NODE_FAILURE_ENV if fast_node_failure else {}
         self.num_cpus = num_cpus
         self.requested = ports or RayPorts()
@@ -261,7 +150,7 @@ class EmbeddedRay:
     @property
     def gcs_address(self) -> str:
         """Where another node joins this head (``ray start --address``)."""
-        return f"127.0.0.1:{self.ports.gcs}"
+        return f"{self.node_ip or '127.0.0.1'}:{self.ports.gcs}"
 
     def start(self, *, timeout: float = 120.0, attempts: int = 3) -> str:
         """Start the head and wait until its job API answers; return its address.
@@ -298,6 +187,8 @@ class EmbeddedRay:
         ]
         if self.num_cpus is not None:
             cmd.append(f"--num-cpus={self.num_cpus}")
+        if self.node_ip:
+            cmd.append(f"--node-ip-address={self.node_ip}")
         log_path = self.data_dir / "ray-head.log"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from service.backends.base import Backend
-from service.backends.embedded import EmbeddedRay, RayPorts, ensure_ray_token
+from service.backends.embedded import EmbeddedRay, ensure_ray_token
+from service.backends.node_join import join_hint
 from service.backends.ray_jobs import RayJobBackend
+from service.backends.ray_ports import RayPorts, joinable
 from service.settings.slices import (
     EmbeddedRaySettings,
     KubeRaySettings,
     RaySettings,
     StandbySettings,
 )
+
+log = logging.getLogger(__name__)
 
 
 def build_backend(ray: RaySettings) -> tuple[Backend, EmbeddedRay | None]:
@@ -23,14 +28,16 @@ def build_backend(ray: RaySettings) -> tuple[Backend, EmbeddedRay | None]:
         # An existing cluster brings its own token (RAY_AUTH_TOKEN / ~/.ray/auth_token).
         backend = RayJobBackend(ray.address, python=ray.worker_python or "python")
         return with_standby(backend, ray.standby), None
-    ensure_ray_token(ray.embedded.data_dir)
+    token_file = ensure_ray_token(ray.embedded.data_dir)
     embedded = EmbeddedRay(
         data_dir=ray.embedded.data_dir,
         num_cpus=ray.embedded.num_cpus,
         ports=embedded_ports(ray.embedded),
         extra_env=list(ray.embedded.extra_env),
+        node_ip=ray.embedded.node_ip,
     )
     address = embedded.start()
+    log.info("%s", join_hint(embedded.gcs_address, token_file))
     backend = RayJobBackend(
         address, python=ray.worker_python or sys.executable, probe_agent=True, head=embedded
     )
@@ -50,8 +57,10 @@ def with_standby(backend: RayJobBackend, standby: StandbySettings) -> RayJobBack
 
 
 def embedded_ports(embedded: EmbeddedRaySettings) -> RayPorts:
-    """The embedded head's ports from the ``ETRAIN_RAY_*_PORT`` settings (0 = a free one)."""
-    return RayPorts(**embedded.ports)
+    """The embedded head's ports from the ``ETRAIN_RAY_*_PORT`` settings: 0 = a free one,
+    or, on a head other machines join (``ETRAIN_RAY_NODE_IP``), its join port."""
+    ports = RayPorts(**embedded.ports)
+    return joinable(ports) if embedded.node_ip else ports
 
 
 def build_kuberay_backend(kuberay: KubeRaySettings) -> Backend:

@@ -9,7 +9,7 @@ This module is the CLI's composition root: it holds the process-wide knobs
 (consoles, the HTTP transport, the pause between polls), turns them into each
 invocation's :class:`~service.cli.common.Session`, and registers the commands
 of :mod:`.jobs`, :mod:`.plan`, :mod:`.export`, :mod:`.generate`, :mod:`.data`, :mod:`.manifests`,
-:mod:`.tokens` and :mod:`.report`.
+:mod:`.tokens`, :mod:`.node` and :mod:`.report`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 import service.cli.report_compare as report_compare
-from service.cli import data, export, generate, jobs, manifests, plan, report, tokens
+from service.cli import data, export, generate, jobs, manifests, node, plan, report, tokens
 from service.cli.common import EXIT_API_ERROR, EXIT_INTERRUPTED, Session
 from service.client import DEFAULT_URL
 
@@ -71,6 +71,7 @@ export.register(app)
 generate.register(app)
 data.register(app)
 tokens.register(app)
+node.register(app)
 report.register(app)
 report_compare.register(report.report_app)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.ray_head import GPU_MEMORY_LABEL
+
 GIB = 1024**3
 
 
@@ -306,9 +308,6 @@ def mixed_gpu_nodes(nodes: list[dict]) -> list[tuple[dict, dict]] | None:
     if not each or None in each or len({e["gpu_memory_gb"] for e in each}) < 2:
         return None
     return list(zip(gpu, each, strict=True))
-
-
-GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb"  # a node label, where Ray cannot read the GPUs
 
 
 def gpu_node_of(node: dict) -> dict | None:

@@ -14,6 +14,12 @@ from service.settings import warm_pool_docs as docs
 from service.settings.slices import RAY_PORTS, TenantQuota
 
 
+def _port(what: str):
+    """An ``ETRAIN_RAY_*_PORT`` field: 0 = a free port, or with ETRAIN_RAY_NODE_IP the
+    documented join port (service/backends/ray_ports.py JOIN_PORTS)."""
+    return Field(0, ge=0, le=65535, description=f"{what}; 0 = {docs.PORT_ZERO}.")
+
+
 class Settings(BaseSettings):
     """Control-plane settings: the one reader of the flat ``ETRAIN_*`` environment. Its
     properties (``policy``, ``quotas``, ``ray``, ...) cut it into the slices of
@@ -50,45 +56,20 @@ class Settings(BaseSettings):
         "interpreter for the embedded Ray, 'python' for an external cluster.",
     )
     ray_num_cpus: int | None = Field(None, description="CPUs of the embedded Ray head.")
-    ray_dashboard_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray dashboard (job API) port; 0 = a free port."
-    )
-    ray_gcs_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray GCS port; 0 = a free port."
-    )
-    ray_client_server_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray client server port; 0 = a free port."
-    )
-    ray_dashboard_agent_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray dashboard agent HTTP port; 0 = a free port."
-    )
-    ray_dashboard_agent_grpc_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray dashboard agent gRPC port; 0 = a free port."
-    )
-    ray_metrics_export_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray Prometheus metrics port; 0 = a free port."
-    )
-    ray_runtime_env_agent_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray runtime-env agent port; 0 = a free port."
-    )
-    ray_node_manager_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray node manager port; 0 = a free port."
-    )
-    ray_object_manager_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray object manager port; 0 = a free port."
-    )
-    ray_min_worker_port: int = Field(
-        0, ge=0, le=65535, description="Lowest port of embedded Ray workers; 0 = any free port."
-    )
-    ray_max_worker_port: int = Field(
-        0, ge=0, le=65535, description="Highest port of embedded Ray workers; 0 = any free port."
-    )
-    ray_dashboard_metrics_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray dashboard's Prometheus port; 0 = a free port."
-    )
-    ray_autoscaler_metrics_port: int = Field(
-        0, ge=0, le=65535, description="Embedded Ray autoscaler's Prometheus port; 0 = a free port."
-    )
+    ray_node_ip: str | None = Field(None, description=docs.RAY_NODE_IP)
+    ray_dashboard_port: int = _port("Embedded Ray dashboard (job API) port")
+    ray_gcs_port: int = _port("Embedded Ray GCS port")
+    ray_client_server_port: int = _port("Embedded Ray client server port")
+    ray_dashboard_agent_port: int = _port("Embedded Ray dashboard agent HTTP port")
+    ray_dashboard_agent_grpc_port: int = _port("Embedded Ray dashboard agent gRPC port")
+    ray_metrics_export_port: int = _port("Embedded Ray Prometheus metrics port")
+    ray_runtime_env_agent_port: int = _port("Embedded Ray runtime-env agent port")
+    ray_node_manager_port: int = _port("Embedded Ray node manager port")
+    ray_object_manager_port: int = _port("Embedded Ray object manager port")
+    ray_min_worker_port: int = _port("Lowest port of embedded Ray workers")
+    ray_max_worker_port: int = _port("Highest port of embedded Ray workers")
+    ray_dashboard_metrics_port: int = _port("Embedded Ray dashboard's Prometheus port")
+    ray_autoscaler_metrics_port: int = _port("Embedded Ray autoscaler's Prometheus port")
     ray_head_env: str = Field(
         "",
         description="Comma-separated names of more variables the embedded Ray head (and so "
@@ -353,6 +334,7 @@ class Settings(BaseSettings):
             num_cpus=self.ray_num_cpus,
             ports={name: getattr(self, field) for name, field in RAY_PORTS.items()},
             extra_env=tuple(n.strip() for n in self.ray_head_env.split(",") if n.strip()),
+            node_ip=self.ray_node_ip,
         )
         standby = slices.StandbySettings(
             self.standby_drivers,

@@ -153,6 +153,7 @@ class EmbeddedRaySettings:
     num_cpus: int | None
     ports: Mapping[str, int]  # by ``backends.embedded.RayPorts`` field; 0 = a free one
     extra_env: tuple[str, ...]  # more variables the head inherits (ETRAIN_RAY_HEAD_ENV)
+    node_ip: str | None = None  # the address other machines join it at (ETRAIN_RAY_NODE_IP)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What the warm pool's settings mean (``Settings`` field descriptions; the settings
-reference in docs/ is generated from them)."""
+"""What the warm pool's and the embedded head's settings mean (``Settings`` field
+descriptions; the settings reference in docs/ is generated from them)."""
 
 STANDBY_DRIVERS = (
     "Job drivers kept started and warm ahead of the next job (ray-jobs backend): each is a "
@@ -30,3 +30,12 @@ POOL_IDLE = (
     "Seconds without a job after which the warm pool stops its standby drivers and their "
     "processes; the next job starts cold and brings them back."
 )
+
+# The embedded head other machines join (etrain node join; docs/nodes.md).
+RAY_NODE_IP = (
+    "Address other machines reach the embedded Ray head at (e.g. its WireGuard or Tailscale "
+    "address): the head advertises it and `etrain node join` joins it there, and its ports "
+    "left at 0 take the documented join ports instead of free ones; unset = Ray's choice, "
+    "for a head no other machine joins."
+)
+PORT_ZERO = "a free port (with ETRAIN_RAY_NODE_IP set: its join port, docs/nodes.md)"

@@ -173,6 +173,10 @@ def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory
                 assert not leaked, f"{job_id} saw {leaked}"
                 assert not [n for n in names if n.startswith("ETRAIN_SECRET_")]
 
+        # Each printed how another machine joins its head (the token file named, not its text).
+        hint = "etrain node join --head 127.0.0.1:6530 --token-file <a copy of "
+        assert hint in serves[0].log.read_text()
+
         # No log line per cluster poll (service) or per telemetry post (the job's logs).
         for s, c, job_id in zip(serves, clients, jobs, strict=True):
             assert "HTTP Request:" not in s.log.read_text()

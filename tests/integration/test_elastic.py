@@ -1,8 +1,9 @@
 """Elastic training on real Ray nodes: grow when a node joins, shrink when one is lost.
 
-The session head has 2 CPUs; the test starts a second Ray node (2 CPUs) on this
-machine and later kills it (SIGKILL to its raylet's process group). The job
-asks for 2..4 workers, so it starts at 2, grows to 4 and falls back to 2. Steps
+The session head has 2 CPUs; a second Ray node (2 CPUs) joins it from another network (a
+namespace of its own, tests.support.netns) by ``etrain node join``, after a join with a
+wrong token was refused; later its link is cut. The job asks for 2..4 workers, so it
+starts at 2, grows to 4 and falls back to 2. Steps
 are slowed down (tests.support.faults throttle file) while the test adds and removes
 nodes: 2 s a step while it waits for the cluster, so the job cannot end before the nodes
 come and go (about 60 s of throttled steps in a 40-step job: growing and shrinking take
@@ -24,7 +25,7 @@ import torch
 from service.backends.base import RunState
 from tests.support.faults import fault_env
 from tests.support.polling import wait_for
-from tests.support.ray_cluster import start_node, submit_job, wait_for_job
+from tests.support.ray_cluster import join_node, submit_job, wait_for_job
 from workers.contract import SPARES_WAIT_OVER, WARM_WORKER_ENV
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -119,12 +120,30 @@ def _is_train_worker(proc: psutil.Process) -> bool:
         return False
 
 
+def _token_file(tmp_path: Path) -> Path:
+    """The session's Ray token as a file (a copy, as an operator hands one to a new node)."""
+    if token := os.environ.get("RAY_AUTH_TOKEN"):
+        path = tmp_path / "ray_auth_token"
+        path.write_text(token)
+        return path
+    return Path(os.environ["RAY_AUTH_TOKEN_PATH"])
+
+
+def _alive_ips(ray_backend) -> list[str]:
+    return sorted(n["ip"] for n in ray_backend.cluster().nodes)
+
+
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
-    ray_backend, ray_head, telemetry_sink, tmp_path
+    ray_backend, ray_head, overlay, telemetry_sink, tmp_path
 ):
     job_id = f"j-elastic-{uuid.uuid4().hex[:6]}"
     spec = _spec(tmp_path)
     throttle = tmp_path / "slow"
+    # A node with the wrong token is refused (while the job starts): nothing runs there.
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text("0" * 64)
+    node = None
+    refused = join_node(ray_head, overlay, cpus=2, token_file=wrong, log=tmp_path / "no.log")
     _submit(ray_backend, telemetry_sink, job_id=job_id, spec=spec, throttle=throttle)
     sizes = lambda: [m["world_size"] for m in telemetry_sink.items("metrics", job_id)]  # noqa: E731
 
@@ -132,14 +151,22 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
         events = [(e["kind"], e["message"][:160]) for e in telemetry_sink.items("events", job_id)]
         steps = [(m["step"], m["world_size"]) for m in telemetry_sink.items("metrics", job_id)]
         logs = ray_backend.logs(f"it-{job_id}")[-2500:]
-        return f"events={events} last steps={steps[-8:]} logs={logs}"
+        node_log = (tmp_path / "node.log").read_text()[-1500:] if node else ""
+        return f"events={events} last steps={steps[-8:]} logs={logs} node log={node_log}"
 
     wait_for(lambda: len(sizes()) >= 3, timeout=240, what="training at 2 workers")
     assert set(sizes()) == {2}
+    assert refused.wait(120) != 0
+    assert "Authentication token is missing or incorrect" in (tmp_path / "no.log").read_text()
+    assert _alive_ips(ray_backend) == [overlay.host_ip] and overlay.pids() == []
     _pace(throttle, WAITING_S)
-    node = start_node(ray_head, cpus=2)
+    node = join_node(
+        ray_head, overlay, cpus=2, token_file=_token_file(tmp_path), log=tmp_path / "node.log"
+    )
     try:
         wait_for(lambda: sizes()[-1] == 4, timeout=180, what="growing to 4 workers", detail=detail)
+        both = sorted([overlay.host_ip, overlay.node_ip])  # the dashboard's view may lag
+        wait_for(lambda: _alive_ips(ray_backend) == both, timeout=30, what="the node listed")
         # The new node's workers run in the spares asked for when it joined: the oldest
         # worker-actor processes there (fresh ones would start after the resize, and the
         # spares asked for after the grown group's first step later still).
@@ -165,16 +192,18 @@ def test_grows_and_shrinks_with_nodes_and_keeps_the_math(
             detail=detail,
         )
         _pace(throttle, WAITING_S)
+        overlay.cut()  # the node is lost: its link goes down, its processes run on
+        shrunk_at = len(sizes())
+        wait_for(
+            lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2,
+            timeout=180,
+            what="back at 2",
+            detail=detail,
+        )
     finally:
-        os.killpg(node.pid, signal.SIGKILL)  # the node is lost, with its workers
+        os.killpg(node.pid, signal.SIGKILL)
         node.wait()
-    shrunk_at = len(sizes())
-    wait_for(
-        lambda: len(sizes()) > shrunk_at and sizes()[-1] == 2,
-        timeout=180,
-        what="back at 2",
-        detail=detail,
-    )
+        overlay.mend()
     throttle.unlink()
     state = wait_for_job(ray_backend, f"it-{job_id}", timeout=400)
     assert state == RunState.SUCCEEDED, ray_backend.logs(f"it-{job_id}")[-3000:]

@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from service.backends.base import LaunchRequest
-from service.backends.embedded import EmbeddedRay, HeadExited, RayPorts
+from service.backends.embedded import EmbeddedRay, HeadExited
 from service.backends.ray_jobs import RayJobBackend
+from service.backends.ray_ports import RayPorts
 from service.errors import BackendUnavailable
 
 

@@ -7,10 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from service.backends.base import Backend, LaunchRequest, RunState
-from service.backends.embedded import EmbeddedRay, RayPorts, head_env
+from service.backends.embedded import EmbeddedRay
+from service.backends.ray_ports import RayPorts
+from service.ray_head import head_env
+from tests.support.netns import Overlay
 from tests.support.polling import wait_for
 from workers.contract import REPORT_TOKEN_ENV, REPORT_URL_ENV
 
@@ -33,6 +37,34 @@ def start_node(head: EmbeddedRay, *, cpus: int) -> subprocess.Popen:
         command,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=head_env(os.environ),
+    )
+
+
+def join_node(
+    head: EmbeddedRay, net: Overlay, *, cpus: int, token_file: Path, log: Path
+) -> subprocess.Popen:
+    """A Ray node joining ``head`` from the namespace of ``net``, as an operator would join
+    another machine: ``etrain node join`` with a token file, on the documented join ports.
+    It runs in a process group of its own (``ip netns exec`` execs the command, which execs
+    ``ray start``): killing the group takes its raylet and workers down. Its session folder
+    is a short one under /tmp (Ray's socket paths must stay under 108 bytes)."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="etrain-node-", dir="/tmp"))
+    etrain = str(Path(sys.executable).with_name("etrain"))
+    command = [
+        etrain,
+        "node",
+        "join",
+        f"--head={head.gcs_address}",
+        f"--token-file={token_file}",
+        f"--num-cpus={cpus}",
+        f"--temp-dir={temp_dir}",
+    ]
+    return subprocess.Popen(
+        net.command(command),
+        start_new_session=True,
+        stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=head_env(os.environ),
     )

@@ -41,6 +41,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from workers import collective_net
 from workers.contract import STANDBY_ID_ENV, WARM_WORKER_ENV
 from workers.ray_compat import (
     RUN_ACTOR_MODULES,
@@ -140,6 +141,7 @@ def setup_hook() -> None:
         for name in (*RUN_ACTOR_IMPORTS, *(CONTROLLER_IMPORTS if torch else ())):
             importlib.import_module(name)
         return
+    collective_net.pin_to_node_ip()  # before its process group starts: reachable by the others
     warming = _spare_file(WARMING)
     warming.touch()
     # Only a worker's process pauses (speculation): no other Ray job's actor can run in

@@ -36,7 +36,7 @@ def test_without_one_a_private_token_file_is_created(tmp_path, monkeypatch):
 
 
 def test_every_port_ray_opens_is_set_and_free_ones_are_chosen_per_start():
-    from service.backends.embedded import RayPorts
+    from service.backends.ray_ports import RayPorts
 
     chosen = RayPorts().chosen()
     flags = dict(f.lstrip("-").split("=") for f in chosen.flags())
@@ -95,7 +95,7 @@ def test_defaults_leave_every_port_free():
 
 
 def test_the_head_inherits_only_allow_listed_variables():
-    from service.backends.embedded import head_env
+    from service.ray_head import head_env
 
     service_env = {
         "PATH": "/usr/bin",

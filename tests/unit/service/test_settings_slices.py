@@ -18,7 +18,7 @@ import pytest
 
 from service import server
 from service.backends import factory
-from service.backends.embedded import RayPorts
+from service.backends.ray_ports import RayPorts
 from service.domain import access_policy, queue_view, ray_dashboard, reconciler, scheduler
 from service.domain import submission as submission_module
 from service.settings import Settings, slices
