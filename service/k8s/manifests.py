@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from service.k8s.gcs_redis import DEFAULT_GCS_REDIS as DEFAULT_GCS_REDIS  # the CLI's
+from service.k8s.gcs_redis import DEFAULT_REDIS_SECRET as DEFAULT_REDIS_SECRET
+from service.k8s.gcs_redis import GcsRedis
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
 from service.k8s.pod_security import CHECKPOINT_MOUNT as CHECKPOINT_MOUNT  # the CLI's default
 from service.k8s.pod_security import (
@@ -53,29 +56,6 @@ class WorkerGroupConfig:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping, ...] = ()
     shm_size: str = "32Gi"
-
-
-# GCS fault tolerance: the GCS keeps its tables in this Redis, so a head pod that restarts
-# finds its nodes, actors and jobs again and the worker pods live on (deploy/base/redis.yaml,
-# the chart's ray.gcsFaultTolerance). The password comes from key ``password`` of a Secret.
-DEFAULT_GCS_REDIS = "etrain-redis:6379"
-DEFAULT_REDIS_SECRET = "etrain-redis"
-
-
-@dataclass(frozen=True)
-class GcsRedis:
-    """The Redis a RayCluster's GCS keeps its state in (KubeRay ``gcsFaultToleranceOptions``)."""
-
-    address: str = DEFAULT_GCS_REDIS  # host:port (or redis:// / rediss:// URL)
-    password_secret: str | None = DEFAULT_REDIS_SECRET  # Secret with key ``password``; None: none
-
-    def options(self) -> dict:
-        """The ``spec.gcsFaultToleranceOptions`` object."""
-        options: dict = {"redisAddress": self.address}
-        if self.password_secret:
-            ref = {"name": self.password_secret, "key": "password"}
-            options["redisPassword"] = {"valueFrom": {"secretKeyRef": ref}}
-        return options
 
 
 @dataclass(frozen=True)
