@@ -14,13 +14,11 @@ from typing import Annotated
 import typer
 import yaml
 
+from service.k8s.gcs_redis import DEFAULT_GCS_REDIS, DEFAULT_REDIS_SECRET, GcsRedis
 from service.k8s.manifests import (
     CHECKPOINT_MOUNT,
-    DEFAULT_GCS_REDIS,
     DEFAULT_RAY_AUTH_SECRET,
-    DEFAULT_REDIS_SECRET,
     DEFAULT_WORKER_IMAGE,
-    GcsRedis,
     RayClusterConfig,
     RayJobConfig,
     WorkerGroupConfig,

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from service.k8s.gcs_redis import DEFAULT_GCS_REDIS as DEFAULT_GCS_REDIS  # the CLI's
-from service.k8s.gcs_redis import DEFAULT_REDIS_SECRET as DEFAULT_REDIS_SECRET
 from service.k8s.gcs_redis import GcsRedis
 from service.k8s.operator_checks import MAX_RAYJOB_NAME
 from service.k8s.pod_security import CHECKPOINT_MOUNT as CHECKPOINT_MOUNT  # the CLI's default

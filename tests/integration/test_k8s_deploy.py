@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.k8s.manifests import GcsRedis, RayClusterConfig, build_raycluster
+from service.k8s.gcs_redis import GcsRedis
+from service.k8s.manifests import RayClusterConfig, build_raycluster
 from service.k8s.validate import validate_objects
 from service.settings import Settings
 from tests.support.helm import (

@@ -13,7 +13,8 @@ import helm_python as helm
 import pytest
 import yaml
 
-from service.k8s.manifests import GcsRedis, RayClusterConfig, WorkerGroupConfig, build_raycluster
+from service.k8s.gcs_redis import GcsRedis
+from service.k8s.manifests import RayClusterConfig, WorkerGroupConfig, build_raycluster
 from service.k8s.validate import ManifestError, object_errors, validate_objects
 from service.settings import Settings
 from tests.support.helm import CHART, NS, render

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from service.cli import app
+from service.k8s.gcs_redis import GcsRedis
 from service.k8s.manifests import (
-    GcsRedis,
     RayClusterConfig,
     RayJobConfig,
     WorkerGroupConfig,
