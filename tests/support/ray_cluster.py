@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.backends.embedded import EmbeddedRay
+from service.backends.node_join import join_hint
 from service.backends.ray_ports import RayPorts
 from service.ray_head import head_env
 from tests.support.netns import Overlay
@@ -51,12 +53,13 @@ def join_node(
     ``ray start``): killing the group takes its raylet and workers down. Its session folder
     is a short one under /tmp (Ray's socket paths must stay under 108 bytes)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="etrain-node-", dir="/tmp"))
-    etrain = str(Path(sys.executable).with_name("etrain"))
+    # The command `etrain serve` prints for this head, the token file filled in.
+    printed = join_hint(head.gcs_address, None).split("with: ", 1)[1]
+    etrain, *args = shlex.split(printed.split(" --token-file", 1)[0])
+    assert etrain == "etrain", printed
     command = [
-        etrain,
-        "node",
-        "join",
-        f"--head={head.gcs_address}",
+        str(Path(sys.executable).with_name("etrain")),
+        *args,
         f"--token-file={token_file}",
         f"--num-cpus={cpus}",
         f"--temp-dir={temp_dir}",

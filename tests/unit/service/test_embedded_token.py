@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import types
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,26 @@ def test_ports_an_operator_pins_are_kept():
     assert (ports.gcs, ports.dashboard, ports.dashboard_agent_http) == (6400, 8300, 52400)
     assert "--dashboard-agent-listen-port=52400" in ports.flags()
     assert "--port=6400" not in ports.flags(head=False)
+
+
+def test_a_head_other_machines_join_takes_the_join_ports_where_none_is_pinned():
+    from service.backends.factory import embedded_ports
+    from service.backends.node_join import join_hint, ray_start_args
+    from service.backends.ray_ports import JOIN_PORTS
+    from service.settings import Settings
+
+    joinable = Settings(ray_node_ip="10.10.0.1", ray_gcs_port=6400)
+    ports = embedded_ports(joinable.ray.embedded)
+    assert ports.gcs == 6400 and ports.node_manager == JOIN_PORTS.node_manager == 6380
+    assert not ports.auto  # nothing left to chance: a firewall can name them all
+    assert (ports.min_worker, ports.max_worker) == (10002, 10201)
+    # A node joins on the same documented ports, never the head's own three.
+    args = ray_start_args("10.10.0.1:6400", num_gpus=2, gpu_memory_gb=24)
+    assert "--node-manager-port=6380" in args and "--min-worker-port=10002" in args
+    assert not [a for a in args if a.startswith(("--port=", "--dashboard-port="))]
+    assert args[-2:] == ["--num-gpus=2", "--labels=etrain.io/gpu-memory-gb=24"]
+    hint = join_hint("10.10.0.1:6400", Path("/srv/etrain/ray_auth_token"))
+    assert "etrain node join --head 10.10.0.1:6400 --token-file <a copy of /srv/" in hint
 
 
 def test_defaults_leave_every_port_free():
