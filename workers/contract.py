@@ -127,6 +127,7 @@ class EventKind(str, enum.Enum):
     REQUEUED = "requeued"
     STARTED = "started"
     RESUBMITTED = "resubmitted"
+    CLUSTER_UNREACHABLE = "cluster_unreachable"  # the Ray cluster did not answer for a while
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"

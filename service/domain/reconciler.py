@@ -16,7 +16,7 @@ from service.domain.leadership import FencedJobs, Leadership, NotLeader
 from service.domain.nvme_policy import nvme_env
 from service.domain.queue_view import admission, pin_gpu_nodes
 from service.domain.recovery import decide_recovery
-from service.domain.scheduler import Demand, WaitCode, Waiting
+from service.domain.scheduler import WaitCode, Waiting
 from service.domain.states import change_status
 from service.domain.storage_check import storage_launch_env
 from service.domain.submit_backoff import SubmitBackoff
@@ -33,6 +33,8 @@ from workers.contract import (
 
 log = logging.getLogger(__name__)
 ACTIVE = {JobStatus.PENDING, JobStatus.RUNNING}
+# An active job gets a cluster_unreachable event once Ray has not answered for this long.
+UNREACHABLE_EVENT_S = 5.0
 # A woken tick starts WAKE_GAP_S and 1 / TICK_SHARE times the last tick's CPU after it began,
 # at most a period: a tick reads the whole queue (40 ms for 2,000), a burst shares one.
 WAKE_GAP_S, TICK_SHARE = 0.1, 0.1
@@ -40,17 +42,6 @@ WAKE_GAP_S, TICK_SHARE = 0.1, 0.1
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def demand_of(job: JobRecord) -> Demand:
-    """Resources a job holds (or needs) at its minimum worker count."""
-    res = job.spec.resources
-    return Demand.for_spec(
-        job.id,
-        min_workers=job.min_workers,
-        cpus_per_worker=res.cpus_per_worker,
-        gpus_per_worker=res.gpus_per_worker,
-    )
 
 
 # A job is starting from its admission to its first step, for at most this long.
@@ -94,6 +85,8 @@ class Reconciler:
         self._tokens: dict[str, str] = {}
         # job id -> the waiting reason last recorded, so a tick writes only what changed.
         self._waiting: dict[str, WaitCode] = {}
+        self.clock = clock
+        self._down_since: float | None = None  # when the cluster stopped answering
 
     def tick(self) -> None:
         """Follow active jobs, then admit queued ones into the room that is left."""
@@ -112,10 +105,38 @@ class Reconciler:
                 self._follow(job)
             except BackendUnavailable as e:
                 log.warning("reconciler: backend unavailable while following %s: %s", job.id, e)
+                self._unreachable(active, e)
                 return
+        self._down_since = None
         self._admit()
         # After admission: replaces a standby a job just took, once that job is going.
         self._keep_standby(self.jobs.list_jobs_fifo(ACTIVE))
+
+    def _unreachable(self, active: list[JobRecord], error: Exception) -> None:
+        """Ray has not answered for UNREACHABLE_EVENT_S: one event per submitted job and
+        outage. Its jobs are followed again once it answers (resubmitted if it lost them)."""
+        now = self.clock()
+        self._down_since = self._down_since if self._down_since is not None else now
+        if now - self._down_since < UNREACHABLE_EVENT_S:
+            return
+        message = (
+            f"the Ray cluster has not answered for {now - self._down_since:.0f}s "
+            f"({_tail(str(error), 300)}); the job is followed again once it does"
+        )
+        outage = f"unreachable:{self._down_since:.0f}"
+        self.stores.events.add_events(
+            [
+                (
+                    job.id,
+                    EventKind.CLUSTER_UNREACHABLE,
+                    message,
+                    None,
+                    f"{outage}:{job.submission_id}",
+                )
+                for job in active
+                if job.submission_id
+            ]
+        )
 
     def _head_lost(self, active: list[JobRecord], why: str) -> None:
         """The head is gone and every submitted job's driver and workers with it: each such

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 # Long enough that each job still trains when it is interrupted (past step 30 / 20) and
 # for a while after (a restart, a new service), at about 0.3 s a step on two cores.
-KILL_STEPS = 100
-RESTART_STEPS = 160
+KILL_STEPS = 70
+RESTART_STEPS = 110
 
 
 def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:

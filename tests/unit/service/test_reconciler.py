@@ -498,6 +498,31 @@ def test_backend_unavailable_while_following_admits_nothing(stores, tenant, back
     assert stores.jobs.get_job(queued.id).status is JobStatus.PENDING
 
 
+def test_a_cluster_that_stops_answering_is_an_event_once_per_outage(
+    stores, tenant, backend, reconciler, clock
+):
+    job = _submitted(stores, _job(stores, tenant))
+    backend.status_error = BackendUnavailable("connection refused")
+    reconciler.tick()  # a blip is no event
+    clock.now += 4
+    reconciler.tick()
+    assert "cluster_unreachable" not in _kinds(stores, job.id)
+    clock.now += 2
+    reconciler.tick()
+    clock.now += 10
+    reconciler.tick()
+    (event,) = [e for e in stores.events.list_events(job.id) if e.kind == "cluster_unreachable"]
+    assert event.message.startswith("the Ray cluster has not answered for 6s (connection refused)")
+    backend.status_error = None
+    reconciler.tick()  # back: followed as before; a new outage is a new event
+    backend.status_error = BackendUnavailable("timed out")
+    for _ in range(2):
+        reconciler.tick()
+        clock.now += 6
+    assert _kinds(stores, job.id).count("cluster_unreachable") == 2
+    assert stores.jobs.get_job(job.id).status is JobStatus.PENDING  # nothing else changed
+
+
 def test_admitted_but_unsubmitted_job_is_submitted_on_the_next_tick(
     stores, tenant, backend, reconciler
 ):
