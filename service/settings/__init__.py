@@ -272,8 +272,10 @@ class Settings(BaseSettings):
         """Where workers send telemetry."""
         if self.public_url:
             return self.public_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
+        # Listening everywhere: the address the head's other nodes reach, else loopback.
+        if self.host in ("0.0.0.0", "::"):
+            return f"http://{self.ray_node_ip or '127.0.0.1'}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     # -- the slices each service takes (service.settings.slices) --
 

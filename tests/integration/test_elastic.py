@@ -26,6 +26,7 @@ from service.backends.base import RunState
 from tests.support.faults import fault_env
 from tests.support.polling import wait_for
 from tests.support.ray_cluster import join_node, submit_job, wait_for_job
+from tests.support.telemetry_sink import TelemetrySink
 from workers.contract import SPARES_WAIT_OVER, WARM_WORKER_ENV
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
@@ -131,6 +132,16 @@ def _token_file(tmp_path: Path) -> Path:
 
 def _alive_ips(ray_backend) -> list[str]:
     return sorted(n["ip"] for n in ray_backend.cluster().nodes)
+
+
+@pytest.fixture
+def telemetry_sink(overlay):
+    """A telemetry receiver the node in the overlay's namespace reaches too (any rank may
+    land there, rank 0 with the metrics among them), at this machine's overlay address."""
+    sink = TelemetrySink(host=overlay.host_ip)
+    yield sink
+    sink.close()
+    assert sink.refused == []
 
 
 def test_grows_and_shrinks_with_nodes_and_keeps_the_math(

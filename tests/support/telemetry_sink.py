@@ -19,9 +19,10 @@ from workers.contract import TelemetryBatch
 
 
 class TelemetrySink:
-    """A real HTTP endpoint on loopback that records every posted batch."""
+    """A real HTTP endpoint on loopback (or at ``host``, one of this machine's addresses)
+    that records every posted batch."""
 
-    def __init__(self):
+    def __init__(self, host: str = "127.0.0.1"):
         self.batches: list[dict] = []
         self.refused: list[str] = []  # why each refused batch was refused
         self._lock = threading.Lock()
@@ -50,8 +51,8 @@ class TelemetrySink:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def items(self, key: str, job_id: str) -> list[dict]:

@@ -101,6 +101,16 @@ def test_a_head_other_machines_join_takes_the_join_ports_where_none_is_pinned():
     assert "etrain node join --head 10.10.0.1:6400 --token-file <a copy of /srv/" in hint
 
 
+def test_workers_on_other_nodes_report_to_the_heads_address():
+    from service.settings import Settings
+
+    assert Settings(host="0.0.0.0", port=8000).report_url == "http://127.0.0.1:8000"
+    joinable = Settings(host="0.0.0.0", port=8000, ray_node_ip="10.10.0.1")
+    assert joinable.report_url == "http://10.10.0.1:8000"
+    public = Settings(ray_node_ip="10.10.0.1", public_url="https://etrain.lan/")
+    assert public.report_url == "https://etrain.lan"
+
+
 def test_defaults_leave_every_port_free():
     from service.settings import Settings
 
