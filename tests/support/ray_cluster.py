@@ -13,7 +13,7 @@ from pathlib import Path
 
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.backends.embedded import EmbeddedRay
-from service.backends.node_join import join_hint
+from service.backends.node_join import join_hint, ray_start_args
 from service.backends.ray_ports import RayPorts
 from service.ray_head import head_env
 from tests.support.netns import Overlay
@@ -25,16 +25,7 @@ def start_node(head: EmbeddedRay, *, cpus: int) -> subprocess.Popen:
     """Another Ray node joining ``head``, in its own process group (so that killing the
     group takes its raylet and workers down as a lost node would). Its ports are free ones
     (0: Ray's choice), like the head's, and it gets the head's allow-listed environment."""
-    ray = str(Path(sys.executable).with_name("ray"))
-    command = [
-        ray,
-        "start",
-        f"--address={head.gcs_address}",
-        f"--num-cpus={cpus}",
-        "--block",
-        "--disable-usage-stats",
-        *RayPorts().flags(head=False),
-    ]
+    command = ray_start_args(head.gcs_address, num_cpus=cpus, ports=RayPorts())
     return subprocess.Popen(
         command,
         start_new_session=True,
