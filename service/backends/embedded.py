@@ -72,13 +72,14 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_group(pgid: int, grace: float = 5.0) -> None:
-    """SIGTERM what is left in process group ``pgid``; SIGKILL what outlives ``grace`` s.
+def stop_group(pgid: int, grace: float = 5.0, *, kill: bool = False) -> None:
+    """SIGTERM what is left in process group ``pgid``; SIGKILL what outlives ``grace`` s
+    (at once with ``kill``).
 
     Returns once no live process is left in it (zombies, which only their parent can
     remove, do not count).
     """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in (signal.SIGKILL,) if kill else (signal.SIGTERM, signal.SIGKILL):
         if not group_members(pgid):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -92,7 +93,10 @@ def stop_blocking_start(proc: subprocess.Popen, timeout: float) -> None:
     """Stop a running ``ray start --block`` child (started in a session of its own) and all
     it started; of one that exited already (one of its Ray processes died), what it left."""
     if proc.poll() is not None:
-        stop_group(proc.pid)
+        # A head whose GCS or raylet died has nothing left to shut down in order: what
+        # it leaves (dashboard, its modules) waited out the SIGTERM grace, 5 s of the
+        # restart's 12.
+        stop_group(proc.pid, kill=True)
         return
     # SIGTERM to `ray start --block` makes it stop all Ray processes it started.
     proc.send_signal(signal.SIGTERM)

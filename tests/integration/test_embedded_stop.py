@@ -54,6 +54,17 @@ def test_what_ignores_sigterm_is_killed_after_the_grace():
     assert took >= 1, f"SIGKILL came before the grace ({took:.2f} s)"
 
 
+def test_a_dead_heads_leftovers_are_killed_without_the_grace():
+    """What a head whose GCS died leaves behind has nothing to finish: no SIGTERM grace."""
+    leader = _group("(trap '' TERM; while :; do sleep 0.1; done) & exit 0")
+    leader.wait(10)
+    stubborn = _wait_for_members(leader.pid, 1)
+    start = time.monotonic()
+    stop_group(leader.pid, grace=5, kill=True)
+    assert time.monotonic() - start < 2
+    assert all(_gone(pid) for pid in stubborn)
+
+
 def test_an_empty_group_returns_at_once():
     leader = _group("exit 0")
     leader.wait(10)
