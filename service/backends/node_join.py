@@ -9,6 +9,7 @@ travels as a file (``RAY_AUTH_TOKEN_PATH``), never on a command line.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,11 +18,17 @@ from service.backends.ray_ports import JOIN_PORTS, RayPorts
 from service.ray_head import GPU_MEMORY_LABEL
 
 
+def join_command(gcs_address: str) -> list[str]:
+    """``etrain node join`` for the head whose GCS is at ``gcs_address``, before the
+    token file and the node's own options."""
+    return ["etrain", "node", "join", "--head", gcs_address]
+
+
 def join_hint(gcs_address: str, token_file: Path | None) -> str:
     """What ``etrain serve`` prints: the command that joins another machine to its head."""
     where = f"a copy of {token_file}" if token_file else "a file holding RAY_AUTH_TOKEN"
     return (
-        f"another machine joins this Ray cluster with: etrain node join --head {gcs_address} "
+        f"another machine joins this Ray cluster with: {shlex.join(join_command(gcs_address))} "
         f"--token-file <{where}> [--num-gpus N --gpu-memory-gb G]"
     )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from service.backends.base import Backend, LaunchRequest, RunState
 from service.backends.embedded import EmbeddedRay
-from service.backends.node_join import join_hint, ray_start_args
+from service.backends.node_join import join_command, join_hint, ray_start_args
 from service.backends.ray_ports import RayPorts
 from service.ray_head import head_env
 from tests.support.netns import Overlay
@@ -45,9 +44,8 @@ def join_node(
     is a short one under /tmp (Ray's socket paths must stay under 108 bytes)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="etrain-node-", dir="/tmp"))
     # The command `etrain serve` prints for this head, the token file filled in.
-    printed = join_hint(head.gcs_address, None).split("with: ", 1)[1]
-    etrain, *args = shlex.split(printed.split(" --token-file", 1)[0])
-    assert etrain == "etrain", printed
+    _, *args = join_command(head.gcs_address)
+    assert " ".join(join_command(head.gcs_address)) in join_hint(head.gcs_address, None)
     command = [
         str(Path(sys.executable).with_name("etrain")),
         *args,
