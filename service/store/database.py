@@ -121,13 +121,16 @@ class Database:
 
     def insert(self, table: Any) -> Any:
         """The dialect's INSERT, which supports ON CONFLICT on both backends."""
-        if self._dialect == "postgresql":
+        return self.insert_for(self._dialect, table)
+
+    @staticmethod
+    def insert_for(dialect: str, table: Any) -> Any:
+        """The INSERT of ``dialect`` (``Database.dialect``)."""
+        if dialect == "postgresql":
             return postgresql.insert(table)
-        if self._dialect == "sqlite":
+        if dialect == "sqlite":
             return sqlite.insert(table)
-        raise NotImplementedError(
-            f"unsupported database {self._dialect!r}; use sqlite or postgresql"
-        )
+        raise NotImplementedError(f"unsupported database {dialect!r}; use sqlite or postgresql")
 
     def ping(self) -> None:
         """Run ``SELECT 1``; raises the driver's error when the database is unreachable."""

@@ -15,12 +15,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from service.errors import JobNotFound, QuotaExceeded
 from service.status import JobStatus
 from service.store.database import Database
 from service.store.models import JobRecord, QueueEntry, new_id, utcnow
+from service.store.queue_reads import QueueReads
 from service.store.tables import JOBS, TENANTS, insert_event, require_job
 from workers.contract import EventKind
 from workers.spec import JobSpec
@@ -30,6 +31,10 @@ _FROZEN_JOB_FIELDS = frozenset({"id", "tenant_id", "created_at", "updated_at"})
 _UPDATABLE_JOB_FIELDS = frozenset(c.name for c in JOBS.columns) - _FROZEN_JOB_FIELDS
 # (kind, message, data) of an event stored with an update.
 NewEvent = tuple[str | enum.Enum, str, dict | None]
+
+
+# Values go in as parameters: ``insert(JOBS).values(row)`` is keyed and compiled at each call.
+_INSERT_JOB = insert(JOBS)
 
 
 def _spec_json(spec: JobSpec) -> dict:
@@ -95,12 +100,19 @@ def _column_values(fields: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+_COUNT_QUEUED = (
+    select(func.count())
+    .select_from(JOBS)
+    .where(JOBS.c.tenant_id == bindparam("tenant"), JOBS.c.status == JobStatus.QUEUED.value)
+)
+# A no-op write that locks the tenant's row (see JobStore._check_queue_quota).
+_LOCK_TENANT = (
+    update(TENANTS).where(TENANTS.c.id == bindparam("tenant")).values(name=TENANTS.c.name)
+)
+
+
 def _refuse_a_full_queue(conn: Any, tenant_id: str, max_queued: int) -> None:
-    queued = conn.execute(
-        select(func.count())
-        .select_from(JOBS)
-        .where(JOBS.c.tenant_id == tenant_id, JOBS.c.status == JobStatus.QUEUED.value)
-    ).scalar_one()
+    queued = conn.execute(_COUNT_QUEUED, {"tenant": tenant_id}).scalar_one()
     if queued >= max_queued:
         raise QuotaExceeded(
             f"this tenant has {queued} queued jobs, its quota of {max_queued} "
@@ -119,6 +131,7 @@ class JobStore:
         self._specs: _Recent[JobSpec] = _Recent()  # written once, at submit
         self._rows: _Recent[JobRecord] = _Recent()  # as of their updated_at
         self._tenant_names: dict[str, str] = {}
+        self._queue = QueueReads(db)
 
     def _records(self, conn: Any, query: Any) -> list[JobRecord]:
         """The jobs ``query`` (a select of ``_NO_SPEC``) selects, in its order.
@@ -197,7 +210,7 @@ class JobStore:
         with self._db.begin() as conn:
             if max_queued is not None:
                 self._check_queue_quota(conn, tenant_id, max_queued)
-            conn.execute(insert(JOBS).values(values))
+            conn.execute(_INSERT_JOB, values)
             insert_event(
                 self._db,
                 conn,
@@ -221,7 +234,7 @@ class JobStore:
         of the same tenant waits on (a row lock on PostgreSQL, the write lock on SQLite),
         so the count below cannot be stale when the insert follows it.
         """
-        conn.execute(update(TENANTS).where(TENANTS.c.id == tenant_id).values(name=TENANTS.c.name))
+        conn.execute(_LOCK_TENANT, {"tenant": tenant_id})
         _refuse_a_full_queue(conn, tenant_id, max_queued)
 
     def check_queue_room(self, tenant_id: str, max_queued: int) -> None:
@@ -247,24 +260,7 @@ class JobStore:
     def list_queue(self, statuses: Iterable[JobStatus]) -> list[QueueEntry]:
         """Every job in ``statuses``, oldest first, with only what the scheduler needs
         (its spec is not read whole)."""
-        query = (
-            select(
-                JOBS.c.id,
-                JOBS.c.tenant_id,
-                func.coalesce(TENANTS.c.name, "").label("tenant"),
-                JOBS.c.status,
-                JOBS.c.min_workers,
-                JOBS.c.spec[("resources", "cpus_per_worker")].as_float().label("cpus_per_worker"),
-                JOBS.c.spec[("resources", "gpus_per_worker")].as_integer().label("gpus_per_worker"),
-                JOBS.c.created_at,
-            )
-            .select_from(JOBS.outerjoin(TENANTS, TENANTS.c.id == JOBS.c.tenant_id))
-            .where(JOBS.c.status.in_(_status_values(statuses) or []))
-            .order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
-        )
-        with self._db.connect() as conn:
-            rows = conn.execute(query).all()
-        return [QueueEntry(**{**row._mapping, "status": JobStatus(row.status)}) for row in rows]
+        return self._queue.list_queue(statuses)
 
     def get_job(self, job_id: str, *, tenant_id: str | None = None) -> JobRecord:
         """Return the job, or raise JobNotFound (also when it belongs to another tenant)."""

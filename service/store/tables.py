@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from sqlalchemy import Connection, select
 
@@ -52,12 +53,27 @@ def insert_event(
     member's name for a str subclass).
     """
     kind = kind.value if isinstance(kind, enum.Enum) else kind
-    query = (
-        db.insert(EVENTS)
-        .values(
-            job_id=job_id, ts=utcnow(), kind=kind, message=message, data=data, dedup_key=dedup_key
-        )
-        .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
-    )
+    row = {"job_id": job_id, "ts": utcnow(), "kind": kind, "message": message}
+    row |= {"data": data, "dedup_key": dedup_key}
     # RETURNING, not rowcount: drivers disagree on rowcount for inserts that fetch keys.
-    return conn.execute(query.returning(EVENTS.c.id)).first() is not None
+    return conn.execute(_EVENT_INSERTS[db.dialect], row).first() is not None
+
+
+class _EventInserts(dict):
+    """The event INSERT of each dialect, built once: values given as parameters, not with
+    ``.values()``, whose statement SQLAlchemy keys and compiles anew at every call."""
+
+    def __missing__(self, dialect: str) -> Any:
+        self[dialect] = _event_insert(dialect)
+        return self[dialect]
+
+
+def _event_insert(dialect: str) -> Any:
+    return (
+        Database.insert_for(dialect, EVENTS)
+        .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
+        .returning(EVENTS.c.id)
+    )
+
+
+_EVENT_INSERTS = _EventInserts()

@@ -162,6 +162,46 @@ def test_list_queue_reads_what_the_scheduler_needs_oldest_first(stores, tenant):
     assert stores.jobs.tenant_name(tenant) == "acme" and stores.jobs.tenant_name("t-none") == ""
 
 
+def test_the_queue_reads_each_jobs_entry_once_and_sees_every_write(stores, tenant, monkeypatch):
+    """The scheduler reads the queue at every tick: a job's entry is read once, its status
+    at every call, and what another replica wrote is seen at once."""
+    from service.store import queue_reads
+
+    def submit(store: Stores, name: str) -> str:
+        return store.jobs.create_job(tenant_id=tenant, name=name, spec=SPEC, min_workers=1).id
+
+    ids = [submit(stores, f"j{i}") for i in range(3)]
+    read = []
+    real = queue_reads.QueueEntry
+    monkeypatch.setattr(queue_reads, "QueueEntry", lambda **v: read.append(v["id"]) or real(**v))
+    both = {JobStatus.QUEUED, JobStatus.RUNNING}
+    assert [e.id for e in stores.jobs.list_queue({JobStatus.QUEUED})] == ids
+    assert [e.id for e in stores.jobs.list_queue(both)] == ids
+    assert sorted(read) == sorted(ids * 2)  # once per status set asked for
+    read.clear()
+    replica = Stores.open(stores.url)
+    try:
+        ids.append(submit(replica, "j3"))
+        replica.jobs.update_job(ids[0], status=JobStatus.RUNNING)
+        replica.jobs.update_job(ids[1], status=JobStatus.CANCELLED)
+    finally:
+        replica.close()
+    queued = stores.jobs.list_queue({JobStatus.QUEUED})
+    assert [e.id for e in queued] == ids[2:] and read == [ids[3]]
+    active = stores.jobs.list_queue(both)
+    assert [(e.id, e.status) for e in active] == [
+        (ids[0], JobStatus.RUNNING),
+        (ids[2], JobStatus.QUEUED),
+        (ids[3], JobStatus.QUEUED),
+    ]
+    assert read == [ids[3]] * 2
+    fresh = Stores.open(stores.url)  # nothing kept: every entry read whole
+    try:
+        assert fresh.jobs.list_queue(both) == active
+    finally:
+        fresh.close()
+
+
 def test_queued_quota_holds_under_concurrent_submits(stores, tenant):
     for i in range(3):
         stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1)
