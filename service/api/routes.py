@@ -33,6 +33,7 @@ from service.api.schemas import (
     Health,
     JobDetail,
     JobPage,
+    JobPages,
     JobPublic,
     MemoryPublic,
     MetricPage,
@@ -51,6 +52,8 @@ v1 = APIRouter(prefix="/v1")
 _V1 = v1.prefix
 # Bound of integer query parameters: the largest value a database integer holds.
 MAX_INT = 2**63 - 1
+# The JSON of listed jobs, as of their updated_at (process-wide: job ids are unique).
+PAGES = JobPages()
 # Bodies the routes decode themselves (JSON, or YAML); app.create_app documents them.
 BODY_MODELS = (JobSpec, ClusterSpec, TelemetryBatch)
 _PLAN_REQUEST = {
@@ -113,7 +116,7 @@ async def create_job(
     return JobPublic.of(job)
 
 
-@v1.get("/jobs")
+@v1.get("/jobs", response_model=JobPage)
 async def read_jobs(
     user: User,
     queries: Queries,
@@ -121,12 +124,12 @@ async def read_jobs(
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-) -> JobPage:
+) -> Response:
     """List the caller's jobs, newest first."""
     # The store in its threads; the page is built and written on the event loop (a plain
     # def route would hop to anyio's pool twice: once to run, once to check its answer).
     items, total = await store.run(queries.list, user, status=status, limit=limit, offset=offset)
-    return JobPage(items=[JobPublic.of(j) for j in items], total=total)
+    return PAGES.page(items, total)
 
 
 @v1.get("/jobs/{job_id}")

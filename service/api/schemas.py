@@ -8,10 +8,12 @@ ISO 8601 UTC).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.auth import RESERVED_TENANTS
@@ -21,6 +23,8 @@ from service.status import JobStatus
 from service.store import JobRecord
 from workers.contract import MetricPoint
 from workers.spec import JobSpec
+
+JSON = "application/json"
 
 
 class View(BaseModel):
@@ -114,6 +118,37 @@ class JobPage(BaseModel):
 
     items: list[JobPublic]
     total: int
+
+
+class JobPages:
+    """``JobPage`` bodies built from each job's JSON, kept as of the job's ``updated_at``
+    (a job's row, and so its view, changes only with it). Building and serializing the
+    50 views of a page anew was two thirds of a list's CPU in this process, for jobs that
+    mostly had not changed since the last list. Used on the event loop (one thread)."""
+
+    _VIEW = TypeAdapter(JobPublic)
+
+    def __init__(self, size: int = 10_000):
+        """Keep the JSON of the ``size`` jobs listed last."""
+        self._size = size
+        self._json: OrderedDict[str, tuple[datetime, bytes]] = OrderedDict()
+
+    def view_json(self, job: JobRecord) -> bytes:
+        """``JobPublic.of(job)`` as FastAPI writes it."""
+        kept = self._json.get(job.id)
+        if kept is not None and kept[0] == job.updated_at:
+            self._json.move_to_end(job.id)
+            return kept[1]
+        body = self._VIEW.dump_json(JobPublic.of(job), by_alias=True)
+        self._json[job.id] = (job.updated_at, body)
+        if len(self._json) > self._size:
+            self._json.popitem(last=False)
+        return body
+
+    def page(self, jobs: list[JobRecord], total: int) -> Response:
+        """The JSON response of ``JobPage(items=[JobPublic.of(j) ...], total=total)``."""
+        items = b",".join(self.view_json(job) for job in jobs)
+        return Response(b'{"items":[%b],"total":%d}' % (items, total), media_type=JSON)
 
 
 class EventPublic(View):

@@ -251,6 +251,27 @@ def test_a_page_shows_each_job_as_its_own_page_does(client):
     assert built.model_dump_json(warnings="error") == validated.model_dump_json()
 
 
+def test_a_page_is_written_as_fastapi_would_and_follows_each_change(client):
+    """Pages are joined from each job's JSON as of its updated_at: byte for byte what
+    FastAPI writes for the validated JobPage, and a job changed since is written anew."""
+    from pydantic import TypeAdapter
+
+    from service.api.schemas import JobPage, JobPublic
+
+    ids = [submit(client, name=f"job-{i}")["id"] for i in range(2)]
+    client.get("/v1/jobs", headers=ADMIN_H)  # both kept as they are now
+    stores(client).jobs.update_job(ids[0], step=4, world_size=1)
+    r = client.get("/v1/jobs", headers=ADMIN_H)
+    assert r.headers["content-type"] == "application/json"
+    records = [stores(client).jobs.get_job(i) for i in reversed(ids)]  # newest first
+    views = [JobPublic(**JobPublic.fields_of(record)) for record in records]
+    page = JobPage(items=views, total=2)
+    assert r.content == TypeAdapter(JobPage).dump_json(page, by_alias=True)  # as FastAPI
+    assert [j["step"] for j in r.json()["items"]] == [0, 4]
+    schema = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["get"]["responses"]
+    assert schema["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/JobPage")
+
+
 # -- cancel --------------------------------------------------------------------
 
 
