@@ -102,10 +102,15 @@ def read_prometheus_metrics(monitoring: Monitor, with_jobs: JobSeries) -> Respon
     return Response(prom.render(scrape, with_jobs=with_jobs), media_type=CONTENT_TYPE_LATEST)
 
 
-@v1.post("/jobs", status_code=201, openapi_extra=openapi.body(openapi.ref(JobSpec)))
+@v1.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobPublic,
+    openapi_extra=openapi.body(openapi.ref(JobSpec)),
+)
 async def create_job(
     request: Request, user: User, submission: Submissions, store: StoreCalls
-) -> JobPublic:
+) -> Response:
     """Submit a job spec (JSON, or YAML with Content-Type: application/yaml)."""
     data = await read_body(request)
     # The checks read files and may read the cluster: anyio's pool, not the store's threads.
@@ -113,7 +118,7 @@ async def create_job(
     await submission.probe(prepared)  # object storage: its own threads, awaited here
     job = await store.run(submission.store, prepared)  # wakes the reconciler
     prom.SUBMITTED.inc()
-    return JobPublic.of(job)
+    return PAGES.response(job, status_code=201)  # kept for the lists that follow
 
 
 @v1.get("/jobs", response_model=JobPage)

@@ -145,6 +145,10 @@ class JobPages:
             self._json.popitem(last=False)
         return body
 
+    def response(self, job: JobRecord, status_code: int = 200) -> Response:
+        """The JSON response of ``JobPublic.of(job)``."""
+        return Response(self.view_json(job), status_code=status_code, media_type=JSON)
+
     def page(self, jobs: list[JobRecord], total: int) -> Response:
         """The JSON response of ``JobPage(items=[JobPublic.of(j) ...], total=total)``."""
         items = b",".join(self.view_json(job) for job in jobs)

@@ -27,7 +27,6 @@ The same inputs always give the same decision.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import heapq
 from collections import defaultdict, deque
@@ -70,6 +69,7 @@ class Demand:
         gpus_per_worker: int,
         tenant: str = "",
         waited_s: float = 0.0,
+        gpu_bytes: int = 0,
     ) -> Demand:
         """The demand of a job spec's minimum worker count."""
         return cls(
@@ -79,6 +79,7 @@ class Demand:
             tenant=tenant,
             workers=min_workers,
             waited_s=waited_s,
+            gpu_bytes=gpu_bytes,
         )
 
 
@@ -388,12 +389,12 @@ def max_queued_jobs(quotas: QuotaSettings, tenant: str) -> int:
 
 def queue_demand(entry: QueueEntry, now: datetime, *, gpu_bytes: int = 0) -> Demand:
     """The demand of a stored job at its minimum workers, and how long it has waited."""
-    demand = Demand.for_spec(
+    return Demand.for_spec(
         entry.id,
         min_workers=entry.min_workers,
         cpus_per_worker=entry.cpus_per_worker,
         gpus_per_worker=entry.gpus_per_worker,
         tenant=entry.tenant,
         waited_s=max(0.0, (now - entry.created_at).total_seconds()),
+        gpu_bytes=gpu_bytes,
     )
-    return dataclasses.replace(demand, gpu_bytes=gpu_bytes)

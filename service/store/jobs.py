@@ -10,6 +10,7 @@ write lose instead of slipping through.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -109,6 +110,19 @@ _COUNT_QUEUED = (
 _LOCK_TENANT = (
     update(TENANTS).where(TENANTS.c.id == bindparam("tenant")).values(name=TENANTS.c.name)
 )
+
+
+@functools.cache
+def _page_keys(by_tenant: bool, by_status: bool) -> Any:
+    """The (id, updated_at, total) of a page of jobs, newest first, as a statement built
+    once per filter (built per call, it was a tenth of a list's CPU)."""
+    query = select(JOBS.c.id, JOBS.c.updated_at, func.count().over())
+    if by_tenant:
+        query = query.where(JOBS.c.tenant_id == bindparam("tenant"))
+    if by_status:
+        query = query.where(JOBS.c.status.in_(bindparam("statuses", expanding=True)))
+    query = query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc())
+    return query.limit(bindparam("limit")).offset(bindparam("offset"))
 
 
 def _refuse_a_full_queue(conn: Any, tenant_id: str, max_queued: int) -> None:
@@ -318,10 +332,10 @@ class JobStore:
         """:meth:`list_jobs` and :meth:`count_jobs` in one statement (the count rides on
         the page's keys as a window; a second statement only for a page past the end)."""
         statuses = None if statuses is None else list(statuses)  # read twice
-        page = self._page(tenant_id, statuses, limit, offset)
-        total = func.count().over()
+        keys_of = _page_keys(tenant_id is not None, statuses is not None)
+        params = {"tenant": tenant_id, "statuses": _status_values(statuses)}
         with self._db.connect() as conn:
-            keys = conn.execute(page.with_only_columns(JOBS.c.id, JOBS.c.updated_at, total)).all()
+            keys = conn.execute(keys_of, {**params, "limit": limit, "offset": offset}).all()
             if keys:
                 return self._records_of(conn, keys), int(keys[0][2])
             if offset == 0 and limit > 0:

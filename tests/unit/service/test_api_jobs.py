@@ -252,13 +252,18 @@ def test_a_page_shows_each_job_as_its_own_page_does(client):
 
 
 def test_a_page_is_written_as_fastapi_would_and_follows_each_change(client):
-    """Pages are joined from each job's JSON as of its updated_at: byte for byte what
-    FastAPI writes for the validated JobPage, and a job changed since is written anew."""
+    """Pages (and a submit's answer) are joined from each job's JSON as of its updated_at:
+    byte for byte what FastAPI writes for the validated model, and a job changed since is
+    written anew."""
     from pydantic import TypeAdapter
 
     from service.api.schemas import JobPage, JobPublic
 
-    ids = [submit(client, name=f"job-{i}")["id"] for i in range(2)]
+    posted = client.post("/v1/jobs", json={**JOB, "name": "job-0"}, headers=ADMIN_H)
+    assert posted.status_code == 201, posted.text
+    ids = [posted.json()["id"], submit(client, name="job-1")["id"]]
+    view = JobPublic(**JobPublic.fields_of(stores(client).jobs.get_job(ids[0])))
+    assert posted.content == TypeAdapter(JobPublic).dump_json(view, by_alias=True)
     client.get("/v1/jobs", headers=ADMIN_H)  # both kept as they are now
     stores(client).jobs.update_job(ids[0], step=4, world_size=1)
     r = client.get("/v1/jobs", headers=ADMIN_H)
@@ -268,8 +273,10 @@ def test_a_page_is_written_as_fastapi_would_and_follows_each_change(client):
     page = JobPage(items=views, total=2)
     assert r.content == TypeAdapter(JobPage).dump_json(page, by_alias=True)  # as FastAPI
     assert [j["step"] for j in r.json()["items"]] == [0, 4]
-    schema = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["get"]["responses"]
-    assert schema["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/JobPage")
+    route = client.get("/openapi.json").json()["paths"]["/v1/jobs"]
+    for method, status, model in [("get", "200", "/JobPage"), ("post", "201", "/JobPublic")]:
+        schema = route[method]["responses"][status]["content"]["application/json"]["schema"]
+        assert schema["$ref"].endswith(model)
 
 
 # -- cancel --------------------------------------------------------------------
