@@ -9,11 +9,10 @@ from sqlalchemy import select
 
 from service.store.database import Database
 from service.store.models import EventRecord, utcnow
-from service.store.tables import EVENTS, insert_event, require_job
+from service.store.tables import EVENTS, event_insert, event_row, insert_event, require_job
 
 # (job_id, kind, message, data, dedup_key) of one event in add_events.
 JobEvent = tuple[str, str | enum.Enum, str, dict | None, str | None]
-_ROWS_PER_INSERT = 500  # well under SQLite's limit of bound variables per statement
 
 
 class EventStore:
@@ -41,27 +40,11 @@ class EventStore:
         """Store many events (of existing jobs) in one transaction; an event whose
         ``dedup_key`` its job already has is skipped."""
         now = utcnow()
-        rows = [
-            {
-                "job_id": job_id,
-                "ts": now,
-                "kind": kind.value if isinstance(kind, enum.Enum) else kind,
-                "message": message,
-                "data": data,
-                "dedup_key": dedup_key,
-            }
-            for job_id, kind, message, data, dedup_key in events
-        ]
+        rows = [event_row(*event, now) for event in events]
         if not rows:
             return
-        with self._db.begin() as conn:
-            for start in range(0, len(rows), _ROWS_PER_INSERT):
-                query = (
-                    self._db.insert(EVENTS)
-                    .values(rows[start : start + _ROWS_PER_INSERT])
-                    .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
-                )
-                conn.execute(query)
+        with self._db.begin() as conn:  # one statement, executed for each row
+            conn.execute(event_insert(self._db.dialect, returning=False), rows)
 
     def list_events(
         self, job_id: str, *, after_id: int = 0, limit: int = 1000

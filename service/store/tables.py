@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any
 
 from sqlalchemy import Connection, select
@@ -52,28 +53,31 @@ def insert_event(
     ``kind`` may be an ``EventKind``: its value is stored (drivers would store the
     member's name for a str subclass).
     """
-    kind = kind.value if isinstance(kind, enum.Enum) else kind
-    row = {"job_id": job_id, "ts": utcnow(), "kind": kind, "message": message}
-    row |= {"data": data, "dedup_key": dedup_key}
+    row = event_row(job_id, kind, message, data, dedup_key, utcnow())
     # RETURNING, not rowcount: drivers disagree on rowcount for inserts that fetch keys.
-    return conn.execute(_EVENT_INSERTS[db.dialect], row).first() is not None
+    return conn.execute(event_insert(db.dialect, returning=True), row).first() is not None
 
 
-class _EventInserts(dict):
-    """The event INSERT of each dialect, built once: values given as parameters, not with
-    ``.values()``, whose statement SQLAlchemy keys and compiles anew at every call."""
+def event_row(
+    job_id: str,
+    kind: str | enum.Enum,
+    message: str,
+    data: dict | None,
+    dedup_key: str | None,
+    ts: Any,
+) -> dict[str, Any]:
+    """The ``job_events`` row of one event (an ``EventKind`` stored as its value)."""
+    kind = kind.value if isinstance(kind, enum.Enum) else kind
+    row = {"job_id": job_id, "ts": ts, "kind": kind, "message": message, "data": data}
+    return row | {"dedup_key": dedup_key}
 
-    def __missing__(self, dialect: str) -> Any:
-        self[dialect] = _event_insert(dialect)
-        return self[dialect]
 
-
-def _event_insert(dialect: str) -> Any:
-    return (
-        Database.insert_for(dialect, EVENTS)
-        .on_conflict_do_nothing(index_elements=["job_id", "dedup_key"])
-        .returning(EVENTS.c.id)
+@functools.cache
+def event_insert(dialect: str, *, returning: bool) -> Any:
+    """The event INSERT of ``dialect`` (``Database.dialect``) that skips a (job_id,
+    dedup_key) already stored, built once: rows go in as parameters (``.values()`` made
+    SQLAlchemy key and compile the statement anew at every call)."""
+    query = Database.insert_for(dialect, EVENTS).on_conflict_do_nothing(
+        index_elements=["job_id", "dedup_key"]
     )
-
-
-_EVENT_INSERTS = _EventInserts()
+    return query.returning(EVENTS.c.id) if returning else query

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 # Long enough that each job still trains when it is interrupted (past step 30 / 20) and
-# for a while after (a restart, a new service), at about 0.3 s a step on two cores.
+# for a while after (a restart; a new service, which is ready in about 5 s), at about
+# 0.3 s a step on two cores.
 KILL_STEPS = 70
-RESTART_STEPS = 110
+RESTART_STEPS = 85
 
 
 def _spec(name: str, steps: int, workers: int | dict = 2) -> dict:

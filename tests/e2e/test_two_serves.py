@@ -127,10 +127,13 @@ def test_two_embedded_serves_each_run_a_job_and_stop_their_own_ray(serve_factory
         def status() -> list[dict]:
             return [c.get(f"/v1/jobs/{j}").json() for c, j in zip(clients, jobs, strict=True)]
 
+        polls = 0
         while time.monotonic() < deadline and not all(j["status"] in TERMINAL for j in status()):
             now = status()
-            for job_id, envs in _job_envs(now).items():
-                seen.setdefault(job_id, []).extend(envs)
+            if polls % 3 == 0:  # reading every process's environment is not free on 2 cores
+                for job_id, envs in _job_envs(now).items():
+                    seen.setdefault(job_id, []).extend(envs)
+            polls += 1
             if killed_at is None and (now[0]["step"] or 0) >= KILL_AFTER:
                 killed_at = _kill_gcs(serves[0].proc.pid)
             time.sleep(0.3)
