@@ -208,6 +208,25 @@ def _cpu_s(pids: list[int]) -> float | None:
     return total
 
 
+LOOP_CPU = "etrain_reconciler_tick_cpu_seconds_total"
+
+
+async def _loop_cpu_s(urls: list[str], admin: str) -> float | None:
+    """CPU seconds the control loop's ticks took so far, summed over the replicas (their
+    /metrics), or None where a server does not say."""
+    import httpx
+
+    total = 0.0
+    async with httpx.AsyncClient(timeout=30) as c:
+        for url in urls:
+            r = await c.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin}"})
+            line = next((ln for ln in r.text.splitlines() if ln.startswith(LOOP_CPU)), None)
+            if r.status_code != 200 or line is None:
+                return None
+            total += float(line.split()[-1])
+    return total
+
+
 async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: list[int]) -> dict:
     tenants = await make_tenants(urls[0], admin, args.clients)
     t0 = time.perf_counter()
@@ -220,6 +239,7 @@ async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: l
             continue
         samples: list = []
         print(f"{len(urls)} replica(s): measuring {ROUTES[method]}", file=sys.stderr, flush=True)
+        loop0 = await _loop_cpu_s(urls, admin)
         cpu0, t0, own0 = _cpu_s(pids), time.perf_counter(), time.process_time()
         busy0 = _machine_busy_s()
         clients = (
@@ -230,8 +250,10 @@ async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: l
         wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
         client_cores = (time.process_time() - own0) / wall
         busy_cores = (_machine_busy_s() - busy0) / wall
+        loop1 = await _loop_cpu_s(urls, admin)
         ms = [s * 1e3 for s, _ in samples]
         cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
+        loop = None if loop0 is None or loop1 is None else (loop1 - loop0) * 1e3 / len(samples)
         rows.append(
             {
                 "route": ROUTES[method],
@@ -242,6 +264,8 @@ async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: l
                 "max_ms": round(max(ms), 1),
                 "requests_per_s": round(len(samples) / wall, 1),
                 "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
+                # of which the control loop's ticks (the reconciler's thread, /metrics)
+                "loop_cpu_ms_per_request": None if loop is None else round(loop, 2),
                 "client_cores": round(client_cores, 2),  # the clients' own CPU / wall
                 "busy_cores": round(busy_cores, 2),  # every process of the machine
             }
@@ -263,20 +287,21 @@ def print_table(results: list[dict]) -> None:
     print(
         f"{first['clients']} clients x {first['requests_per_client']} requests of each route, "
         f"{first['seeded_jobs']} jobs seeded first; server CPU from /proc over each route's "
-        f"phase; clients = cores the clients' process used, busy = cores the machine used "
-        f"({os.cpu_count()} cores)"
+        f"phase, of which loop = the control loop's ticks (its /metrics); clients = cores the "
+        f"clients' process used, busy = cores the machine used ({os.cpu_count()} cores)"
     )
     head = f"{'replicas':>8} {'route':<14}{'requests':>9}{'errors':>7}{'p50 ms':>8}{'p99 ms':>8}"
-    print(head + f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'clients':>8}{'busy':>6}")
+    print(head + f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'loop':>6}{'clients':>8}{'busy':>6}")
     base = {r["route"]: r["requests_per_s"] for r in first["routes"]}
     for res in results:
         for r in res["routes"]:
             ratio = r["requests_per_s"] / base[r["route"]]
-            cpu = r["server_cpu_ms_per_request"]
+            cpu, loop = r["server_cpu_ms_per_request"], r.get("loop_cpu_ms_per_request")
             print(
                 f"{res['replicas']:>8} {r['route']:<14}{r['requests']:>9}{r['errors']:>7}"
                 f"{r['p50_ms']:>8}{r['p99_ms']:>8}{r['requests_per_s']:>8}{ratio:>6.2f}x"
-                f"{'-' if cpu is None else cpu:>11}{r['client_cores']:>8}{r['busy_cores']:>6}"
+                f"{'-' if cpu is None else cpu:>11}{'-' if loop is None else loop:>6}"
+                f"{r['client_cores']:>8}{r['busy_cores']:>6}"
             )
 
 

@@ -76,7 +76,7 @@ def _start(settings: Settings, backend: Backend | None, embedded_box: list) -> R
         queries=queries,
         lifecycle=Lifecycle(stores, backend),
         ingest=TelemetryIngest(stores, JOB_METRICS),
-        monitoring=Monitoring(stores, backend, JOB_METRICS, leadership),
+        monitoring=Monitoring(stores, backend, JOB_METRICS, leadership, reconciler),
         reconciler=reconciler,
         wake=wake,
         tokens=Tokens(stores.tokens),

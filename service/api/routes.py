@@ -99,7 +99,8 @@ def read_prometheus_metrics(monitoring: Monitor, with_jobs: JobSeries) -> Respon
     """Prometheus metrics of the control plane. Per-job series (labelled job_id) only to a
     scrape with an admin token, unless ETRAIN_METRICS_JOB_LABELS is on."""
     scrape = monitoring.scrape()
-    return Response(prom.render(scrape, with_jobs=with_jobs), media_type=CONTENT_TYPE_LATEST)
+    body = prom.render(scrape, with_jobs=with_jobs, loop=monitoring.loop_load())
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @v1.post(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from service.backends.base import Backend
 from service.domain.job_metrics import JobMetrics
 from service.domain.leadership import LEASE, Leadership
+from service.domain.reconciler import Reconciler
 from service.status import JobStatus
 from service.store import Stores
 
@@ -18,11 +19,13 @@ class Monitoring:
         backend: Backend,
         job_metrics: JobMetrics,
         leadership: Leadership | None = None,
+        loop: Reconciler | None = None,
     ):
         """Probe ``stores`` and ``backend``; prune the per-job series of ``job_metrics``;
-        say which replica leads (``leadership``; None: a single process)."""
+        say which replica leads (``leadership``; None: a single process) and what its
+        control ``loop`` spent."""
         self.stores, self.backend, self.job_metrics = stores, backend, job_metrics
-        self.leadership = leadership
+        self.leadership, self.loop = leadership, loop
 
     def role(self) -> tuple[str, str | None]:
         """This replica's part in the control loop (``single``: the one process on SQLite;
@@ -50,6 +53,10 @@ class Monitoring:
         warmed up (``service.backends.standby``)."""
         pool = self.backend.standby
         return pool is not None and pool.status().warm > 0
+
+    def loop_load(self) -> tuple[int, float]:
+        """The control loop's ticks in this process, and the CPU seconds they took."""
+        return (0, 0.0) if self.loop is None else (self.loop.ticks, self.loop.tick_cpu_s)
 
     def scrape(self) -> dict[JobStatus, int]:
         """Jobs by status now; first drops the series of jobs that ended past their grace."""

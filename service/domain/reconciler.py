@@ -86,6 +86,7 @@ class Reconciler:
         # job id -> the waiting reason last recorded, so a tick writes only what changed.
         self._waiting: dict[str, WaitCode] = {}
         self.clock = clock
+        self.ticks, self.tick_cpu_s = 0, 0.0  # this process's, for /metrics
         self._down_since: float | None = None  # when the cluster stopped answering
 
     def tick(self) -> None:
@@ -380,7 +381,9 @@ class Reconciler:
                 log.info("reconciler: %s; the new leader goes on", e)
             except Exception:
                 log.exception("reconciler tick failed; retrying next interval")
-            gap = max(WAKE_GAP_S, (time.thread_time() - cpu) / TICK_SHARE)
+            spent = time.thread_time() - cpu
+            self.ticks, self.tick_cpu_s = self.ticks + 1, self.tick_cpu_s + spent
+            gap = max(WAKE_GAP_S, spent / TICK_SHARE)
             earliest = started + min(gap, self.settings.interval_s)
 
     def stop(self) -> None:

@@ -57,3 +57,31 @@ def test_a_burst_of_wakes_shares_ticks(stores, tmp_path, monkeypatch):
         assert 2 <= len(ticks) <= 8 and min(gaps) >= 0.099, ticks  # not one per wake
     finally:
         reconciler.stop()
+
+
+def test_the_loops_ticks_and_their_cpu_are_scraped(stores, tmp_path):
+    """/metrics counts the control loop's ticks and the CPU of its thread (a load bench
+    tells the loop's share of a replica's CPU from the requests' with it)."""
+    from service.api import prometheus as prom
+    from service.domain.monitoring import Monitoring
+
+    settings = Settings(env="development", data_dir=tmp_path, port=8123, reconcile_interval_s=60)
+    backend = FakeBackend(cpus=4)
+    reconciler = Reconciler(stores, backend, settings.reconciler)
+    monitoring = Monitoring(stores, backend, prom.JOB_METRICS, loop=reconciler)
+    assert monitoring.loop_load() == (0, 0.0)
+    tenant = stores.tokens.create_tenant("acme").id
+    spec = parse_spec({"name": "tiny", "resources": {"workers": 1, "cpus_per_worker": 64}})
+    for i in range(200):  # a queue to read that never fits: ticks with work in them
+        stores.jobs.create_job(tenant_id=tenant, name=f"q{i}", spec=spec, min_workers=1)
+    reconciler.start()
+    try:
+        reconciler.wake()
+        wait_for(lambda: reconciler.ticks >= 1, timeout=10, every=0.01, what="a tick")
+    finally:
+        reconciler.stop()
+    ticks, cpu_s = monitoring.loop_load()
+    assert ticks >= 1 and 0 < cpu_s < 10
+    lines = prom.render({}, with_jobs=False, loop=(ticks, cpu_s)).decode().splitlines()
+    assert f"etrain_reconciler_ticks_total {float(ticks)}" in lines
+    assert f"etrain_reconciler_tick_cpu_seconds_total {cpu_s}" in lines
