@@ -1,4 +1,5 @@
-"""``etrain node join``: this machine becomes a Ray worker node of an etrain cluster.
+"""``etrain node join``: this machine becomes a Ray worker node of an etrain cluster;
+``etrain node certs``: the TLS files of a node, for networks without an encrypted overlay.
 
 Run on the machine to add (a home PC, a cloud VM), with the address ``etrain serve``
 printed and a copy of the cluster's Ray token. The node runs in the foreground until it
@@ -15,7 +16,9 @@ from typing import Annotated
 
 import typer
 
-node_app = typer.Typer(help="Ray nodes: join this machine to a cluster.", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Ray nodes: join this machine to a cluster; make their TLS files.", no_args_is_help=True
+)
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}")
 MAX_TOKEN_BYTES = 4096
 
@@ -110,6 +113,37 @@ def join(
     if "RAY_AUTH_TOKEN_PATH" in auth:
         env.pop("RAY_AUTH_TOKEN", None)
     os.execve(args[0], args, {**env, **auth})
+
+
+@node_app.command("certs")
+def certs(
+    out: Annotated[Path, typer.Option(help="Where this node's files go (copy it to the node).")],
+    address: Annotated[
+        list[str],
+        typer.Option(help="An address other nodes reach this one at (IP or name); repeat."),
+    ],
+    ca: Annotated[
+        Path,
+        typer.Option(
+            help="The cluster's CA folder (ca.crt, ca.key), made if empty; keep it off the nodes."
+        ),
+    ] = Path("etrain-ray-ca"),
+    days: Annotated[int, typer.Option(min=1, max=3650, help="Days the certificates hold.")] = 365,
+) -> None:
+    """Make a key and certificate for one node's Ray TLS, signed by the cluster's CA, and
+    print the variables that turn Ray's TLS on (docs/nodes.md). No key is printed."""
+    from service.backends.node_tls import issue_node_certs
+
+    try:
+        made = issue_node_certs(out, ca, address, days=days)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--address") from e
+    if made.created_ca:
+        typer.echo(f"made the cluster's CA in {ca} (its ca.key signs node certificates)")
+    typer.echo(f"this node's key and certificate are in {out}; on it, before etrain serve or")
+    typer.echo("etrain node join (with the paths where the folder is on that node):")
+    for name, value in made.env().items():
+        typer.echo(f"export {name}={value}")
 
 
 def register(app: typer.Typer) -> None:
