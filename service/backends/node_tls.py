@@ -70,6 +70,28 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    days: int,
+    until: dt.datetime | None = None,
+) -> x509.CertificateBuilder:
+    """A certificate for ``key`` valid from a few minutes ago (clocks differ) for ``days``,
+    and never past ``until`` (its CA's end)."""
+    now = dt.datetime.now(dt.UTC)
+    end = now + dt.timedelta(days=days)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(end if until is None else min(end, until))
+    )
+
+
 def _ca(ca_dir: Path, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, bool]:
     """The CA of ``ca_dir``; made there first if it has none."""
     cert_path, key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
@@ -80,15 +102,8 @@ def _ca(ca_dir: Path, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePriv
             raise ValueError(f"{key_path} is not an EC key this command made")
         return cert, key, False
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("etrain-ray-ca"))
-        .issuer_name(_name("etrain-ray-ca"))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        _builder(_name("etrain-ray-ca"), _name("etrain-ray-ca"), key, days)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -136,15 +151,8 @@ def issue_node_certs(
     addresses = list(dict.fromkeys([*addresses, LOOPBACK]))
     ca_cert, ca_key, created = _ca(ca_dir, days)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))
+        _builder(_name(name), ca_cert.subject, key, days, until=ca_cert.not_valid_after_utc)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(_alt_names(addresses)), critical=False)
         .add_extension(_BOTH_WAYS, critical=False)

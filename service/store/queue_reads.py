@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from service.status import JobStatus
 from service.store.database import Database
@@ -28,6 +28,12 @@ _ENTRY = select(
     JOBS.c.spec[("resources", "gpus_per_worker")].as_integer().label("gpus_per_worker"),
     JOBS.c.created_at,
 ).select_from(JOBS.outerjoin(TENANTS, TENANTS.c.id == JOBS.c.tenant_id))
+# Each job's id and status, oldest first: the one statement read at every call.
+_ORDER = (
+    select(JOBS.c.id, JOBS.c.status)
+    .where(JOBS.c.status.in_(bindparam("statuses", expanding=True)))
+    .order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
+)
 # Ids per statement when the entries of new jobs are read (well under SQLite's 32,766).
 _IDS_PER_READ = 500
 
@@ -43,13 +49,8 @@ class QueueReads:
     def list_queue(self, statuses: Iterable[JobStatus]) -> list[QueueEntry]:
         """Every job in ``statuses``, oldest first, with only what the scheduler needs."""
         values = frozenset(JobStatus(s).value for s in statuses)
-        order = (
-            select(JOBS.c.id, JOBS.c.status)
-            .where(JOBS.c.status.in_(sorted(values)))
-            .order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
-        )
         with self._db.connect() as conn:
-            rows = conn.execute(order).all()
+            rows = conn.execute(_ORDER, {"statuses": sorted(values)}).all()
             kept = self._kept.get(values, {})
             new = [job_id for job_id, _ in rows if job_id not in kept]
             read = dict(kept)
