@@ -10,7 +10,6 @@ write lose instead of slipping through.
 from __future__ import annotations
 
 import enum
-import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -21,6 +20,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from service.errors import JobNotFound, QuotaExceeded
 from service.status import JobStatus
 from service.store.database import Database
+from service.store.job_pages import count_matching, page_keys, status_values
 from service.store.models import JobRecord, QueueEntry, new_id, utcnow
 from service.store.queue_reads import QueueReads
 from service.store.tables import JOBS, TENANTS, insert_event, require_job
@@ -83,11 +83,6 @@ class _Recent(Generic[V]):
             self._values.pop(job_id, None)
 
 
-def _status_values(statuses: Iterable[JobStatus | str] | None) -> list[str] | None:
-    """Normalise a status filter to stored string values."""
-    return None if statuses is None else [JobStatus(s).value for s in statuses]
-
-
 def _column_values(fields: dict[str, Any]) -> dict[str, Any]:
     """update_job's fields as column values (statuses and specs in their stored form)."""
     unknown = set(fields) - _UPDATABLE_JOB_FIELDS
@@ -110,29 +105,6 @@ _COUNT_QUEUED = (
 _LOCK_TENANT = (
     update(TENANTS).where(TENANTS.c.id == bindparam("tenant")).values(name=TENANTS.c.name)
 )
-
-
-@functools.cache
-def _page_keys(by_tenant: bool, by_status: bool, total: bool) -> Any:
-    """The (id, updated_at[, total]) of a page of jobs, newest first, as a statement built
-    once per filter (built per call, it was a tenth of a list's CPU). The total is a
-    window, which makes SQLite sort the tenant's jobs: only pages that show it ask."""
-    query = select(JOBS.c.id, JOBS.c.updated_at, *([func.count().over()] if total else []))
-    if by_tenant:
-        query = query.where(JOBS.c.tenant_id == bindparam("tenant"))
-    if by_status:
-        query = query.where(JOBS.c.status.in_(bindparam("statuses", expanding=True)))
-    query = query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc())
-    return query.limit(bindparam("limit")).offset(bindparam("offset"))
-
-
-def _page_keys_of(
-    conn: Any, tenant_id: str | None, statuses: Any, limit: int, offset: int, *, total: bool
-) -> list[Any]:
-    """The (id, updated_at[, total]) rows of one page of jobs, newest first."""
-    params = {"tenant": tenant_id, "statuses": _status_values(statuses)}
-    query = _page_keys(tenant_id is not None, statuses is not None, total)
-    return conn.execute(query, {**params, "limit": limit, "offset": offset}).all()
 
 
 def _refuse_a_full_queue(conn: Any, tenant_id: str, max_queued: int) -> None:
@@ -295,15 +267,6 @@ class JobStore:
             raise JobNotFound(f"no job {job_id!r}; list your jobs with GET /v1/jobs")
         return rows[0]
 
-    def _job_filter(self, query: Any, tenant_id: str | None, statuses: Any) -> Any:
-        """Apply the tenant and status filters shared by list_jobs and count_jobs."""
-        if tenant_id is not None:
-            query = query.where(JOBS.c.tenant_id == tenant_id)
-        values = _status_values(statuses)
-        if values is not None:
-            query = query.where(JOBS.c.status.in_(values))
-        return query
-
     def list_jobs(
         self,
         *,
@@ -314,7 +277,7 @@ class JobStore:
     ) -> list[JobRecord]:
         """Return one page of jobs, newest first."""
         with self._db.connect() as conn:
-            keys = _page_keys_of(conn, tenant_id, statuses, limit, offset, total=False)
+            keys = page_keys(conn, tenant_id, statuses, limit, offset, total=False)
             return self._records_of(conn, keys)
 
     def count_jobs(
@@ -322,10 +285,7 @@ class JobStore:
     ) -> int:
         """Count the jobs list_jobs would page through with the same filters."""
         with self._db.connect() as conn:
-            return int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
-
-    def _count(self, tenant_id: str | None, statuses: Any) -> Any:
-        return self._job_filter(select(func.count()).select_from(JOBS), tenant_id, statuses)
+            return count_matching(conn, tenant_id, statuses)
 
     def page_jobs(
         self,
@@ -336,19 +296,19 @@ class JobStore:
         offset: int = 0,
     ) -> tuple[list[JobRecord], int]:
         """:meth:`list_jobs` and :meth:`count_jobs` in one statement (the count rides on
-        the page's keys as a window; a second statement only for a page past the end)."""
+        the page's keys; a second statement only for a page past the end)."""
         statuses = None if statuses is None else list(statuses)  # read twice
         with self._db.connect() as conn:
-            keys = _page_keys_of(conn, tenant_id, statuses, limit, offset, total=True)
+            keys = page_keys(conn, tenant_id, statuses, limit, offset, total=True)
             if keys:
                 return self._records_of(conn, keys), int(keys[0][2])
             if offset == 0 and limit > 0:
                 return [], 0
-            return [], int(conn.execute(self._count(tenant_id, statuses)).scalar_one())
+            return [], count_matching(conn, tenant_id, statuses)
 
     def list_jobs_fifo(self, statuses: Iterable[JobStatus]) -> list[JobRecord]:
         """Return every job in ``statuses``, oldest first (the scheduler's queue order)."""
-        query = self._job_filter(select(*_NO_SPEC), None, statuses)
+        query = select(*_NO_SPEC).where(JOBS.c.status.in_(status_values(statuses)))
         query = query.order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
         with self._db.connect() as conn:
             return self._records(conn, query)
