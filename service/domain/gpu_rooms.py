@@ -119,6 +119,15 @@ class GpuRooms:
         if d.gpus:
             self.take(d.gpu_bytes, d.workers, _per_worker(d))
 
+    def beside(self, reserved: Demand) -> GpuRooms:
+        """These rooms with what ``reserved`` would run on held for it: the free GPUs that
+        hold its ranks, smallest first, as many as its workers take. A job admitted beside
+        a reservation fits the rest, so it never takes the large GPUs the reserved job waits
+        for (the count of free GPUs alone let it)."""
+        held = GpuRooms([Room(r.node_id, r.memory_bytes, r.gpus, r.free) for r in self.rooms])
+        held.take_for(reserved)
+        return held
+
     def nodes_for(self, need: int) -> list[str]:
         """The ids of the nodes whose GPUs hold ``need`` bytes."""
         return [r.node_id for r in self._holding(need)]

@@ -20,7 +20,8 @@ The rule, applied to the queue (oldest first) on every reconciler tick:
 5. **Quotas.** A tenant's active jobs (counted at their minimum workers, as the room is)
    stay within its running-worker and running-GPU quotas.
 6. **GPUs that hold the ranks.** With GPU nodes of different memory, a GPU job counts only
-   the GPUs that hold its planned rank, and takes the smallest of them (``gpu_rooms``).
+   the GPUs that hold its planned rank, and takes the smallest of them (``gpu_rooms``); a
+   reservation holds the free GPUs that hold the reserved job's ranks.
 
 The same inputs always give the same decision.
 """
@@ -224,9 +225,8 @@ class _Round:
         cpus = self.free_cpus - (held.cpus if held else 0.0)
         gpus = self.free_gpus - (held.gpus if held else 0.0)
         # A resource the job does not use is no reason to wait, even when none is left.
-        return all(
-            need <= _EPS or need <= room + _EPS for need, room in ((d.cpus, cpus), (d.gpus, gpus))
-        )
+        room = all(need <= _EPS or need <= r + _EPS for need, r in ((d.cpus, cpus), (d.gpus, gpus)))
+        return room and not (held and self.rooms and self.rooms.beside(held).cannot_now(d))
 
     def try_admit(self, d: Demand) -> Waiting | None:
         """Admit ``d`` (None) or say why it waits."""

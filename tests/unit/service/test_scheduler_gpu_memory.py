@@ -4,6 +4,8 @@ whose GPUs hold it (ETRAIN_GPU_NODES, a Ray label selector in the driver)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from service.backends.base import ClusterInfo
@@ -151,3 +153,31 @@ def test_the_reconciler_admits_by_gpu_memory_and_pins_each_job_to_the_nodes_that
     assert pins == {first.id: "big-1,big-2", small.id: "small,small-2,big-1,big-2"}
     (waiting,) = [e for e in stores.events.list_events(second.id) if e.kind == "waiting"]
     assert "waiting for GPUs of at least 21.5 GiB" in waiting.message
+
+
+def test_a_reservation_holds_the_large_gpus_its_job_waits_for():
+    """The longest-waiting job needs both 24 GiB GPUs and one is busy: it holds the free
+    one. By the count of free GPUs (3, 2 reserved) a job whose rank needs 16 GiB could start
+    beside it, on that very GPU, and the reserved job would wait on; it waits instead, and a
+    job that fits the 12 GiB GPUs starts there."""
+    nodes = [
+        _node("big-1", 1, 24, free=0),
+        _node("big-2", 1, 24),
+        _node("small-1", 1, 12),
+        _node("small-2", 1, 12),
+    ]
+    oldest = dataclasses.replace(_demand("oldest", 2, 20), waited_s=3600)
+    queued = [oldest, _demand("mid", 1, 16), _demand("light", 1, 8)]
+    decision = decide_admissions(
+        queued, free_cpus=24, free_gpus=3, total_gpus=4, rooms=GpuRooms.of(nodes)
+    )
+    assert decision.reserved == "oldest"
+    assert decision.admit == ("light",)
+    waits = {w.job_id: w.code for w in decision.waiting}
+    assert waits == {"oldest": WaitCode.RESOURCES, "mid": WaitCode.RESERVED}
+    # Without the reservation (not yet old enough) the same job starts on the large GPU.
+    queued[0] = _demand("oldest", 2, 20)
+    decision = decide_admissions(
+        queued, free_cpus=24, free_gpus=3, total_gpus=4, rooms=GpuRooms.of(nodes)
+    )
+    assert decision.reserved is None and set(decision.admit) == {"mid", "light"}
