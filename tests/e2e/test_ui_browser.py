@@ -13,6 +13,7 @@ import psutil
 import pytest
 import yaml
 
+from service.planner.hardware import GPU_MEMORY_LABEL, cluster_from_nodes
 from tests.support.processes import job_processes
 from tests.support.specs import MIXED_GPU_CLUSTER, MIXED_GPU_JOB
 
@@ -249,4 +250,48 @@ def test_pages_fit_an_800px_window_with_wide_tables_scrolling(served, open_tab, 
     tab.page.goto(f"{served.url}/ui/plan")
     tab.page.wait_for_selector("#spec")
     assert _overflow(tab) <= 0
+    tab.check()
+
+
+def _gpu_node(node_id: str, ip: str, gib: int) -> dict:
+    """A GPU node as Ray lists it, its GPUs' memory given by the operator's label (Ray
+    cannot read it on this machine: there are no GPUs here)."""
+    return {
+        "node_id": node_id,
+        "ip": ip,
+        "is_head": False,
+        "resources": {"CPU": 8.0, "GPU": 1.0},
+        "available": {"CPU": 8.0, "GPU": 1.0},
+        "gpus": [],
+        "labels": {GPU_MEMORY_LABEL: str(gib)},
+    }
+
+
+def test_the_cluster_page_shows_each_nodes_gpu_memory_and_the_mixed_sizes(served, open_tab):
+    """The session's cluster has no GPUs: the page is handed the service's own /v1/cluster
+    answer with two GPU nodes of different sizes added as Ray lists them, and the
+    ``gpu_nodes`` the service computes for them."""
+    with served.client() as c:
+        real = c.get("/v1/cluster").json()
+    nodes = [
+        *real["nodes"],
+        _gpu_node("a" * 56, "198.18.7.2", 24),
+        _gpu_node("b" * 56, "198.18.7.3", 12),
+    ]
+    mixed = {**real, "nodes": nodes, "gpu_nodes": cluster_from_nodes(nodes)["gpu_nodes"]}
+    tab = open_tab()
+    tab.page.route("**/v1/cluster", lambda route: route.fulfill(json=mixed))
+    tab.sign_in(served.url, served.token)
+    tab.page.goto(f"{served.url}/ui/cluster")
+    tab.page.wait_for_selector("#mixed-gpus")
+    rows = tab.page.locator("#nodes-table tbody tr")
+    memory = {
+        r[1]: r[5]
+        for r in (rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count()))
+    }
+    assert memory["198.18.7.2"] == "24.0 GiB (label)" and memory["198.18.7.3"] == "12.0 GiB (label)"
+    assert memory[real["nodes"][0]["ip"]] == "–"  # the head: no GPUs
+    line = tab.page.locator("#mixed-gpus").inner_text()
+    assert "198.18.7.2/aaaaaaaa: 1 × 24 GiB" in line and "198.18.7.3/bbbbbbbb: 1 × 12 GiB" in line
+    assert "smallest (12 GiB)" in line
     tab.check()

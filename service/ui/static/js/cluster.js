@@ -17,6 +17,26 @@ function gpus(n) {
   return text;
 }
 
+// Label by which an operator gives a node's GPU memory (GiB) where Ray cannot read it.
+const GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb";
+
+// The memory of one of a node's GPUs as plans count it: the reporter's reading (the
+// smallest device), else the node's label; "–" without GPUs or either.
+function gpuMemory(n) {
+  if (!n.resources.GPU) return "–";
+  const read = (n.gpus || []).map((g) => g.memory_mb).filter((m) => m > 0);
+  if (read.length) return fmtBytes(Math.min(...read) * 2 ** 20);
+  const label = (n.labels || {})[GPU_MEMORY_LABEL];
+  return label ? h("span", { title: `label ${GPU_MEMORY_LABEL}` }, fmtBytes(Number(label) * 2 ** 30) + " (label)") : "–";
+}
+
+// On GPUs of different sizes, which nodes plans place ranks on and what each GPU holds.
+function mixedLine(gpuNodes) {
+  const each = gpuNodes.map((g) => `${g.name}: ${g.gpus} × ${fmtNum(g.gpu_memory_gb)} GiB`);
+  const smallest = Math.min(...gpuNodes.map((g) => g.gpu_memory_gb));
+  return `GPUs of different sizes (${each.join("; ")}): a job is placed only where each rank fits; the smallest (${fmtNum(smallest)} GiB) bounds a layout that spans every node.`;
+}
+
 // "free / total" of one resource on a node.
 function freeOf(n, key, fmt) {
   const total = n.resources[key];
@@ -32,6 +52,7 @@ function nodeRows(nodes) {
     n.is_head ? "head" : "worker",
     freeOf(n, "CPU", fmtNum),
     gpus(n),
+    gpuMemory(n),
     freeOf(n, "GPU", fmtNum),
     freeOf(n, "memory", fmtBytes),
   ]);
@@ -77,8 +98,9 @@ async function refresh() {
     showError($("error"), null);
     clear($("totals")).append(totals(c));
     if (c.dashboard_url) $("totals").append(h("p", { class: "muted" }, "Ray dashboard: " + c.dashboard_url));
+    if (c.gpu_nodes) $("totals").append(h("p", { class: "muted", id: "mixed-gpus" }, mixedLine(c.gpu_nodes)));
     if (c.standby) $("totals").append(h("p", { class: "muted", id: "standby" }, standbyLine(c.standby)));
-    clear($("nodes")).append(table(["node", "ip", "role", "CPUs free / total", "GPUs", "GPUs free / total", "memory free / total"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
+    clear($("nodes")).append(table(["node", "ip", "role", "CPUs free / total", "GPUs", "GPU memory", "GPUs free / total", "memory free / total"], nodeRows(c.nodes), { id: "nodes-table", empty: "no nodes" }));
     renderQueue($("queue"), c.queue);
   } catch (err) {
     if (err.status !== 401) showError($("error"), err);
