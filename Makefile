@@ -116,7 +116,7 @@ check: $(STAMP)
 
 test: check $(KUSTOMIZE_STAMP) $(HELM_STAMP) $(CHROMIUM) $(AIO_STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 tests/unit
-	$(TEST_ENV) $(VENV)/bin/pytest -q --durations=30 tests/integration tests/e2e
+	$(TEST_ENV) PYTEST=$(VENV)/bin/pytest bash tests/run_beside.sh
 
 # unit: no processes, no servers (seconds); integration: real Ray, gloo process groups,
 # S3 / GCS / PostgreSQL servers, kustomize; e2e: `etrain serve` driven by the CLI and REST.

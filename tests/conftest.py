@@ -44,6 +44,22 @@ def pytest_configure(config):
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
 
 
+# Fixtures that start or use the session's Ray cluster or an `etrain serve`.
+RAY_FIXTURES = frozenset(
+    {"ray_head", "ray_backend", "run_job", "served", "serve_factory", "overlay"}
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``no_ray`` uses none of RAY_FIXTURES: ``make test`` runs those tests in
+    a pytest of their own beside the Ray tests, at a lower priority (tests/run_beside.sh)."""
+    for item in items:
+        if item.get_closest_marker("no_ray") is not None:
+            used = RAY_FIXTURES & set(getattr(item, "fixturenames", ()))
+            if used:
+                raise pytest.UsageError(f"{item.nodeid} is marked no_ray but uses {sorted(used)}")
+
+
 @pytest.fixture
 def store_url(tmp_path):
     """A SQLAlchemy URL for an empty database: a SQLite file here; a fresh PostgreSQL

@@ -27,7 +27,7 @@ from service.planner.planning import layout_of, workload_of
 from tests.support.local_launch import LocalJob, run_local
 from workers.spec import JobSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 # CPU, fp32: measured 0.98-1.02 of the plan on the rows below (TOLERANCE leaves room
 # for transient tensors, e.g. the first recompute's).

@@ -21,7 +21,7 @@ from workers.spec import JobSpec
 from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 STEPS = 6
 WORDS = "the quick brown fox jumps over lazy dog hello world answer four".split()  # noqa: SIM905

@@ -26,7 +26,7 @@ from workers.spec.data import DataSpec
 from workers.spec.stores import StoresSpec
 from workers.storage.location import resolve_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 WORDS = "the quick brown fox jumps over lazy dog hello world answer four".split()  # noqa: SIM905
 ROWS = [

@@ -24,7 +24,7 @@ from workers.storage.confine import Roots
 from workers.storage.nvme import NVME_ENV
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 STEPS = 4
 OFFLOAD = {"zero_stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}

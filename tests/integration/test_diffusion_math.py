@@ -12,7 +12,7 @@ import torch
 from tests.support.diffusion_fixtures import TEXT_LENGTH, make_tiny_sd
 from workers.objectives.diffusion import Frozen, item_losses, item_seed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 SEED, RESOLUTION = 7, 32
 ITEMS = [(0, 3), (0, 11), (1, 3), (2, 5)]  # (epoch, index): image 3 seen in two epochs

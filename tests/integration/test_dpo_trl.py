@@ -21,7 +21,7 @@ from workers.models.hf_load import spec_model_config
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, _dataset, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 PAIRS, BETA = 4, 0.2
 

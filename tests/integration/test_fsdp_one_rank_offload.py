@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 LORA = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
 

@@ -27,7 +27,7 @@ from workers.spec import JobSpec
 from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 STEPS = 3
 OPTIMIZERS = {"sgd": {"optimizer": "sgd", "momentum": 0.9}, "adamw": {"optimizer": "adamw"}}

@@ -23,7 +23,7 @@ from tests.support.s3_fixture import s3_client
 from workers.spec import JobSpec
 from workers.storage.location import locate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 PREFIX = "models/qwen2"
 

@@ -24,7 +24,7 @@ from workers.spec import JobSpec
 from workers.storage.location import locate
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 STEPS = 4
 # Rank 3: FSDP splits lora_A [3, in] unevenly over 2 ranks (2 + 1 rows).

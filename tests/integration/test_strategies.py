@@ -23,7 +23,7 @@ from tests.support.local_launch import LocalJob, pool_threads, run_local_groups
 from workers.spec import JobSpec
 from workers.train_loop import RunEnv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_ray]
 
 STEPS = 4
 BASE = {
