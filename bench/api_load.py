@@ -236,55 +236,80 @@ async def _loop_cpu_s(urls: list[str], admin: str) -> float | None:
     return total
 
 
+async def _phase(
+    urls: list[str],
+    admin: str,
+    pids: list[int],
+    clients: list[dict],
+    method: str,
+    rounds: int,
+    label: str,
+) -> dict:
+    """``rounds`` requests of ``method`` from each of ``clients`` at once: one table row."""
+    samples: list = []
+    print(f"{len(urls)} replica(s): measuring {label}", file=sys.stderr, flush=True)
+    loop0 = await _loop_cpu_s(urls, admin)
+    cpu0, t0, own0, busy0 = (
+        _cpu_s(pids),
+        time.perf_counter(),
+        time.process_time(),
+        _machine_busy_s(),
+    )
+    await asyncio.gather(
+        *(
+            client_loop(urls[i % len(urls)], h, rounds, method, samples)
+            for i, h in enumerate(clients)
+        )
+    )
+    wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
+    client_cores, busy_cores = (
+        (time.process_time() - own0) / wall,
+        (_machine_busy_s() - busy0) / wall,
+    )
+    loop1 = await _loop_cpu_s(urls, admin)
+    ms = [s * 1e3 for s, _ in samples]
+    cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
+    loop = None if loop0 is None or loop1 is None else (loop1 - loop0) * 1e3 / len(samples)
+    return {
+        "route": label,
+        "requests": len(samples),
+        "errors": sum(not ok for _, ok in samples),
+        # With one client (after the pause): its first request.
+        "first_ms": round(ms[0], 1) if len(clients) == 1 else None,
+        "p50_ms": round(_pct(ms, 50), 1),
+        "p99_ms": round(_pct(ms, 99), 1),
+        "max_ms": round(max(ms), 1),
+        "requests_per_s": round(len(samples) / wall, 1),
+        "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
+        # of which the control loop's ticks (the reconciler's thread, /metrics)
+        "loop_cpu_ms_per_request": None if loop is None else round(loop, 2),
+        "client_cores": round(client_cores, 2),  # the clients' own CPU / wall
+        "busy_cores": round(busy_cores, 2),  # every process of the machine
+    }
+
+
 async def measure(args: argparse.Namespace, urls: list[str], admin: str, pids: list[int]) -> dict:
+    """Each route under load (every client at once), then, after ``--pause`` seconds of
+    nothing, each route from one client on the quiet server (its first request included)."""
     tenants = await make_tenants(urls[0], admin, args.clients)
     t0 = time.perf_counter()
     await seed_store(urls[0], admin, tenants, args.seed, args.requests)
     seeded_s = time.perf_counter() - t0
     load0 = os.getloadavg()
-    rows = []
-    for method in ("POST", "GET", "HEALTH"):
-        if method not in args.routes.split(","):
-            continue
-        samples: list = []
-        print(f"{len(urls)} replica(s): measuring {ROUTES[method]}", file=sys.stderr, flush=True)
-        loop0 = await _loop_cpu_s(urls, admin)
-        cpu0, t0, own0 = _cpu_s(pids), time.perf_counter(), time.process_time()
-        busy0 = _machine_busy_s()
-        clients = (
-            client_loop(urls[i % len(urls)], h, args.requests, method, samples)
-            for i, h in enumerate(tenants)
-        )
-        await asyncio.gather(*clients)
-        wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
-        client_cores = (time.process_time() - own0) / wall
-        busy_cores = (_machine_busy_s() - busy0) / wall
-        loop1 = await _loop_cpu_s(urls, admin)
-        ms = [s * 1e3 for s, _ in samples]
-        cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
-        loop = None if loop0 is None or loop1 is None else (loop1 - loop0) * 1e3 / len(samples)
-        rows.append(
-            {
-                "route": ROUTES[method],
-                "requests": len(samples),
-                "errors": sum(not ok for _, ok in samples),
-                "p50_ms": round(_pct(ms, 50), 1),
-                "p99_ms": round(_pct(ms, 99), 1),
-                "max_ms": round(max(ms), 1),
-                "requests_per_s": round(len(samples) / wall, 1),
-                "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
-                # of which the control loop's ticks (the reconciler's thread, /metrics)
-                "loop_cpu_ms_per_request": None if loop is None else round(loop, 2),
-                "client_cores": round(client_cores, 2),  # the clients' own CPU / wall
-                "busy_cores": round(busy_cores, 2),  # every process of the machine
-            }
-        )
+    methods = [m for m in ("POST", "GET", "HEALTH") if m in args.routes.split(",")]
+    rows = [await _phase(urls, admin, pids, tenants, m, args.requests, ROUTES[m]) for m in methods]
+    if args.pause:
+        for m in methods:
+            await asyncio.sleep(args.pause)
+            label = f"{ROUTES[m]} quiet"
+            rows.append(await _phase(urls, admin, pids, tenants[:1], m, args.quiet_requests, label))
     return {
         "replicas": len(urls),
         "clients": args.clients,
         "requests_per_client": args.requests,
         "seeded_jobs": args.seed,
         "seed_s": round(seeded_s, 1),
+        "pause_s": args.pause,
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "routes": rows,
@@ -297,9 +322,11 @@ def print_table(results: list[dict]) -> None:
         f"{first['clients']} clients x {first['requests_per_client']} requests of each route, "
         f"{first['seeded_jobs']} jobs seeded first; server CPU from /proc over each route's "
         f"phase, of which loop = the control loop's ticks (its /metrics); clients = cores the "
-        f"clients' process used, busy = cores the machine used ({os.cpu_count()} cores)"
+        f"clients' process used, busy = cores the machine used ({os.cpu_count()} cores); "
+        f"quiet: one client after {first.get('pause_s', 0)} s of nothing, first = its first request"
     )
-    head = f"{'replicas':>8} {'route':<14}{'requests':>9}{'errors':>7}{'p50 ms':>8}{'p99 ms':>8}"
+    head = f"{'replicas':>8} {'route':<20}{'requests':>9}{'errors':>7}{'first':>7}{'p50 ms':>8}"
+    head += f"{'p99 ms':>8}"
     print(head + f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'loop':>6}{'clients':>8}{'busy':>6}")
     base = {r["route"]: r["requests_per_s"] for r in first["routes"]}
     for res in results:
@@ -307,8 +334,9 @@ def print_table(results: list[dict]) -> None:
             ratio = r["requests_per_s"] / base[r["route"]]
             cpu, loop = r["server_cpu_ms_per_request"], r.get("loop_cpu_ms_per_request")
             print(
-                f"{res['replicas']:>8} {r['route']:<14}{r['requests']:>9}{r['errors']:>7}"
-                f"{r['p50_ms']:>8}{r['p99_ms']:>8}{r['requests_per_s']:>8}{ratio:>6.2f}x"
+                f"{res['replicas']:>8} {r['route']:<20}{r['requests']:>9}{r['errors']:>7}"
+                f"{r.get('first_ms') or '-':>7}{r['p50_ms']:>8}{r['p99_ms']:>8}"
+                f"{r['requests_per_s']:>8}{ratio:>6.2f}x"
                 f"{'-' if cpu is None else cpu:>11}{'-' if loop is None else loop:>6}"
                 f"{r['client_cores']:>8}{r['busy_cores']:>6}"
             )
@@ -351,6 +379,8 @@ def main() -> None:
     p.add_argument(
         "--routes", default="POST,GET,HEALTH", help="which to measure (HEALTH: the floor)"
     )
+    p.add_argument("--pause", type=float, default=0, help="then, after S s idle, one client")
+    p.add_argument("--quiet-requests", type=int, default=50, help="its requests of each route")
     p.add_argument("--json", help="write the numbers here too")
     p.add_argument("--_serve-fake", dest="serve_fake", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_database-url", dest="fake_database_url", help=argparse.SUPPRESS)
