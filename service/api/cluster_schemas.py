@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, computed_field
 
 from service.api.schemas import View
+from service.planner.hardware import gpu_memory_of
 
 
 class GpuPublic(BaseModel):
@@ -32,6 +35,34 @@ class NodePublic(BaseModel):
         description="The node's Ray labels; etrain.io/gpu-memory-gb gives its GPUs' memory "
         "in GiB where Ray cannot read it.",
     )
+
+    def _gpu_memory(self) -> tuple[float, str] | None:
+        return gpu_memory_of(
+            {
+                "resources": self.resources,
+                "gpus": [g.model_dump() for g in self.gpus],
+                "labels": self.labels,
+            }
+        )
+
+    @computed_field(
+        description="Memory of each of its GPUs in GiB as plans count it (the "
+        "smallest device's); null without GPUs or when unknown."
+    )
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        memory = self._gpu_memory()
+        return None if memory is None else memory[0]
+
+    @computed_field(
+        description="Where gpu_memory_gb comes from: device (Ray's reporter "
+        "read it), label (etrain.io/gpu-memory-gb) or type (the planner's table "
+        "for its accelerator type)."
+    )
+    @property
+    def gpu_memory_source(self) -> Literal["device", "label", "type"] | None:
+        memory = self._gpu_memory()
+        return None if memory is None else memory[1]  # type: ignore[return-value]
 
 
 class QueuedJobPublic(View):

@@ -310,27 +310,37 @@ def mixed_gpu_nodes(nodes: list[dict]) -> list[tuple[dict, dict]] | None:
     return list(zip(gpu, each, strict=True))
 
 
-def gpu_node_of(node: dict) -> dict | None:
-    """One GPU node of the connected cluster as a ``cluster.gpu_nodes`` entry: its GPUs'
-    memory as the node's reporter read it, else its GPU_MEMORY_LABEL label, else the
-    table's for its accelerator type (None: unknown)."""
+def gpu_memory_of(node: dict) -> tuple[float, str] | None:
+    """The memory of each GPU of one node of Ray's ``nodes`` in GiB, and where it comes
+    from: ``device`` (its reporter read the devices; the smallest), ``label`` (its
+    GPU_MEMORY_LABEL) or ``type`` (the table's for its accelerator type). None: no GPUs,
+    or unknown."""
     res = node.get("resources", {})
+    if not res.get("GPU"):
+        return None
     read = [g["memory_mb"] for g in node.get("gpus") or [] if g.get("memory_mb")]
     kinds = [find_gpu(k.split(":", 1)[1]) for k in res if k.startswith("accelerator_type:")]
     label = (node.get("labels") or {}).get(GPU_MEMORY_LABEL)
     if read:
-        gb = min(read) / 1024
-    elif label:
+        return min(read) / 1024, "device"
+    if label:
         try:
             gb = float(label)
         except ValueError:
             return None
-        if not 0 < gb <= 4096:  # as cluster.gpu_memory_gb (inf and nan too)
-            return None
-    elif kinds and kinds[0] is not None:
-        gb = kinds[0].memory_gib
-    else:
+        return (gb, "label") if 0 < gb <= 4096 else None  # as cluster.gpu_memory_gb
+    if kinds and kinds[0] is not None:
+        return kinds[0].memory_gib, "type"
+    return None
+
+
+def gpu_node_of(node: dict) -> dict | None:
+    """One GPU node of the connected cluster as a ``cluster.gpu_nodes`` entry: its GPUs'
+    memory as :func:`gpu_memory_of` finds it (None: unknown)."""
+    memory = gpu_memory_of(node)
+    if memory is None:
         return None
+    gb, res = memory[0], node["resources"]
     name = str(node.get("node_id") or "")[:8]
     return {
         "name": f"{node['ip']}/{name}" if node.get("ip") else name,

@@ -13,6 +13,7 @@ import psutil
 import pytest
 import yaml
 
+from service.api.cluster_schemas import NodePublic
 from service.planner.hardware import GPU_MEMORY_LABEL, cluster_from_nodes
 from tests.support.processes import job_processes
 from tests.support.specs import MIXED_GPU_CLUSTER, MIXED_GPU_JOB
@@ -254,17 +255,19 @@ def test_pages_fit_an_800px_window_with_wide_tables_scrolling(served, open_tab, 
 
 
 def _gpu_node(node_id: str, ip: str, gib: int) -> dict:
-    """A GPU node as Ray lists it, its GPUs' memory given by the operator's label (Ray
-    cannot read it on this machine: there are no GPUs here)."""
-    return {
-        "node_id": node_id,
-        "ip": ip,
-        "is_head": False,
-        "resources": {"CPU": 8.0, "GPU": 1.0},
-        "available": {"CPU": 8.0, "GPU": 1.0},
-        "gpus": [],
-        "labels": {GPU_MEMORY_LABEL: str(gib)},
-    }
+    """A GPU node as the service's view of it answers (from what Ray lists), its GPUs'
+    memory given by the operator's label (Ray cannot read it here: there are no GPUs)."""
+    return NodePublic(
+        **{
+            "node_id": node_id,
+            "ip": ip,
+            "is_head": False,
+            "resources": {"CPU": 8.0, "GPU": 1.0},
+            "available": {"CPU": 8.0, "GPU": 1.0},
+            "gpus": [],
+            "labels": {GPU_MEMORY_LABEL: str(gib)},
+        }
+    ).model_dump(mode="json")
 
 
 def test_the_cluster_page_shows_each_nodes_gpu_memory_and_the_mixed_sizes(served, open_tab):

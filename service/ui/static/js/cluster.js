@@ -17,17 +17,13 @@ function gpus(n) {
   return text;
 }
 
-// Label by which an operator gives a node's GPU memory (GiB) where Ray cannot read it.
-const GPU_MEMORY_LABEL = "etrain.io/gpu-memory-gb";
-
-// The memory of one of a node's GPUs as plans count it: the reporter's reading (the
-// smallest device), else the node's label; "–" without GPUs or either.
+// The memory of one of a node's GPUs as plans count it (the service's gpu_memory_gb), marked
+// when the operator's label gave it; "–" without GPUs or a known size.
 function gpuMemory(n) {
-  if (!n.resources.GPU) return "–";
-  const read = (n.gpus || []).map((g) => g.memory_mb).filter((m) => m > 0);
-  if (read.length) return fmtBytes(Math.min(...read) * 2 ** 20);
-  const label = (n.labels || {})[GPU_MEMORY_LABEL];
-  return label ? h("span", { title: `label ${GPU_MEMORY_LABEL}` }, fmtBytes(Number(label) * 2 ** 30) + " (label)") : "–";
+  if (n.gpu_memory_gb == null) return "–";
+  const text = fmtBytes(n.gpu_memory_gb * 2 ** 30);
+  if (n.gpu_memory_source !== "label") return text;
+  return h("span", { title: "label etrain.io/gpu-memory-gb" }, text + " (label)");
 }
 
 // On GPUs of different sizes, which nodes plans place ranks on and what each GPU holds.

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from service.planner.hardware import GIB, GPU_MEMORY_LABEL, GpuNode, cluster_from_nodes
+from service.planner.hardware import GIB, GPU_MEMORY_LABEL, GpuNode, cluster_from_nodes, find_gpu
 from service.planner.placement import place, rank_needs
 from service.planner.planning import layout_of, plan_job, workload_of
 from tests.support.api import api_client
@@ -190,3 +190,25 @@ def test_a_described_node_needs_its_gpu_memory(tmp_path):
         r = c.post("/v1/plan", json={"spec": body, "cluster": unknown}, headers=ADMIN_H)
     assert r.status_code == 200 and r.json()["fits"] is False
     assert any("cluster.gpu_nodes[0] needs gpu_memory_gb" in e for e in r.json()["errors"])
+
+
+def test_the_cluster_answer_gives_each_nodes_gpu_memory_and_its_source():
+    """GET /v1/cluster's node view reads each node's GPU memory by the planner's rule, the
+    accelerator type's table included (the cluster page prints it as it is)."""
+    from service.api.cluster_schemas import NodePublic
+
+    typed = _node("t", 1, resources={"GPU": 1.0, "accelerator_type:A100": 1.0})
+    views = [
+        NodePublic(is_head=False, **n)
+        for n in (
+            _node("l", 2, labels={GPU_MEMORY_LABEL: "24"}),
+            _node("d", 1, gpus=[{"name": "NVIDIA RTX 3060", "memory_mb": 12288}]),
+            typed,
+            _node("c", 0),
+            _node("u", 1, labels={GPU_MEMORY_LABEL: "lots"}),
+        )
+    ]
+    got = [(v.gpu_memory_gb, v.gpu_memory_source) for v in views]
+    a100 = find_gpu("A100").memory_gib
+    assert got == [(24.0, "label"), (12.0, "device"), (a100, "type"), (None, None), (None, None)]
+    assert views[0].model_dump()["gpu_memory_source"] == "label"  # in the API's JSON
