@@ -18,7 +18,7 @@ def status_values(statuses: Iterable[JobStatus | str] | None) -> list[str] | Non
     return None if statuses is None else [JobStatus(s).value for s in statuses]
 
 
-def _keyed_filter(query: Any, by_tenant: bool, by_status: bool) -> Any:
+def keyed_filter(query: Any, by_tenant: bool, by_status: bool) -> Any:
     """``query`` narrowed to the ``tenant`` and ``statuses`` parameters it is run with."""
     if by_tenant:
         query = query.where(JOBS.c.tenant_id == bindparam("tenant"))
@@ -30,7 +30,7 @@ def _keyed_filter(query: Any, by_tenant: bool, by_status: bool) -> Any:
 @functools.cache
 def _count_jobs(by_tenant: bool, by_status: bool) -> Any:
     """How many jobs the filter keeps, as a statement built once per filter."""
-    return _keyed_filter(select(func.count()).select_from(JOBS), by_tenant, by_status)
+    return keyed_filter(select(func.count()).select_from(JOBS), by_tenant, by_status)
 
 
 @functools.cache
@@ -41,7 +41,7 @@ def _page_keys(by_tenant: bool, by_status: bool, total: bool) -> Any:
     and sort every one of the tenant's jobs for a page of 50."""
     count = [_count_jobs(by_tenant, by_status).scalar_subquery()] if total else []
     query = select(JOBS.c.id, JOBS.c.updated_at, *count)
-    query = _keyed_filter(query, by_tenant, by_status)
+    query = keyed_filter(query, by_tenant, by_status)
     query = query.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc())
     return query.limit(bindparam("limit")).offset(bindparam("offset"))
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import func, select
 
 from service.status import JobStatus
 from service.store.database import Database
+from service.store.job_pages import keyed_filter, status_values
 from service.store.models import QueueEntry
 from service.store.tables import JOBS, TENANTS
 
@@ -29,10 +30,8 @@ _ENTRY = select(
     JOBS.c.created_at,
 ).select_from(JOBS.outerjoin(TENANTS, TENANTS.c.id == JOBS.c.tenant_id))
 # Each job's id and status, oldest first: the one statement read at every call.
-_ORDER = (
-    select(JOBS.c.id, JOBS.c.status)
-    .where(JOBS.c.status.in_(bindparam("statuses", expanding=True)))
-    .order_by(JOBS.c.created_at.asc(), JOBS.c.id.asc())
+_ORDER = keyed_filter(select(JOBS.c.id, JOBS.c.status), False, True).order_by(
+    JOBS.c.created_at.asc(), JOBS.c.id.asc()
 )
 # Ids per statement when the entries of new jobs are read (well under SQLite's 32,766).
 _IDS_PER_READ = 500
@@ -48,7 +47,7 @@ class QueueReads:
 
     def list_queue(self, statuses: Iterable[JobStatus]) -> list[QueueEntry]:
         """Every job in ``statuses``, oldest first, with only what the scheduler needs."""
-        values = frozenset(JobStatus(s).value for s in statuses)
+        values = frozenset(status_values(statuses) or ())
         with self._db.connect() as conn:
             rows = conn.execute(_ORDER, {"statuses": sorted(values)}).all()
             kept = self._kept.get(values, {})
