@@ -217,6 +217,21 @@ def _cpu_s(pids: list[int]) -> float | None:
     return total
 
 
+def _switches(pids: list[int]) -> int | None:
+    """Context switches (voluntary + involuntary) of every live thread of ``pids`` so far
+    (Linux), or None. A thread that ended during a phase takes its count with it."""
+    total = 0
+    for pid in pids:
+        try:
+            for status in Path(f"/proc/{pid}/task").glob("*/status"):
+                for line in status.read_text().splitlines():
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[-1])
+        except (OSError, ValueError):
+            return None
+    return total
+
+
 LOOP_CPU = "etrain_reconciler_tick_cpu_seconds_total"
 
 
@@ -249,8 +264,9 @@ async def _phase(
     samples: list = []
     print(f"{len(urls)} replica(s): measuring {label}", file=sys.stderr, flush=True)
     loop0 = await _loop_cpu_s(urls, admin)
-    cpu0, t0, own0, busy0 = (
+    cpu0, switches0, t0, own0, busy0 = (
         _cpu_s(pids),
+        _switches(pids),
         time.perf_counter(),
         time.process_time(),
         _machine_busy_s(),
@@ -261,7 +277,7 @@ async def _phase(
             for i, h in enumerate(clients)
         )
     )
-    wall, cpu1 = time.perf_counter() - t0, _cpu_s(pids)
+    wall, cpu1, switches1 = time.perf_counter() - t0, _cpu_s(pids), _switches(pids)
     client_cores, busy_cores = (
         (time.process_time() - own0) / wall,
         (_machine_busy_s() - busy0) / wall,
@@ -270,6 +286,7 @@ async def _phase(
     ms = [s * 1e3 for s, _ in samples]
     cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / len(samples)
     loop = None if loop0 is None or loop1 is None else (loop1 - loop0) * 1e3 / len(samples)
+    switches = None if None in (switches0, switches1) else (switches1 - switches0) / len(samples)
     return {
         "route": label,
         "requests": len(samples),
@@ -283,6 +300,8 @@ async def _phase(
         "server_cpu_ms_per_request": None if cpu is None else round(cpu, 2),
         # of which the control loop's ticks (the reconciler's thread, /metrics)
         "loop_cpu_ms_per_request": None if loop is None else round(loop, 2),
+        # the servers' threads' context switches (/proc/PID/task/*/status) per request
+        "switches_per_request": None if switches is None else round(switches),
         "client_cores": round(client_cores, 2),  # the clients' own CPU / wall
         "busy_cores": round(busy_cores, 2),  # every process of the machine
     }
@@ -321,13 +340,15 @@ def print_table(results: list[dict]) -> None:
     print(
         f"{first['clients']} clients x {first['requests_per_client']} requests of each route, "
         f"{first['seeded_jobs']} jobs seeded first; server CPU from /proc over each route's "
-        f"phase, of which loop = the control loop's ticks (its /metrics); clients = cores the "
+        f"phase, of which loop = the control loop's ticks (its /metrics); switches = the "
+        f"servers' threads' context switches per request; clients = cores the "
         f"clients' process used, busy = cores the machine used ({os.cpu_count()} cores); "
         f"quiet: one client after {first.get('pause_s', 0)} s of nothing, first = its first request"
     )
     head = f"{'replicas':>8} {'route':<20}{'requests':>9}{'errors':>7}{'first':>7}{'p50 ms':>8}"
     head += f"{'p99 ms':>8}"
-    print(head + f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'loop':>6}{'clients':>8}{'busy':>6}")
+    head += f"{'req/s':>8}{'vs 1st':>7}{'CPU ms/req':>11}{'loop':>6}{'switches':>9}"
+    print(head + f"{'clients':>8}{'busy':>6}")
     base = {r["route"]: r["requests_per_s"] for r in first["routes"]}
     for res in results:
         for r in res["routes"]:
@@ -338,8 +359,13 @@ def print_table(results: list[dict]) -> None:
                 f"{r.get('first_ms') or '-':>7}{r['p50_ms']:>8}{r['p99_ms']:>8}"
                 f"{r['requests_per_s']:>8}{ratio:>6.2f}x"
                 f"{'-' if cpu is None else cpu:>11}{'-' if loop is None else loop:>6}"
+                f"{_or_dash(r.get('switches_per_request')):>9}"
                 f"{r['client_cores']:>8}{r['busy_cores']:>6}"
             )
+
+
+def _or_dash(value: object) -> object:
+    return "-" if value is None else value
 
 
 def run_one(args: argparse.Namespace, replicas: int, database_url: str | None) -> dict:
