@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
@@ -36,7 +37,9 @@ class NodePublic(BaseModel):
         "in GiB where Ray cannot read it.",
     )
 
+    @cached_property
     def _gpu_memory(self) -> tuple[float, str] | None:
+        """What :func:`gpu_memory_of` finds for this node; both fields below read it."""
         return gpu_memory_of(
             {
                 "resources": self.resources,
@@ -51,7 +54,7 @@ class NodePublic(BaseModel):
     )
     @property
     def gpu_memory_gb(self) -> float | None:
-        memory = self._gpu_memory()
+        memory = self._gpu_memory
         return None if memory is None else memory[0]
 
     @computed_field(
@@ -61,7 +64,7 @@ class NodePublic(BaseModel):
     )
     @property
     def gpu_memory_source(self) -> Literal["device", "label", "type"] | None:
-        memory = self._gpu_memory()
+        memory = self._gpu_memory
         return None if memory is None else memory[1]  # type: ignore[return-value]
 
 
