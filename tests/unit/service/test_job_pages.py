@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from service.status import JobStatus
-from service.store import Stores, migrate
+from service.store import Stores
 from workers.spec import JobSpec
 
 SPEC = JobSpec.model_validate({"name": "tiny", "resources": {"workers": 2}})
@@ -33,18 +33,13 @@ def _plans_of_pages(stores: Stores, **filters) -> list[list[str]]:
         return [[row[-1] for row in raw.execute(f"EXPLAIN QUERY PLAN {s}", p)] for s, p in pages]
 
 
-def test_a_tenants_page_and_its_total_read_indexes_without_a_sort(tmp_path):
-    url = f"sqlite:///{tmp_path / 'etrain.db'}"
-    migrate(url)
-    stores = Stores.open(url)
-    try:
-        tenant = stores.tokens.create_tenant("acme").id
-        for i in range(3):
-            stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1)
-        for filters in ({}, {"statuses": [JobStatus.QUEUED, JobStatus.RUNNING]}):
-            (plan,) = _plans_of_pages(stores, tenant_id=tenant, **filters)
-            assert plan[0] == "SEARCH jobs USING INDEX ix_jobs_tenant_created (tenant_id=?)", plan
-            assert "SCALAR SUBQUERY" in " ".join(plan), plan
-            assert not [step for step in plan if "TEMP B-TREE" in step], plan
-    finally:
-        stores.close()
+def test_a_tenants_page_and_its_total_read_indexes_without_a_sort(stores):
+    assert stores.db.dialect == "sqlite"  # the store_url of tests/conftest.py
+    tenant = stores.tokens.create_tenant("acme").id
+    for i in range(3):
+        stores.jobs.create_job(tenant_id=tenant, name=f"j{i}", spec=SPEC, min_workers=1)
+    for filters in ({}, {"statuses": [JobStatus.QUEUED, JobStatus.RUNNING]}):
+        (plan,) = _plans_of_pages(stores, tenant_id=tenant, **filters)
+        assert plan[0] == "SEARCH jobs USING INDEX ix_jobs_tenant_created (tenant_id=?)", plan
+        assert "SCALAR SUBQUERY" in " ".join(plan), plan
+        assert not [step for step in plan if "TEMP B-TREE" in step], plan
