@@ -354,12 +354,12 @@ def print_table(results: list[dict]) -> None:
         for r in res["routes"]:
             ratio = r["requests_per_s"] / base[r["route"]]
             cpu, loop = r["server_cpu_ms_per_request"], r.get("loop_cpu_ms_per_request")
+            switches = r.get("switches_per_request")
             print(
                 f"{res['replicas']:>8} {r['route']:<20}{r['requests']:>9}{r['errors']:>7}"
                 f"{r.get('first_ms') or '-':>7}{r['p50_ms']:>8}{r['p99_ms']:>8}"
                 f"{r['requests_per_s']:>8}{ratio:>6.2f}x"
-                f"{'-' if cpu is None else cpu:>11}{'-' if loop is None else loop:>6}"
-                f"{_or_dash(r.get('switches_per_request')):>9}"
+                f"{_or_dash(cpu):>11}{_or_dash(loop):>6}{_or_dash(switches):>9}"
                 f"{r['client_cores']:>8}{r['busy_cores']:>6}"
             )
 
